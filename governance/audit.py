@@ -1,0 +1,436 @@
+"""The only writer of audit events: masking, the HMAC chain, checkpoints, verify.
+
+Chain: hash_n = HMAC-SHA256(AUDIT_HMAC_KEY, hash_{n-1} || canonical(event_n)),
+with a gapless `seq`. Appending takes the chain lock (an advisory transaction
+lock on PostgreSQL; SQLite's IMMEDIATE transactions already serialise
+writers), reads the head and inserts, so the critical section is two short
+statements plus the commit. Callers must already be inside the transaction
+that makes the change: an event that cannot be written rolls the change back.
+
+Checkpoints live outside the database (AUDIT_CHECKPOINT_DIR). Each one signs
+(last seq, head hash, count, time, previous checkpoint's signature), so
+deleting the newest K events, or the whole table, is caught by verify even
+though the remaining chain is internally consistent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from governance import db
+from governance.codes import ActorType
+
+GENESIS = "0" * 64
+# Arbitrary constant identifying "the audit chain" among advisory locks.
+CHAIN_LOCK_KEY = 7_305_010_101
+EVENT_TABLE = "governance_auditevent"
+MAX_ARGUMENT_CHARS = 8_000
+
+
+# --- Actors ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who did it: every service takes one, so no event is anonymous."""
+
+    type: str
+    label: str
+
+    @classmethod
+    def user(cls, user: Any) -> Actor:
+        return cls(ActorType.USER, f"user:{user.get_username()}")
+
+    @classmethod
+    def agent(cls, agent: Any) -> Actor:
+        return cls(ActorType.AGENT, f"agent:{agent.name}")
+
+    @classmethod
+    def system(cls, job: str) -> Actor:
+        return cls(ActorType.SYSTEM, f"system:{job}")
+
+
+# --- Masking -----------------------------------------------------------------
+
+SECRET_KEY_NAMES = re.compile(
+    r"pass(word|wd|phrase)?|secret|token|api[_-]?key|apikey|authori[sz]ation|credential"
+    r"|private[_-]?key|cookie|session|ssn|card[_-]?number|cvv",
+    re.IGNORECASE,
+)
+SECRET_VALUES = re.compile(
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----|$)"
+    r"|\bBearer\s+\S+"
+    r"|\bsk-[A-Za-z0-9_-]{16,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
+    r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
+    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
+    r"|\bagt_[0-9a-f]{8}_\S+"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+)
+EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+# Long mixed-alphabet strings look like keys; pure hex (digests) are kept.
+HIGH_ENTROPY = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
+HEX = re.compile(r"[0-9a-fA-F]+")
+
+
+def _mask_string(value: str) -> str:
+    value = SECRET_VALUES.sub("[secret]", value)
+    value = EMAIL.sub("[email]", value)
+
+    def entropy(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if HEX.fullmatch(text):
+            return text
+        has_digit = any(c.isdigit() for c in text)
+        has_alpha = any(c.isalpha() for c in text)
+        return "[secret]" if has_digit and has_alpha else text
+
+    return HIGH_ENTROPY.sub(entropy, value)
+
+
+def mask(value: Any, depth: int = 0) -> Any:
+    """Secrets and obvious PII out, structure kept, for storage and display."""
+    if depth > 20:
+        return "[too deep]"
+    if isinstance(value, Mapping):
+        return {
+            str(k): "[masked]" if SECRET_KEY_NAMES.search(str(k)) else mask(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [mask(v, depth + 1) for v in value]
+    if isinstance(value, str):
+        return _mask_string(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _mask_string(str(value))
+
+
+def canonical_json(value: Any) -> str:
+    """One byte string per value: sorted keys, no spaces, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _derived_key(purpose: bytes) -> bytes:
+    return hmac.new(settings.AUDIT_HMAC_KEY.encode(), purpose, hashlib.sha256).digest()
+
+
+def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
+    """Keyed hash of the full, unmasked arguments.
+
+    Lets an auditor holding the key confirm "were the arguments exactly X?"
+    without the log storing X, and binds approvals to exact arguments.
+    Raises TypeError/ValueError on arguments that are not plain JSON.
+    """
+    payload = canonical_json(dict(arguments or {}))
+    return hmac.new(_derived_key(b"arguments"), payload.encode(), hashlib.sha256).hexdigest()
+
+
+def masked_arguments_json(arguments: Mapping[str, Any] | None) -> str:
+    text = canonical_json(mask(dict(arguments or {})))
+    if len(text) > MAX_ARGUMENT_CHARS:
+        text = canonical_json({"_truncated": True, "preview": text[:MAX_ARGUMENT_CHARS]})
+    return text
+
+
+# --- Writing -----------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _text(value: Any, limit: int) -> str:
+    """Make a caller-supplied value safe to store: no NULs, bounded length."""
+    text = "" if value is None else str(value)
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+FIELDS = (
+    "seq",
+    "uid",
+    "created_at",
+    "event_type",
+    "actor_type",
+    "actor",
+    "agent",
+    "task",
+    "tool",
+    "action",
+    "scope",
+    "arguments",
+    "arguments_hash",
+    "decision",
+    "reason",
+    "grant_id",
+    "approval_id",
+    "break_glass",
+    "data",
+    "prev_hash",
+    "hash",
+)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def event_hash(prev_hash: str, row: Mapping[str, Any]) -> str:
+    """The chain link. Covers every column but `hash` itself."""
+    body = {name: row[name] for name in FIELDS if name != "hash"}
+    body["uid"] = str(body["uid"])
+    body["created_at"] = _iso(body["created_at"])
+    body["prev_hash"] = prev_hash
+    body["break_glass"] = bool(body["break_glass"])
+    message = canonical_json(body).encode()
+    key = settings.AUDIT_HMAC_KEY.encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Written:
+    seq: int
+    uid: uuid.UUID
+    hash: str
+
+
+def _head() -> tuple[int, str]:
+    rows = db.execute(f"SELECT seq, hash FROM {EVENT_TABLE} ORDER BY seq DESC LIMIT 1")
+    return (rows[0][0], rows[0][1]) if rows else (0, GENESIS)
+
+
+_INSERT = (
+    f"INSERT INTO {EVENT_TABLE} ({', '.join(FIELDS)}) VALUES ({', '.join(['%s'] * len(FIELDS))})"
+)
+
+
+def append(
+    *,
+    event_type: str,
+    actor: Actor,
+    at: datetime,
+    agent: str = "",
+    task: str = "",
+    tool: str = "",
+    action: str = "",
+    scope: str = "",
+    arguments_json: str = "{}",
+    arguments_hash: str = "",
+    decision: str = "",
+    reason: str = "",
+    grant_id: int | None = None,
+    approval_id: str = "",
+    break_glass: bool = False,
+    data: Mapping[str, Any] | None = None,
+) -> Written:
+    """Append one event to the chain inside the caller's transaction."""
+    if not connection.in_atomic_block:
+        # An event outside the change's transaction could survive a rollback
+        # of the change, or the change could survive a failed event.
+        raise RuntimeError("audit.append must run inside transaction.atomic()")
+    row: dict[str, Any] = {
+        "uid": uuid.uuid4(),
+        "created_at": at,
+        "event_type": event_type,
+        "actor_type": actor.type,
+        "actor": _text(actor.label, 200),
+        "agent": _text(agent, 100),
+        "task": _text(task, 100),
+        "tool": _text(tool, 100),
+        "action": _text(action, 10),
+        "scope": _text(scope, 500),
+        "arguments": arguments_json,
+        "arguments_hash": arguments_hash,
+        "decision": decision,
+        "reason": reason,
+        "grant_id": grant_id,
+        "approval_id": approval_id,
+        "break_glass": break_glass,
+        "data": canonical_json(dict(data or {})),
+    }
+    if connection.vendor == "postgresql":
+        # Held until commit: the next writer must see this row as the head.
+        db.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])
+    last_seq, prev_hash = _head()
+    row["seq"] = last_seq + 1
+    row["prev_hash"] = prev_hash
+    row["hash"] = event_hash(prev_hash, row)
+    params = [row[name] for name in FIELDS]
+    params[FIELDS.index("uid")] = str(row["uid"]) if connection.vendor == "sqlite" else row["uid"]
+    params[FIELDS.index("created_at")] = db.param_dt(at)
+    db.execute(_INSERT, params)
+    return Written(seq=row["seq"], uid=row["uid"], hash=row["hash"])
+
+
+# --- Verifying ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    count: int
+    head: str
+    bad_seq: int | None = None
+    problem: str = ""
+
+    def render(self) -> str:
+        if self.ok:
+            return f"ok: {self.count} events, head {self.head}"
+        return f"FAILED at seq {self.bad_seq}: {self.problem}"
+
+
+def _rows() -> Iterator[dict[str, Any]]:
+    from governance.models import AuditEvent
+
+    for event in AuditEvent.objects.order_by("seq").values(*FIELDS).iterator(chunk_size=2000):
+        event["created_at"] = db.read_dt(event["created_at"])
+        yield event
+
+
+def verify_chain() -> Verdict:
+    """Walk the chain from genesis, then hold it against the latest checkpoint."""
+    expected_seq, prev_hash, count = 1, GENESIS, 0
+    for row in _rows():
+        seq = row["seq"]
+        if seq != expected_seq:
+            problem = (
+                f"expected seq {expected_seq}, found {seq}: event(s) deleted"
+                if seq > expected_seq
+                else f"seq {seq} out of order"
+            )
+            return Verdict(False, count, prev_hash, expected_seq, problem)
+        if row["prev_hash"] != prev_hash:
+            return Verdict(
+                False,
+                count,
+                prev_hash,
+                seq,
+                "prev_hash does not link to the previous event (inserted, deleted or reordered)",
+            )
+        if not hmac.compare_digest(event_hash(prev_hash, row), row["hash"]):
+            return Verdict(
+                False,
+                count,
+                prev_hash,
+                seq,
+                "content does not match its HMAC (edited, or re-hashed without the key)",
+            )
+        prev_hash, expected_seq, count = row["hash"], seq + 1, count + 1
+
+    checkpoints = load_checkpoints()
+    problem = _check_checkpoint_chain(checkpoints)
+    if problem:
+        return Verdict(False, count, prev_hash, problem[0], problem[1])
+    if checkpoints:
+        latest = checkpoints[-1]
+        if latest["seq"] > count:
+            return Verdict(
+                False,
+                count,
+                prev_hash,
+                count + 1,
+                f"checkpoint {latest['file']} covers seq {latest['seq']} but the log ends at "
+                f"seq {count}: the newest {latest['seq'] - count} event(s) were deleted",
+            )
+        if latest["seq"] > 0:
+            stored = _hash_at(latest["seq"])
+            if stored != latest["head"]:
+                return Verdict(
+                    False,
+                    count,
+                    prev_hash,
+                    latest["seq"],
+                    f"event hash differs from checkpoint {latest['file']}",
+                )
+    return Verdict(True, count, prev_hash)
+
+
+def _hash_at(seq: int) -> str | None:
+    from governance.models import AuditEvent
+
+    return AuditEvent.objects.filter(seq=seq).values_list("hash", flat=True).first()
+
+
+# --- Checkpoints -------------------------------------------------------------
+
+
+def _sign_checkpoint(body: Mapping[str, Any]) -> str:
+    fields = {k: body[k] for k in ("seq", "head", "count", "time", "prev_signature")}
+    return hmac.new(
+        _derived_key(b"checkpoint"), canonical_json(fields).encode(), hashlib.sha256
+    ).hexdigest()
+
+
+def _checkpoint_dir() -> Path:
+    return Path(settings.AUDIT_CHECKPOINT_DIR)
+
+
+def load_checkpoints() -> list[dict[str, Any]]:
+    """All checkpoints, oldest first (file names sort by sequence of writing)."""
+    directory = _checkpoint_dir()
+    if not directory.is_dir():
+        return []
+    result = []
+    for path in sorted(directory.glob("checkpoint-*.json")):
+        body = json.loads(path.read_text())
+        body["file"] = path.name
+        result.append(body)
+    return result
+
+
+def _check_checkpoint_chain(checkpoints: list[dict[str, Any]]) -> tuple[int, str] | None:
+    prev_signature = ""
+    prev_seq = 0
+    for body in checkpoints:
+        name = body["file"]
+        if not hmac.compare_digest(_sign_checkpoint(body), str(body.get("signature", ""))):
+            return body.get("seq", 0), f"checkpoint {name} has a bad signature"
+        if body["prev_signature"] != prev_signature:
+            return body["seq"], f"checkpoint {name} does not follow the previous checkpoint"
+        if body["seq"] < prev_seq:
+            return body["seq"], f"checkpoint {name} goes backwards from seq {prev_seq}"
+        prev_signature, prev_seq = body["signature"], body["seq"]
+    return None
+
+
+def write_checkpoint(at: datetime) -> dict[str, Any]:
+    """Sign the current head to a file outside the database.
+
+    Written even when nothing happened since the last one, so a gap in the
+    checkpoint series itself means the job stopped.
+    """
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Read a head no writer is half-way through extending.
+            db.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])
+        seq, head = _head()
+    existing = load_checkpoints()
+    body: dict[str, Any] = {
+        "seq": seq,
+        "head": head,
+        "count": seq,
+        "time": _iso(at),
+        "prev_signature": existing[-1]["signature"] if existing else "",
+    }
+    body["signature"] = _sign_checkpoint(body)
+    directory = _checkpoint_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    index = len(existing) + 1
+    path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(canonical_json(body))
+    tmp.replace(path)  # atomic: a reader never sees half a checkpoint
+    body["file"] = path.name
+    return body

@@ -1,0 +1,87 @@
+"""Every code the system speaks, each from one enum.
+
+Reason codes are what a decision says; event codes are what the audit log
+says. Namespaced event codes (``grant.issued``) follow pretix's log_action.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ActionClass(models.TextChoices):
+    """Separate grants: read is not write, write is not delete."""
+
+    READ = "read"
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+    EXECUTE = "execute"
+
+
+ACTION_VALUES: frozenset[str] = frozenset(ActionClass.values)
+
+
+class Decision(models.TextChoices):
+    ALLOW = "allow"
+    DENY = "deny"
+    APPROVAL_REQUIRED = "approval_required"
+
+
+class Reason(models.TextChoices):
+    """Why authorize() answered as it did. Order mirrors the checklist."""
+
+    ALLOWED = "allowed"
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_AGENT = "unknown_agent"
+    AGENT_SUSPENDED = "agent_suspended"
+    UNKNOWN_TOOL = "unknown_tool"
+    TOOL_QUARANTINED = "tool_quarantined"
+    ACTION_NOT_SUPPORTED = "action_not_supported"
+    TASK_UNKNOWN = "task_unknown"
+    TASK_CLOSED = "task_closed"
+    NO_GRANT = "no_grant"
+    GRANT_NOT_STARTED = "grant_not_started"
+    GRANT_EXPIRED = "grant_expired"
+    GRANT_REVOKED = "grant_revoked"
+    SCOPE_MISMATCH = "scope_mismatch"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_INVALID = "approval_invalid"
+    ERROR = "error"
+
+
+class EventType(models.TextChoices):
+    """Namespaced audit event codes."""
+
+    ACCESS_ALLOWED = "access.allowed"
+    ACCESS_DENIED = "access.denied"
+    ACCESS_APPROVAL_REQUIRED = "access.approval_required"
+    AGENT_CREATED = "agent.created"
+    AGENT_SUSPENDED = "agent.suspended"
+    AGENT_REACTIVATED = "agent.reactivated"
+    TOKEN_ISSUED = "agent_token.issued"
+    TOKEN_REVOKED = "agent_token.revoked"
+    TOOL_REGISTERED = "tool.registered"
+    TOOL_UPDATED = "tool.updated"
+    TOOL_QUARANTINED = "tool.quarantined"
+    TOOL_APPROVED = "tool.approved"
+    TASK_OPENED = "task.opened"
+    TASK_CLOSED = "task.closed"
+    GRANT_REQUESTED = "grant.requested"
+    GRANT_ISSUED = "grant.issued"
+    GRANT_DENIED = "grant.denied"
+    GRANT_REVOKED = "grant.revoked"
+    GRANT_EXPIRED = "grant.expired"
+    GRANT_DELEGATED = "grant.delegated"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_APPROVED = "approval.approved"
+    APPROVAL_DENIED = "approval.denied"
+    APPROVAL_CONSUMED = "approval.consumed"
+    MATRIX_IMPORTED = "matrix.imported"
+    AUDIT_CHECKPOINT = "audit.checkpoint"
+
+
+class ActorType(models.TextChoices):
+    AGENT = "agent"
+    USER = "user"
+    SYSTEM = "system"

@@ -1,0 +1,63 @@
+"""The hot-path cursor: server-side prepared statements on PostgreSQL.
+
+Django's psycopg 3 backend binds parameters client-side, so every decision
+would re-plan its query. The decision and the audit append run a handful of
+fixed statements, so on PostgreSQL they go through a plain psycopg cursor on
+Django's own connection (same transaction, same atomic block) with
+prepare=True. On SQLite they go through Django's cursor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+
+def execute(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement with %s placeholders; return its rows (or [])."""
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cur:
+            cur.execute(sql, params, prepare=True)
+            return cur.fetchall() if cur.description else []
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def execute_rowcount(sql: str, params: Sequence[Any] = ()) -> int:
+    """Run one data-changing statement and return how many rows it touched."""
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cur:
+            cur.execute(sql, params, prepare=True)
+            return cur.rowcount
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount
+
+
+def param_dt(value: datetime | None) -> Any:
+    """A datetime as the backend stores it (SQLite: naive UTC text)."""
+    if value is None:
+        return None
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def read_dt(value: Any) -> datetime | None:
+    """A datetime column read through a raw cursor, as an aware UTC datetime."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        if parsed is None:
+            raise ValueError(f"unreadable datetime {value!r}")
+        value = parsed
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)

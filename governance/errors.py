@@ -1,0 +1,32 @@
+"""One error family: a machine-readable code and a sentence for a person."""
+
+from __future__ import annotations
+
+
+class GovernanceError(Exception):
+    """Raised by services for a request that cannot be carried out.
+
+    The API renders it as {"error": {"code", "message", "fields"}} with
+    `status`; the UI and commands show the message. Nothing is half-written:
+    services raise before, or inside, their transaction.
+    """
+
+    status = 400
+
+    def __init__(self, code: str, message: str, *, fields: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fields = fields or {}
+
+
+class NotFound(GovernanceError):
+    status = 404
+
+
+class Forbidden(GovernanceError):
+    status = 403
+
+
+class Conflict(GovernanceError):
+    status = 409

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from governance.models.agents import Agent
+from governance.models.grants import Grant
+from governance.models.tasks import Task
+from governance.models.tools import Tool
+
+
+class Approval(models.Model):
+    """The confirmation gate for one destructive call.
+
+    Bound to agent, tool, action, scope and the keyed hash of the exact
+    arguments, single use, short-lived. Consumption is one conditional
+    UPDATE (status approved -> consumed) so two callers can never both use it.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        DENIED = "denied"
+        CONSUMED = "consumed"
+        EXPIRED = "expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="approvals")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="approvals")
+    grant = models.ForeignKey(Grant, on_delete=models.PROTECT, related_name="approvals")
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    action = models.CharField(max_length=10)
+    scope = models.CharField(max_length=500)
+    arguments_hash = models.CharField(max_length=64)
+    arguments_preview = models.JSONField(default=dict, blank=True, help_text="Masked arguments")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    requested_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        indexes = [
+            models.Index(
+                fields=["expires_at"], name="approval_open_expiry", condition=Q(status="pending")
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=F("requested_at")), name="approval_expires_after_request"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="consumed") | Q(consumed_at__isnull=False),
+                name="approval_consumed_has_time",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"approval {self.id} ({self.status})"
+
+    def is_usable_at(self, at: datetime) -> bool:
+        return self.status == self.Status.APPROVED and self.expires_at > at

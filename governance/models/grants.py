@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from governance.models.agents import Agent
+from governance.models.tasks import Task
+from governance.models.tools import Tool
+
+
+class Grant(models.Model):
+    """Agent x tool x action classes x scope x time window. Never deleted.
+
+    A grant ends as expired, revoked or denied. `expires_at` is mandatory
+    once the grant exists (capped by settings.GRANT_MAX_TTL in the service);
+    a pending request carries a requested duration instead, because approval
+    starts the clock. Liveness is decided at decision time from the window,
+    never from `status`, which is bookkeeping for people and reports.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        ACTIVE = "active"
+        DENIED = "denied"
+        REVOKED = "revoked"
+        EXPIRED = "expired"
+
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="grants")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="grants")
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.PROTECT, related_name="grants"
+    )
+    actions = models.JSONField(help_text="Action classes, e.g. ['read']")
+    scope = models.CharField(max_length=500, help_text="Resource pattern, e.g. repo:acme/api/*")
+    fields = models.JSONField(default=list, blank=True, help_text="Optional field allowlist")
+    egress = models.JSONField(default=list, blank=True, help_text="host:port allowlist")
+    # Code-execution ceilings; null means the runner's floor applies.
+    limit_cpus = models.FloatField(null=True, blank=True)
+    limit_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    limit_pids = models.PositiveIntegerField(null=True, blank=True)
+    limit_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
+
+    justification = models.TextField()
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    requested_by_agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    requested_duration = models.DurationField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    starts_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    review_due_at = models.DateTimeField(null=True, blank=True)
+
+    delegated_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="delegations"
+    )
+    delegable = models.BooleanField(default=False)
+    break_glass = models.BooleanField(default=False)
+
+    use_count = models.PositiveBigIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # authorize() looks grants up by (agent, tool) on every decision.
+            models.Index(fields=["agent", "tool"], name="grant_agent_tool"),
+            # The expiry job's "due" query only ever scans live rows.
+            models.Index(
+                fields=["expires_at"], name="grant_active_expiry", condition=Q(status="active")
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(expires_at__isnull=True)
+                | Q(starts_at__isnull=True)
+                | Q(expires_at__gt=F("starts_at")),
+                name="grant_expires_after_start",
+            ),
+            # No permanent grants: anything that ever was live has a window.
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "denied"])
+                | Q(starts_at__isnull=False, expires_at__isnull=False),
+                name="grant_live_states_have_window",
+            ),
+            models.CheckConstraint(
+                condition=Q(requested_by__isnull=False) | Q(requested_by_agent__isnull=False),
+                name="grant_has_requester",
+            ),
+            # Separation of duties: nobody approves their own request.
+            models.CheckConstraint(
+                condition=Q(approved_by__isnull=True)
+                | Q(requested_by__isnull=True)
+                | ~Q(approved_by=F("requested_by")),
+                name="grant_approver_is_not_requester",
+            ),
+            # Live without a human approver only when handed down by a parent grant.
+            models.CheckConstraint(
+                condition=~Q(status="active")
+                | Q(approved_by__isnull=False)
+                | Q(delegated_from__isnull=False),
+                name="grant_active_is_approved",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="revoked") | Q(revoked_at__isnull=False),
+                name="grant_revoked_has_time",
+            ),
+            models.CheckConstraint(
+                condition=~Q(delegated_from=F("id")), name="grant_not_own_parent"
+            ),
+            models.UniqueConstraint(
+                fields=["agent", "tool", "scope", "task"],
+                condition=Q(status="pending"),
+                name="grant_one_pending_request",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"grant#{self.pk} {self.agent_id}:{self.tool_id} {','.join(self.actions)} {self.scope}"
+        )
+
+    def is_live_at(self, at: datetime) -> bool:
+        """Own window only; authorize() also walks the delegation ancestors."""
+        return (
+            self.status not in (self.Status.PENDING, self.Status.DENIED)
+            and self.starts_at is not None
+            and self.expires_at is not None
+            and self.starts_at <= at < self.expires_at
+            and (self.revoked_at is None or self.revoked_at > at)
+        )

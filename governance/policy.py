@@ -1,0 +1,463 @@
+"""authorize(): the one access decision. Pure: it reads, never writes.
+
+Every access question (REST API, web UI what-if, sandbox runner, delegation)
+is answered here and nowhere else. The checklist runs in a fixed order and
+the first failing check names the reason; anything unexpected is a denial
+with reason `error`. Time comes in as `at`: expiry is decided by comparing
+windows with `at`, never by whether a job has run.
+
+Writes that follow a decision (audit event, usage, creating or consuming an
+approval) live in services.access.access_check(), in one transaction.
+
+The common case is one round trip: agent, tool, task and the candidate
+grants come back from a single prepared query. Delegated grants (ancestor
+walk) and approvals cost one more query each, only when present.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from governance import db
+from governance.audit import arguments_digest
+from governance.codes import ACTION_VALUES, ActionClass, Reason
+from governance.codes import Decision as Verdict
+
+log = logging.getLogger(__name__)
+
+MAX_SCOPE_LEN = 500
+MAX_NAME_LEN = 100
+
+# --- Scope matching ------------------------------------------------------------
+# Resources are `type:path/with/segments`. Matching is exact about boundaries:
+# a resource must already be canonical (no dot segments, no empty segments, no
+# percent-encoding, no backslashes, printable ASCII only), so there is no
+# second spelling of a path for a pattern to miss. Case is significant.
+_RESOURCE_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/-]+")
+_PATTERN_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/*-]+")
+
+
+def _split(value: str) -> tuple[str, list[str]]:
+    kind, sep, path = value.partition(":")
+    if not sep:
+        return "", kind.split("/")
+    return kind, path.split("/")
+
+
+def _segments_ok(segments: list[str]) -> bool:
+    return all(seg not in ("", ".", "..") for seg in segments)
+
+
+def resource_is_canonical(resource: str) -> bool:
+    if not (0 < len(resource) <= MAX_SCOPE_LEN) or not _RESOURCE_CHARS.fullmatch(resource):
+        return False
+    _kind, segments = _split(resource)
+    return _segments_ok(segments)
+
+
+def pattern_is_valid(pattern: str) -> bool:
+    """`*` is allowed only as a whole segment (or as the whole pattern)."""
+    if pattern == "*":
+        return True
+    if not (0 < len(pattern) <= MAX_SCOPE_LEN) or not _PATTERN_CHARS.fullmatch(pattern):
+        return False
+    kind, segments = _split(pattern)
+    if "*" in kind:
+        return False
+    return _segments_ok(segments) and all(seg == "*" or "*" not in seg for seg in segments)
+
+
+def scope_matches(pattern: str, resource: str) -> bool:
+    """Does a grant's pattern cover a concrete resource?
+
+    `*` in the middle matches exactly one segment; a trailing `*` matches one
+    or more segments below. `repo:acme/api/*` covers `repo:acme/api/x/y`
+    but not `repo:acme/api2/x`, `repo:acme/api`, or `repo:acme/api/../x`.
+    """
+    if not resource_is_canonical(resource) or not pattern_is_valid(pattern):
+        return False
+    if pattern == "*":
+        return True
+    p_kind, p_segs = _split(pattern)
+    r_kind, r_segs = _split(resource)
+    if p_kind != r_kind:
+        return False
+    for i, seg in enumerate(p_segs):
+        if seg == "*" and i == len(p_segs) - 1:
+            return len(r_segs) > i
+        if i >= len(r_segs) or (seg != "*" and seg != r_segs[i]):
+            return False
+    return len(r_segs) == len(p_segs)
+
+
+def pattern_within(inner: str, outer: str) -> bool:
+    """Is every resource `inner` can match also matched by `outer`? (delegation)"""
+    if not pattern_is_valid(inner) or not pattern_is_valid(outer):
+        return False
+    if outer == "*":
+        return True
+    if inner == "*":
+        return False
+    i_kind, i_segs = _split(inner)
+    o_kind, o_segs = _split(outer)
+    if i_kind != o_kind:
+        return False
+    for idx, seg in enumerate(o_segs):
+        trailing = seg == "*" and idx == len(o_segs) - 1
+        if trailing:
+            return len(i_segs) > idx
+        if idx >= len(i_segs):
+            return False
+        inner_seg = i_segs[idx]
+        if inner_seg == "*" and idx == len(i_segs) - 1:
+            return False  # inner's tail covers more depth than outer's single segment
+        if seg != "*" and inner_seg != seg:
+            return False
+    return len(i_segs) == len(o_segs)
+
+
+# --- The decision --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer. `allowed` is true only for decision == allow."""
+
+    decision: str
+    reason: str
+    message: str
+    grant_id: int | None = None
+    approval_id: str | None = None
+    expires_at: datetime | None = None
+    break_glass: bool = False
+    destructive: bool = False
+    agent_id: int | None = None
+    tool_id: int | None = None
+    task_id: int | None = None
+    arguments_hash: str = ""
+    decision_id: str | None = None  # the audit event's uid, set by access_check
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision == Verdict.ALLOW
+
+
+def _deny(reason: Reason, message: str, **kwargs: Any) -> Decision:
+    return Decision(decision=Verdict.DENY, reason=reason, message=message, **kwargs)
+
+
+_MAIN_QUERY = """
+SELECT a.id, a.status,
+       t.id, t.actions, t.irreversible, t.definition_hash, t.approved_hash,
+       k.id, k.status, k.starts_at, k.ends_at, k.closed_at,
+       g.id, g.task_id, g.actions, g.scope, g.fields, g.status, g.starts_at, g.expires_at,
+       g.revoked_at, g.delegated_from_id, g.break_glass
+FROM (SELECT 1 AS one) AS o
+LEFT JOIN governance_agent a ON a.name = %s
+LEFT JOIN governance_tool t ON t.name = %s
+LEFT JOIN governance_task k ON k.key = %s
+LEFT JOIN governance_grant g
+       ON g.agent_id = a.id AND g.tool_id = t.id AND g.status NOT IN ('pending', 'denied')
+ORDER BY g.id
+"""
+
+# Every ancestor of a delegated grant, nearest first. Depth-capped so a
+# corrupted cycle cannot loop forever.
+_ANCESTORS_QUERY = """
+WITH RECURSIVE chain(id, parent_id, status, starts_at, expires_at, revoked_at, depth) AS (
+    SELECT p.id, p.delegated_from_id, p.status, p.starts_at, p.expires_at, p.revoked_at, 1
+    FROM governance_grant p WHERE p.id = %s
+    UNION ALL
+    SELECT p.id, p.delegated_from_id, p.status, p.starts_at, p.expires_at, p.revoked_at,
+           chain.depth + 1
+    FROM governance_grant p JOIN chain ON p.id = chain.parent_id
+    WHERE chain.depth < 32
+)
+SELECT id, status, starts_at, expires_at, revoked_at, depth FROM chain ORDER BY depth
+"""
+
+_APPROVAL_QUERY = """
+SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id
+FROM governance_approval WHERE id = %s
+"""
+
+
+def _json_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = json.loads(value)
+    return list(value)
+
+
+def _window_reason(
+    status: str,
+    starts_at: datetime | None,
+    expires_at: datetime | None,
+    revoked_at: datetime | None,
+    at: datetime,
+) -> Reason | None:
+    """None when the grant's own window is live at `at`, else why not."""
+    if status in ("pending", "denied") or starts_at is None or expires_at is None:
+        return Reason.NO_GRANT
+    if revoked_at is not None and revoked_at <= at:
+        return Reason.GRANT_REVOKED
+    if expires_at <= at:
+        return Reason.GRANT_EXPIRED
+    if starts_at > at:
+        return Reason.GRANT_NOT_STARTED
+    return None
+
+
+# Most specific first when several matching grants are dead for different reasons.
+_DEAD_PRECEDENCE = (Reason.GRANT_REVOKED, Reason.GRANT_EXPIRED, Reason.GRANT_NOT_STARTED)
+
+
+def _ancestors_reason(parent_id: int, at: datetime) -> Reason | None:
+    for _id, status, starts, expires, revoked, _depth in db.execute(_ANCESTORS_QUERY, [parent_id]):
+        reason = _window_reason(
+            status, db.read_dt(starts), db.read_dt(expires), db.read_dt(revoked), at
+        )
+        if reason is not None:
+            return Reason.GRANT_REVOKED if reason == Reason.NO_GRANT else reason
+    return None
+
+
+_GRANT_QUERY = """
+SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
+       a.status, t.definition_hash, t.approved_hash
+FROM governance_grant g
+JOIN governance_agent a ON a.id = g.agent_id
+JOIN governance_tool t ON t.id = g.tool_id
+WHERE g.id = %s
+"""
+
+
+def grant_dead_reason(grant_id: int, at: datetime) -> Reason | None:
+    """None if the grant could allow something at `at`, else the reason it cannot.
+
+    Used where the question is about a grant rather than a call (delegation):
+    the same window and ancestor rules as authorize(), in the same module.
+    """
+    rows = db.execute(_GRANT_QUERY, [grant_id])
+    if not rows:
+        return Reason.NO_GRANT
+    status, starts, expires, revoked, parent_id, agent_status, def_hash, approved = rows[0]
+    if agent_status != "active":
+        return Reason.AGENT_SUSPENDED
+    if def_hash != approved:
+        return Reason.TOOL_QUARANTINED
+    reason = _window_reason(
+        status, db.read_dt(starts), db.read_dt(expires), db.read_dt(revoked), at
+    )
+    if reason is None and parent_id is not None:
+        reason = _ancestors_reason(parent_id, at)
+    return reason
+
+
+def _fields_ok(granted: list[str], arguments: Mapping[str, Any] | None) -> bool:
+    """A field-limited grant covers a call only if the call names its fields."""
+    if not granted:
+        return True
+    requested = (arguments or {}).get("fields")
+    if not isinstance(requested, list) or not requested:
+        return False
+    return all(isinstance(f, str) and f in granted for f in requested)
+
+
+def _validate(
+    agent: str, tool: Any, action: Any, scope: Any, task: Any, arguments: Any, approval: Any
+) -> str | None:
+    if not isinstance(agent, str) or not agent or len(agent) > MAX_NAME_LEN:
+        return "agent must be a non-empty name"
+    if not isinstance(tool, str) or not tool or len(tool) > MAX_NAME_LEN:
+        return "tool must be a non-empty name of at most 100 characters"
+    if action not in ACTION_VALUES:
+        return f"action must be one of {', '.join(sorted(ACTION_VALUES))}"
+    if not isinstance(scope, str) or not scope or len(scope) > MAX_SCOPE_LEN:
+        return "scope must be a non-empty resource of at most 500 characters"
+    if task is not None and (not isinstance(task, str) or not task or len(task) > MAX_NAME_LEN):
+        return "task must be a task key or null"
+    if arguments is not None and not isinstance(arguments, Mapping):
+        return "arguments must be an object or null"
+    if approval is not None and not isinstance(approval, str):
+        return "approval must be an approval id or null"
+    return None
+
+
+def authorize(
+    *,
+    agent: Any,
+    tool: str,
+    action: str,
+    scope: str,
+    at: datetime,
+    task: str | None = None,
+    arguments: Mapping[str, Any] | None = None,
+    approval: str | None = None,
+) -> Decision:
+    """Answer one access question as of `at`. Never raises; errors deny."""
+    try:
+        return _authorize(
+            agent=agent.name if hasattr(agent, "name") else agent,
+            tool=tool,
+            action=action,
+            scope=scope,
+            at=at,
+            task=task,
+            arguments=arguments,
+            approval=approval,
+        )
+    except Exception:
+        log.exception("authorize() failed; denying")
+        return _deny(Reason.ERROR, "The decision could not be made, so access is denied.")
+
+
+def _authorize(
+    *,
+    agent: str,
+    tool: str,
+    action: str,
+    scope: str,
+    at: datetime,
+    task: str | None,
+    arguments: Mapping[str, Any] | None,
+    approval: str | None,
+) -> Decision:
+    if at.tzinfo is None:
+        raise ValueError("authorize() needs an aware `at`")
+    # 0. Well-formed question. Before touching the database.
+    problem = _validate(agent, tool, action, scope, task, arguments, approval)
+    if problem:
+        return _deny(Reason.INVALID_REQUEST, problem)
+    try:
+        args_hash = arguments_digest(arguments)
+    except (TypeError, ValueError):
+        return _deny(Reason.INVALID_REQUEST, "arguments must be plain JSON values")
+
+    rows = db.execute(_MAIN_QUERY, [agent, tool, task or ""])
+    first = rows[0]
+    agent_id, agent_status = first[0], first[1]
+    tool_id, tool_actions, irreversible, def_hash, approved_hash = first[2:7]
+    task_id, task_status, task_starts, task_ends, task_closed = first[7:12]
+    ctx: dict[str, Any] = {"agent_id": agent_id, "tool_id": tool_id, "arguments_hash": args_hash}
+
+    # 1. The agent exists and is not suspended (the kill switch).
+    if agent_id is None:
+        return _deny(Reason.UNKNOWN_AGENT, f"No agent is named {agent!r}.", **ctx)
+    if agent_status != "active":
+        return _deny(Reason.AGENT_SUSPENDED, "The agent is suspended.", **ctx)
+    # 2. The tool is in the inventory, byte for byte, and its definition is approved.
+    if tool_id is None:
+        return _deny(Reason.UNKNOWN_TOOL, "The tool is not in the inventory.", **ctx)
+    if def_hash != approved_hash:
+        return _deny(
+            Reason.TOOL_QUARANTINED,
+            "The tool's definition changed and awaits re-approval by an admin.",
+            **ctx,
+        )
+    # 3. The tool can do this kind of thing at all.
+    if action not in _json_list(tool_actions):
+        return _deny(Reason.ACTION_NOT_SUPPORTED, f"The tool does not support {action!r}.", **ctx)
+    # 4. The task, when named, exists and is open at `at`.
+    if task is not None:
+        if task_id is None:
+            return _deny(Reason.TASK_UNKNOWN, f"No task has the key {task!r}.", **ctx)
+        ctx["task_id"] = task_id
+        starts, ends, closed = (db.read_dt(v) for v in (task_starts, task_ends, task_closed))
+        if (
+            task_status != "open"
+            or (starts is not None and starts > at)
+            or (ends is not None and ends <= at)
+            or (closed is not None and closed <= at)
+        ):
+            return _deny(Reason.TASK_CLOSED, "The task is not open.", **ctx)
+    # 5. The resource is canonical: one spelling per resource.
+    if not resource_is_canonical(scope):
+        return _deny(
+            Reason.SCOPE_MISMATCH,
+            "The scope is not a canonical resource (no '..', '%', '\\\\', '*', empty "
+            "segments or non-ASCII characters).",
+            **ctx,
+        )
+
+    # 6. A grant for this agent, tool, action and task covers the resource and
+    #    is live at `at` (own window and every delegation ancestor's).
+    applicable = False
+    in_scope_dead: list[Reason] = []
+    live: tuple[Any, ...] | None = None
+    for row in rows:
+        g_id, g_task, g_actions, g_scope, g_fields, g_status = row[12:18]
+        if g_id is None or action not in _json_list(g_actions):
+            continue
+        if g_task is not None and g_task != ctx.get("task_id"):
+            continue
+        applicable = True
+        if not scope_matches(g_scope, scope) or not _fields_ok(_json_list(g_fields), arguments):
+            continue
+        g_starts, g_expires, g_revoked = (db.read_dt(v) for v in row[18:21])
+        reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at)
+        if reason is None and row[21] is not None:
+            reason = _ancestors_reason(row[21], at)
+        if reason is None:
+            live = row
+            break
+        in_scope_dead.append(reason)
+
+    if live is None:
+        if not applicable:
+            return _deny(Reason.NO_GRANT, f"No grant gives {action!r} on this tool.", **ctx)
+        if not in_scope_dead:
+            return _deny(Reason.SCOPE_MISMATCH, "No grant covers this resource.", **ctx)
+        reason = next(r for r in _DEAD_PRECEDENCE if r in in_scope_dead)
+        return _deny(reason, f"The matching grant is not live ({reason}).", **ctx)
+
+    ctx.update(
+        grant_id=live[12],
+        expires_at=db.read_dt(live[19]),
+        break_glass=bool(live[22]),
+    )
+    # 7. Destructive actions pass the confirmation gate, even with a grant.
+    destructive = bool(irreversible) or action == ActionClass.DELETE
+    if not destructive:
+        return Decision(Verdict.ALLOW, Reason.ALLOWED, "Allowed by a live grant.", **ctx)
+    ctx["destructive"] = True
+    if approval is None:
+        return Decision(
+            Verdict.APPROVAL_REQUIRED,
+            Reason.APPROVAL_REQUIRED,
+            "This action is destructive: a human or policy must approve this exact call.",
+            **ctx,
+        )
+    try:
+        approval_uuid = str(uuid.UUID(approval))
+    except ValueError:
+        return _deny(Reason.APPROVAL_INVALID, "The approval id is not valid.", **ctx)
+    found = db.execute(_APPROVAL_QUERY, [approval_uuid])
+    if not found:
+        return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
+    _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires, ap_task = found[0]
+    ctx["approval_id"] = approval_uuid
+    expires = db.read_dt(ap_expires)
+    bound = (
+        ap_agent == agent_id
+        and ap_tool == tool_id
+        and ap_action == action
+        and ap_scope == scope
+        and ap_hash == args_hash
+        and ap_task == ctx.get("task_id")
+    )
+    if not bound:
+        return _deny(Reason.APPROVAL_INVALID, "The approval is for a different call.", **ctx)
+    if ap_status != "approved" or expires is None or expires <= at:
+        return _deny(
+            Reason.APPROVAL_INVALID, f"The approval is not usable (status {ap_status}).", **ctx
+        )
+    return Decision(Verdict.ALLOW, Reason.ALLOWED, "Allowed once by an approval.", **ctx)

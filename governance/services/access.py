@@ -1,0 +1,167 @@
+"""access_check(): authorize() plus its writes, in one transaction.
+
+The decision's audit event, the grant's usage, and creating or consuming an
+approval commit together or not at all. If any of it fails (audit write
+refused, database gone) the answer is deny with reason `error`, never allow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from governance import audit, db
+from governance.codes import Decision as Verdict
+from governance.codes import EventType, Reason
+from governance.models import Approval
+from governance.policy import Decision, authorize
+
+log = logging.getLogger(__name__)
+
+_EVENT_FOR = {
+    Verdict.ALLOW: EventType.ACCESS_ALLOWED,
+    Verdict.DENY: EventType.ACCESS_DENIED,
+    Verdict.APPROVAL_REQUIRED: EventType.ACCESS_APPROVAL_REQUIRED,
+}
+
+# Single use, no time-of-check gap: the row changes only if it is still
+# approved and unexpired at this instant; a second caller updates nothing.
+_CONSUME = """
+UPDATE governance_approval SET status = 'consumed', consumed_at = %s
+WHERE id = %s AND status = 'approved' AND expires_at > %s
+"""
+
+_USE = """
+UPDATE governance_grant
+SET use_count = use_count + 1,
+    last_used_at = CASE WHEN last_used_at IS NULL OR last_used_at < %s THEN %s
+                        ELSE last_used_at END
+WHERE id = %s
+"""
+
+
+def _pending_approval(decision: Decision, *, action: str, scope: str, at: datetime) -> Approval:
+    """Reuse the caller's open request for this exact call, or open one."""
+    assert decision.agent_id and decision.tool_id and decision.grant_id
+    existing = (
+        Approval.objects.filter(
+            agent_id=decision.agent_id,
+            tool_id=decision.tool_id,
+            action=action,
+            scope=scope,
+            arguments_hash=decision.arguments_hash,
+            task_id=decision.task_id,
+            status=Approval.Status.PENDING,
+            expires_at__gt=at,
+        )
+        .order_by("-requested_at")
+        .first()
+    )
+    if existing is not None:
+        return existing
+    return Approval.objects.create(
+        agent_id=decision.agent_id,
+        tool_id=decision.tool_id,
+        grant_id=decision.grant_id,
+        task_id=decision.task_id,
+        action=action,
+        scope=scope,
+        arguments_hash=decision.arguments_hash,
+        requested_at=at,
+        expires_at=at + settings.APPROVAL_TTL,
+    )
+
+
+def access_check(
+    *,
+    agent: Any,
+    tool: str,
+    action: str,
+    scope: str,
+    at: datetime,
+    task: str | None = None,
+    arguments: Mapping[str, Any] | None = None,
+    approval: str | None = None,
+) -> Decision:
+    """Decide, record and account for one tool call. Never raises."""
+    agent_name = agent.name if hasattr(agent, "name") else str(agent)
+    actor = audit.Actor("agent", f"agent:{agent_name}")
+    subject = {
+        "agent": agent_name,
+        "task": task or "",
+        "tool": tool,
+        "action": action,
+        "scope": scope,
+    }
+    try:
+        args_json = audit.masked_arguments_json(arguments if isinstance(arguments, Mapping) else {})
+        with transaction.atomic():
+            decision = authorize(
+                agent=agent_name,
+                tool=tool,
+                action=action,
+                scope=scope,
+                at=at,
+                task=task,
+                arguments=arguments,
+                approval=approval,
+            )
+            if decision.allowed and decision.approval_id:
+                consumed = db.execute_rowcount(
+                    _CONSUME,
+                    [db.param_dt(at), decision.approval_id, db.param_dt(at)],
+                )
+                if consumed != 1:
+                    decision = replace(
+                        decision,
+                        decision=Verdict.DENY,
+                        reason=Reason.APPROVAL_INVALID,
+                        message="The approval was already used.",
+                    )
+            if decision.decision == Verdict.APPROVAL_REQUIRED:
+                pending = _pending_approval(decision, action=action, scope=scope, at=at)
+                decision = replace(decision, approval_id=str(pending.id))
+            if decision.allowed and decision.grant_id is not None:
+                db.execute_rowcount(_USE, [db.param_dt(at), db.param_dt(at), decision.grant_id])
+            written = audit.append(
+                event_type=_EVENT_FOR[Verdict(decision.decision)],
+                actor=actor,
+                at=at,
+                arguments_json=args_json,
+                arguments_hash=decision.arguments_hash,
+                decision=decision.decision,
+                reason=decision.reason,
+                grant_id=decision.grant_id,
+                approval_id=decision.approval_id or "",
+                break_glass=decision.break_glass,
+                **subject,
+            )
+        return replace(decision, decision_id=str(written.uid))
+    except Exception:
+        log.exception("access_check failed; denying")
+    failed = Decision(
+        decision=Verdict.DENY,
+        reason=Reason.ERROR,
+        message="The decision could not be recorded, so access is denied.",
+    )
+    try:
+        # Best effort: if the database is reachable at all, the denial is logged.
+        with transaction.atomic():
+            written = audit.append(
+                event_type=EventType.ACCESS_DENIED,
+                actor=actor,
+                at=at,
+                decision=Verdict.DENY,
+                reason=Reason.ERROR,
+                **subject,
+            )
+        return replace(failed, decision_id=str(written.uid))
+    except Exception:
+        log.exception("could not record the failed decision either")
+        return failed

@@ -1,0 +1,125 @@
+"""Agents and their tokens: create, suspend (the kill switch), issue, revoke."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from governance import audit
+from governance.codes import EventType
+from governance.errors import Conflict, GovernanceError
+from governance.models import Agent, AgentToken, Approval
+
+NAME_HELP = "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
+
+
+def validate_name(name: str, what: str) -> None:
+    import re
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,99}", name or ""):
+        raise GovernanceError(f"invalid_{what}_name", f"A {what} name uses {NAME_HELP}.")
+
+
+def agent_create(
+    *,
+    name: str,
+    owner: Any,
+    actor: audit.Actor,
+    at: datetime,
+    parent: Agent | None = None,
+    description: str = "",
+) -> Agent:
+    validate_name(name, "agent")
+    try:
+        with transaction.atomic():
+            agent = Agent.objects.create(
+                name=name, owner=owner, parent=parent, description=description
+            )
+            audit.append(
+                event_type=EventType.AGENT_CREATED,
+                actor=actor,
+                at=at,
+                agent=name,
+                data={"owner": owner.get_username(), "parent": parent.name if parent else None},
+            )
+    except IntegrityError:
+        raise Conflict("agent_exists", f"An agent named {name!r} already exists.") from None
+    return agent
+
+
+def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime) -> Agent:
+    """Every decision for the agent is denied from this moment; its open
+    approval requests are voided so nothing queued can fire later."""
+    with transaction.atomic():
+        updated = Agent.objects.filter(pk=agent.pk, status=Agent.Status.ACTIVE).update(
+            status=Agent.Status.SUSPENDED, suspended_at=at
+        )
+        if updated:
+            voided = Approval.objects.filter(
+                agent=agent, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+            ).update(status=Approval.Status.EXPIRED)
+            audit.append(
+                event_type=EventType.AGENT_SUSPENDED,
+                actor=actor,
+                at=at,
+                agent=agent.name,
+                data={"reason": reason, "approvals_voided": voided},
+            )
+    agent.refresh_from_db()
+    return agent
+
+
+def token_issue(
+    *,
+    created_by: Any,
+    actor: audit.Actor,
+    at: datetime,
+    agent: Agent | None = None,
+    user: Any = None,
+    days: int = 30,
+) -> tuple[AgentToken, str]:
+    """Returns the token and its plaintext, which is shown once and never stored."""
+    if not 0 < days <= settings.AGENT_TOKEN_MAX_DAYS:
+        raise GovernanceError(
+            "invalid_expiry",
+            f"Token lifetime must be 1 to {settings.AGENT_TOKEN_MAX_DAYS} days.",
+        )
+    plaintext, prefix, digest = AgentToken.generate()
+    with transaction.atomic():
+        token = AgentToken.objects.create(
+            agent=agent,
+            user=user,
+            prefix=prefix,
+            digest=digest,
+            created_by=created_by,
+            expires_at=at + timedelta(days=days),
+        )
+        audit.append(
+            event_type=EventType.TOKEN_ISSUED,
+            actor=actor,
+            at=at,
+            agent=agent.name if agent else "",
+            data={
+                "prefix": prefix,
+                "holder": agent.name if agent else user.get_username(),
+                "expires_at": token.expires_at.isoformat(),
+            },
+        )
+    return token, plaintext
+
+
+def token_revoke(*, token: AgentToken, actor: audit.Actor, at: datetime) -> AgentToken:
+    with transaction.atomic():
+        if AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=at):
+            audit.append(
+                event_type=EventType.TOKEN_REVOKED,
+                actor=actor,
+                at=at,
+                agent=token.agent.name if token.agent else "",
+                data={"prefix": token.prefix},
+            )
+    token.refresh_from_db()
+    return token

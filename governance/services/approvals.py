@@ -1,0 +1,65 @@
+"""The confirmation gate's human side: approve or deny one pending call."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from governance import audit
+from governance.codes import EventType
+from governance.errors import Conflict, Forbidden
+from governance.models import Approval
+
+
+def _decide(
+    *, approval_id: Any, approver: Any, approve: bool, reason: str, actor: audit.Actor, at: datetime
+) -> Approval:
+    with transaction.atomic():
+        approval = (
+            Approval.objects.select_for_update()
+            .select_related("agent", "tool", "grant", "task")
+            .get(pk=approval_id)
+        )
+        if approval.status != Approval.Status.PENDING or approval.expires_at <= at:
+            raise Conflict("not_pending", f"The approval is {approval.status}, not pending.")
+        # The agent's owner, or whoever requested its grant, does not confirm its calls.
+        if approver.pk in (approval.agent.owner_id, approval.grant.requested_by_id):
+            raise Forbidden("self_approval", "Nobody approves their own agent's action.")
+        approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
+        approval.decided_by = approver
+        approval.decided_at = at
+        approval.decision_reason = reason
+        approval.save()
+        audit.append(
+            event_type=EventType.APPROVAL_APPROVED if approve else EventType.APPROVAL_DENIED,
+            actor=actor,
+            at=at,
+            agent=approval.agent.name,
+            task=approval.task.key if approval.task else "",
+            tool=approval.tool.name,
+            action=approval.action,
+            scope=approval.scope,
+            arguments_hash=approval.arguments_hash,
+            approval_id=str(approval.pk),
+            grant_id=approval.grant_id,
+            data={"reason": reason},
+        )
+    return approval
+
+
+def approval_approve(
+    *, approval_id: Any, approver: Any, actor: audit.Actor, at: datetime, reason: str = ""
+) -> Approval:
+    return _decide(
+        approval_id=approval_id, approver=approver, approve=True, reason=reason, actor=actor, at=at
+    )
+
+
+def approval_deny(
+    *, approval_id: Any, approver: Any, reason: str, actor: audit.Actor, at: datetime
+) -> Approval:
+    return _decide(
+        approval_id=approval_id, approver=approver, approve=False, reason=reason, actor=actor, at=at
+    )

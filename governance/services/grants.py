@@ -1,0 +1,385 @@
+"""Every change to a grant, each with its audit event in the same transaction.
+
+Request -> approve (starts the clock) | deny; issue (admin, already approved);
+revoke (ends every delegated descendant too); delegate (a narrowed copy for a
+subagent, never wider than the parent); expire (bookkeeping only: decisions
+already refuse expired grants on their own).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from governance import audit
+from governance.codes import ACTION_VALUES, EventType
+from governance.errors import Conflict, Forbidden, GovernanceError
+from governance.models import Agent, Grant, Task, Tool
+from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
+
+_EGRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+
+def validate_shape(
+    *,
+    tool: Tool,
+    actions: Sequence[str],
+    scope: str,
+    fields: Sequence[str] = (),
+    egress: Sequence[str] = (),
+    duration: timedelta | None = None,
+) -> None:
+    """The rules every grant obeys, whichever door it comes through."""
+    errors: dict[str, str] = {}
+    if not actions or any(a not in ACTION_VALUES for a in actions):
+        errors["actions"] = f"Actions must be a non-empty list from {sorted(ACTION_VALUES)}."
+    elif len(set(actions)) != len(actions):
+        errors["actions"] = "Actions must not repeat."
+    elif unsupported := [a for a in actions if not tool.supports(a)]:
+        errors["actions"] = f"Tool {tool.name} does not support {', '.join(unsupported)}."
+    if not pattern_is_valid(scope):
+        errors["scope"] = (
+            "Scope must be a canonical pattern like repo:acme/api/* ('*' only as a whole "
+            "segment; no '..', '%', '\\', empty segments or non-ASCII)."
+        )
+    if any(not isinstance(f, str) or not f for f in fields):
+        errors["fields"] = "Fields must be non-empty names."
+    for item in egress:
+        match = _EGRESS.match(item) if isinstance(item, str) else None
+        if match is None or not 0 < int(match.group(2)) < 65536:
+            errors["egress"] = f"Egress entry {item!r} is not host:port."
+            break
+    if duration is not None:
+        if duration <= timedelta(0):
+            errors["duration"] = "Duration must be positive."
+        elif duration > settings.GRANT_MAX_TTL:
+            hours = settings.GRANT_MAX_TTL.total_seconds() / 3600
+            errors["duration"] = (
+                f"Duration exceeds the maximum grant lifetime of {hours:g} hours; "
+                "there are no permanent grants."
+            )
+    if errors:
+        raise GovernanceError(
+            "invalid_grant", "The grant is not valid: " + " ".join(errors.values()), fields=errors
+        )
+
+
+def _event(grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **data: Any) -> None:
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=grant.agent.name,
+        task=grant.task.key if grant.task else "",
+        tool=grant.tool.name,
+        action=",".join(grant.actions),
+        scope=grant.scope,
+        grant_id=grant.pk,
+        break_glass=grant.break_glass,
+        data={
+            "status": grant.status,
+            "starts_at": grant.starts_at.isoformat() if grant.starts_at else None,
+            "expires_at": grant.expires_at.isoformat() if grant.expires_at else None,
+            **data,
+        },
+    )
+
+
+def grant_request(
+    *,
+    agent: Agent,
+    tool: Tool,
+    actions: Sequence[str],
+    scope: str,
+    duration: timedelta,
+    justification: str,
+    actor: audit.Actor,
+    at: datetime,
+    requested_by: Any = None,
+    requested_by_agent: Agent | None = None,
+    task: Task | None = None,
+    fields: Sequence[str] = (),
+    egress: Sequence[str] = (),
+    limits: dict[str, Any] | None = None,
+    delegable: bool = False,
+) -> Grant:
+    """A pending request: never live until a different human approves it."""
+    validate_shape(
+        tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
+    )
+    if not justification.strip():
+        raise GovernanceError("justification_required", "Say why the grant is needed.")
+    if requested_by is None and requested_by_agent is None:
+        raise GovernanceError("requester_required", "A grant request needs a requester.")
+    try:
+        with transaction.atomic():
+            grant = Grant.objects.create(
+                agent=agent,
+                tool=tool,
+                task=task,
+                actions=list(actions),
+                scope=scope,
+                fields=list(fields),
+                egress=list(egress),
+                justification=justification,
+                requested_by=requested_by,
+                requested_by_agent=requested_by_agent,
+                requested_duration=duration,
+                delegable=delegable,
+                **_limits(limits),
+            )
+            _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
+    except IntegrityError:
+        raise Conflict(
+            "duplicate_request",
+            "A request for this agent, tool, task and scope is already pending.",
+        ) from None
+    return grant
+
+
+def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
+    limits = limits or {}
+    allowed = {"cpus", "memory_mb", "pids", "wall_seconds"}
+    unknown = set(limits) - allowed
+    if unknown:
+        raise GovernanceError("invalid_limits", f"Unknown limits: {', '.join(sorted(unknown))}.")
+    return {f"limit_{k}": v for k, v in limits.items()}
+
+
+def grant_approve(*, grant_id: int, approver: Any, actor: audit.Actor, at: datetime) -> Grant:
+    """Approval starts the clock: starts_at = now, expires_at = now + duration."""
+    with transaction.atomic():
+        grant = (
+            Grant.objects.select_for_update()
+            .select_related("agent", "tool", "task")
+            .get(pk=grant_id)
+        )
+        if grant.status != Grant.Status.PENDING:
+            raise Conflict("not_pending", f"The request is already {grant.status}.")
+        if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
+            raise Forbidden("self_approval", "Nobody approves their own request.")
+        if grant.agent.owner_id == approver.pk and grant.requested_by_agent_id is not None:
+            raise Forbidden(
+                "self_approval", "An agent's owner cannot approve the agent's own request."
+            )
+        assert grant.requested_duration is not None
+        grant.status = Grant.Status.ACTIVE
+        grant.approved_by = approver
+        grant.decided_at = at
+        grant.starts_at = at
+        grant.expires_at = at + grant.requested_duration
+        grant.save()
+        _event(grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username())
+    return grant
+
+
+def grant_deny(
+    *, grant_id: int, approver: Any, reason: str, actor: audit.Actor, at: datetime
+) -> Grant:
+    with transaction.atomic():
+        grant = (
+            Grant.objects.select_for_update()
+            .select_related("agent", "tool", "task")
+            .get(pk=grant_id)
+        )
+        if grant.status != Grant.Status.PENDING:
+            raise Conflict("not_pending", f"The request is already {grant.status}.")
+        grant.status = Grant.Status.DENIED
+        grant.approved_by = approver if approver.pk != grant.requested_by_id else None
+        grant.decided_at = at
+        grant.decision_reason = reason
+        grant.save()
+        _event(grant, EventType.GRANT_DENIED, actor, at, reason=reason)
+    return grant
+
+
+def grant_issue(
+    *,
+    agent: Agent,
+    tool: Tool,
+    actions: Sequence[str],
+    scope: str,
+    duration: timedelta,
+    justification: str,
+    requested_by: Any,
+    approved_by: Any,
+    actor: audit.Actor,
+    at: datetime,
+    task: Task | None = None,
+    fields: Sequence[str] = (),
+    egress: Sequence[str] = (),
+    limits: dict[str, Any] | None = None,
+    delegable: bool = False,
+    break_glass: bool = False,
+) -> Grant:
+    """Create a live grant whose request and approval happened elsewhere
+    (matrix import with --apply, demo data). Same rules as request+approve."""
+    if approved_by is None or requested_by is None or approved_by.pk == requested_by.pk:
+        raise Forbidden("self_approval", "A live grant needs a requester and a different approver.")
+    validate_shape(
+        tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
+    )
+    with transaction.atomic():
+        grant = Grant.objects.create(
+            agent=agent,
+            tool=tool,
+            task=task,
+            actions=list(actions),
+            scope=scope,
+            fields=list(fields),
+            egress=list(egress),
+            justification=justification,
+            requested_by=requested_by,
+            approved_by=approved_by,
+            requested_duration=duration,
+            status=Grant.Status.ACTIVE,
+            decided_at=at,
+            starts_at=at,
+            expires_at=at + duration,
+            delegable=delegable,
+            break_glass=break_glass,
+            **_limits(limits),
+        )
+        _event(grant, EventType.GRANT_ISSUED, actor, at, approved_by=approved_by.get_username())
+    return grant
+
+
+def _descendants(grant_ids: list[int]) -> list[Grant]:
+    found: list[Grant] = []
+    frontier = grant_ids
+    while frontier:
+        children = list(
+            Grant.objects.select_for_update()
+            .select_related("agent", "tool", "task")
+            .filter(delegated_from_id__in=frontier)
+        )
+        found.extend(children)
+        frontier = [c.pk for c in children]
+    return found
+
+
+def grant_revoke(
+    *, grant_id: int, reason: str, actor: audit.Actor, at: datetime, revoked_by: Any = None
+) -> list[Grant]:
+    """Revoke at once, and everything delegated from it, in one transaction.
+
+    Safe to call twice: an already-ended grant is left as it is.
+    """
+    if not reason.strip():
+        raise GovernanceError("reason_required", "Say why the grant is revoked.")
+    with transaction.atomic():
+        root = (
+            Grant.objects.select_for_update()
+            .select_related("agent", "tool", "task")
+            .get(pk=grant_id)
+        )
+        ended = []
+        for grant in [root, *_descendants([root.pk])]:
+            if grant.status not in (Grant.Status.ACTIVE, Grant.Status.PENDING):
+                continue
+            grant.status = Grant.Status.REVOKED if grant.starts_at else Grant.Status.DENIED
+            grant.revoked_at = at if grant.starts_at else None
+            grant.revoked_by = revoked_by
+            grant.decision_reason = reason
+            grant.save()
+            cascade = {"cascade_from": root.pk} if grant.pk != root.pk else {}
+            _event(grant, EventType.GRANT_REVOKED, actor, at, reason=reason, **cascade)
+            ended.append(grant)
+    return ended
+
+
+def grant_delegate(
+    *,
+    parent_grant_id: int,
+    child: Agent,
+    actions: Sequence[str],
+    scope: str,
+    expires_at: datetime,
+    justification: str,
+    actor: audit.Actor,
+    at: datetime,
+) -> Grant:
+    """Hand a subagent a subset of a live grant. Never wider, never longer."""
+    with transaction.atomic():
+        parent = (
+            Grant.objects.select_for_update()
+            .select_related("agent", "tool", "task")
+            .get(pk=parent_grant_id)
+        )
+        if child.parent_id != parent.agent_id:
+            raise Forbidden("not_a_subagent", f"{child.name} is not a subagent of {parent.agent}.")
+        if not parent.delegable:
+            raise Forbidden("not_delegable", "The parent grant does not allow delegation.")
+        depth = 0
+        cursor: Grant | None = parent
+        while cursor is not None and cursor.delegated_from_id is not None:
+            depth += 1
+            cursor = cursor.delegated_from
+        if depth + 1 > settings.DELEGATION_MAX_DEPTH:
+            raise Forbidden("depth_exceeded", "The delegation chain is already at its limit.")
+        # Live per the decision module: own window, every ancestor, agent, tool.
+        dead = grant_dead_reason(parent.pk, at)
+        if dead is not None:
+            raise Forbidden("parent_not_live", f"The parent grant is not live ({dead}).")
+        if not set(actions) <= set(parent.actions) or not actions:
+            raise Forbidden("wider_actions", "A delegation can only carry the parent's actions.")
+        if not pattern_within(scope, parent.scope):
+            raise Forbidden("wider_scope", "The scope must lie inside the parent's scope.")
+        assert parent.expires_at is not None
+        if expires_at > parent.expires_at:
+            raise Forbidden("longer_expiry", "A delegation cannot outlive its parent grant.")
+        if expires_at <= at:
+            raise GovernanceError("invalid_expiry", "The expiry must be in the future.")
+        validate_shape(tool=parent.tool, actions=actions, scope=scope)
+        grant = Grant.objects.create(
+            agent=child,
+            tool=parent.tool,
+            task=parent.task,
+            actions=list(actions),
+            scope=scope,
+            fields=list(parent.fields),
+            egress=list(parent.egress),
+            limit_cpus=parent.limit_cpus,
+            limit_memory_mb=parent.limit_memory_mb,
+            limit_pids=parent.limit_pids,
+            limit_wall_seconds=parent.limit_wall_seconds,
+            justification=justification,
+            requested_by_agent=parent.agent,
+            status=Grant.Status.ACTIVE,
+            decided_at=at,
+            starts_at=at,
+            expires_at=expires_at,
+            delegated_from=parent,
+            break_glass=parent.break_glass,
+        )
+        _event(
+            grant, EventType.GRANT_DELEGATED, actor, at, delegated_from=parent.pk, depth=depth + 1
+        )
+    return grant
+
+
+def grants_expire(*, actor: audit.Actor, at: datetime) -> int:
+    """Bookkeeping: mark grants past their window as expired, one event each.
+
+    Claims each row with a conditional UPDATE so two workers never both
+    announce the same expiry.
+    """
+    count = 0
+    due = Grant.objects.filter(status=Grant.Status.ACTIVE, expires_at__lte=at).values_list(
+        "pk", flat=True
+    )
+    for pk in list(due):
+        with transaction.atomic():
+            won = Grant.objects.filter(pk=pk, status=Grant.Status.ACTIVE).update(
+                status=Grant.Status.EXPIRED
+            )
+            if won:
+                grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
+                _event(grant, EventType.GRANT_EXPIRED, actor, at)
+                count += 1
+    return count

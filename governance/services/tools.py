@@ -1,0 +1,113 @@
+"""The tool inventory: register, update (a changed definition quarantines), approve."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from governance import audit
+from governance.codes import ACTION_VALUES, EventType
+from governance.errors import Conflict, GovernanceError
+from governance.models import Tool
+from governance.models.tools import definition_hash
+from governance.services.agents import validate_name
+
+
+def _definition(name: str, description: str, input_schema: Any) -> dict[str, Any]:
+    return {"name": name, "description": description, "input_schema": input_schema}
+
+
+def _validate(kind: str, actions: Sequence[str]) -> None:
+    if kind not in Tool.Kind.values:
+        raise GovernanceError("invalid_tool_kind", f"Kind must be one of {Tool.Kind.values}.")
+    if not actions or any(a not in ACTION_VALUES for a in actions):
+        raise GovernanceError(
+            "invalid_actions", f"Actions must be a non-empty list from {sorted(ACTION_VALUES)}."
+        )
+
+
+def tool_register(
+    *,
+    name: str,
+    kind: str,
+    actions: Sequence[str],
+    actor: audit.Actor,
+    at: datetime,
+    description: str = "",
+    input_schema: Any = None,
+    third_party: bool = False,
+    irreversible: bool = False,
+) -> Tool:
+    """Registering is approving the definition as it is now (an admin act)."""
+    validate_name(name, "tool")  # exact ASCII names: no look-alikes, no padding
+    _validate(kind, actions)
+    schema = input_schema or {}
+    digest = definition_hash(name, description, schema)
+    try:
+        with transaction.atomic():
+            tool = Tool.objects.create(
+                name=name,
+                kind=kind,
+                description=description,
+                input_schema=schema,
+                actions=sorted(set(actions)),
+                third_party=third_party,
+                irreversible=irreversible,
+                definition_hash=digest,
+                approved_hash=digest,
+                approved_definition=_definition(name, description, schema),
+            )
+            audit.append(
+                event_type=EventType.TOOL_REGISTERED,
+                actor=actor,
+                at=at,
+                tool=name,
+                data={"definition_hash": digest, "third_party": third_party},
+            )
+    except IntegrityError:
+        raise Conflict("tool_exists", f"A tool named {name!r} already exists.") from None
+    return tool
+
+
+def tool_update_definition(
+    *, tool: Tool, description: str, input_schema: Any, actor: audit.Actor, at: datetime
+) -> Tool:
+    """Record what the tool now says about itself. Any change quarantines it
+    until an admin re-approves: tool metadata is untrusted content."""
+    digest = definition_hash(tool.name, description, input_schema or {})
+    with transaction.atomic():
+        tool = Tool.objects.select_for_update().get(pk=tool.pk)
+        if digest == tool.definition_hash:
+            return tool
+        tool.description = description
+        tool.input_schema = input_schema or {}
+        tool.definition_hash = digest
+        tool.save()
+        quarantined = tool.is_quarantined
+        audit.append(
+            event_type=EventType.TOOL_QUARANTINED if quarantined else EventType.TOOL_UPDATED,
+            actor=actor,
+            at=at,
+            tool=tool.name,
+            data={"definition_hash": digest, "approved_hash": tool.approved_hash},
+        )
+    return tool
+
+
+def tool_approve_definition(*, tool: Tool, approver: Any, actor: audit.Actor, at: datetime) -> Tool:
+    with transaction.atomic():
+        tool = Tool.objects.select_for_update().get(pk=tool.pk)
+        tool.approved_hash = tool.definition_hash
+        tool.approved_definition = _definition(tool.name, tool.description, tool.input_schema)
+        tool.save()
+        audit.append(
+            event_type=EventType.TOOL_APPROVED,
+            actor=actor,
+            at=at,
+            tool=tool.name,
+            data={"definition_hash": tool.definition_hash, "approver": approver.get_username()},
+        )
+    return tool

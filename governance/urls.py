@@ -1,0 +1,10 @@
+from django.contrib import admin
+from django.urls import path
+
+from governance import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]
