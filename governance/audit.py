@@ -268,7 +268,7 @@ def append(
     row["prev_hash"] = prev_hash
     row["hash"] = event_hash(prev_hash, row)
     params = [row[name] for name in FIELDS]
-    params[FIELDS.index("uid")] = str(row["uid"]) if connection.vendor == "sqlite" else row["uid"]
+    params[FIELDS.index("uid")] = db.param_uuid(row["uid"])
     params[FIELDS.index("created_at")] = db.param_dt(at)
     db.execute(_INSERT, params)
     return Written(seq=row["seq"], uid=row["uid"], hash=row["hash"])

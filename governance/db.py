@@ -9,6 +9,7 @@ prepare=True. On SQLite they go through Django's cursor.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +48,12 @@ def param_dt(value: datetime | None) -> Any:
     if value is None:
         return None
     return connection.ops.adapt_datetimefield_value(value)
+
+
+def param_uuid(value: uuid.UUID | str) -> Any:
+    """A UUID as the backend stores it (SQLite: 32 hex chars, as Django does)."""
+    parsed = value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    return parsed if connection.vendor == "postgresql" else parsed.hex
 
 
 def read_dt(value: Any) -> datetime | None:

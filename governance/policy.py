@@ -372,9 +372,9 @@ def _authorize(
             return _deny(Reason.TASK_UNKNOWN, f"No task has the key {task!r}.", **ctx)
         ctx["task_id"] = task_id
         starts, ends, closed = (db.read_dt(v) for v in (task_starts, task_ends, task_closed))
+        # Decided from the times, like grants: `status` is bookkeeping.
         if (
-            task_status != "open"
-            or (starts is not None and starts > at)
+            (starts is not None and starts > at)
             or (ends is not None and ends <= at)
             or (closed is not None and closed <= at)
         ):
@@ -440,7 +440,7 @@ def _authorize(
         approval_uuid = str(uuid.UUID(approval))
     except ValueError:
         return _deny(Reason.APPROVAL_INVALID, "The approval id is not valid.", **ctx)
-    found = db.execute(_APPROVAL_QUERY, [approval_uuid])
+    found = db.execute(_APPROVAL_QUERY, [db.param_uuid(approval_uuid)])
     if not found:
         return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
     _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires, ap_task = found[0]

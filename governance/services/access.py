@@ -115,7 +115,7 @@ def access_check(
             if decision.allowed and decision.approval_id:
                 consumed = db.execute_rowcount(
                     _CONSUME,
-                    [db.param_dt(at), decision.approval_id, db.param_dt(at)],
+                    [db.param_dt(at), db.param_uuid(decision.approval_id), db.param_dt(at)],
                 )
                 if consumed != 1:
                     decision = replace(

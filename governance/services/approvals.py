@@ -18,7 +18,7 @@ def _decide(
 ) -> Approval:
     with transaction.atomic():
         approval = (
-            Approval.objects.select_for_update()
+            Approval.objects.select_for_update(of=("self",))
             .select_related("agent", "tool", "grant", "task")
             .get(pk=approval_id)
         )

@@ -155,7 +155,7 @@ def grant_approve(*, grant_id: int, approver: Any, actor: audit.Actor, at: datet
     """Approval starts the clock: starts_at = now, expires_at = now + duration."""
     with transaction.atomic():
         grant = (
-            Grant.objects.select_for_update()
+            Grant.objects.select_for_update(of=("self",))
             .select_related("agent", "tool", "task")
             .get(pk=grant_id)
         )
@@ -183,7 +183,7 @@ def grant_deny(
 ) -> Grant:
     with transaction.atomic():
         grant = (
-            Grant.objects.select_for_update()
+            Grant.objects.select_for_update(of=("self",))
             .select_related("agent", "tool", "task")
             .get(pk=grant_id)
         )
@@ -254,7 +254,7 @@ def _descendants(grant_ids: list[int]) -> list[Grant]:
     frontier = grant_ids
     while frontier:
         children = list(
-            Grant.objects.select_for_update()
+            Grant.objects.select_for_update(of=("self",))
             .select_related("agent", "tool", "task")
             .filter(delegated_from_id__in=frontier)
         )
@@ -274,7 +274,7 @@ def grant_revoke(
         raise GovernanceError("reason_required", "Say why the grant is revoked.")
     with transaction.atomic():
         root = (
-            Grant.objects.select_for_update()
+            Grant.objects.select_for_update(of=("self",))
             .select_related("agent", "tool", "task")
             .get(pk=grant_id)
         )
@@ -307,7 +307,7 @@ def grant_delegate(
     """Hand a subagent a subset of a live grant. Never wider, never longer."""
     with transaction.atomic():
         parent = (
-            Grant.objects.select_for_update()
+            Grant.objects.select_for_update(of=("self",))
             .select_related("agent", "tool", "task")
             .get(pk=parent_grant_id)
         )

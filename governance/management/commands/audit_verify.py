@@ -1,0 +1,20 @@
+import sys
+
+from django.core.management.base import BaseCommand
+
+from governance import audit
+
+
+class Command(BaseCommand):
+    help = (
+        "Verify the audit chain and the latest checkpoint. Exit 0 and print "
+        "'ok: N events, head H', or exit 1 naming the first bad sequence number."
+    )
+
+    def handle(self, *args: object, **options: object) -> None:
+        verdict = audit.verify_chain()
+        if verdict.ok:
+            self.stdout.write(verdict.render())
+            return
+        self.stderr.write(verdict.render())
+        sys.exit(1)
