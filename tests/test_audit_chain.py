@@ -1,0 +1,292 @@
+"""The audit log is append-only and tamper-evident.
+
+Tamper probes bypass the database's triggers the way an attacker with
+DDL rights would (disable on PostgreSQL, drop on SQLite; both roll back
+with the test's transaction), then check audit_verify names the first bad
+sequence number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import DatabaseError, connection, transaction
+
+from governance import audit
+from governance.audit import Actor
+from governance.models import AuditEvent
+from governance.services import access
+from tests.conftest import NOW
+
+triggers = importlib.import_module("governance.migrations.0002_audit_append_only")
+
+
+@contextmanager
+def triggers_bypassed() -> Iterator[None]:
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute("ALTER TABLE governance_auditevent DISABLE TRIGGER USER")
+        else:
+            for statement in triggers.SQLITE_DOWN:
+                cur.execute(statement)
+    yield
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute("ALTER TABLE governance_auditevent ENABLE TRIGGER USER")
+        else:
+            for statement in triggers.SQLITE_UP:
+                cur.execute(statement)
+
+
+def sql(statement: str, params: list | None = None) -> None:
+    with connection.cursor() as cur:
+        cur.execute(statement, params or [])
+
+
+@pytest.fixture
+def chain(make_agent, make_tool, make_grant) -> int:
+    """A chain of events: setup events plus some decisions. Returns its length."""
+    bot = make_agent("bot")
+    repo = make_tool("repo")
+    make_grant(bot, repo, ("read",), "repo:acme/*")
+    for i in range(6):
+        access.access_check(agent="bot", tool="repo", action="read", scope=f"repo:acme/{i}", at=NOW)
+    count = AuditEvent.objects.count()
+    assert count >= 8
+    return count
+
+
+def verify_output(capsys) -> tuple[int, str]:
+    try:
+        call_command("audit_verify")
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_an_untouched_chain_verifies(chain, capsys):
+    call_command("audit_checkpoint")
+    assert f"seq {chain}" in capsys.readouterr().out
+    code, text = verify_output(capsys)
+    head = AuditEvent.objects.order_by("-seq").first().hash
+    assert code == 0
+    assert text.strip() == f"ok: {chain} events, head {head}"
+
+
+def test_the_database_refuses_update_and_delete(chain):
+    for statement in (
+        "UPDATE governance_auditevent SET scope = 'x' WHERE seq = 2",
+        "DELETE FROM governance_auditevent WHERE seq = 2",
+    ):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            sql(statement)
+    assert AuditEvent.objects.get(seq=2).scope != "x"
+
+
+def test_the_application_refuses_update_and_delete(chain):
+    event = AuditEvent.objects.get(seq=2)
+    event.scope = "x"
+    with pytest.raises(PermissionError):
+        event.save()
+    with pytest.raises(PermissionError):
+        event.delete()
+    with pytest.raises(DatabaseError), transaction.atomic():
+        AuditEvent.objects.filter(seq=2).update(scope="x")
+    with pytest.raises(DatabaseError), transaction.atomic():
+        AuditEvent.objects.filter(seq=2).delete()
+
+
+def test_append_outside_a_transaction_is_refused(db):
+    # pytest-django wraps every test in atomic; pretend it does not.
+    with pytest.raises(RuntimeError, match="inside transaction.atomic"):
+        original = connection.in_atomic_block
+        connection.in_atomic_block = False
+        try:
+            audit.append(event_type="x", actor=Actor.system("t"), at=NOW)
+        finally:
+            connection.in_atomic_block = original
+
+
+def test_an_edited_event_is_detected(chain, capsys):
+    with triggers_bypassed():
+        sql("UPDATE governance_auditevent SET scope = 'repo:acme/innocent' WHERE seq = 5")
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 5" in text and "edited" in text
+
+
+def test_a_deleted_event_in_the_middle_is_detected(chain, capsys):
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq = 4")
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 4" in text and "deleted" in text
+
+
+def test_an_inserted_event_is_detected(chain, capsys):
+    # Shift seq >= 4 up by one and forge an event at 4, chained to seq 3's
+    # hash but signed with a guessed key.
+    with triggers_bypassed():
+        sql("UPDATE governance_auditevent SET seq = -seq WHERE seq >= 4")
+        sql("UPDATE governance_auditevent SET seq = 1 - seq WHERE seq < 0")
+        prev = AuditEvent.objects.get(seq=3).hash
+        forged = AuditEvent.objects.filter(seq=5).values()[0]
+        forged.update(seq=4, scope="repo:acme/forged", prev_hash=prev)
+        forged["uid"] = "00000000000000000000000000000001"
+        forged["hash"] = hmac.new(b"guess", json.dumps(forged, default=str).encode(), "sha256")
+        forged["hash"] = forged["hash"].hexdigest()
+        columns = ", ".join(forged)
+        marks = ", ".join(["%s"] * len(forged))
+        sql(
+            f"INSERT INTO governance_auditevent ({columns}) VALUES ({marks})", list(forged.values())
+        )
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 4" in text
+
+
+def test_two_swapped_events_are_detected(chain, capsys):
+    with triggers_bypassed():
+        sql("UPDATE governance_auditevent SET seq = -1 WHERE seq = 6")
+        sql("UPDATE governance_auditevent SET seq = 6 WHERE seq = 7")
+        sql("UPDATE governance_auditevent SET seq = 7 WHERE seq = -1")
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 6" in text and "reordered" in text
+
+
+def test_deleting_the_newest_events_is_caught_by_the_checkpoint(chain, capsys):
+    call_command("audit_checkpoint")
+    capsys.readouterr()
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [chain - 3])
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert f"FAILED at seq {chain - 2}" in text
+    assert "newest 3 event(s) were deleted" in text
+
+
+def test_deleting_everything_is_caught_by_the_checkpoint(chain, capsys):
+    call_command("audit_checkpoint")
+    capsys.readouterr()
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent")
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 1" in text
+
+
+def test_rehashing_everything_without_the_key_is_detected(chain, capsys):
+    """An attacker who rewrites an event and re-chains every hash after it,
+    but does not hold AUDIT_HMAC_KEY, still fails at the first event."""
+    rows = list(AuditEvent.objects.order_by("seq").values(*audit.FIELDS))
+    prev = audit.GENESIS
+    with triggers_bypassed():
+        for row in rows:
+            row["created_at"] = row["created_at"]
+            body = {k: str(v) for k, v in row.items() if k != "hash"}
+            body["prev_hash"] = prev
+            new = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+            sql(
+                "UPDATE governance_auditevent SET prev_hash = %s, hash = %s WHERE seq = %s",
+                [prev, new, row["seq"]],
+            )
+            prev = new
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 1" in text and "HMAC" in text
+
+
+def test_rehashing_with_a_wrong_key_after_an_edit_is_detected(chain, capsys, settings):
+    """Same attack with the real algorithm and a guessed key."""
+    rows = list(AuditEvent.objects.order_by("seq").values(*audit.FIELDS))
+    settings.AUDIT_HMAC_KEY = "attacker-guess"
+    prev = audit.GENESIS
+    with triggers_bypassed():
+        for row in rows:
+            if row["seq"] == 3:
+                row["scope"] = "repo:acme/rewritten"
+            row["prev_hash"] = prev
+            new = audit.event_hash(prev, row)
+            sql(
+                "UPDATE governance_auditevent SET scope = %s, prev_hash = %s, hash = %s "
+                "WHERE seq = %s",
+                [row["scope"], prev, new, row["seq"]],
+            )
+            prev = new
+    settings.AUDIT_HMAC_KEY = "dev-only-insecure-audit-key-change-me"
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 1" in text
+
+
+def test_a_checkpoint_is_written_even_with_no_new_events(chain, capsys):
+    call_command("audit_checkpoint")
+    call_command("audit_checkpoint")
+    first, second = audit.load_checkpoints()
+    assert first["seq"] == second["seq"] == chain
+    assert second["prev_signature"] == first["signature"]
+    assert verify_output(capsys)[0] == 0
+
+
+def test_a_forged_checkpoint_is_detected(chain, capsys, settings):
+    call_command("audit_checkpoint")
+    path = next(settings.AUDIT_CHECKPOINT_DIR.glob("checkpoint-*.json"))
+    body = json.loads(path.read_text())
+    body["seq"] = 2  # pretend the log was shorter when checkpointed
+    path.write_text(json.dumps(body))
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "bad signature" in text
+
+
+def test_events_after_a_checkpoint_still_verify(chain, capsys):
+    call_command("audit_checkpoint")
+    access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/x", at=NOW + timedelta(seconds=1)
+    )
+    code, text = verify_output(capsys)
+    assert code == 0
+    assert f"ok: {chain + 1} events" in text
+
+
+# --- Masking -------------------------------------------------------------------
+
+
+def test_secrets_and_pii_are_masked_and_the_full_arguments_hashed(chain):
+    arguments = {
+        "password": "hunter2",
+        "api_key": "abc",
+        "headers": {"Authorization": "Bearer eyJhbGciOi.abc"},
+        "note": "mail jane.doe@example.com with key sk-live-0123456789abcdefABCD",
+        "github": "ghp_0123456789abcdefghijABCDEFGHIJ",
+        "digest": "a" * 64,
+        "count": 3,
+    }
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    stored = json.loads(event.arguments)
+    assert stored["password"] == "[masked]"
+    assert stored["api_key"] == "[masked]"
+    assert stored["headers"]["Authorization"] == "[masked]"
+    assert "jane.doe" not in stored["note"] and "[email]" in stored["note"]
+    assert "sk-live" not in stored["note"] and "[secret]" in stored["note"]
+    assert stored["github"] == "[secret]"
+    assert stored["digest"] == "a" * 64, "hex digests are evidence, not secrets"
+    assert stored["count"] == 3
+    assert "hunter2" not in event.arguments
+    # An auditor holding the key can confirm the exact arguments.
+    assert event.arguments_hash == audit.arguments_digest(arguments)
+    assert event.arguments_hash != audit.arguments_digest({**arguments, "password": "other"})
