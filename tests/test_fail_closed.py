@@ -1,0 +1,131 @@
+"""Any error inside a decision is a denial, never an allow.
+
+Failures are real database failures (a trigger that refuses the write, a
+table that is gone), not mocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection, transaction
+
+from governance.models import Approval, AuditEvent, Grant
+from governance.policy import authorize
+from governance.services import access
+from tests.conftest import NOW, last_event
+
+
+@pytest.fixture
+def granted(make_agent, make_tool, make_grant) -> Grant:
+    bot = make_agent("bot")
+    repo = make_tool("repo")
+    return make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
+
+
+def ask(action: str = "read") -> dict:
+    return {"agent": "bot", "tool": "repo", "action": action, "scope": "repo:acme/x", "at": NOW}
+
+
+@contextmanager
+def refusing(table: str, operation: str) -> Iterator[None]:
+    """Make the real database refuse `operation` on `table` for the block."""
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(
+                "CREATE FUNCTION test_refuse() RETURNS trigger AS $$ BEGIN "
+                "RAISE EXCEPTION 'refused by test'; END; $$ LANGUAGE plpgsql"
+            )
+            cur.execute(
+                f"CREATE TRIGGER test_refuse BEFORE {operation} ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION test_refuse()"
+            )
+        else:
+            cur.execute(
+                f"CREATE TRIGGER test_refuse BEFORE {operation} ON {table} "
+                "BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
+            )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                cur.execute(f"DROP TRIGGER test_refuse ON {table}")
+                cur.execute("DROP FUNCTION test_refuse()")
+            else:
+                cur.execute("DROP TRIGGER test_refuse")
+
+
+def test_it_allows_when_everything_works(granted):
+    result = access.access_check(**ask())
+    assert result.allowed
+    assert last_event().decision == "allow"
+
+
+def test_it_denies_when_the_audit_event_cannot_be_written(granted):
+    before = AuditEvent.objects.count()
+    with refusing("governance_auditevent", "INSERT"):
+        result = access.access_check(**ask())
+    assert (result.decision, result.reason) == ("deny", "error")
+    assert not result.allowed and result.decision_id is None
+    assert AuditEvent.objects.count() == before, "nothing could be logged"
+    granted.refresh_from_db()
+    assert granted.use_count == 0, "the usage update rolled back with the failed event"
+
+
+def test_a_destructive_call_opens_no_approval_when_the_audit_write_fails(granted):
+    with refusing("governance_auditevent", "INSERT"):
+        result = access.access_check(**ask("delete"))
+    assert (result.decision, result.reason) == ("deny", "error")
+    assert not Approval.objects.exists()
+
+
+def test_it_denies_and_logs_when_the_usage_update_fails(granted):
+    before = AuditEvent.objects.count()
+    with refusing("governance_grant", "UPDATE"):
+        result = access.access_check(**ask())
+    assert (result.decision, result.reason) == ("deny", "error")
+    event = last_event()
+    assert AuditEvent.objects.count() == before + 1
+    assert (event.event_type, event.decision, event.reason) == ("access.denied", "deny", "error")
+    assert str(event.uid) == result.decision_id
+
+
+def test_it_denies_when_the_database_fails_mid_decision(granted):
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE governance_grant RENAME TO governance_grant_gone")
+        result = access.access_check(**ask())
+        assert (result.decision, result.reason) == ("deny", "error")
+        event = last_event()
+        assert (event.decision, event.reason) == ("deny", "error")
+        transaction.set_rollback(True)
+
+
+def test_authorize_alone_denies_on_a_database_error(granted):
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE governance_agent RENAME TO governance_agent_gone")
+        before = AuditEvent.objects.count()
+        result = authorize(**ask())
+        transaction.set_rollback(True)
+    assert (result.decision, result.reason) == ("deny", "error")
+    assert not result.allowed
+    assert AuditEvent.objects.count() == before
+
+
+def test_garbage_arguments_are_a_clear_denial_not_a_crash(granted):
+    result = access.access_check(**{**ask(), "arguments": {"x": object()}})
+    assert (result.decision, result.reason) == ("deny", "invalid_request")
+    assert last_event().reason == "invalid_request"
+
+
+def test_nul_bytes_and_huge_values_are_stored_safely(granted):
+    result = access.access_check(
+        agent="bot\x00", tool="repo", action="read", scope="x" * 10_000, at=NOW
+    )
+    assert result.decision == "deny"
+    event = last_event()
+    assert "\x00" not in event.agent and len(event.scope) <= 500
