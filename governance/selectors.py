@@ -34,3 +34,102 @@ def matrix_summary() -> dict[str, Any]:
         "events": AuditEvent.objects.count(),
         "grants": live_grants(now).order_by("agent__name", "tool__name")[:200],
     }
+
+
+def matrix_snapshot(at: datetime) -> dict[str, Any]:
+    """The live grant matrix at `at` as plain data, in a stable order.
+
+    What `matrix_export` writes: every agent and tool, the open tasks plus any
+    task a live grant is bound to, and the grants live at `at`. Ordered by
+    name/key (grants by agent, tool, task, scope, id) so two exports of the
+    same state are byte-identical and diff cleanly under version control.
+    """
+    from governance.models import Task  # local: this function was appended to the module
+
+    # Sorted in Python, not SQL: SQLite and PostgreSQL disagree on where NULL
+    # task keys go and on collation ("bot-a" vs "bota"), and the file must not.
+    grants = sorted(
+        live_grants(at).select_related("requested_by_agent"),
+        key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
+    )
+    task_ids = {g.task_id for g in grants if g.task_id is not None}
+    tasks = sorted(
+        Task.objects.filter(Q(status=Task.Status.OPEN) | Q(pk__in=task_ids)).select_related(
+            "owner"
+        ),
+        key=lambda k: k.key,
+    )
+    agents = sorted(Agent.objects.select_related("owner", "parent"), key=lambda a: a.name)
+    tools = sorted(Tool.objects.all(), key=lambda t: t.name)
+
+    def limits(grant: Grant) -> dict[str, Any]:
+        values = {
+            "cpus": grant.limit_cpus,
+            "memory_mb": grant.limit_memory_mb,
+            "pids": grant.limit_pids,
+            "wall_seconds": grant.limit_wall_seconds,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    return {
+        "version": 1,
+        "agents": [
+            {
+                "name": a.name,
+                "owner": a.owner.get_username(),
+                "parent": a.parent.name if a.parent else None,
+                "status": a.status,
+            }
+            for a in agents
+        ],
+        "tools": [
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "actions": sorted(t.actions),
+                "third_party": t.third_party,
+                "irreversible": t.irreversible,
+                "description": t.description,
+                "input_schema": t.input_schema,
+                "definition_hash": t.definition_hash,
+                "quarantined": t.is_quarantined,
+            }
+            for t in tools
+        ],
+        "tasks": [
+            {
+                "key": k.key,
+                "owner": k.owner.get_username(),
+                "status": k.status,
+                "window": {"starts_at": k.starts_at, "ends_at": k.ends_at},
+            }
+            for k in tasks
+        ],
+        "grants": [
+            {
+                "id": g.pk,
+                "agent": g.agent.name,
+                "tool": g.tool.name,
+                "task": g.task.key if g.task else None,
+                "actions": list(g.actions),
+                "scope": g.scope,
+                "fields": list(g.fields),
+                "egress": list(g.egress),
+                "limits": limits(g),
+                "justification": g.justification,
+                "requester": (
+                    g.requested_by.get_username()
+                    if g.requested_by
+                    else (f"agent:{g.requested_by_agent.name}" if g.requested_by_agent else None)
+                ),
+                "approver": g.approved_by.get_username() if g.approved_by else None,
+                "starts_at": g.starts_at,
+                "expires_at": g.expires_at,
+                "review_due_at": g.review_due_at,
+                "delegated_from": g.delegated_from_id,
+                "delegable": g.delegable,
+                "break_glass": g.break_glass,
+            }
+            for g in grants
+        ],
+    }

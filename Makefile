@@ -1,0 +1,43 @@
+# Two commands on a fresh machine with only Python and pip:
+#   make run    # the whole service on embedded defaults (SQLite, no external services)
+#   make test   # the test suite (SQLite, or PostgreSQL when DATABASE_URL is set)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+HOST   ?= 127.0.0.1:8000
+
+.PHONY: run test lint check bench install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	@echo "Serving on http://$(HOST)/"
+	$(PY) manage.py runserver --insecure --noreload $(HOST)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+check: $(STAMP)
+	$(PY) manage.py check
+	$(PY) manage.py makemigrations --check --dry-run
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m benchmarks.authorize
+
+clean:
+	rm -rf $(VENV) db.sqlite3 var
