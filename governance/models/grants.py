@@ -4,7 +4,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 
 from governance.models.agents import Agent
 from governance.models.tasks import Task
@@ -123,8 +124,13 @@ class Grant(models.Model):
             models.CheckConstraint(
                 condition=~Q(delegated_from=F("id")), name="grant_not_own_parent"
             ),
+            # One pending request per thing; Coalesce so "no task" counts as a
+            # value (NULLs are distinct in a plain unique index).
             models.UniqueConstraint(
-                fields=["agent", "tool", "scope", "task"],
+                "agent",
+                "tool",
+                "scope",
+                Coalesce("task", Value(0)),
                 condition=Q(status="pending"),
                 name="grant_one_pending_request",
             ),

@@ -1,0 +1,373 @@
+"""State changes: each checks the state, the audit event, and the refusals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from governance.audit import Actor
+from governance.errors import Conflict, Forbidden, GovernanceError
+from governance.models import AuditEvent, Grant
+from governance.services import access, agents, grants, tasks, tools
+from tests.conftest import MS, NOW, last_event
+
+
+@pytest.fixture
+def bot(make_agent):
+    return make_agent("bot")
+
+
+@pytest.fixture
+def repo(make_tool):
+    return make_tool("repo")
+
+
+# --- Database constraints --------------------------------------------------------
+
+
+def test_the_database_refuses_a_grant_that_ends_before_it_starts(bot, repo, alice, bob):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Grant.objects.create(
+            agent=bot, tool=repo, actions=["read"], scope="x:y", justification="j",
+            requested_by=alice, approved_by=bob, status="active",
+            starts_at=NOW, expires_at=NOW,
+        )  # fmt: skip
+
+
+def test_the_database_refuses_a_live_grant_without_expiry(bot, repo, alice, bob):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Grant.objects.create(
+            agent=bot, tool=repo, actions=["read"], scope="x:y", justification="j",
+            requested_by=alice, approved_by=bob, status="active", starts_at=NOW,
+        )  # fmt: skip
+
+
+def test_the_database_refuses_self_approval(bot, repo, alice):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Grant.objects.create(
+            agent=bot, tool=repo, actions=["read"], scope="x:y", justification="j",
+            requested_by=alice, approved_by=alice, status="active",
+            starts_at=NOW, expires_at=NOW + timedelta(hours=1),
+        )  # fmt: skip
+
+
+def test_the_database_refuses_an_unapproved_live_grant(bot, repo, alice):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Grant.objects.create(
+            agent=bot, tool=repo, actions=["read"], scope="x:y", justification="j",
+            requested_by=alice, status="active",
+            starts_at=NOW, expires_at=NOW + timedelta(hours=1),
+        )  # fmt: skip
+
+
+# --- Requests and approvals -------------------------------------------------------
+
+
+def request(bot, repo, alice, **kw):
+    args = {
+        "agent": bot,
+        "tool": repo,
+        "actions": ["read"],
+        "scope": "repo:acme/*",
+        "duration": timedelta(hours=2),
+        "justification": "triage",
+        "requested_by": alice,
+        "actor": Actor.user(alice),
+        "at": NOW,
+    }
+    args.update(kw)
+    return grants.grant_request(**args)
+
+
+def test_a_request_is_pending_and_allows_nothing(bot, repo, alice):
+    grant = request(bot, repo, alice)
+    assert grant.status == "pending" and grant.expires_at is None
+    assert last_event().event_type == "grant.requested"
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/x", at=NOW
+    )
+    assert result.reason == "no_grant"
+
+
+def test_approval_starts_the_clock(bot, repo, alice, bob):
+    grant = request(bot, repo, alice)
+    later = NOW + timedelta(hours=5)
+    grant = grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=later)
+    assert (grant.starts_at, grant.expires_at) == (later, later + timedelta(hours=2))
+    event = last_event()
+    assert (event.event_type, event.grant_id, event.actor) == ("grant.issued", grant.pk, "user:bob")
+    ask = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    assert access.access_check(at=later, **ask).allowed
+    assert access.access_check(at=later + timedelta(hours=2), **ask).reason == "grant_expired"
+
+
+def test_nobody_approves_their_own_request(bot, repo, alice):
+    grant = request(bot, repo, alice)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden, match="own request"):
+        grants.grant_approve(grant_id=grant.pk, approver=alice, actor=Actor.user(alice), at=NOW)
+    grant.refresh_from_db()
+    assert grant.status == "pending" and AuditEvent.objects.count() == before
+
+
+def test_a_request_is_decided_once(bot, repo, alice, bob):
+    grant = request(bot, repo, alice)
+    grants.grant_deny(grant_id=grant.pk, approver=bob, reason="no", actor=Actor.user(bob), at=NOW)
+    assert last_event().event_type == "grant.denied"
+    with pytest.raises(Conflict):
+        grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=NOW)
+    assert Grant.objects.get(pk=grant.pk).status == "denied"
+
+
+def test_a_duration_over_the_maximum_is_rejected_not_clamped(bot, repo, alice, settings):
+    with pytest.raises(GovernanceError) as err:
+        request(bot, repo, alice, duration=settings.GRANT_MAX_TTL + timedelta(seconds=1))
+    assert err.value.code == "invalid_grant" and "duration" in err.value.fields
+    assert not Grant.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("actions", []),
+        ("actions", ["read", "read"]),
+        ("actions", ["admin"]),
+        ("scope", "repo:acme/../x"),
+        ("scope", "repo:acme/ap*"),
+        ("scope", ""),
+        ("egress", ["example.org"]),
+        ("egress", ["example.org:99999"]),
+        ("duration", timedelta(0)),
+    ],
+)
+def test_a_malformed_request_is_refused_whole(bot, repo, alice, field, value):
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as err:
+        request(bot, repo, alice, **{field: value})
+    assert field in err.value.fields
+    assert not Grant.objects.exists() and AuditEvent.objects.count() == before
+
+
+def test_a_second_identical_pending_request_is_a_conflict(bot, repo, alice):
+    request(bot, repo, alice)
+    with pytest.raises(Conflict):
+        request(bot, repo, alice)
+    assert Grant.objects.count() == 1
+
+
+def test_an_action_the_tool_cannot_do_is_refused(make_tool, bot, alice):
+    reader = make_tool("reader", actions=("read",))
+    with pytest.raises(GovernanceError, match="does not support"):
+        request(bot, reader, alice, actions=["delete"])
+
+
+# --- Revocation and delegation --------------------------------------------------------
+
+
+@pytest.fixture
+def family(make_agent, repo, make_grant):
+    parent_agent = make_agent("parent")
+    child_agent = make_agent("child", parent=parent_agent)
+    grandchild_agent = make_agent("grandchild", parent=child_agent)
+    stranger = make_agent("stranger")
+    parent = make_grant(
+        parent_agent, repo, ("read", "update"), "repo:acme/*", delegable=True,
+        starts_at=NOW - timedelta(minutes=30), duration=timedelta(hours=1),
+    )  # fmt: skip
+    return parent, child_agent, grandchild_agent, stranger
+
+
+def delegate(parent, child, **kw):
+    args = {
+        "parent_grant_id": parent.pk,
+        "child": child,
+        "actions": ["read"],
+        "scope": "repo:acme/api/*",
+        "expires_at": parent.expires_at,
+        "justification": "subtask",
+        "actor": Actor.agent(parent.agent),
+        "at": NOW,
+    }
+    args.update(kw)
+    return grants.grant_delegate(**args)
+
+
+def test_a_subagent_gets_a_narrower_copy(family):
+    parent, child, _, _ = family
+    grant = delegate(parent, child)
+    assert grant.delegated_from_id == parent.pk and grant.requested_by_agent == parent.agent
+    event = last_event()
+    assert (event.event_type, event.agent, event.grant_id) == ("grant.delegated", "child", grant.pk)
+    ask = {"agent": "child", "tool": "repo", "action": "read", "at": NOW}
+    assert access.access_check(scope="repo:acme/api/x", **ask).allowed
+    assert access.access_check(scope="repo:acme/web/x", **ask).reason == "scope_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"actions": ["read", "delete"]}, "wider_actions"),
+        ({"scope": "repo:*"}, "wider_scope"),
+        ({"scope": "*"}, "wider_scope"),
+        ({"scope": "git:acme/api/*"}, "wider_scope"),
+        ({"expires_at": "later"}, "longer_expiry"),
+    ],
+)
+def test_a_delegation_can_never_widen(family, change, code):
+    parent, child, _, _ = family
+    if change.get("expires_at") == "later":
+        change = {"expires_at": parent.expires_at + MS}
+    before = Grant.objects.count()
+    with pytest.raises(Forbidden) as err:
+        delegate(parent, child, **change)
+    assert err.value.code == code and Grant.objects.count() == before
+
+
+def test_only_a_subagent_can_receive(family):
+    parent, _, _, stranger = family
+    with pytest.raises(Forbidden, match="not a subagent"):
+        delegate(parent, stranger)
+
+
+def test_a_grant_not_marked_delegable_cannot_be_handed_down(family, make_grant, repo):
+    parent, child, _, _ = family
+    plain = make_grant(parent.agent, repo, ("read",), "repo:other/*")
+    with pytest.raises(Forbidden, match="does not allow delegation"):
+        delegate(plain, child, scope="repo:other/x")
+
+
+def test_a_dead_parent_cannot_delegate(family, system):
+    parent, child, _, _ = family
+    grants.grant_revoke(grant_id=parent.pk, reason="incident", actor=system, at=NOW - MS)
+    with pytest.raises(Forbidden, match="not live"):
+        delegate(parent, child)
+
+
+def test_the_depth_limit_holds(family, settings):
+    parent, child, grandchild, _ = family
+    settings.DELEGATION_MAX_DEPTH = 1
+    first = delegate(parent, child)
+    first.delegable = True
+    first.save()
+    with pytest.raises(Forbidden, match="limit"):
+        delegate(first, grandchild, scope="repo:acme/api/core/*")
+
+
+def test_revoking_a_parent_ends_every_descendant_at_once(family, system, settings):
+    parent, child, grandchild, _ = family
+    first = delegate(parent, child)
+    Grant.objects.filter(pk=first.pk).update(delegable=True)
+    second = delegate(first, grandchild, scope="repo:acme/api/core/*")
+    ended = grants.grant_revoke(grant_id=parent.pk, reason="incident", actor=system, at=NOW + MS)
+    assert {g.pk for g in ended} == {parent.pk, first.pk, second.pk}
+    assert set(
+        Grant.objects.filter(pk__in=[first.pk, second.pk]).values_list("status", flat=True)
+    ) == {"revoked"}
+    revoked_events = AuditEvent.objects.filter(event_type="grant.revoked")
+    assert sorted(revoked_events.values_list("grant_id", flat=True)) == sorted(
+        [parent.pk, first.pk, second.pk]
+    )
+    result = access.access_check(
+        agent="grandchild",
+        tool="repo",
+        action="read",
+        scope="repo:acme/api/core/x",
+        at=NOW + 2 * MS,
+    )
+    assert result.reason == "grant_revoked"
+    # Revoking again is a no-op, not a second event.
+    assert grants.grant_revoke(grant_id=parent.pk, reason="again", actor=system, at=NOW) == []
+
+
+# --- Tools, tasks, agents ---------------------------------------------------------------
+
+
+def test_a_changed_tool_definition_quarantines_until_reapproved(repo, bot, make_grant, bob, system):
+    make_grant(bot, repo, ("read",), "repo:acme/*")
+    ask = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/x", "at": NOW}
+    assert access.access_check(**ask).allowed
+    tools.tool_update_definition(
+        tool=repo, description="now with hidden instructions", input_schema={}, actor=system, at=NOW
+    )
+    assert last_event().event_type == "tool.quarantined"
+    assert access.access_check(**ask).reason == "tool_quarantined"
+    tools.tool_approve_definition(tool=repo, approver=bob, actor=Actor.user(bob), at=NOW)
+    assert last_event().event_type == "tool.approved"
+    assert access.access_check(**ask).allowed
+
+
+@pytest.mark.parametrize("name", ["Repo", " repo", "repo ", "rеpo", "re po", "", "-x"])
+def test_tool_names_are_plain_ascii(system, db, name):
+    with pytest.raises(GovernanceError):
+        tools.tool_register(name=name, kind="api", actions=["read"], actor=system, at=NOW)
+
+
+def test_closing_a_task_ends_its_grants(bot, repo, make_task, make_grant, system):
+    task = make_task("T-9")
+    bound = make_grant(bot, repo, ("read",), "repo:acme/*", task=task)
+    tasks.task_close(task=task, actor=system, at=NOW)
+    bound.refresh_from_db()
+    assert bound.status == "revoked" and bound.revoked_at == NOW
+    types = list(AuditEvent.objects.order_by("-seq").values_list("event_type", flat=True)[:2])
+    assert types == ["grant.revoked", "task.closed"]
+
+
+def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, make_grant, system):
+    make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
+    pending = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/x", at=NOW
+    )
+    agents.agent_suspend(agent=bot, reason="kill switch", actor=system, at=NOW)
+    event = last_event()
+    assert event.event_type == "agent.suspended" and '"approvals_voided":1' in event.data
+    from governance.models import Approval
+
+    assert Approval.objects.get(pk=pending.approval_id).status == "expired"
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/x", at=NOW
+    )
+    assert result.reason == "agent_suspended"
+
+
+def test_tokens_are_stored_as_digests_and_shown_once(bot, alice, system):
+    token, plaintext = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW, days=7)
+    assert plaintext not in (token.digest, token.prefix) and token.matches(plaintext)
+    assert not token.matches(plaintext + "x")
+    assert plaintext not in last_event().data and token.prefix in last_event().data
+    assert token.is_live_at(NOW + timedelta(days=7) - MS)
+    assert not token.is_live_at(NOW + timedelta(days=7))
+    agents.token_revoke(token=token, actor=system, at=NOW + MS)
+    assert not token.is_live_at(NOW + 2 * MS)
+    assert last_event().event_type == "agent_token.revoked"
+
+
+# --- Settings are strict ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GRANT_MAX_TTL_HOURS", "a week"),
+        ("GRANT_MAX_TTL_HOURS", "0"),
+        ("DEBUG", "maybe"),
+        ("DATABASE_URL", "mysql://x/y"),
+        ("DATABASE_URL", "postgresql://host:5432/"),
+        ("AUDIT_HMAC_KEY", ""),
+    ],
+)
+def test_a_bad_setting_stops_start_up(name, value):
+    env = {**os.environ, name: value}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "governance.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "ImproperlyConfigured" in proc.stderr and name in proc.stderr
