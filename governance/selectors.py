@@ -39,8 +39,8 @@ def matrix_summary() -> dict[str, Any]:
 def matrix_snapshot(at: datetime) -> dict[str, Any]:
     """The live grant matrix at `at` as plain data, in a stable order.
 
-    What `matrix_export` writes: every agent and tool, the open tasks plus any
-    task a live grant is bound to, and the grants live at `at`. Ordered by
+    What `matrix_export` writes: every agent and tool, the tasks open at `at`
+    plus any task a live grant is bound to, and the grants live at `at`. Ordered by
     name/key (grants by agent, tool, task, scope, id) so two exports of the
     same state are byte-identical and diff cleanly under version control.
     """
@@ -54,8 +54,12 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
     )
     task_ids = {g.task_id for g in grants if g.task_id is not None}
     tasks = sorted(
-        Task.objects.filter(Q(status=Task.Status.OPEN) | Q(pk__in=task_ids)).select_related(
-            "owner"
+        (
+            k
+            for k in Task.objects.filter(
+                Q(status=Task.Status.OPEN) | Q(pk__in=task_ids)
+            ).select_related("owner")
+            if k.is_open_at(at) or k.pk in task_ids
         ),
         key=lambda k: k.key,
     )
