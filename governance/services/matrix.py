@@ -1,0 +1,1151 @@
+"""The grant matrix as a file: export the live matrix as YAML, import one back.
+
+Export writes `selectors.matrix_snapshot(at)`: agents, tools, tasks and the
+grants live at `at`, in a stable order so the file diffs cleanly.
+
+Import is plan, then apply. Planning reads the whole file and the database
+and collects *every* problem with its line (`matrix.yaml:12: grants[3].scope:
+...`); one problem rejects the whole file. Applying runs the plan in one
+transaction through the ordinary services (agent_create, tool_register,
+task_open, grant_request or grant_issue), so each change writes its own audit
+event, and a failure half-way rolls everything back. A dry run stops after
+planning and writes nothing.
+
+What the file means on import (the decisions, in one place):
+- Grants become pending requests, requested by the importing user; with
+  `apply_approved` (an admin importing, a different admin approving) they
+  become live grants. Who the file names as requester/approver is history,
+  not authority: nobody's approval is copied from a file.
+- A grant already present (live, or pending) with the same agent, tool, task,
+  actions and scope is `unchanged`, never duplicated.
+- Duration: the grant's `duration` ("8h", "2d", "1d12h"), else
+  `expires_at - starts_at` (the window's length: approval restarts the clock).
+  Either way it is capped by settings.GRANT_MAX_TTL via validate_shape().
+- Delegated and break-glass grants are `skipped`: the first are made by the
+  parent agent at run time (so they die with their parent), the second by the
+  incident procedure. Importing either would make a free-standing grant.
+- Agents, tools and tasks named by a grant must exist or be defined in the
+  file; defined ones that do not exist are created. Existing ones are never
+  changed by an import: if the file disagrees on identity (owner, parent,
+  kind, actions, definition hash) that is an error; on state (suspended,
+  quarantined, closed) a warning. A quarantined tool is never created from a
+  file: registering approves its definition, which only an admin may do.
+- New tasks open at import time; `window.starts_at` is history.
+- `review_due_at`, `id`, `requester` and `approver` are read but not applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import yaml
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils.dateparse import parse_datetime
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from governance import audit, selectors
+from governance.codes import ACTION_VALUES, EventType
+from governance.errors import Forbidden, GovernanceError
+from governance.models import Agent, Grant, Task, Tool
+from governance.models.tools import definition_hash
+from governance.services import agents as agent_service
+from governance.services import grants as grant_service
+from governance.services import tasks as task_service
+from governance.services import tools as tool_service
+
+FORMAT_VERSION = 1
+LIMIT_KEYS = ("cpus", "memory_mb", "pids", "wall_seconds")
+
+# --- Export --------------------------------------------------------------------
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style; scalar lists inline; datetimes as ISO 8601 UTC with `Z`."""
+
+
+def _represent_datetime(dumper: yaml.SafeDumper, value: datetime) -> yaml.ScalarNode:
+    text = value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return dumper.represent_scalar("tag:yaml.org,2002:timestamp", text)
+
+
+def _represent_list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.SequenceNode:
+    flat = all(v is None or isinstance(v, str | int | float | bool) for v in value)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None  # multi-line justifications stay readable
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(datetime, _represent_datetime)
+_Dumper.add_representer(list, _represent_list)
+_Dumper.add_representer(str, _represent_str)
+
+_HEADER = (
+    "# Grant matrix: agents, tools, tasks and the grants live when exported.\n"
+    "# Import with: manage.py matrix_import FILE [--dry-run] --as USERNAME\n"
+)
+
+
+def matrix_export(*, at: datetime) -> str:
+    """The live matrix at `at` as YAML text. Same state, same bytes."""
+    body = yaml.dump(
+        selectors.matrix_snapshot(at),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=100,
+    )
+    return _HEADER + body
+
+
+# --- Results -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding about the file, located by line and path."""
+
+    line: int
+    path: str
+    message: str
+
+    def render(self, source: str) -> str:
+        where = f"{source}:{self.line}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class MatrixInvalid(GovernanceError):
+    """The file was rejected as a whole; `problems` lists every reason."""
+
+    def __init__(self, source: str, problems: Sequence[Problem]) -> None:
+        self.source = source
+        self.problems = sorted(problems, key=lambda p: (p.line, p.path))
+        count = len(self.problems)
+        super().__init__(
+            "invalid_matrix",
+            f"{source}: {count} error{'s' if count != 1 else ''}; nothing was imported.",
+            fields={p.path or f"line {p.line}": p.message for p in self.problems},
+        )
+
+    def render(self) -> str:
+        return "\n".join([self.message, *(p.render(self.source) for p in self.problems)])
+
+
+@dataclass
+class Change:
+    """One entry of the file and what the import does (or did) with it."""
+
+    kind: str  # agent | tool | task | grant
+    outcome: str  # create | unchanged | skipped
+    label: str
+    line: int
+    path: str
+    note: str = ""
+    grant_id: int | None = None  # the grant created, or the one that made it unchanged
+    spec: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class ImportResult:
+    source: str
+    mode: str  # "requests" (pending) or "approved" (live grants)
+    dry_run: bool
+    changes: list[Change]
+    warnings: list[Problem]
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for c in self.changes if c.outcome == outcome)
+
+
+# --- Reading the file with line numbers ---------------------------------------
+
+
+class _Invalid:
+    """A value that failed its check (the problem is already recorded)."""
+
+    def __repr__(self) -> str:
+        return "<invalid>"
+
+
+BAD: Any = _Invalid()
+
+
+def _line(node: Node) -> int:
+    return node.start_mark.line + 1
+
+
+class _Reader:
+    """Typed getters over yaml nodes that record problems instead of raising."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self._loader = yaml.SafeLoader("")
+
+    def error(self, node: Node | int, path: str, message: str) -> Any:
+        line = node if isinstance(node, int) else _line(node)
+        self.problems.append(Problem(line, path, message))
+        return BAD
+
+    def mapping(
+        self, node: Node, path: str, allowed: Sequence[str], required: Sequence[str] = ()
+    ) -> dict[str, Node] | None:
+        if not isinstance(node, MappingNode):
+            self.error(node, path, "must be a mapping of key: value")
+            return None
+        found: dict[str, Node] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, ScalarNode) else None
+            where = f"{path}.{key}" if path else str(key)
+            if not isinstance(key, str):
+                self.error(key_node, path, "keys must be plain names")
+            elif key in found:
+                self.error(key_node, where, "duplicate key")
+            elif key not in allowed:
+                self.error(key_node, where, f"unknown key; expected one of {', '.join(allowed)}")
+            else:
+                found[key] = value_node
+        for key in required:
+            if key not in found:
+                self.error(node, path, f"missing required key {key!r}")
+        return found
+
+    def sequence(self, node: Node, path: str) -> list[Node] | None:
+        if not isinstance(node, SequenceNode):
+            self.error(node, path, "must be a list")
+            return None
+        return list(node.value)
+
+    def _scalar(self, node: Node, path: str) -> Any:
+        if not isinstance(node, ScalarNode):
+            return self.error(node, path, "must be a single value")
+        try:
+            return self._loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            return self.error(node, path, f"unreadable value ({exc})")
+
+    def text(self, node: Node | None, path: str, *, nullable: bool = False) -> Any:
+        if node is None:
+            return None if nullable else BAD
+        value = self._scalar(node, path)
+        if value is BAD or (value is None and nullable):
+            return value
+        if not isinstance(value, str) or not value.strip():
+            return self.error(node, path, "must be a non-empty string")
+        return value
+
+    def free_text(self, node: Node | None, path: str) -> Any:
+        """A string that may be empty (descriptions)."""
+        if node is None:
+            return ""
+        value = self._scalar(node, path)
+        if value is not BAD and not isinstance(value, str):
+            return self.error(node, path, "must be a string")
+        return value
+
+    def boolean(self, node: Node | None, path: str) -> Any:
+        if node is None:
+            return False
+        value = self._scalar(node, path)
+        if value is not BAD and not isinstance(value, bool):
+            return self.error(node, path, "must be true or false")
+        return value
+
+    def integer(self, node: Node | None, path: str) -> Any:
+        if node is None:
+            return None
+        value = self._scalar(node, path)
+        if value is None or value is BAD:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            return self.error(node, path, "must be a whole number or null")
+        return value
+
+    def texts(self, node: Node | None, path: str) -> Any:
+        if node is None:
+            return []
+        items = self.sequence(node, path)
+        if items is None:
+            return BAD
+        values = [self.text(item, f"{path}[{i}]") for i, item in enumerate(items)]
+        return BAD if BAD in values else values
+
+    def when(self, node: Node | None, path: str) -> Any:
+        """An aware datetime or null. Naive times are refused: whose clock?"""
+        if node is None:
+            return None
+        value = self._scalar(node, path)
+        if value is None or value is BAD:
+            return value
+        if isinstance(value, str):
+            value = parse_datetime(value) or value
+        if not isinstance(value, datetime):
+            return self.error(node, path, "must be a date-time like 2026-11-29T12:00:00Z")
+        if value.tzinfo is None:
+            return self.error(node, path, "needs a time zone (end it with Z for UTC)")
+        return value
+
+    def plain_mapping(self, node: Node | None, path: str) -> Any:
+        """Free-form data (a tool's input schema)."""
+        if node is None:
+            return {}
+        if not isinstance(node, MappingNode):
+            return self.error(node, path, "must be a mapping")
+        try:
+            value = self._loader.construct_object(node, deep=True)
+            json.dumps(value)  # stored in a JSON column and hashed as JSON
+        except yaml.YAMLError as exc:
+            return self.error(node, path, f"unreadable value ({exc})")
+        except (TypeError, ValueError):
+            return self.error(node, path, "must hold plain JSON values (no dates or binary)")
+        return value
+
+
+_DURATION = re.compile(r"(?:\d+[wdhms])+")
+_UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """'8h', '2d', '1d12h', '90m' -> timedelta; None if not that shape."""
+    if not _DURATION.fullmatch(text):
+        return None
+    parts: dict[str, int] = {}
+    for amount, unit in re.findall(r"(\d+)([wdhms])", text):
+        parts[_UNITS[unit]] = parts.get(_UNITS[unit], 0) + int(amount)
+    try:
+        return timedelta(**parts)
+    except OverflowError:
+        return timedelta.max  # "99999999999d": too long, which validate_shape says
+
+
+# --- Planning ------------------------------------------------------------------
+
+TOP_KEYS = ("version", "agents", "tools", "tasks", "grants")
+AGENT_KEYS = ("name", "owner", "parent", "status")
+TOOL_KEYS = (
+    "name",
+    "kind",
+    "actions",
+    "third_party",
+    "irreversible",
+    "description",
+    "input_schema",
+    "definition_hash",
+    "quarantined",
+)
+TASK_KEYS = ("key", "owner", "status", "window")
+WINDOW_KEYS = ("starts_at", "ends_at")
+GRANT_KEYS = (
+    "id",
+    "agent",
+    "tool",
+    "task",
+    "actions",
+    "scope",
+    "fields",
+    "egress",
+    "limits",
+    "justification",
+    "requester",
+    "approver",
+    "duration",
+    "starts_at",
+    "expires_at",
+    "review_due_at",
+    "delegated_from",
+    "delegable",
+    "break_glass",
+)
+
+
+@dataclass
+class _Planner:
+    """Walks the parsed file against the database; collects changes and problems."""
+
+    at: datetime
+    mode: str
+    reader: _Reader = field(default_factory=_Reader)
+    changes: list[Change] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    # Names the file defines and that do not exist yet, mapped to their spec.
+    new_agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    new_tools: dict[str, Tool] = field(default_factory=dict)
+    new_tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    users: dict[str, Any] = field(default_factory=dict)
+    seen: set[tuple[str, str]] = field(default_factory=set)
+
+    def defined_twice(self, kind: str, name: str) -> bool:
+        if (kind, name) in self.seen:
+            return True
+        self.seen.add((kind, name))
+        return False
+
+    def warn(self, node: Node, path: str, message: str) -> None:
+        self.warnings.append(Problem(_line(node), path, message))
+
+    def user(self, node: Node | None, path: str) -> Any:
+        name = self.reader.text(node, path)
+        if name is BAD or node is None:
+            return BAD
+        if name not in self.users:
+            self.users[name] = get_user_model().objects.filter(username=name).first()
+        if self.users[name] is None:
+            return self.reader.error(node, path, f"no user is named {name!r}")
+        return self.users[name]
+
+    def active_owner(self, owner: Any, node: Node, path: str) -> None:
+        """Whoever is accountable for something new must still be around."""
+        if owner is not BAD and not owner.is_active:
+            self.reader.error(node, path, f"user {owner.get_username()!r} is not active")
+
+    def section(self, root: dict[str, Node], key: str, each: Callable[..., None]) -> None:
+        if key not in root:
+            return
+        items = self.reader.sequence(root[key], key)
+        for i, item in enumerate(items or []):
+            each(item, f"{key}[{i}]")
+
+    # agents -----------------------------------------------------------------
+
+    def agent(self, node: Node, path: str) -> None:
+        r = self.reader
+        keys = r.mapping(node, path, AGENT_KEYS, ("name", "owner"))
+        if keys is None:
+            return
+        name = r.text(keys.get("name"), f"{path}.name")
+        owner = self.user(keys.get("owner"), f"{path}.owner")
+        parent = r.text(keys.get("parent"), f"{path}.parent", nullable=True)
+        status = r.text(keys.get("status"), f"{path}.status", nullable=True) or "active"
+        if status is not BAD and status not in Agent.Status.values:
+            status = r.error(keys["status"], f"{path}.status", "must be active or suspended")
+        if name is BAD:
+            return
+        try:
+            agent_service.validate_name(name, "agent")
+        except GovernanceError as exc:
+            r.error(keys["name"], f"{path}.name", exc.message)
+            return
+        if self.defined_twice("agent", name):
+            r.error(keys["name"], f"{path}.name", f"agent {name!r} is defined twice")
+            return
+        existing = Agent.objects.select_related("owner", "parent").filter(name=name).first()
+        if existing is None:
+            self.active_owner(owner, keys["owner"], f"{path}.owner")
+            spec = {"name": name, "owner": owner, "parent": parent, "status": status}
+            spec.update(node=keys.get("parent", node), path=f"{path}.parent")
+            self.new_agents[name] = spec
+            self.changes.append(Change("agent", "create", name, _line(node), path, spec=spec))
+            return
+        if owner is not BAD and existing.owner_id != owner.pk:
+            r.error(
+                keys["owner"],
+                f"{path}.owner",
+                f"agent {name!r} is owned by {existing.owner.get_username()!r}; "
+                "an import does not change existing agents",
+            )
+        have_parent = existing.parent.name if existing.parent else None
+        if "parent" in keys and parent is not BAD and parent != have_parent:
+            r.error(
+                keys.get("parent", node),
+                f"{path}.parent",
+                f"agent {name!r} has parent {have_parent!r}; an import does not change it",
+            )
+        if "status" in keys and status is not BAD and status != existing.status:
+            self.warn(
+                keys.get("status", node),
+                f"{path}.status",
+                f"agent {name!r} is {existing.status}; an import does not change that",
+            )
+        self.changes.append(Change("agent", "unchanged", name, _line(node), path))
+
+    def check_agent_parents(self) -> None:
+        """New agents' parents exist somewhere, without cycles among the new ones."""
+        for name, spec in self.new_agents.items():
+            parent, seen = spec["parent"], {name}
+            while parent is not None and parent is not BAD and parent in self.new_agents:
+                if parent in seen:
+                    self.reader.error(spec["node"], spec["path"], "the parents form a cycle")
+                    break
+                seen.add(parent)
+                parent = self.new_agents[parent]["parent"]
+            else:
+                if (
+                    parent is not None
+                    and parent is not BAD
+                    and not Agent.objects.filter(name=parent).exists()
+                ):
+                    self.reader.error(
+                        spec["node"],
+                        spec["path"],
+                        f"unknown agent {parent!r} (not in the database, not defined under agents)",
+                    )
+
+    # tools ------------------------------------------------------------------
+
+    def tool(self, node: Node, path: str) -> None:
+        r = self.reader
+        keys = r.mapping(node, path, TOOL_KEYS, ("name", "kind", "actions"))
+        if keys is None:
+            return
+        name = r.text(keys.get("name"), f"{path}.name")
+        kind = r.text(keys.get("kind"), f"{path}.kind")
+        if kind is not BAD and kind not in Tool.Kind.values:
+            kind = r.error(keys["kind"], f"{path}.kind", f"must be one of {Tool.Kind.values}")
+        actions = r.texts(keys.get("actions"), f"{path}.actions")
+        if actions is not BAD and (not actions or not set(actions) <= ACTION_VALUES):
+            actions = r.error(
+                keys["actions"],
+                f"{path}.actions",
+                f"must be a non-empty list from {sorted(ACTION_VALUES)}",
+            )
+        third_party = r.boolean(keys.get("third_party"), f"{path}.third_party")
+        irreversible = r.boolean(keys.get("irreversible"), f"{path}.irreversible")
+        description = r.free_text(keys.get("description"), f"{path}.description")
+        schema = r.plain_mapping(keys.get("input_schema"), f"{path}.input_schema")
+        pinned = r.text(keys.get("definition_hash"), f"{path}.definition_hash", nullable=True)
+        quarantined = r.boolean(keys.get("quarantined"), f"{path}.quarantined")
+        if name is BAD:
+            return
+        try:
+            agent_service.validate_name(name, "tool")
+        except GovernanceError as exc:
+            r.error(keys["name"], f"{path}.name", exc.message)
+            return
+        if self.defined_twice("tool", name):
+            r.error(keys["name"], f"{path}.name", f"tool {name!r} is defined twice")
+            return
+        existing = Tool.objects.filter(name=name).first()
+        if existing is None:
+            if quarantined is True:
+                r.error(
+                    keys["quarantined"],
+                    f"{path}.quarantined",
+                    "a quarantined tool is not created from a file: registering it would "
+                    "approve its definition; register and approve it as an admin first",
+                )
+            values = (kind, actions, third_party, irreversible, description, schema, pinned)
+            if BAD in values:
+                return
+            computed = definition_hash(name, description, schema)
+            if pinned is not None and pinned != computed:
+                r.error(
+                    keys["definition_hash"],
+                    f"{path}.definition_hash",
+                    "does not match the name, description and input_schema given here",
+                )
+            tool = Tool(
+                name=name,
+                kind=kind,
+                actions=sorted(set(actions)),
+                third_party=third_party,
+                irreversible=irreversible,
+                description=description,
+                input_schema=schema,
+            )
+            self.new_tools[name] = tool
+            self.changes.append(Change("tool", "create", name, _line(node), path, spec=tool))
+            return
+        differs = {
+            "kind": (kind, existing.kind),
+            "actions": (sorted(actions) if actions is not BAD else BAD, sorted(existing.actions)),
+            "third_party": (third_party, existing.third_party),
+            "irreversible": (irreversible, existing.irreversible),
+            "definition_hash": (pinned or existing.definition_hash, existing.definition_hash),
+        }
+        for key, (wanted, have) in differs.items():
+            if wanted is not BAD and wanted != have and key in keys:
+                r.error(
+                    keys[key],
+                    f"{path}.{key}",
+                    f"tool {name!r} has {key} {have!r} in the database; an import does not "
+                    "change existing tools (re-register or re-approve it first)",
+                )
+        if quarantined is not BAD and quarantined != existing.is_quarantined:
+            state = "quarantined" if existing.is_quarantined else "not quarantined"
+            self.warn(keys.get("quarantined", node), f"{path}.quarantined", f"tool is {state}")
+        self.changes.append(Change("tool", "unchanged", name, _line(node), path))
+
+    # tasks ------------------------------------------------------------------
+
+    def task(self, node: Node, path: str) -> None:
+        r = self.reader
+        keys = r.mapping(node, path, TASK_KEYS, ("key", "owner"))
+        if keys is None:
+            return
+        key = r.text(keys.get("key"), f"{path}.key")
+        owner = self.user(keys.get("owner"), f"{path}.owner")
+        status = r.text(keys.get("status"), f"{path}.status", nullable=True) or "open"
+        if status is not BAD and status not in Task.Status.values:
+            status = r.error(keys["status"], f"{path}.status", "must be open or closed")
+        ends_at: Any = None
+        if "window" in keys:
+            window = r.mapping(keys["window"], f"{path}.window", WINDOW_KEYS)
+            if window is None:
+                ends_at = BAD
+            else:
+                r.when(window.get("starts_at"), f"{path}.window.starts_at")
+                ends_at = r.when(window.get("ends_at"), f"{path}.window.ends_at")
+        if key is BAD:
+            return
+        if len(key) > 100 or key != key.strip():
+            r.error(keys["key"], f"{path}.key", "a task key is 1-100 characters, no padding")
+            return
+        if self.defined_twice("task", key):
+            r.error(keys["key"], f"{path}.key", f"task {key!r} is defined twice")
+            return
+        existing = Task.objects.select_related("owner").filter(key=key).first()
+        if existing is None:
+            self.active_owner(owner, keys["owner"], f"{path}.owner")
+            if status == Task.Status.CLOSED:
+                r.error(keys["status"], f"{path}.status", "a closed task is not created")
+            if ends_at is not None and ends_at is not BAD and ends_at <= self.at:
+                r.error(
+                    keys["window"],
+                    f"{path}.window.ends_at",
+                    "is in the past; a new task opens now and must end later",
+                )
+            spec = {"key": key, "owner": owner, "ends_at": ends_at}
+            self.new_tasks[key] = spec
+            self.changes.append(Change("task", "create", key, _line(node), path, spec=spec))
+            return
+        if owner is not BAD and existing.owner_id != owner.pk:
+            r.error(
+                keys["owner"],
+                f"{path}.owner",
+                f"task {key!r} is owned by {existing.owner.get_username()!r}; "
+                "an import does not change existing tasks",
+            )
+        if "status" in keys and status is not BAD and status != existing.status:
+            self.warn(
+                keys.get("status", node), f"{path}.status", f"task {key!r} is {existing.status}"
+            )
+        self.changes.append(Change("task", "unchanged", key, _line(node), path))
+
+    # grants -----------------------------------------------------------------
+
+    def grant(self, node: Node, path: str) -> None:
+        r = self.reader
+        required = ("agent", "tool", "actions", "scope", "justification")
+        keys = r.mapping(node, path, GRANT_KEYS, required)
+        if keys is None:
+            return
+
+        def get(key: str, read: Callable[..., Any], **kw: Any) -> Any:
+            return read(keys.get(key), f"{path}.{key}", **kw)
+
+        agent_name = get("agent", r.text)
+        tool_name = get("tool", r.text)
+        task_key = get("task", r.text, nullable=True)
+        actions = get("actions", r.texts)
+        scope = get("scope", r.text)
+        fields = get("fields", r.texts)
+        egress = get("egress", r.texts)
+        justification = get("justification", r.text)
+        for informational in ("requester", "approver"):
+            get(informational, r.text, nullable=True)
+        get("review_due_at", r.when)
+        get("id", r.integer)
+        delegated_from = get("delegated_from", r.integer)
+        delegable = get("delegable", r.boolean)
+        break_glass = get("break_glass", r.boolean)
+        limits = self._limits(keys.get("limits"), f"{path}.limits")
+        duration, duration_node = self._duration(node, keys, path)
+
+        agent = self._agent_for(keys, path, agent_name)
+        tool = self._tool_for(keys, path, tool_name)
+        task = self._task_for(keys, path, task_key)
+        if tool is not BAD and BAD not in (actions, scope, fields, egress):
+            try:
+                grant_service.validate_shape(
+                    tool=tool,
+                    actions=actions,
+                    scope=scope,
+                    fields=fields,
+                    egress=egress,
+                    duration=duration if isinstance(duration, timedelta) else None,
+                )
+            except GovernanceError as exc:
+                for key, message in exc.fields.items():
+                    if key == "duration":
+                        # Name the key the duration came from: duration, or the window.
+                        where, key = (
+                            duration_node,
+                            "duration" if "duration" in keys else "expires_at",
+                        )
+                    else:
+                        where = keys.get(key, node)
+                    r.error(where, f"{path}.{key}", message)
+        values = (agent, tool, task, actions, scope, fields, egress, justification, limits)
+        if BAD in values or BAD in (duration, delegated_from, delegable, break_glass):
+            return
+
+        label = f"{agent_name} {tool_name} [{','.join(actions)}] {scope}"
+        label += f" (task {task_key})" if task_key else ""
+        spec = {
+            "agent": agent,
+            "tool": tool,
+            "task": task,
+            "actions": list(actions),
+            "scope": scope,
+            "fields": fields,
+            "egress": egress,
+            "limits": limits,
+            "justification": justification,
+            "duration": duration,
+            "delegable": delegable,
+        }
+        change = Change("grant", "create", label, _line(node), path, spec=spec)
+        if delegated_from is not None:
+            change.outcome, change.note = "skipped", "delegated: made by its parent agent"
+        elif break_glass:
+            change.outcome, change.note = "skipped", "break-glass: opened by the incident process"
+        elif not self._duplicate_in_file(change, keys, node):
+            self._compare_with_database(change, keys, node)
+        self.changes.append(change)
+
+    def _limits(self, node: Node | None, path: str) -> Any:
+        r = self.reader
+        if node is None:
+            return {}
+        keys = r.mapping(node, path, LIMIT_KEYS)
+        if keys is None:
+            return BAD
+        limits: dict[str, Any] = {}
+        for key, value_node in keys.items():
+            value = r._scalar(value_node, f"{path}.{key}")
+            if value is None or value is BAD:
+                limits[key] = value
+                continue
+            number_ok = isinstance(value, int | float) if key == "cpus" else isinstance(value, int)
+            # Under 2**31: the columns are 32-bit integers on PostgreSQL.
+            if isinstance(value, bool) or not number_ok or not 0 < value < 2**31:
+                kind = "a positive number" if key == "cpus" else "a positive whole number"
+                value = r.error(value_node, f"{path}.{key}", f"must be {kind}")
+            limits[key] = value
+        if BAD in limits.values():
+            return BAD
+        return {k: v for k, v in limits.items() if v is not None}
+
+    def _duration(self, node: Node, keys: dict[str, Node], path: str) -> tuple[Any, Node]:
+        r = self.reader
+        starts = r.when(keys.get("starts_at"), f"{path}.starts_at")
+        expires = r.when(keys.get("expires_at"), f"{path}.expires_at")
+        if "duration" in keys:
+            text = r.text(keys["duration"], f"{path}.duration")
+            if text is BAD:
+                return BAD, keys["duration"]
+            parsed = parse_duration(text)
+            if parsed is None:
+                message = "must look like 8h, 2d, 90m or 1d12h"
+                parsed = r.error(keys["duration"], f"{path}.duration", message)
+            return parsed, keys["duration"]
+        where = keys.get("expires_at", node)
+        if starts is BAD or expires is BAD:
+            return BAD, where
+        if starts is None or expires is None:
+            message = "needs a duration (like 8h or 2d) or both starts_at and expires_at"
+            return r.error(node, path, message), where
+        if expires <= starts:
+            return r.error(where, f"{path}.expires_at", "must be after starts_at"), where
+        return expires - starts, where
+
+    def _agent_for(self, keys: dict[str, Node], path: str, name: Any) -> Any:
+        if name is BAD:
+            return BAD
+        if name in self.new_agents:
+            return name  # created during apply, resolved then
+        agent = Agent.objects.filter(name=name).first()
+        if agent is None:
+            return self.reader.error(
+                keys["agent"],
+                f"{path}.agent",
+                f"unknown agent {name!r} (not in the database, not defined under agents)",
+            )
+        if agent.status != Agent.Status.ACTIVE:
+            self.warn(keys["agent"], f"{path}.agent", f"agent {name!r} is {agent.status}")
+        return agent
+
+    def _tool_for(self, keys: dict[str, Node], path: str, name: Any) -> Any:
+        if name is BAD:
+            return BAD
+        if name in self.new_tools:
+            return self.new_tools[name]
+        tool = Tool.objects.filter(name=name).first()
+        if tool is None:
+            return self.reader.error(
+                keys["tool"],
+                f"{path}.tool",
+                f"unknown tool {name!r} (not in the inventory, not defined under tools)",
+            )
+        if tool.is_quarantined:
+            self.warn(keys["tool"], f"{path}.tool", f"tool {name!r} is quarantined")
+        return tool
+
+    def _task_for(self, keys: dict[str, Node], path: str, key: Any) -> Any:
+        if key is None or key is BAD:
+            return key
+        if key in self.new_tasks:
+            return key
+        task = Task.objects.filter(key=key).first()
+        if task is None:
+            return self.reader.error(
+                keys["task"],
+                f"{path}.task",
+                f"unknown task {key!r} (not in the database, not defined under tasks)",
+            )
+        if not task.is_open_at(self.at):
+            return self.reader.error(
+                keys["task"],
+                f"{path}.task",
+                f"task {key!r} is not open; a grant bound to it could never be used",
+            )
+        return task
+
+    @staticmethod
+    def _identity(spec: dict[str, Any]) -> tuple[Any, ...]:
+        def name(value: Any, attr: str) -> Any:
+            return getattr(value, attr) if hasattr(value, attr) else value
+
+        return (
+            name(spec["agent"], "name"),
+            spec["tool"].name,
+            name(spec["task"], "key"),
+            spec["scope"],
+            tuple(sorted(spec["actions"])),
+        )
+
+    def _duplicate_in_file(self, change: Change, keys: dict[str, Node], node: Node) -> bool:
+        ident = self._identity(change.spec)
+        for earlier in self.changes:
+            if earlier.kind != "grant" or earlier.outcome == "skipped":
+                continue
+            other = self._identity(earlier.spec)
+            if other == ident:
+                self.reader.error(
+                    node, change.path, f"repeats {earlier.path} (line {earlier.line})"
+                )
+                return True
+            if self.mode == "requests" and other[:4] == ident[:4]:
+                # One pending request per agent, tool, task and scope (a database rule).
+                self.reader.error(
+                    keys["actions"],
+                    f"{change.path}.actions",
+                    f"{earlier.path} (line {earlier.line}) already requests this agent, tool, "
+                    "task and scope; merge the actions or import with --apply-approved",
+                )
+                return True
+        return False
+
+    def _compare_with_database(self, change: Change, keys: dict[str, Node], node: Node) -> None:
+        spec = change.spec
+        if not isinstance(spec["agent"], Agent) or spec["tool"].pk is None:
+            return  # new agent or tool: nothing to compare with
+        if spec["task"] is not None and not isinstance(spec["task"], Task):
+            return
+        wanted = sorted(spec["actions"])
+        same = Grant.objects.filter(
+            agent=spec["agent"], tool=spec["tool"], task=spec["task"], scope=spec["scope"]
+        )
+        for grant in selectors.live_grants(self.at).filter(pk__in=same.values("pk")):
+            if sorted(grant.actions) == wanted:
+                change.outcome, change.grant_id = "unchanged", grant.pk
+                change.note = f"live as grant #{grant.pk}"
+                return
+        pending = same.filter(status=Grant.Status.PENDING).first()
+        if pending is None:
+            return
+        if sorted(pending.actions) == wanted:
+            change.outcome, change.grant_id = "unchanged", pending.pk
+            change.note = f"pending as request #{pending.pk}"
+        elif self.mode == "requests":
+            self.reader.error(
+                keys["actions"],
+                f"{change.path}.actions",
+                f"request #{pending.pk} for this agent, tool, task and scope is already pending "
+                f"with actions {pending.actions}; decide it first",
+            )
+
+
+def _parse(text: str, source: str) -> tuple[_Reader, Node]:
+    reader = _Reader()
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise MatrixInvalid(source, [Problem(line, "", f"YAML syntax: {exc.problem}")]) from None
+    except yaml.YAMLError as exc:
+        raise MatrixInvalid(source, [Problem(1, "", f"YAML: {exc}")]) from None
+    if root is None:
+        raise MatrixInvalid(source, [Problem(1, "", "the file is empty")])
+    _refuse_aliases(root, source)
+    return reader, root
+
+
+def _refuse_aliases(root: Node, source: str) -> None:
+    """A node reached twice is an alias. Refused: nested aliases expand
+    exponentially ("billion laughs") once anything serialises the value."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            problem = Problem(_line(node), "", "anchors and aliases (&, *) are not supported")
+            raise MatrixInvalid(source, [problem])
+        seen.add(id(node))
+        if isinstance(node, SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, MappingNode):
+            for key, value in node.value:
+                stack.extend((key, value))
+
+
+def matrix_plan(*, text: str, source: str, at: datetime, mode: str = "requests") -> ImportResult:
+    """Read the file against the database. Raises MatrixInvalid listing every problem."""
+    reader, root = _parse(text, source)
+    planner = _Planner(at=at, mode=mode, reader=reader)
+    top = reader.mapping(root, "", TOP_KEYS)
+    if top is None:
+        raise MatrixInvalid(source, reader.problems)
+    if "version" in top:
+        version = reader._scalar(top["version"], "version")
+        if version is not BAD and version != FORMAT_VERSION:
+            reader.error(top["version"], "version", f"must be {FORMAT_VERSION}")
+    planner.section(top, "agents", planner.agent)
+    planner.check_agent_parents()
+    planner.section(top, "tools", planner.tool)
+    planner.section(top, "tasks", planner.task)
+    planner.section(top, "grants", planner.grant)
+    if reader.problems:
+        raise MatrixInvalid(source, reader.problems)
+    return ImportResult(
+        source=source,
+        mode=mode,
+        dry_run=True,
+        changes=planner.changes,
+        warnings=sorted(planner.warnings, key=lambda p: (p.line, p.path)),
+    )
+
+
+# --- Applying ------------------------------------------------------------------
+
+
+def _is_admin(user: Any) -> bool:
+    return bool(user is not None and user.is_active and (user.is_staff or user.is_superuser))
+
+
+def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry_run: bool) -> None:
+    if requested_by is None and (not dry_run or apply_approved):
+        raise GovernanceError(
+            "requester_required", "Name the importing user (--as): grants need a requester."
+        )
+    if requested_by is not None and not requested_by.is_active:
+        raise Forbidden("inactive_user", f"User {requested_by.get_username()!r} is not active.")
+    if approver is not None and not apply_approved:
+        raise GovernanceError(
+            "approver_without_apply", "An approver is only used with --apply-approved."
+        )
+    if not apply_approved:
+        return
+    if approver is None:
+        raise GovernanceError("approver_required", "--apply-approved needs --approver USERNAME.")
+    if not _is_admin(requested_by):
+        raise Forbidden(
+            "not_admin", "Only an admin (staff or superuser) may import approved grants."
+        )
+    if approver.pk == requested_by.pk:
+        raise Forbidden("self_approval", "Nobody approves their own request: name another admin.")
+    if not _is_admin(approver):
+        raise Forbidden(
+            "approver_not_admin",
+            f"{approver.get_username()!r} is not an active admin and cannot approve grants.",
+        )
+
+
+@contextmanager
+def _entry(change: Change, source: str) -> Iterator[None]:
+    """A service refusing one entry (a race since planning) names that entry's line."""
+    try:
+        yield
+    except GovernanceError as exc:
+        raise MatrixInvalid(source, [Problem(change.line, change.path, exc.message)]) from exc
+
+
+def _apply(
+    result: ImportResult, *, requested_by: Any, approver: Any, actor: audit.Actor, at: datetime
+) -> None:
+    agents: dict[str, Agent] = {}
+    tools: dict[str, Tool] = {}
+    tasks: dict[str, Task] = {}
+    waiting = [c for c in result.changes if c.kind == "agent" and c.outcome == "create"]
+    # Parents before children: each pass creates the agents whose parent now exists.
+    while waiting:
+        still_waiting = []
+        for change in waiting:
+            spec = change.spec
+            parent_name = spec["parent"]
+            parent = None
+            if parent_name is not None:
+                parent = agents.get(parent_name) or Agent.objects.filter(name=parent_name).first()
+                if parent is None:
+                    still_waiting.append(change)
+                    continue
+            with _entry(change, result.source):
+                agent = agent_service.agent_create(
+                    name=spec["name"], owner=spec["owner"], parent=parent, actor=actor, at=at
+                )
+                if spec["status"] == Agent.Status.SUSPENDED:
+                    agent = agent_service.agent_suspend(
+                        agent=agent, reason=f"suspended in {result.source}", actor=actor, at=at
+                    )
+            agents[agent.name] = agent
+        if len(still_waiting) == len(waiting):  # planning rules this out; belt and braces
+            raise MatrixInvalid(
+                result.source, [Problem(c.line, c.path, "parent cycle") for c in waiting]
+            )
+        waiting = still_waiting
+
+    for change in result.changes:
+        if change.outcome != "create" or change.kind == "agent":
+            continue
+        spec = change.spec
+        with _entry(change, result.source):
+            if change.kind == "tool":
+                tools[spec.name] = tool_service.tool_register(
+                    name=spec.name,
+                    kind=spec.kind,
+                    actions=spec.actions,
+                    description=spec.description,
+                    input_schema=spec.input_schema,
+                    third_party=spec.third_party,
+                    irreversible=spec.irreversible,
+                    actor=actor,
+                    at=at,
+                )
+            elif change.kind == "task":
+                tasks[spec["key"]] = task_service.task_open(
+                    key=spec["key"],
+                    owner=spec["owner"],
+                    ends_at=spec["ends_at"],
+                    actor=actor,
+                    at=at,
+                )
+            elif change.kind == "grant":
+                change.grant_id = _apply_grant(
+                    spec,
+                    mode=result.mode,
+                    agents=agents,
+                    tools=tools,
+                    tasks=tasks,
+                    requested_by=requested_by,
+                    approver=approver,
+                    actor=actor,
+                    at=at,
+                ).pk
+
+
+def _apply_grant(
+    spec: dict[str, Any],
+    *,
+    mode: str,
+    agents: dict[str, Agent],
+    tools: dict[str, Tool],
+    tasks: dict[str, Task],
+    requested_by: Any,
+    approver: Any,
+    actor: audit.Actor,
+    at: datetime,
+) -> Grant:
+    # Names the file defined were planned as strings; they exist by now.
+    agent = spec["agent"] if isinstance(spec["agent"], Agent) else agents[spec["agent"]]
+    tool = spec["tool"] if spec["tool"].pk else tools[spec["tool"].name]
+    task = spec["task"]
+    if task is not None and not isinstance(task, Task):
+        task = tasks[task]
+    common: dict[str, Any] = {
+        "agent": agent,
+        "tool": tool,
+        "task": task,
+        "actions": spec["actions"],
+        "scope": spec["scope"],
+        "fields": spec["fields"],
+        "egress": spec["egress"],
+        "limits": spec["limits"],
+        "justification": spec["justification"],
+        "duration": spec["duration"],
+        "delegable": spec["delegable"],
+        "actor": actor,
+        "at": at,
+    }
+    if mode == "approved":
+        return grant_service.grant_issue(requested_by=requested_by, approved_by=approver, **common)
+    return grant_service.grant_request(requested_by=requested_by, **common)
+
+
+def matrix_import(
+    *,
+    text: str,
+    source: str,
+    actor: audit.Actor | None,
+    at: datetime,
+    requested_by: Any = None,
+    approver: Any = None,
+    apply_approved: bool = False,
+    dry_run: bool = False,
+) -> ImportResult:
+    """Plan the file; unless dry_run, apply it in one transaction.
+
+    Raises Forbidden/GovernanceError for who may do what, MatrixInvalid for
+    anything wrong with the file. Either way nothing is written.
+    """
+    _check_people(
+        requested_by=requested_by, approver=approver, apply_approved=apply_approved, dry_run=dry_run
+    )
+    mode = "approved" if apply_approved else "requests"
+    if dry_run:
+        return matrix_plan(text=text, source=source, at=at, mode=mode)
+    assert actor is not None
+    with transaction.atomic():
+        # Planned inside the transaction that applies it, so what was checked
+        # is what gets written; a service refusing anything rolls back all of it.
+        result = matrix_plan(text=text, source=source, at=at, mode=mode)
+        result.dry_run = False
+        _apply(result, requested_by=requested_by, approver=approver, actor=actor, at=at)
+        created = result.count("create")
+        if created:
+            audit.append(
+                event_type=EventType.MATRIX_IMPORTED,
+                actor=actor,
+                at=at,
+                data={
+                    "source": source,
+                    "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                    "mode": mode,
+                    "requested_by": requested_by.get_username(),
+                    "approved_by": approver.get_username() if approver else None,
+                    "created": {
+                        kind: sum(
+                            1 for c in result.changes if c.kind == kind and c.outcome == "create"
+                        )
+                        for kind in ("agent", "tool", "task", "grant")
+                    },
+                    "unchanged": result.count("unchanged"),
+                    "skipped": result.count("skipped"),
+                    "grant_ids": [
+                        c.grant_id
+                        for c in result.changes
+                        if c.kind == "grant" and c.outcome == "create"
+                    ],
+                },
+            )
+    return result
