@@ -1,0 +1,655 @@
+"""The grant matrix as a file: matrix_export and matrix_import."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+from django.utils import timezone
+
+from governance import selectors
+from governance.audit import verify_chain
+from governance.models import Agent, AuditEvent, Grant, Task, Tool
+from governance.services import grants as grant_service
+from governance.services import matrix as matrix_service
+from governance.services import tools as tool_service
+from tests.conftest import NOW
+
+
+class _Rollback(Exception):
+    """Raised to throw away everything built inside a block."""
+
+
+@pytest.fixture(autouse=True)
+def frozen(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """The commands read the clock; the fixtures' grants are live at NOW."""
+    monkeypatch.setattr(timezone, "now", lambda: NOW)
+    # Nobody logs in here: skip a second of PBKDF2 per test.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def ada(db: None) -> User:
+    """An admin who imports."""
+    return User.objects.create_user("ada", is_staff=True)
+
+
+@pytest.fixture
+def cy(db: None) -> User:
+    """A second admin who approves."""
+    return User.objects.create_user("cy", is_superuser=True)
+
+
+@pytest.fixture
+def world(
+    make_agent: Callable[..., Agent],
+    make_tool: Callable[..., Tool],
+    make_task: Callable[..., Task],
+    make_grant: Callable[..., Grant],
+    alice: User,
+    bob: User,
+    system: Any,
+) -> dict[str, Any]:
+    """Two agents (one a subagent), three tools, a task, and grants in every state."""
+    bot = make_agent("bot")
+    helper = make_agent("bot-helper", parent=bot)
+    repo = make_tool("repo")
+    shell = make_tool("shell", actions=("execute",), kind="code_exec")
+    make_tool("mailer", actions=("create",), irreversible=True, kind="messaging")
+    task = make_task("TICKET-1")
+    read = make_grant(bot, repo, delegable=True)
+    make_grant(
+        bot,
+        shell,
+        actions=("execute",),
+        scope="sandbox:jobs/*",
+        task=task,
+        egress=["pypi.org:443"],
+        limits={"cpus": 1.5, "memory_mb": 512},
+        duration=timedelta(hours=8),
+    )
+    grant_service.grant_delegate(
+        parent_grant_id=read.pk,
+        child=helper,
+        actions=["read"],
+        scope="repo:acme/api/docs/*",
+        expires_at=NOW + timedelta(minutes=10),
+        justification="docs only",
+        actor=system,
+        at=NOW - timedelta(minutes=5),
+    )
+    # Not live, so not exported: expired, and still pending.
+    make_grant(bot, repo, scope="repo:acme/old/*", starts_at=NOW - timedelta(days=2))
+    grant_service.grant_request(
+        agent=bot,
+        tool=repo,
+        actions=["update"],
+        scope="repo:acme/web/*",
+        duration=timedelta(hours=2),
+        justification="pending",
+        requested_by=alice,
+        actor=system,
+        at=NOW - timedelta(minutes=1),
+    )
+    return {"bot": bot, "helper": helper, "repo": repo, "shell": shell, "task": task}
+
+
+def export(path: Path) -> dict[str, Any]:
+    call_command("matrix_export", "-o", str(path))
+    return yaml.safe_load(path.read_text())
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    return path
+
+
+def counts() -> dict[str, int]:
+    return {
+        "agents": Agent.objects.count(),
+        "tools": Tool.objects.count(),
+        "tasks": Task.objects.count(),
+        "grants": Grant.objects.count(),
+        "events": AuditEvent.objects.count(),
+    }
+
+
+def run_import(path: Path, *args: str) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command("matrix_import", str(path), *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def rejected(path: Path, *args: str) -> str:
+    with pytest.raises(CommandError) as caught:
+        run_import(path, *args)
+    return str(caught.value)
+
+
+# --- export --------------------------------------------------------------------
+
+
+def test_export_writes_agents_tools_tasks_and_only_live_grants(world, tmp_path):
+    data = export(tmp_path / "m.yaml")
+
+    assert data["version"] == 1
+    assert [a["name"] for a in data["agents"]] == ["bot", "bot-helper"]
+    assert data["agents"][1] == {
+        "name": "bot-helper",
+        "owner": "alice",
+        "parent": "bot",
+        "status": "active",
+    }
+    assert [t["name"] for t in data["tools"]] == ["mailer", "repo", "shell"]
+    mailer = data["tools"][0]
+    assert mailer["irreversible"] is True and mailer["quarantined"] is False
+    assert mailer["definition_hash"] == Tool.objects.get(name="mailer").definition_hash
+    assert data["tasks"] == [
+        {
+            "key": "TICKET-1",
+            "owner": "alice",
+            "status": "open",
+            "window": {"starts_at": NOW - timedelta(hours=2), "ends_at": None},
+        }
+    ]
+    grants = data["grants"]
+    assert [(g["agent"], g["tool"], g["scope"]) for g in grants] == [
+        ("bot", "repo", "repo:acme/api/*"),
+        ("bot", "shell", "sandbox:jobs/*"),
+        ("bot-helper", "repo", "repo:acme/api/docs/*"),
+    ]
+    shell = grants[1]
+    assert shell["task"] == "TICKET-1"
+    assert shell["actions"] == ["execute"]
+    assert shell["egress"] == ["pypi.org:443"]
+    assert shell["limits"] == {"cpus": 1.5, "memory_mb": 512}
+    assert (shell["requester"], shell["approver"]) == ("alice", "bob")
+    assert shell["expires_at"] - shell["starts_at"] == timedelta(hours=8)
+    assert shell["review_due_at"] is None
+    assert grants[2]["delegated_from"] == grants[0]["id"]
+    assert grants[2]["requester"] == "agent:bot"
+
+
+def test_export_is_byte_identical_for_the_same_state(world, tmp_path):
+    call_command("matrix_export", "-o", str(tmp_path / "a.yaml"))
+    call_command("matrix_export", "-o", str(tmp_path / "b.yaml"))
+    first = (tmp_path / "a.yaml").read_text()
+    assert first == (tmp_path / "b.yaml").read_text()
+    assert "actions: [read]" in first  # scalar lists inline, for readable diffs
+
+
+def test_export_to_stdout(world, capsys):
+    call_command("matrix_export")
+    assert yaml.safe_load(capsys.readouterr().out)["grants"]
+
+
+# --- round trips -----------------------------------------------------------------
+
+
+def export_then_forget(world_factory: Callable[[], Any], path: Path) -> dict[str, Any]:
+    """Build a world, export it, and roll the database back to before the world."""
+    with pytest.raises(_Rollback), transaction.atomic():
+        world_factory()
+        export(path)
+        raise _Rollback
+    assert counts() == {"agents": 0, "tools": 0, "tasks": 0, "grants": 0, "events": 0}
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture
+def exported_clean(request, tmp_path, alice, bob) -> tuple[Path, dict[str, Any]]:
+    path = tmp_path / "matrix.yaml"
+    data = export_then_forget(lambda: request.getfixturevalue("world"), path)
+    return path, data
+
+
+def test_an_export_imports_into_a_clean_database_as_pending_requests(exported_clean, alice):
+    path, data = exported_clean
+
+    out = run_import(path, "--as", "alice")
+
+    assert sorted(Agent.objects.values_list("name", "parent__name")) == [
+        ("bot", None),
+        ("bot-helper", "bot"),
+    ]
+    for tool in data["tools"]:
+        assert Tool.objects.get(name=tool["name"]).definition_hash == tool["definition_hash"]
+    assert Task.objects.get().key == "TICKET-1"
+    requests = Grant.objects.order_by("scope")
+    assert [(g.agent.name, g.scope, g.status) for g in requests] == [
+        ("bot", "repo:acme/api/*", "pending"),
+        ("bot", "sandbox:jobs/*", "pending"),
+    ]
+    shell = requests[1]
+    assert shell.requested_by == alice and shell.approved_by is None
+    assert shell.requested_duration == timedelta(hours=8)
+    assert shell.task.key == "TICKET-1" and shell.egress == ["pypi.org:443"]
+    assert (shell.limit_cpus, shell.limit_memory_mb) == (1.5, 512)
+    assert requests[0].delegable is True
+    # The delegated grant is not turned into a free-standing one.
+    assert "skipped" in out and "delegated" in out
+    for grant in requests:
+        assert (
+            AuditEvent.objects.filter(event_type="grant.requested", grant_id=grant.pk).count() == 1
+        )
+    assert AuditEvent.objects.filter(event_type="grant.issued").count() == 0
+    imported = AuditEvent.objects.get(event_type="matrix.imported")
+    assert imported.actor == "user:alice"
+    assert verify_chain().ok
+
+
+def test_an_export_imports_as_live_grants_when_an_admin_applies_it_approved(
+    exported_clean, ada, cy
+):
+    path, data = exported_clean
+
+    run_import(path, "--as", "ada", "--apply-approved", "--approver", "cy")
+
+    live = list(selectors.live_grants(NOW).order_by("scope"))
+    assert [(g.agent.name, g.tool.name, g.scope, g.actions) for g in live] == [
+        ("bot", "repo", "repo:acme/api/*", ["read"]),
+        ("bot", "shell", "sandbox:jobs/*", ["execute"]),
+    ]
+    for grant in live:
+        assert (grant.requested_by, grant.approved_by) == (ada, cy)
+        assert grant.starts_at == NOW
+        issued = AuditEvent.objects.filter(event_type="grant.issued", grant_id=grant.pk)
+        assert issued.count() == 1 and issued.get().actor == "user:ada"
+    assert live[1].expires_at - live[1].starts_at == timedelta(hours=8)
+    assert AuditEvent.objects.filter(event_type="grant.requested").count() == 0
+    assert verify_chain().ok
+
+
+def test_reimporting_the_live_matrix_changes_nothing(world, tmp_path, alice):
+    path = tmp_path / "matrix.yaml"
+    export(path)
+    before = counts()
+
+    out = run_import(path, "--as", "alice")
+
+    assert counts() == before
+    assert "0 created, 8 unchanged, 1 skipped" in out
+
+
+def test_a_pending_identical_request_is_unchanged_not_duplicated(world, tmp_path, alice, system):
+    grant_service.grant_request(
+        agent=world["bot"],
+        tool=world["repo"],
+        actions=["update", "create"],
+        scope="repo:acme/docs/*",
+        duration=timedelta(hours=2),
+        justification="docs",
+        requested_by=alice,
+        actor=system,
+        at=NOW,
+    )
+    path = write(
+        tmp_path,
+        """\
+grants:
+- {agent: bot, tool: repo, actions: [create, update], scope: "repo:acme/docs/*",
+   justification: docs, duration: 2h}
+- {agent: bot, tool: repo, actions: [read], scope: "repo:acme/api/*",
+   justification: again, duration: 1h}
+""",
+    )
+    before = counts()
+
+    out = run_import(path, "--as", "alice")
+
+    assert counts() == before
+    assert "pending as request" in out and "live as grant" in out
+
+
+# --- dry run ---------------------------------------------------------------------
+
+
+def test_a_dry_run_reports_the_plan_and_writes_nothing(exported_clean, ada, cy):
+    path, _ = exported_clean
+    before = counts()
+
+    out = run_import(path, "--dry-run", "--as", "ada", "--apply-approved", "--approver", "cy")
+
+    assert counts() == before
+    assert "matrix.yaml:9: create    agent bot-helper" in out
+    assert "create    grant bot shell [execute] sandbox:jobs/* (task TICKET-1)  (live grant)" in out
+    assert "8 to create, 0 unchanged, 1 skipped" in out
+    assert "Dry run: nothing was written." in out
+
+
+def test_a_dry_run_still_rejects_a_bad_file(world, tmp_path):
+    path = write(tmp_path, "grants:\n- {agent: ghost, tool: repo, actions: [read]}\n")
+    before = counts()
+    message = rejected(path, "--dry-run")
+    assert "matrix.yaml:2: grants[0].agent: unknown agent 'ghost'" in message
+    assert counts() == before
+
+
+# --- malformed files ---------------------------------------------------------------
+
+BAD_FILE = """\
+version: 1
+grants:
+- agent: bot
+  tool: repo
+  actions: [read]
+  scope: repo:acme/ok/*
+  justification: this one is fine, but must not be applied alone
+  duration: 1h
+- agent: ghost
+  tool: repo
+  actions: [read]
+  scope: repo:acme/api/../*
+  justification: bad
+  duration: 1h
+- agent: bot
+  tool: shell
+  actions: [read]
+  scope: sandbox:x
+  justification: unsupported action
+  duration: 8d
+- agent: bot
+  tool: nosuchtool
+  actions: read
+  scope: x:y
+  justification: ""
+  colour: blue
+- agent: bot
+  tool: repo
+  actions: [read]
+  scope: repo:acme/window/*
+  justification: window too long
+  starts_at: 2026-11-01T00:00:00Z
+  expires_at: 2026-11-30T00:00:00Z
+"""
+
+
+def test_a_malformed_file_is_rejected_whole_with_every_error_and_its_line(world, tmp_path):
+    path = write(tmp_path, BAD_FILE)
+    before = counts()
+
+    message = rejected(path, "--as", "alice")
+
+    expected = [
+        "matrix.yaml:9: grants[1].agent: unknown agent 'ghost'",
+        "matrix.yaml:12: grants[1].scope: Scope must be a canonical pattern",
+        "matrix.yaml:17: grants[2].actions: Tool shell does not support read",
+        "matrix.yaml:20: grants[2].duration: Duration exceeds the maximum grant lifetime",
+        "matrix.yaml:22: grants[3].tool: unknown tool 'nosuchtool'",
+        "matrix.yaml:23: grants[3].actions: must be a list",
+        "matrix.yaml:25: grants[3].justification: must be a non-empty string",
+        "matrix.yaml:26: grants[3].colour: unknown key",
+        "matrix.yaml:21: grants[3]: needs a duration (like 8h or 2d) or both starts_at and",
+        "matrix.yaml:33: grants[4].expires_at: Duration exceeds the maximum grant lifetime",
+    ]
+    for line in expected:
+        assert line in message
+    assert "10 errors; nothing was imported" in message
+    assert counts() == before
+
+
+def test_a_yaml_syntax_error_names_its_line(world, tmp_path):
+    path = write(tmp_path, "grants:\n- agent: bot\n  tool: [repo\n  scope: x\n")
+    message = rejected(path, "--as", "alice")
+    assert "matrix.yaml:4: YAML syntax" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "matrix.yaml:1: the file is empty"),
+        ("- just a list\n", "matrix.yaml:1: must be a mapping"),
+        ("version: 2\n", "matrix.yaml:1: version: must be 1"),
+        ("grants:\n- {}\n", "matrix.yaml:2: grants[0]: missing required key 'agent'"),
+        ("grants: {}\n", "matrix.yaml:1: grants: must be a list"),
+        ("grants: []\ngrants: []\n", "matrix.yaml:2: grants: duplicate key"),
+        (
+            "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'r:x',\n"
+            "   justification: j, duration: forever}\n",
+            "matrix.yaml:3: grants[0].duration: must look like 8h",
+        ),
+        (
+            "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'r:x',\n"
+            "   justification: j}\n",
+            "grants[0]: needs a duration",
+        ),
+        (
+            "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'r:x', justification: j,\n"
+            "   starts_at: 2026-11-29T12:00:00, expires_at: 2026-11-29T13:00:00Z}\n",
+            "matrix.yaml:3: grants[0].starts_at: needs a time zone",
+        ),
+        (
+            "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'r:x', justification: j,\n"
+            "   duration: 1h, task: NOPE-1}\n",
+            "matrix.yaml:3: grants[0].task: unknown task 'NOPE-1'",
+        ),
+        (
+            "agents:\n- {name: bot, owner: bob}\n",
+            "matrix.yaml:2: agents[0].owner: agent 'bot' is owned by 'alice'",
+        ),
+        (
+            "agents:\n- {name: a1, owner: bob, parent: a2}\n- {name: a2, owner: bob, parent: a1}\n",
+            "matrix.yaml:2: agents[0].parent: the parents form a cycle",
+        ),
+        (
+            "agents:\n- {name: a1, owner: bob, parent: ghost}\n",
+            "matrix.yaml:2: agents[0].parent: unknown agent 'ghost'",
+        ),
+        (
+            "agents:\n- {name: new, owner: nobody}\n",
+            "matrix.yaml:2: agents[0].owner: no user is named 'nobody'",
+        ),
+        (
+            "tools:\n- {name: repo, kind: api, actions: [read]}\n",
+            "matrix.yaml:2: tools[0].actions: tool 'repo' has actions",
+        ),
+        (
+            "tools:\n- {name: evil, kind: api, actions: [read], quarantined: true}\n",
+            "matrix.yaml:2: tools[0].quarantined: a quarantined tool is not created",
+        ),
+        (
+            "tools:\n- {name: t2, kind: api, actions: [read], definition_hash: abc}\n",
+            "matrix.yaml:2: tools[0].definition_hash: does not match",
+        ),
+    ],
+)
+def test_each_kind_of_mistake_is_reported_at_its_line(world, tmp_path, text, expected):
+    path = write(tmp_path, text)
+    before = counts()
+    assert expected in rejected(path, "--as", "alice")
+    assert counts() == before
+
+
+def test_two_requests_for_the_same_agent_tool_and_scope_are_refused(world, tmp_path):
+    path = write(
+        tmp_path,
+        """\
+grants:
+- {agent: bot, tool: repo, actions: [update], scope: "r:x", justification: a, duration: 1h}
+- {agent: bot, tool: repo, actions: [delete], scope: "r:x", justification: b, duration: 1h}
+""",
+    )
+    message = rejected(path, "--as", "alice")
+    assert "matrix.yaml:3: grants[1].actions: grants[0] (line 2) already requests" in message
+
+
+def test_a_refusal_half_way_through_applying_rolls_everything_back(
+    exported_clean, monkeypatch, alice
+):
+    path, _ = exported_clean
+    real = grant_service.grant_request
+    calls = []
+
+    def refuse_second(**kw: Any) -> Grant:
+        calls.append(kw)
+        if len(calls) == 2:
+            raise grant_service.Conflict("duplicate_request", "raced by another request")
+        return real(**kw)
+
+    monkeypatch.setattr(grant_service, "grant_request", refuse_second)
+
+    message = rejected(path, "--as", "alice")
+
+    assert "raced by another request" in message
+    assert len(calls) == 2
+    assert counts() == {"agents": 0, "tools": 0, "tasks": 0, "grants": 0, "events": 0}
+
+
+def test_anchors_and_aliases_are_refused(world, tmp_path):
+    path = write(
+        tmp_path,
+        """\
+tools:
+- name: t2
+  kind: api
+  actions: [read]
+  input_schema: &a {x: [1, 2]}
+  description: d
+- name: t3
+  kind: api
+  actions: [read]
+  input_schema: *a
+""",
+    )
+    message = rejected(path, "--as", "alice")
+    assert "matrix.yaml:5: anchors and aliases (&, *) are not supported" in message
+
+
+def test_an_absurd_duration_is_an_error_not_a_crash(world, tmp_path):
+    path = write(
+        tmp_path,
+        "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'r:x', justification: j,\n"
+        "   duration: 99999999999999d, limits: {memory_mb: 99999999999}}\n",
+    )
+    message = rejected(path, "--as", "alice")
+    assert "matrix.yaml:3: grants[0].duration: Duration exceeds the maximum" in message
+    assert "matrix.yaml:3: grants[0].limits.memory_mb: must be a positive whole number" in message
+
+
+def test_a_file_can_define_new_agents_tools_and_tasks_for_its_grants(world, tmp_path, alice):
+    path = write(
+        tmp_path,
+        """\
+agents:
+- {name: child, owner: alice, parent: grandchild-parent}
+- {name: grandchild-parent, owner: bob, parent: bot, status: suspended}
+tools:
+- {name: wiki, kind: api, actions: [read, update], description: The wiki}
+tasks:
+- {key: OPS-7, owner: bob, window: {ends_at: 2026-12-01T00:00:00Z}}
+grants:
+- {agent: child, tool: wiki, task: OPS-7, actions: [update], scope: "wiki:ops/*",
+   justification: runbook edits, duration: 2d}
+""",
+    )
+
+    run_import(path, "--as", "alice")
+
+    child = Agent.objects.get(name="child")
+    assert child.parent.name == "grandchild-parent" and child.parent.parent.name == "bot"
+    assert child.parent.status == "suspended"
+    assert Tool.objects.get(name="wiki").description == "The wiki"
+    assert Task.objects.get(key="OPS-7").ends_at == NOW.replace(day=1, month=12, hour=0)
+    request = Grant.objects.get(agent=child)
+    assert (request.status, request.requested_duration) == ("pending", timedelta(days=2))
+    kinds = list(
+        AuditEvent.objects.filter(created_at=NOW)
+        .order_by("seq")
+        .values_list("event_type", flat=True)
+    )
+    assert kinds == [
+        "agent.created",
+        "agent.suspended",
+        "agent.created",
+        "tool.registered",
+        "task.opened",
+        "grant.requested",
+        "matrix.imported",
+    ]
+
+
+def test_state_that_differs_from_the_database_is_a_warning_not_a_change(world, system):
+    tool_service.tool_update_definition(
+        tool=world["shell"], description="changed", input_schema={}, actor=system, at=NOW
+    )
+    text = """\
+tools:
+- {name: shell, kind: code_exec, actions: [execute], quarantined: false}
+grants:
+- {agent: bot, tool: shell, actions: [execute], scope: "sandbox:x/*", justification: j,
+   duration: 1h}
+"""
+    plan = matrix_service.matrix_plan(text=text, source="m.yaml", at=NOW)
+    assert [w.render("m.yaml") for w in plan.warnings] == [
+        "m.yaml:2: tools[0].quarantined: tool is quarantined",
+        "m.yaml:4: grants[0].tool: tool 'shell' is quarantined",
+    ]
+    assert [c.outcome for c in plan.changes] == ["unchanged", "create"]
+
+
+def test_existing_entries_that_omit_optional_keys_are_unchanged(world, tmp_path):
+    path = write(tmp_path, "agents:\n- {name: bot-helper, owner: alice}\n")
+    assert "0 created, 1 unchanged" in run_import(path, "--as", "alice")
+
+
+# --- who may import what -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--as", "alice", "--apply-approved", "--approver", "cy"], "not_admin"),
+        (["--as", "ada", "--apply-approved", "--approver", "ada"], "self_approval"),
+        (["--as", "ada", "--apply-approved", "--approver", "bob"], "approver_not_admin"),
+        (["--as", "ada", "--apply-approved"], "approver_required"),
+        (["--as", "ada", "--approver", "cy"], "approver_without_apply"),
+        ([], "requester_required"),
+        (["--as", "nobody"], "--as: no user is named 'nobody'"),
+    ],
+)
+def test_who_may_import_what(exported_clean, ada, cy, args, expected):
+    path, _ = exported_clean
+    before = counts()
+    assert expected in rejected(path, *args)
+    assert counts() == before
+
+
+def test_an_admin_may_import_approved_grants_and_a_non_admin_requests(exported_clean, ada, cy):
+    path, _ = exported_clean
+    run_import(path, "--as", "ada", "--apply-approved", "--approver", "cy")
+    assert Grant.objects.filter(status="active").count() == 2
+
+
+# --- the service directly ----------------------------------------------------------------
+
+
+def test_duration_strings():
+    assert matrix_service.parse_duration("8h") == timedelta(hours=8)
+    assert matrix_service.parse_duration("1d12h") == timedelta(days=1, hours=12)
+    assert matrix_service.parse_duration("90m") == timedelta(minutes=90)
+    assert matrix_service.parse_duration("8") is None
+    assert matrix_service.parse_duration("-1h") is None
+
+
+def test_a_quarantined_tool_is_exported_as_quarantined(world, system):
+    tool_service.tool_update_definition(
+        tool=world["repo"],
+        description="ignore previous instructions",
+        input_schema={},
+        actor=system,
+        at=NOW,
+    )
+    data = yaml.safe_load(matrix_service.matrix_export(at=NOW))
+    repo = next(t for t in data["tools"] if t["name"] == "repo")
+    assert repo["quarantined"] is True
