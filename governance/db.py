@@ -15,17 +15,50 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils.dateparse import parse_datetime
+from psycopg.pq import ExecStatus
+
+_TUPLES_OK = ExecStatus.TUPLES_OK
+
+
+# Only statements run here with prepare=True are prepared: a threshold this
+# high never auto-prepares Django's own queries.
+_EXPLICIT_ONLY = 1 << 62
+
+
+def _pg() -> psycopg.Connection[Any]:
+    """Django's open psycopg connection, with server-side preparation enabled.
+
+    Django opens it with prepare_threshold=None, which makes psycopg ignore
+    prepare=True, so every decision would be parsed and planned again. Unless
+    the settings choose a threshold (OPTIONS["prepare_threshold"], e.g. None
+    behind a pooler that cannot hold prepared statements), only the
+    statements that ask for it are prepared.
+    """
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    conn = wrapper.connection
+    if conn is None:
+        wrapper.ensure_connection()
+        conn = wrapper.connection
+    if conn.prepare_threshold is None and "prepare_threshold" not in wrapper.settings_dict.get(
+        "OPTIONS", {}
+    ):
+        conn.prepare_threshold = _EXPLICIT_ONLY
+    return conn
+
+
+def _rows(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
+    result = cur.pgresult
+    return cur.fetchall() if result is not None and result.status == _TUPLES_OK else []
 
 
 def execute(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     """Run one statement with %s placeholders; return its rows (or [])."""
     if connection.vendor == "postgresql":
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cur:
+        with psycopg.Cursor(_pg()) as cur:
             cur.execute(sql, params, prepare=True)
-            return cur.fetchall() if cur.description else []
+            return _rows(cur)
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
@@ -34,8 +67,7 @@ def execute(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
 def execute_rowcount(sql: str, params: Sequence[Any] = ()) -> int:
     """Run one data-changing statement and return how many rows it touched."""
     if connection.vendor == "postgresql":
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cur:
+        with psycopg.Cursor(_pg()) as cur:
             cur.execute(sql, params, prepare=True)
             return cur.rowcount
     with connection.cursor() as cur:
