@@ -56,6 +56,7 @@ class EventType(models.TextChoices):
     ACCESS_ALLOWED = "access.allowed"
     ACCESS_DENIED = "access.denied"
     ACCESS_APPROVAL_REQUIRED = "access.approval_required"
+    ACCESS_OUTCOME = "access.outcome"
     AGENT_CREATED = "agent.created"
     AGENT_SUSPENDED = "agent.suspended"
     AGENT_REACTIVATED = "agent.reactivated"

@@ -115,6 +115,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
     "governance",
 ]
 
@@ -177,6 +179,44 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 LOGIN_URL = "/admin/login/"
+
+# --- REST API -------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["governance.api.auth.BearerAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "governance.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    # Throttling is ours (governance.ratelimit): atomic, and fail-closed.
+    "DEFAULT_THROTTLE_CLASSES": [],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent governance API",
+    "DESCRIPTION": (
+        "Agents authorize every tool call here with a per-agent bearer token. "
+        "Default deny: a well-formed question always gets a 200 with a decision; "
+        "errors are {error: {code, message, fields}}."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "ENUM_NAME_OVERRIDES": {
+        "ActionEnum": "governance.codes.ActionClass",
+        "DecisionEnum": "governance.codes.Decision",
+        "ReasonEnum": "governance.codes.Reason",
+    },
+}
+# Unset: rate limits are counted in this process's memory (embedded mode).
+REDIS_URL = os.environ.get("REDIS_URL") or None
+# Requests per minute per token, by bucket.
+RATE_LIMITS = {
+    "authorize": env_int("RATE_LIMIT_AUTHORIZE_PER_MINUTE", 6000, minimum=1),
+    "grant_request": env_int("RATE_LIMIT_GRANT_REQUESTS_PER_MINUTE", 30, minimum=1),
+    "approval": env_int("RATE_LIMIT_APPROVALS_PER_MINUTE", 60, minimum=1),
+}
 
 LOGGING = {
     "version": 1,

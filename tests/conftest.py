@@ -125,3 +125,6 @@ def last_event() -> AuditEvent:
     event = AuditEvent.objects.order_by("-seq").first()
     assert event is not None, "no audit event was written"
     return event
+
+
+pytest_plugins = ["tests.api_fixtures"]

@@ -4,7 +4,17 @@ from governance.models.agents import Agent, AgentToken
 from governance.models.approvals import Approval
 from governance.models.audit import AuditEvent
 from governance.models.grants import Grant
+from governance.models.outcomes import DecisionOutcome
 from governance.models.tasks import Task
 from governance.models.tools import Tool
 
-__all__ = ["Agent", "AgentToken", "Approval", "AuditEvent", "Grant", "Task", "Tool"]
+__all__ = [
+    "Agent",
+    "AgentToken",
+    "Approval",
+    "AuditEvent",
+    "DecisionOutcome",
+    "Grant",
+    "Task",
+    "Tool",
+]

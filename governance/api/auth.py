@@ -1,0 +1,132 @@
+"""Bearer tokens for agents and humans, and the API's permission classes.
+
+Token checks run in a fixed order (format, prefix lookup, constant-time
+digest, expiry, revocation, holder active), like netbox's token checks; every
+failure is the same 401 body so a caller learns nothing about which check
+failed. A suspended agent's tokens stop working at once because the agent's
+status is read with the token on every request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from governance import roles
+from governance.models import Agent, AgentToken
+
+_TOKEN = re.compile(r"agt_([0-9a-f]{8})_[A-Za-z0-9_-]{20,100}")
+# last_used_at is bookkeeping: refreshing it at most once a minute keeps a
+# hot agent from turning every decision into an UPDATE of its token row.
+LAST_USED_GRANULARITY = timedelta(seconds=60)
+
+
+@dataclass
+class AgentPrincipal:
+    """request.user for an agent's token."""
+
+    agent: Agent
+    token: AgentToken
+    is_authenticated: bool = True
+    is_active: bool = True
+    is_superuser: bool = False
+    is_staff: bool = False
+
+    def __str__(self) -> str:
+        return f"agent:{self.agent.name}"
+
+
+class Unauthenticated(exceptions.AuthenticationFailed):
+    default_detail = "A valid bearer token is required."
+    default_code = "unauthenticated"
+
+
+class BearerAuthentication(BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'
+
+    def authenticate(self, request: Request) -> tuple[Any, AgentToken] | None:
+        header = request.META.get("HTTP_AUTHORIZATION")
+        if header is None:
+            return None  # IsAuthenticated turns this into the same 401
+        scheme, _, value = header.partition(" ")
+        match = _TOKEN.fullmatch(value.strip()) if scheme == self.keyword else None
+        if match is None:
+            raise Unauthenticated()
+        token = (
+            AgentToken.objects.select_related("agent", "user").filter(prefix=match.group(1)).first()
+        )
+        now = timezone.now()
+        if token is None or not token.matches(value.strip()) or not token.is_live_at(now):
+            raise Unauthenticated()
+        if token.agent is not None:
+            if token.agent.status != Agent.Status.ACTIVE:
+                raise Unauthenticated()
+            principal: Any = AgentPrincipal(agent=token.agent, token=token)
+        else:
+            if token.user is None or not token.user.is_active:
+                raise Unauthenticated()
+            principal = token.user
+        if token.last_used_at is None or token.last_used_at < now - LAST_USED_GRANULARITY:
+            AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return principal, token
+
+
+class BearerScheme(OpenApiAuthenticationExtension):
+    target_class = "governance.api.auth.BearerAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "Per-agent (or personal) token: Authorization: Bearer agt_xxxxxxxx_...",
+        }
+
+
+class IsAgent(BasePermission):
+    message = "This endpoint is for agents."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, AgentPrincipal)
+
+
+class IsAdminRole(BasePermission):
+    message = "This needs the admin role."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return roles.is_admin(request.user)
+
+
+class IsApprover(BasePermission):
+    message = "This needs the approver role."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return roles.is_approver(request.user)
+
+
+class AdminOrAuditorReadOnly(BasePermission):
+    """Admins do everything; auditors read."""
+
+    message = "This needs the admin role (auditors may only read)."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return roles.is_auditor(request.user)
+        return roles.is_admin(request.user)
+
+
+def agent_of(request: Request) -> Agent | None:
+    user = request.user
+    return user.agent if isinstance(user, AgentPrincipal) else None

@@ -1,0 +1,78 @@
+"""One error shape for the whole API: {"error": {"code", "message", "fields"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import DatabaseError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from governance.errors import GovernanceError
+
+log = logging.getLogger(__name__)
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def _flatten(detail: Any) -> dict[str, str]:
+    if isinstance(detail, dict):
+        out = {}
+        for key, value in detail.items():
+            if isinstance(value, dict):
+                for sub, msg in _flatten(value).items():
+                    out[f"{key}.{sub}"] = msg
+            elif isinstance(value, list) and value:
+                out[str(key)] = " ".join(str(v) for v in value if not isinstance(v, dict)) or str(
+                    value
+                )
+            else:
+                out[str(key)] = str(value)
+        return out
+    if isinstance(detail, list):
+        return {"non_field_errors": " ".join(str(v) for v in detail)}
+    return {"non_field_errors": str(detail)}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    if isinstance(exc, GovernanceError):
+        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+    if isinstance(exc, Http404 | ObjectDoesNotExist):
+        exc = exceptions.NotFound()
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        message = "The request is not valid: " + "; ".join(f"{k}: {v}" for k, v in fields.items())
+        return Response(error_body("invalid_request", message, fields), status=400)
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        # Same body whatever was wrong with the token: no hint which check failed.
+        return Response(
+            error_body("unauthenticated", "A valid bearer token is required."),
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="api"'},
+        )
+    if isinstance(exc, exceptions.Throttled):
+        wait = int(exc.wait or 1)
+        return Response(
+            error_body("rate_limited", f"Too many requests; retry in {wait} s."),
+            status=429,
+            headers={"Retry-After": str(wait)},
+        )
+    if isinstance(exc, exceptions.APIException):
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
+        return Response(error_body(str(code), str(exc.detail)), status=exc.status_code)
+    if isinstance(exc, DatabaseError):
+        log.exception("database error in API view")
+        return Response(
+            error_body("unavailable", "The service cannot reach its database; try again."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
+    log.exception("unhandled error in API view")
+    return Response(
+        error_body("internal_error", "The request failed inside the service; try again."),
+        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )

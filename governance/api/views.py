@@ -1,0 +1,337 @@
+"""The agent-facing API: thin views. Parse, call access_check() or a service,
+render. Object-level checks: an agent only ever sees its own objects, and
+someone else's object answers exactly like a missing one (404)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import Throttled
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from governance import ratelimit, roles, selectors
+from governance.api import serializers as s
+from governance.api.auth import AgentPrincipal, IsAgent, IsApprover, agent_of
+from governance.audit import Actor
+from governance.codes import Reason
+from governance.errors import GovernanceError, NotFound
+from governance.models import Agent, Approval, Grant, Task, Tool
+from governance.services import access, approvals, grants, outcomes
+
+ERRORS = {
+    400: OpenApiResponse(s.ErrorSerializer, description="Malformed request"),
+    401: OpenApiResponse(s.ErrorSerializer, description="Missing or invalid token"),
+    403: OpenApiResponse(s.ErrorSerializer, description="Not allowed"),
+    404: OpenApiResponse(s.ErrorSerializer, description="No such object (or not yours)"),
+    429: OpenApiResponse(s.ErrorSerializer, description="Rate limited; see Retry-After"),
+}
+
+
+def actor_for(request: Request) -> Actor:
+    user = request.user
+    if isinstance(user, AgentPrincipal):
+        return Actor.agent(user.agent)
+    return Actor.user(user)
+
+
+def limit(request: Request, bucket: str, *, fail_closed: bool) -> None:
+    """Count the request against its token; raise 429 past the limit.
+
+    A limiter that cannot be reached refuses requests that change state
+    (fail closed) and lets decisions through to authorize(), whose default
+    is deny: an outage never turns anything into an allow.
+    """
+    try:
+        ratelimit.check(bucket, request.auth.pk)
+    except ratelimit.RateLimited as exc:
+        raise Throttled(wait=exc.retry_after) from None
+    except ratelimit.LimiterUnavailable:
+        if fail_closed:
+            raise GovernanceError(
+                "rate_limit_unavailable",
+                "The rate limiter cannot be reached, so the request is refused; try again.",
+            ) from None
+
+
+def _decision_body(decision: Any) -> dict[str, Any]:
+    return {
+        "decision": decision.decision,
+        "reason": decision.reason,
+        "message": decision.message,
+        "decision_id": decision.decision_id,
+        "grant": decision.grant_id,
+        "approval": decision.approval_id,
+        "expires_at": decision.expires_at,
+        "break_glass": decision.break_glass,
+    }
+
+
+class AuthorizeView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="authorize",
+        request=s.AuthorizeIn,
+        responses={
+            200: s.DecisionOut,
+            503: OpenApiResponse(s.DecisionOut, description="Internal failure: always deny"),
+            **ERRORS,
+        },
+        description="Ask before every tool call. The agent is the token's agent.",
+    )
+    def post(self, request: Request) -> Response:
+        limit(request, "authorize", fail_closed=False)
+        body = s.AuthorizeIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        decision = access.access_check(
+            agent=request.user.agent.name,
+            tool=data["tool"],
+            action=data["action"],
+            scope=data["scope"],
+            task=data.get("task"),
+            arguments=data.get("arguments"),
+            approval=data.get("approval"),
+            at=timezone.now(),
+        )
+        code = 503 if decision.reason == Reason.ERROR else 200
+        return Response(s.DecisionOut(_decision_body(decision)).data, status=code)
+
+
+class OutcomeView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="report_outcome",
+        request=s.OutcomeIn,
+        responses={201: s.OutcomeOut, 409: ERRORS[400], **ERRORS},
+    )
+    def post(self, request: Request, decision_id: str) -> Response:
+        body = s.OutcomeIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        written = outcomes.outcome_report(
+            agent=request.user.agent,
+            decision_id=decision_id,
+            at=timezone.now(),
+            **body.validated_data,
+        )
+        out = {
+            "decision_id": decision_id,
+            "outcome": body.validated_data["outcome"],
+            "event_id": written.uid,
+        }
+        return Response(s.OutcomeOut(out).data, status=status.HTTP_201_CREATED)
+
+
+def _visible_approvals(request: Request) -> QuerySet[Approval]:
+    qs = Approval.objects.select_related("agent", "tool", "task", "decided_by")
+    agent = agent_of(request)
+    if agent is not None:
+        return qs.filter(agent=agent)
+    if roles.is_approver(request.user) or roles.is_auditor(request.user):
+        return qs
+    return qs.none()
+
+
+def _get(qs: QuerySet[Any], what: str, **lookup: Any) -> Any:
+    try:
+        return qs.get(**lookup)
+    except (qs.model.DoesNotExist, ValueError, TypeError):
+        raise NotFound("not_found", f"No such {what}.") from None
+    except Exception as exc:  # malformed UUIDs raise ValidationError
+        if exc.__class__.__name__ == "ValidationError":
+            raise NotFound("not_found", f"No such {what}.") from None
+        raise
+
+
+class ApprovalDetailView(APIView):
+    @extend_schema(operation_id="approval_get", responses={200: s.ApprovalOut, **ERRORS})
+    def get(self, request: Request, approval_id: str) -> Response:
+        approval = _get(_visible_approvals(request), "approval", pk=approval_id)
+        return Response(s.ApprovalOut(approval).data)
+
+
+class ApprovalDecideView(APIView):
+    permission_classes = [IsApprover]
+    approve = True
+
+    @extend_schema(request=s.ReasonIn, responses={200: s.ApprovalOut, 409: ERRORS[400], **ERRORS})
+    def post(self, request: Request, approval_id: str) -> Response:
+        limit(request, "approval", fail_closed=True)
+        body = (s.ReasonIn if self.approve else s.RequiredReasonIn)(data=request.data)
+        body.is_valid(raise_exception=True)
+        approval = _get(_visible_approvals(request), "approval", pk=approval_id)
+        decide = approvals.approval_approve if self.approve else approvals.approval_deny
+        approval = decide(
+            approval_id=approval.pk,
+            approver=request.user,
+            reason=body.validated_data["reason"],
+            actor=actor_for(request),
+            at=timezone.now(),
+        )
+        return Response(s.ApprovalOut(approval).data)
+
+
+def _grant_qs() -> QuerySet[Grant]:
+    return Grant.objects.select_related(
+        "agent", "tool", "task", "requested_by", "requested_by_agent", "approved_by"
+    )
+
+
+def _visible_requests(request: Request) -> QuerySet[Grant]:
+    agent = agent_of(request)
+    if agent is not None:
+        return _grant_qs().filter(agent=agent, requested_by_agent=agent)
+    if roles.is_approver(request.user) or roles.is_auditor(request.user):
+        return _grant_qs().filter(
+            Q(requested_by__isnull=False) | Q(requested_by_agent__isnull=False)
+        )
+    return _grant_qs().filter(requested_by=request.user)
+
+
+def _by_name(model: type[Any], what: str, **lookup: Any) -> Any:
+    found = model.objects.filter(**lookup).first()
+    if found is None:
+        field, value = next(iter(lookup.items()))
+        raise GovernanceError(
+            f"unknown_{what}", f"No {what} has the {field} {value!r}.", fields={what: "unknown"}
+        )
+    return found
+
+
+class GrantRequestListView(APIView):
+    @extend_schema(operation_id="grant_requests_list", responses={200: s.GrantOut(many=True)})
+    def get(self, request: Request) -> Response:
+        qs = _visible_requests(request).order_by("-id")[:500]
+        return Response(s.GrantOut(qs, many=True).data)
+
+    @extend_schema(
+        operation_id="grant_request_create",
+        request=s.GrantRequestIn,
+        responses={201: s.GrantOut, 409: ERRORS[400], **ERRORS},
+        description="Ask for a grant. It is created pending; a human approves it.",
+    )
+    def post(self, request: Request) -> Response:
+        limit(request, "grant_request", fail_closed=True)
+        body = s.GrantRequestIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        agent = agent_of(request)
+        if agent is not None:
+            if "agent" in data and data["agent"] != agent.name:
+                raise GovernanceError(
+                    "agent_mismatch",
+                    "An agent can only request grants for itself.",
+                    fields={"agent": "must be omitted or your own name"},
+                )
+            requester: dict[str, Any] = {"requested_by_agent": agent}
+        else:
+            if "agent" not in data:
+                raise GovernanceError(
+                    "agent_required", "Name the agent.", fields={"agent": "required"}
+                )
+            agent = _by_name(Agent, "agent", name=data["agent"])
+            requester = {"requested_by": request.user}
+        grant = grants.grant_request(
+            agent=agent,
+            tool=_by_name(Tool, "tool", name=data["tool"]),
+            task=_by_name(Task, "task", key=data["task"]) if data.get("task") else None,
+            actions=data["actions"],
+            scope=data["scope"],
+            fields=data["fields"],
+            egress=data["egress"],
+            delegable=data["delegable"],
+            duration=timedelta(seconds=data["duration_seconds"]),
+            justification=data["justification"],
+            actor=actor_for(request),
+            at=timezone.now(),
+            **requester,
+        )
+        return Response(s.GrantOut(grant).data, status=status.HTTP_201_CREATED)
+
+
+class GrantRequestDetailView(APIView):
+    @extend_schema(operation_id="grant_request_get", responses={200: s.GrantOut, **ERRORS})
+    def get(self, request: Request, grant_id: int) -> Response:
+        return Response(s.GrantOut(_get(_visible_requests(request), "request", pk=grant_id)).data)
+
+
+class GrantRequestDecideView(APIView):
+    permission_classes = [IsApprover]
+    approve = True
+
+    @extend_schema(request=s.ReasonIn, responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS})
+    def post(self, request: Request, grant_id: int) -> Response:
+        limit(request, "approval", fail_closed=True)
+        body = (s.ReasonIn if self.approve else s.RequiredReasonIn)(data=request.data)
+        body.is_valid(raise_exception=True)
+        grant = _get(_visible_requests(request), "request", pk=grant_id)
+        now, actor = timezone.now(), actor_for(request)
+        if self.approve:
+            grant = grants.grant_approve(
+                grant_id=grant.pk, approver=request.user, actor=actor, at=now
+            )
+        else:
+            grant = grants.grant_deny(
+                grant_id=grant.pk,
+                approver=request.user,
+                reason=body.validated_data["reason"],
+                actor=actor,
+                at=now,
+            )
+        return Response(s.GrantOut(grant).data)
+
+
+class DelegationView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="delegate",
+        request=s.DelegationIn,
+        responses={201: s.GrantOut, **ERRORS},
+        description="Hand one of your live grants, narrowed, to one of your subagents.",
+    )
+    def post(self, request: Request) -> Response:
+        body = s.DelegationIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        agent = request.user.agent
+        parent = _get(_grant_qs().filter(agent=agent), "grant", pk=data["grant"])
+        child = Agent.objects.filter(name=data["agent"], parent=agent).first()
+        if child is None:
+            raise NotFound("not_found", "No such subagent.")
+        grant = grants.grant_delegate(
+            parent_grant_id=parent.pk,
+            child=child,
+            actions=data["actions"],
+            scope=data["scope"],
+            expires_at=data["expires_at"],
+            justification=data["justification"],
+            actor=actor_for(request),
+            at=timezone.now(),
+        )
+        return Response(s.GrantOut(grant).data, status=status.HTTP_201_CREATED)
+
+
+class MeView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(operation_id="me", responses={200: s.MeOut, **ERRORS})
+    def get(self, request: Request) -> Response:
+        agent = request.user.agent
+        live = selectors.live_grants(timezone.now()).filter(agent=agent).order_by("id")
+        body = {
+            "agent": agent.name,
+            "owner": agent.owner.username,
+            "parent": agent.parent.name if agent.parent else None,
+            "status": agent.status,
+            "grants": live,
+        }
+        return Response(s.MeOut(body).data)

@@ -1,0 +1,40 @@
+"""Human roles, as Django groups. A superuser counts as admin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ADMINS = "admins"
+APPROVERS = "approvers"
+AUDITORS = "auditors"
+
+
+def _in(user: Any, *groups: str) -> bool:
+    if user is None or not getattr(user, "is_authenticated", False):
+        return False
+    if not hasattr(user, "groups"):  # an agent principal
+        return False
+    if user.is_superuser:
+        return True
+    names = getattr(user, "_role_names", None)
+    if names is None:
+        names = set(user.groups.values_list("name", flat=True))
+        user._role_names = names
+    return bool(names & set(groups))
+
+
+def is_admin(user: Any) -> bool:
+    return _in(user, ADMINS)
+
+
+def is_approver(user: Any) -> bool:
+    return _in(user, ADMINS, APPROVERS)
+
+
+def is_auditor(user: Any) -> bool:
+    """Read-only everything."""
+    return _in(user, ADMINS, AUDITORS)
+
+
+def is_human(user: Any) -> bool:
+    return hasattr(user, "groups") and getattr(user, "is_authenticated", False)

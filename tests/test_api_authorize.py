@@ -1,0 +1,195 @@
+"""POST /api/v1/authorize and the decision outcome: response, database, audit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from governance.audit import Actor
+from governance.models import AgentToken, AuditEvent, DecisionOutcome, Grant
+from governance.services import agents
+from tests.conftest import last_event
+
+URL = "/api/v1/authorize"
+
+
+@pytest.fixture
+def setup(make_agent, make_tool, make_grant, agent_client):
+    bot = make_agent("bot")
+    other = make_agent("other")
+    repo = make_tool("repo")
+    now = timezone.now()
+    grant = make_grant(
+        bot, repo, ("read", "delete"), "repo:acme/*", starts_at=now - timedelta(minutes=1)
+    )
+    return {"bot": bot, "other": other, "grant": grant, "client": agent_client(bot),
+            "other_client": agent_client(other)}  # fmt: skip
+
+
+def body(**kw):
+    base = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    base.update(kw)
+    return base
+
+
+def test_an_allowed_call(setup):
+    response = setup["client"].post(URL, body(), format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert (data["decision"], data["reason"], data["grant"]) == (
+        "allow",
+        "allowed",
+        setup["grant"].pk,
+    )
+    event = last_event()
+    assert str(event.uid) == data["decision_id"]
+    assert (event.event_type, event.agent, event.actor) == ("access.allowed", "bot", "agent:bot")
+    assert Grant.objects.get(pk=setup["grant"].pk).use_count == 1
+
+
+def test_a_denial_is_a_200_with_its_reason(setup):
+    response = setup["other_client"].post(URL, body(), format="json")
+    assert response.status_code == 200
+    data = response.json()
+    assert (data["decision"], data["reason"], data["grant"]) == ("deny", "no_grant", None)
+    assert last_event().agent == "other" and last_event().decision == "deny"
+
+
+def test_a_body_naming_another_agent_is_refused_not_obeyed(setup):
+    before = AuditEvent.objects.count()
+    response = setup["other_client"].post(URL, body(agent="bot"), format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and "agent" in error["fields"]
+    assert AuditEvent.objects.count() == before
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tool": "repo", "action": "obliterate", "scope": "x:y"},
+        {"tool": "repo", "scope": "x:y"},
+        {"tool": 7, "action": "read", "scope": "x:y"},
+        {"tool": "repo", "action": "read", "scope": "x" * 501},
+        {"tool": "repo", "action": "read", "scope": "x:y", "arguments": [1, 2]},
+        ["not", "an", "object"],
+    ],
+)
+def test_malformed_bodies_are_400_with_fields(setup, bad):
+    response = setup["client"].post(URL, bad, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["message"] and error["fields"]
+
+
+def test_tool_names_are_not_trimmed(setup):
+    response = setup["client"].post(URL, body(tool=" repo"), format="json")
+    assert response.json()["reason"] == "unknown_tool"
+
+
+def test_a_destructive_call_returns_an_approval_to_poll(setup, human_client, bob):
+    response = setup["client"].post(URL, body(action="delete"), format="json")
+    data = response.json()
+    assert (data["decision"], data["reason"]) == ("approval_required", "approval_required")
+    approval_url = f"/api/v1/approvals/{data['approval']}"
+    polled = setup["client"].get(approval_url)
+    assert polled.status_code == 200 and polled.json()["status"] == "pending"
+    assert setup["other_client"].get(approval_url).status_code == 404
+
+    approver = human_client(bob, "approvers")
+    decided = approver.post(approval_url + "/approve", {"reason": "ok"}, format="json")
+    assert decided.status_code == 200 and decided.json()["status"] == "approved"
+    assert last_event().event_type == "approval.approved"
+
+    used = setup["client"].post(
+        URL, body(action="delete", approval=data["approval"]), format="json"
+    )
+    assert used.json()["decision"] == "allow"
+    again = setup["client"].post(
+        URL, body(action="delete", approval=data["approval"]), format="json"
+    )
+    assert again.json()["reason"] == "approval_invalid"
+
+
+def test_an_internal_failure_is_503_deny(setup):
+    from tests.test_fail_closed import refusing
+
+    with refusing("governance_auditevent", "INSERT"):
+        response = setup["client"].post(URL, body(), format="json")
+    assert response.status_code == 503
+    assert response.json()["decision"] == "deny" and response.json()["reason"] == "error"
+
+
+# --- Tokens -----------------------------------------------------------------------------
+
+
+def _unauth(response):
+    assert response.status_code == 401
+    assert response.json() == {
+        "error": {"code": "unauthenticated", "message": "A valid bearer token is required.",
+                  "fields": {}}
+    }  # fmt: skip
+    return True
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer", "Bearer nonsense", "Basic abc", "Bearer agt_00000000_" + "x" * 43],
+)
+def test_missing_malformed_and_unknown_tokens_look_the_same(setup, anonymous, header):
+    if header:
+        anonymous.credentials(HTTP_AUTHORIZATION=header)
+    assert _unauth(anonymous.post(URL, body(), format="json"))
+
+
+def test_expired_revoked_and_suspended_tokens_look_the_same(setup, anonymous):
+    token = AgentToken.objects.get(agent=setup["bot"])
+    AgentToken.objects.filter(pk=token.pk).update(expires_at=timezone.now())
+    assert _unauth(setup["client"].post(URL, body(), format="json"))
+    AgentToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() + timedelta(days=1))
+    assert setup["client"].post(URL, body(), format="json").status_code == 200
+    agents.agent_suspend(agent=setup["bot"], reason="x", actor=Actor.system("t"), at=timezone.now())
+    assert _unauth(setup["client"].post(URL, body(), format="json"))
+    agents.token_revoke(
+        token=setup["other"].tokens.get(), actor=Actor.system("t"), at=timezone.now()
+    )
+    assert _unauth(setup["other_client"].post(URL, body(), format="json"))
+
+
+def test_a_token_records_its_last_use(setup):
+    setup["client"].post(URL, body(), format="json")
+    assert AgentToken.objects.get(agent=setup["bot"]).last_used_at is not None
+
+
+def test_humans_cannot_authorize_tool_calls(setup, human_client, dave):
+    response = human_client(dave, "admins").post(URL, body(), format="json")
+    assert response.status_code == 403
+
+
+# --- Outcomes ----------------------------------------------------------------------------
+
+
+def test_the_agent_reports_an_outcome_once(setup):
+    decision_id = setup["client"].post(URL, body(), format="json").json()["decision_id"]
+    url = f"/api/v1/decisions/{decision_id}/outcome"
+    report = {"outcome": "succeeded", "result_digest": "ab" * 32, "excerpt": "mail x@y.org ok"}
+    response = setup["client"].post(url, report, format="json")
+    assert response.status_code == 201, response.content
+    event = last_event()
+    assert event.event_type == "access.outcome" and decision_id in event.data
+    assert "x@y.org" not in event.data
+    assert DecisionOutcome.objects.get(decision_id=decision_id).outcome == "succeeded"
+    again = setup["client"].post(url, report, format="json")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "already_reported"
+
+
+def test_only_the_agent_that_received_a_decision_reports_it(setup):
+    decision_id = setup["client"].post(URL, body(), format="json").json()["decision_id"]
+    url = f"/api/v1/decisions/{decision_id}/outcome"
+    response = setup["other_client"].post(url, {"outcome": "failed"}, format="json")
+    assert response.status_code == 404
+    assert setup["client"].post("/api/v1/decisions/nope/outcome", {"outcome": "failed"},
+                                format="json").status_code == 404  # fmt: skip
+    assert not DecisionOutcome.objects.exists()
