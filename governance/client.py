@@ -1,0 +1,427 @@
+"""A small client for the governance REST API, for agents and sandbox runners.
+
+Standard library only (urllib.request, json), and nothing from Django, so an
+agent can vendor this one file:
+
+    gov = GovernanceClient("https://governance.example", token)
+
+    @gov.guarded(tool="repo", action="delete", scope=lambda path: f"repo:acme/{path}")
+    def delete_file(path: str) -> None:
+        ...
+
+    delete_file("api/old.py")   # authorizes, runs only on allow, reports the outcome
+
+Fail closed. Only a 200 whose body says decision == "allow" lets a call run.
+A timeout, a refused connection, a redirect, a 401, a 429, a 5xx, a body that
+is not JSON or not a decision: each becomes a *denial* with its own reason
+(`unreachable`, `error`, `unauthenticated`, `rate_limited`, ...), never an
+exception that a careless caller could swallow on the way to running the tool
+anyway, and never an allow.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+# A decision is a few hundred bytes; anything far larger is not one.
+MAX_BODY_BYTES = 1 << 20
+VERDICTS = ("allow", "deny", "approval_required")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --- Answers and errors ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one authorize() question. `allowed` only for decision == "allow"."""
+
+    decision: str
+    reason: str
+    message: str
+    decision_id: str | None = None
+    grant: int | None = None
+    approval: str | None = None
+    expires_at: str | None = None
+    break_glass: bool = False
+    status: int | None = None  # the HTTP status; None when no answer arrived
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision == "allow"
+
+    def raise_unless_allowed(self) -> Decision:
+        """Return self on allow; otherwise raise AccessDenied or ApprovalRequired."""
+        if self.allowed:
+            return self
+        if self.decision == "approval_required" and self.approval:
+            raise ApprovalRequired(self)
+        raise AccessDenied(self)
+
+
+class GovernanceClientError(Exception):
+    """A request other than a decision failed (grant request, outcome, poll)."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        fields: Mapping[str, Any] | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+        self.fields = dict(fields or {})
+        self.retry_after = retry_after
+
+
+class AccessDenied(Exception):
+    """The tool call must not run. Carries the decision that said so."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(f"access denied ({decision.reason}): {decision.message}")
+        self.decision = decision
+        self.reason = decision.reason
+        self.message = decision.message
+        self.decision_id = decision.decision_id
+
+
+class ApprovalRequired(AccessDenied):
+    """Destructive call: a human must approve it. Poll `approval_id`, then retry with it."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(decision)
+        self.approval_id = decision.approval
+
+
+def _deny(reason: str, message: str, status: int | None = None) -> Decision:
+    return Decision(decision="deny", reason=reason, message=message, status=status)
+
+
+# --- Transport ---------------------------------------------------------------------------
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: urllib would re-send a POST as a body-less GET."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int | None  # None: no HTTP answer at all
+    body: Any = None  # parsed JSON, or None
+    problem: str = ""  # why there is no usable answer
+    retry_after: int | None = None
+
+
+def _retry_after(headers: Any) -> int | None:
+    try:
+        return int(headers.get("Retry-After"))
+    except (TypeError, ValueError):
+        return None
+
+
+class GovernanceClient:
+    """Talks to one governance server with one bearer token (an agent's or a runner's)."""
+
+    def __init__(self, base_url: str, token: str, timeout: float = 5.0) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            # urllib would also open file: and ftp: URLs; a token must only go to a server.
+            raise ValueError("base_url must be an http:// or https:// URL")
+        root = base_url.rstrip("/")
+        if root.endswith(API_PREFIX):
+            root = root[: -len(API_PREFIX)]
+        self.base_url = root
+        self.timeout = timeout
+        self._token = token
+        self._opener = urllib.request.build_opener(_NoRedirects)
+
+    def __repr__(self) -> str:  # never the token
+        return f"GovernanceClient({self.base_url!r})"
+
+    def _call(self, method: str, path: str, payload: Any = None) -> _Answer:
+        """One request. Never raises: every failure comes back as an _Answer."""
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(  # noqa: S310 (scheme checked in __init__)
+            self.base_url + API_PREFIX + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self._token}",
+                "Accept": "application/json",
+                "Content-Type": "application/json",
+                "User-Agent": "governance-client/1",
+            },
+        )
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                status, raw, headers = response.status, response.read(MAX_BODY_BYTES + 1), None
+        except urllib.error.HTTPError as exc:  # an answer, with a 3xx/4xx/5xx status
+            try:
+                status, raw, headers = exc.code, exc.read(MAX_BODY_BYTES + 1), exc.headers
+            except Exception as read_exc:
+                return _Answer(exc.code, problem=f"unreadable answer: {read_exc}")
+            finally:
+                exc.close()
+        except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:
+            # Refused, reset, timed out, name not found, bad URL: no answer.
+            reason = getattr(exc, "reason", exc)
+            return _Answer(None, problem=f"{type(reason).__name__}: {reason}")
+        except Exception as exc:  # anything else the stack can raise (http.client, ssl)
+            return _Answer(None, problem=f"{type(exc).__name__}: {exc}")
+        retry_after = _retry_after(headers) if headers is not None else None
+        if len(raw) > MAX_BODY_BYTES:
+            return _Answer(status, problem="answer too large", retry_after=retry_after)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return _Answer(status, problem="answer is not JSON", retry_after=retry_after)
+        return _Answer(status, body=body, retry_after=retry_after)
+
+    def _checked(self, answer: _Answer, *, expect: int) -> dict[str, Any]:
+        """The body of a successful non-decision call, or GovernanceClientError."""
+        if answer.status is None:
+            raise GovernanceClientError("unreachable", answer.problem)
+        if answer.status == expect and isinstance(answer.body, dict):
+            return answer.body
+        error = answer.body.get("error") if isinstance(answer.body, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("code"), str):
+            raise GovernanceClientError(
+                error["code"],
+                str(error.get("message", "")),
+                status=answer.status,
+                fields=error.get("fields") if isinstance(error.get("fields"), dict) else None,
+                retry_after=answer.retry_after,
+            )
+        raise GovernanceClientError(
+            "error",
+            answer.problem or f"unexpected answer (HTTP {answer.status})",
+            status=answer.status,
+            retry_after=answer.retry_after,
+        )
+
+    # --- Decisions -----------------------------------------------------------------------
+
+    def authorize(
+        self,
+        tool: str,
+        action: str,
+        scope: str,
+        task: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+        approval: str | None = None,
+    ) -> Decision:
+        """Ask before a tool call. Never raises; anything but a clean allow is a denial."""
+        payload: dict[str, Any] = {"tool": tool, "action": action, "scope": scope}
+        if task is not None:
+            payload["task"] = task
+        if approval is not None:
+            payload["approval"] = approval
+        if arguments is not None:
+            try:
+                # Round-trip now so what is hashed server-side is exactly what was sent;
+                # values JSON cannot carry are sent as their repr.
+                payload["arguments"] = json.loads(json.dumps(dict(arguments), default=repr))
+            except (TypeError, ValueError) as exc:
+                return _deny("invalid_request", f"arguments cannot be sent as JSON: {exc}")
+        return self._decision(self._call("POST", "/authorize", payload))
+
+    @staticmethod
+    def _decision(answer: _Answer) -> Decision:
+        if answer.status is None:
+            return _deny("unreachable", f"The governance API did not answer: {answer.problem}")
+        body = answer.body
+        if answer.problem or not isinstance(body, dict):
+            problem = answer.problem or "answer is not an object"
+            return _deny("error", f"HTTP {answer.status}: {problem}", answer.status)
+        if "decision" not in body:
+            error = body.get("error")
+            if isinstance(error, dict) and isinstance(error.get("code"), str):
+                return _deny(error["code"], str(error.get("message", "")), answer.status)
+            return _deny("error", f"HTTP {answer.status}: not a decision", answer.status)
+        decision = _parse_decision(body, answer.status)
+        if decision is None:
+            return _deny("error", f"HTTP {answer.status}: malformed decision", answer.status)
+        if answer.status != 200 and decision.decision != "deny":
+            # Only a 200 can allow (or ask for approval); e.g. a 503 is always a denial.
+            return _deny(
+                "error", f"HTTP {answer.status} with a {decision.decision!r} body", answer.status
+            )
+        return decision
+
+    def report_outcome(
+        self,
+        decision_id: str,
+        outcome: str,
+        result_digest: str | None = None,
+        excerpt: str | None = None,
+    ) -> dict[str, Any]:
+        """Say what an allowed call did: "succeeded", "failed" or "aborted". Once per decision."""
+        payload: dict[str, Any] = {"outcome": outcome}
+        if result_digest is not None:
+            payload["result_digest"] = result_digest
+        if excerpt is not None:
+            payload["excerpt"] = excerpt
+        path = f"/decisions/{quote(decision_id, safe='')}/outcome"
+        return self._checked(self._call("POST", path, payload), expect=201)
+
+    # --- Grants and approvals ------------------------------------------------------------
+
+    def request_grant(
+        self,
+        tool: str,
+        actions: list[str],
+        scope: str,
+        duration_seconds: int,
+        justification: str,
+        task: str | None = None,
+        fields: list[str] | None = None,
+        egress: list[str] | None = None,
+        delegable: bool = False,
+    ) -> dict[str, Any]:
+        """Ask for a grant for this token's agent. It starts pending; a human decides."""
+        payload: dict[str, Any] = {
+            "tool": tool,
+            "actions": list(actions),
+            "scope": scope,
+            "duration_seconds": duration_seconds,
+            "justification": justification,
+            "delegable": delegable,
+        }
+        if task is not None:
+            payload["task"] = task
+        if fields is not None:
+            payload["fields"] = list(fields)
+        if egress is not None:
+            payload["egress"] = list(egress)
+        return self._checked(self._call("POST", "/grant-requests", payload), expect=201)
+
+    def grant_request(self, grant_id: int) -> dict[str, Any]:
+        """Poll a grant request this agent made."""
+        return self._checked(self._call("GET", f"/grant-requests/{int(grant_id)}"), expect=200)
+
+    def approval(self, approval_id: str) -> dict[str, Any]:
+        """Poll an approval: its "status" goes pending -> approved | denied (| consumed)."""
+        path = f"/approvals/{quote(approval_id, safe='')}"
+        return self._checked(self._call("GET", path), expect=200)
+
+    # --- The decorator -------------------------------------------------------------------
+
+    def guarded(
+        self,
+        *,
+        tool: str,
+        action: str,
+        scope: str | Callable[..., str],
+        task: str | Callable[..., str | None] | None = None,
+    ) -> Callable[[F], F]:
+        """Wrap a tool function: authorize each call, run it only on allow, report it.
+
+        `scope` (and `task`) may be a callable taking the same arguments as the
+        function. The call's bound arguments are sent as `arguments` (they bind an
+        approval to this exact call). Raises AccessDenied (ApprovalRequired for
+        the confirmation gate) without running the function. After an approval,
+        call `fn.with_approval(approval_id, *args, **kwargs)` with the same arguments.
+        """
+
+        def decorate(fn: F) -> F:
+            signature = inspect.signature(fn)
+
+            def run(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                try:
+                    call_scope = scope(*args, **kwargs) if callable(scope) else scope
+                    call_task = task(*args, **kwargs) if callable(task) else task
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    arguments = {
+                        k: v for k, v in bound.arguments.items() if k not in ("self", "cls")
+                    }
+                except Exception as exc:  # cannot even form the question: do not run
+                    raise AccessDenied(
+                        _deny("invalid_request", f"cannot describe the call: {exc}")
+                    ) from exc
+                decision = self.authorize(
+                    tool, action, call_scope, task=call_task, arguments=arguments, approval=approval
+                ).raise_unless_allowed()
+                assert decision.decision_id  # _parse_decision requires it on allow
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    self._report_quietly(decision.decision_id, "failed", excerpt=type(exc).__name__)
+                    raise
+                digest = hashlib.sha256(repr(result).encode("utf-8", "replace")).hexdigest()
+                self._report_quietly(decision.decision_id, "succeeded", result_digest=digest)
+                return result
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return run(None, args, kwargs)
+
+            def with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
+                return run(approval_id, args, kwargs)
+
+            wrapper.with_approval = with_approval  # type: ignore[attr-defined]
+            return wrapper  # type: ignore[return-value]
+
+        return decorate
+
+    def _report_quietly(self, decision_id: str, outcome: str, **kw: Any) -> None:
+        # The call already ran: failing it now (and tempting a retry) would do it
+        # twice. The decision itself is on the server's record; log and go on.
+        try:
+            self.report_outcome(decision_id, outcome, **kw)
+        except GovernanceClientError as exc:
+            log.warning("could not report the outcome of decision %s: %s", decision_id, exc)
+
+
+def _parse_decision(body: Mapping[str, Any], status: int) -> Decision | None:
+    """A Decision from a decision body, or None if any field has the wrong shape."""
+    verdict, reason, message = body.get("decision"), body.get("reason"), body.get("message")
+    decision_id, grant, approval = body.get("decision_id"), body.get("grant"), body.get("approval")
+    expires_at, break_glass = body.get("expires_at"), body.get("break_glass", False)
+    if verdict not in VERDICTS or not isinstance(reason, str) or not isinstance(message, str):
+        return None
+    if not (decision_id is None or isinstance(decision_id, str)):
+        return None
+    if not (grant is None or (isinstance(grant, int) and not isinstance(grant, bool))):
+        return None
+    if not (approval is None or isinstance(approval, str)):
+        return None
+    if not (expires_at is None or isinstance(expires_at, str)) or not isinstance(break_glass, bool):
+        return None
+    # An allow must be reportable, an approval request must be pollable.
+    if verdict == "allow" and not decision_id:
+        return None
+    if verdict == "approval_required" and not approval:
+        return None
+    return Decision(
+        decision=verdict,
+        reason=reason,
+        message=message,
+        decision_id=decision_id,
+        grant=grant,
+        approval=approval,
+        expires_at=expires_at,
+        break_glass=break_glass,
+        status=status,
+    )

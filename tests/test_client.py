@@ -1,0 +1,430 @@
+"""governance.client against a real server over real HTTP on 127.0.0.1.
+
+The happy paths talk to the app itself (pytest-django's live_server); the
+failure paths talk to sockets made here: one that accepts and never answers,
+a closed port, and a stub that answers whatever a test tells it to. Every
+failure must come out as a denial, and the guarded function must not run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from governance import audit
+from governance.audit import Actor
+from governance.client import (
+    AccessDenied,
+    ApprovalRequired,
+    Decision,
+    GovernanceClient,
+    GovernanceClientError,
+)
+from governance.models import Approval, AuditEvent, DecisionOutcome, Grant
+from governance.services import agents, approvals
+
+
+def token_for(agent: Any, creator: Any) -> str:
+    _, plaintext = agents.token_issue(
+        created_by=creator, agent=agent, actor=Actor.system("test"), at=timezone.now()
+    )
+    return plaintext
+
+
+@pytest.fixture
+def world(live_server, make_agent, make_tool, make_grant, alice) -> dict[str, Any]:
+    bot = make_agent("bot")
+    stranger = make_agent("stranger")
+    repo = make_tool("repo")
+    grant = make_grant(
+        bot,
+        repo,
+        ("read", "delete"),
+        "repo:acme/*",
+        starts_at=timezone.now() - timedelta(minutes=1),
+    )
+    return {
+        "grant": grant,
+        "client": GovernanceClient(live_server.url, token_for(bot, alice)),
+        "stranger": GovernanceClient(live_server.url, token_for(stranger, alice)),
+        "url": live_server.url,
+    }
+
+
+def events(event_type: str) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(event_type=event_type).order_by("seq"))
+
+
+# --- Against the real server --------------------------------------------------------------
+
+
+def test_an_allowed_call_runs_once_and_its_outcome_is_reported(world):
+    calls = []
+
+    @world["client"].guarded(tool="repo", action="read", scope=lambda path: f"repo:acme/{path}")
+    def read_file(path: str) -> dict[str, str]:
+        calls.append(path)
+        return {"path": path, "text": "hello"}
+
+    result = read_file("api/x.py")
+
+    assert result == {"path": "api/x.py", "text": "hello"} and calls == ["api/x.py"]
+    (allowed,) = events("access.allowed")
+    assert (allowed.agent, allowed.scope, allowed.decision) == (
+        "bot",
+        "repo:acme/api/x.py",
+        "allow",
+    )
+    assert json.loads(allowed.arguments) == {"path": "api/x.py"}
+    (outcome,) = events("access.outcome")
+    data = json.loads(outcome.data)
+    assert data["decision_id"] == str(allowed.uid) and data["outcome"] == "succeeded"
+    assert data["result_digest"] == hashlib.sha256(repr(result).encode()).hexdigest()
+    assert DecisionOutcome.objects.get(decision_id=allowed.uid).outcome == "succeeded"
+    assert Grant.objects.get(pk=world["grant"].pk).use_count == 1
+
+
+def test_a_function_that_raises_is_reported_failed_and_the_error_propagates(world):
+    @world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
+    def broken() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        broken()
+    (allowed,) = events("access.allowed")
+    assert DecisionOutcome.objects.get(decision_id=allowed.uid).outcome == "failed"
+    assert json.loads(events("access.outcome")[0].data)["outcome"] == "failed"
+
+
+def test_a_denied_call_does_not_run(world):
+    calls = []
+
+    @world["stranger"].guarded(tool="repo", action="read", scope="repo:acme/x")
+    def read() -> None:
+        calls.append(1)
+
+    with pytest.raises(AccessDenied) as caught:
+        read()
+    assert not isinstance(caught.value, ApprovalRequired)
+    assert calls == []
+    assert (caught.value.reason, caught.value.decision.decision) == ("no_grant", "deny")
+    (denied,) = events("access.denied")
+    assert str(denied.uid) == caught.value.decision_id and denied.agent == "stranger"
+    assert not events("access.outcome") and not DecisionOutcome.objects.exists()
+
+
+def test_a_destructive_call_needs_an_approval_that_works_exactly_once(world, bob):
+    calls = []
+
+    @world["client"].guarded(tool="repo", action="delete", scope=lambda p: f"repo:acme/{p}")
+    def delete(p: str) -> str:
+        calls.append(p)
+        return "deleted"
+
+    with pytest.raises(ApprovalRequired) as caught:
+        delete("old.py")
+    approval_id = caught.value.approval_id
+    assert calls == [] and caught.value.reason == "approval_required"
+    assert world["client"].approval(approval_id)["status"] == "pending"
+    with pytest.raises(GovernanceClientError) as not_yours:
+        world["stranger"].approval(approval_id)
+    assert (not_yours.value.status, not_yours.value.code) == (404, "not_found")
+
+    approvals.approval_approve(
+        approval_id=approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+    assert world["client"].approval(approval_id)["status"] == "approved"
+    with pytest.raises(AccessDenied) as other_call:  # bound to the arguments' hash
+        delete.with_approval(approval_id, "other.py")
+    assert other_call.value.reason == "approval_invalid" and calls == []
+
+    assert delete.with_approval(approval_id, "old.py") == "deleted" and calls == ["old.py"]
+    assert Approval.objects.get(pk=approval_id).status == "consumed"
+    with pytest.raises(AccessDenied) as again:
+        delete.with_approval(approval_id, "old.py")
+    assert again.value.reason == "approval_invalid" and calls == ["old.py"]
+
+
+def test_a_bad_token_is_a_denial_not_an_error(world):
+    client = GovernanceClient(world["url"], "agt_00000000_" + "x" * 43)
+    decision = client.authorize("repo", "read", "repo:acme/x")
+    assert (decision.decision, decision.reason, decision.status) == (
+        "deny",
+        "unauthenticated",
+        401,
+    )
+    assert not AuditEvent.objects.filter(event_type__startswith="access.").exists()
+
+
+def test_a_rate_limited_call_is_a_denial(world, settings):
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "authorize": 1}
+    assert world["client"].authorize("repo", "read", "repo:acme/x").allowed
+    decision = world["client"].authorize("repo", "read", "repo:acme/x")
+    assert (decision.decision, decision.reason, decision.status) == ("deny", "rate_limited", 429)
+
+
+def test_the_servers_own_503_is_a_denial(world):
+    from tests.test_fail_closed import refusing
+
+    calls = []
+
+    @world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
+    def read() -> None:
+        calls.append(1)
+
+    with refusing("governance_auditevent", "INSERT"), pytest.raises(AccessDenied) as caught:
+        read()
+    assert calls == [] and caught.value.reason == "error"
+    assert caught.value.decision.status == 503
+
+
+def test_a_grant_request_goes_through_and_its_errors_come_back_typed(world):
+    grant = world["stranger"].request_grant(
+        "repo", ["read"], "repo:acme/docs/*", 3600, "needs to read the docs"
+    )
+    assert (grant["status"], grant["agent"], grant["requested_by_agent"]) == (
+        "pending",
+        "stranger",
+        "stranger",
+    )
+    assert world["stranger"].grant_request(grant["id"])["id"] == grant["id"]
+    assert events("grant.requested")[-1].agent == "stranger"
+    with pytest.raises(GovernanceClientError) as caught:
+        world["stranger"].request_grant("nope", ["read"], "repo:acme/x", 60, "x")
+    assert (caught.value.status, caught.value.code) == (400, "unknown_tool")
+
+
+def test_the_audit_chain_holds_after_all_that(world):
+    world["client"].authorize("repo", "read", "repo:acme/x")
+    world["stranger"].authorize("repo", "read", "repo:acme/x")
+    assert audit.verify_chain().ok
+
+
+# --- Against sockets that misbehave ------------------------------------------------------
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections (the kernel's backlog) and never answers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: connecting is refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+class Stub:
+    """An HTTP server on 127.0.0.1 that answers every request as told."""
+
+    def __init__(self) -> None:
+        self.status, self.body, self.headers = 200, b"{}", {"Content-Type": "application/json"}
+        self.requests: list[dict[str, Any]] = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                stub.requests.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "auth": self.headers.get("Authorization"),
+                        "body": self.rfile.read(length) if length else b"",
+                    }
+                )
+                self.send_response(stub.status)
+                for key, value in stub.headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(stub.body)))
+                self.end_headers()
+                self.wfile.write(stub.body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, status: int, body: Any, **headers: str) -> None:
+        self.status = status
+        self.body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.headers = {"Content-Type": "application/json", **headers}
+
+
+@pytest.fixture
+def stub() -> Iterator[Stub]:
+    server = Stub()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def guarded_probe(client: GovernanceClient) -> tuple[Any, list[int]]:
+    calls: list[int] = []
+
+    @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+    def probe() -> str:
+        calls.append(1)
+        return "ran"
+
+    return probe, calls
+
+
+def assert_denied(client: GovernanceClient, reason: str) -> AccessDenied:
+    probe, calls = guarded_probe(client)
+    with pytest.raises(AccessDenied) as caught:
+        probe()
+    assert calls == [], "the guarded function ran although access was not granted"
+    assert caught.value.reason == reason and caught.value.decision.decision == "deny"
+    assert not caught.value.decision.allowed
+    return caught.value
+
+
+def test_a_server_that_never_answers_is_a_denial_after_the_timeout(silent_port):
+    client = GovernanceClient(f"http://127.0.0.1:{silent_port}", "t", timeout=0.5)
+    started = time.monotonic()
+    denied = assert_denied(client, "unreachable")
+    assert 0.4 < time.monotonic() - started < 5
+    assert "timed out" in denied.message
+
+
+def test_a_refused_connection_is_a_denial(closed_port):
+    client = GovernanceClient(f"http://127.0.0.1:{closed_port}", "t", timeout=2)
+    denied = assert_denied(client, "unreachable")
+    assert denied.decision.status is None
+
+
+ALLOW = {
+    "decision": "allow",
+    "reason": "allowed",
+    "message": "ok",
+    "decision_id": "8f1c6a2e-0000-4000-8000-000000000000",
+    "grant": 1,
+    "approval": None,
+    "expires_at": None,
+    "break_glass": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        pytest.param(503, ALLOW, "error", id="503-even-saying-allow"),
+        pytest.param(503, {**ALLOW, "decision": "deny", "reason": "error"}, "error", id="503"),
+        pytest.param(500, b"<h1>Server Error</h1>", "error", id="500-html"),
+        pytest.param(502, b"", "error", id="502-empty"),
+        pytest.param(200, b"allow", "error", id="200-not-json"),
+        pytest.param(200, b"", "error", id="200-empty"),
+        pytest.param(200, ["allow"], "error", id="200-a-list"),
+        pytest.param(200, {"decision": "allow"}, "error", id="200-allow-without-fields"),
+        pytest.param(200, {**ALLOW, "decision": "ALLOW"}, "error", id="200-unknown-verdict"),
+        pytest.param(200, {**ALLOW, "decision_id": None}, "error", id="200-allow-no-id"),
+        pytest.param(200, {**ALLOW, "grant": "1"}, "error", id="200-wrongly-typed"),
+        pytest.param(201, ALLOW, "error", id="201-allow"),
+        pytest.param(
+            200, {**ALLOW, "decision": "approval_required"}, "error", id="approval-without-id"
+        ),
+        pytest.param(
+            401,
+            {"error": {"code": "unauthenticated", "message": "A valid bearer token is required."}},
+            "unauthenticated",
+            id="401",
+        ),
+        pytest.param(
+            429, {"error": {"code": "rate_limited", "message": "slow"}}, "rate_limited", id="429"
+        ),  # fmt: skip
+        pytest.param(403, b"Forbidden", "error", id="403-not-json"),
+    ],
+)
+def test_anything_but_a_clean_200_allow_is_a_denial(stub, status, body, reason):
+    stub.answer(status, body)
+    assert_denied(GovernanceClient(stub.url, "t"), reason)
+    assert len(stub.requests) == 1  # asked once, never reported an outcome
+
+
+def test_a_redirect_is_not_followed_and_is_a_denial(stub):
+    stub.answer(302, b"", Location="/elsewhere")
+    assert_denied(GovernanceClient(stub.url, "t"), "error")
+    assert [r["path"] for r in stub.requests] == ["/api/v1/authorize"]
+
+
+def test_the_stub_allow_body_really_allows(stub):
+    """The control for the table above: the same body with a 200 runs the function."""
+    stub.answer(200, ALLOW)
+    probe, calls = guarded_probe(GovernanceClient(stub.url + "/api/v1/", "tok"))
+    assert probe() == "ran" and calls == [1]
+    asked, reported = stub.requests
+    assert (asked["method"], asked["path"], asked["auth"]) == (
+        "POST",
+        "/api/v1/authorize",
+        "Bearer tok",
+    )
+    assert json.loads(asked["body"]) == {
+        "tool": "repo",
+        "action": "read",
+        "scope": "repo:acme/x",
+        "arguments": {},
+    }
+    assert reported["path"] == f"/api/v1/decisions/{ALLOW['decision_id']}/outcome"
+
+
+def test_an_outcome_that_cannot_be_reported_does_not_undo_the_call(stub):
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    calls = []
+
+    @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+    def probe() -> str:
+        calls.append(1)
+        stub.answer(503, b"down")  # the outcome report fails
+        return "ran"
+
+    assert probe() == "ran" and calls == [1] and len(stub.requests) == 2
+
+
+def test_non_decision_calls_raise_typed_errors(stub, closed_port):
+    stub.answer(429, {"error": {"code": "rate_limited", "message": "x"}}, **{"Retry-After": "7"})
+    with pytest.raises(GovernanceClientError) as caught:
+        GovernanceClient(stub.url, "t").request_grant("repo", ["read"], "repo:x", 60, "why")
+    assert (caught.value.code, caught.value.status, caught.value.retry_after) == (
+        "rate_limited",
+        429,
+        7,
+    )
+    with pytest.raises(GovernanceClientError) as down:
+        GovernanceClient(f"http://127.0.0.1:{closed_port}", "t").approval("a")
+    assert down.value.code == "unreachable"
+
+
+def test_only_http_urls_are_accepted():
+    with pytest.raises(ValueError):
+        GovernanceClient("file:///etc/passwd", "t")
+
+
+def test_a_decision_is_allowed_only_when_it_says_allow():
+    assert Decision("allow", "allowed", "").allowed
+    for verdict in ("deny", "approval_required", "Allow", ""):
+        assert not Decision(verdict, "x", "").allowed
