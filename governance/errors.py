@@ -30,3 +30,9 @@ class Forbidden(GovernanceError):
 
 class Conflict(GovernanceError):
     status = 409
+
+
+class Unavailable(GovernanceError):
+    """Something the request depends on is down; nothing was done. Retry later."""
+
+    status = 503

@@ -13,18 +13,27 @@ itself is already default-deny).
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from typing import Any
 
 from django.conf import settings
 
-WINDOW_SECONDS = 60
+log = logging.getLogger(__name__)
 
+WINDOW_SECONDS = 60
+# After the counter could not be reached, say so at once for this long instead
+# of making every request (decisions included) wait out another connect timeout.
+DOWN_BACKOFF_SECONDS = 1.0
+
+# The expiry is set whenever the key has none, not only when INCR returned 1,
+# so a key can never be left counting forever.
 _SCRIPT = """
 local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return {n, redis.call('TTL', KEYS[1])}
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return n
 """
 
 
@@ -39,53 +48,66 @@ class RateLimited(Exception):
 
 
 _lock = threading.Lock()
-_memory: dict[str, tuple[int, float]] = {}
-_redis_client: Any = None
-_redis_script: Any = None
+_memory: dict[str, tuple[int, int]] = {}  # key -> (count, window)
+# One registered script per URL: settings can change (tests, reconfiguration), and a
+# client cached for the first URL would quietly keep counting somewhere else.
+_scripts: dict[str, Any] = {}
+_down_until: dict[str, float] = {}
 
 
-def _redis() -> Any:
-    global _redis_client, _redis_script
-    if _redis_client is None:
-        import redis
-
-        _redis_client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
-        )
-        _redis_script = _redis_client.register_script(_SCRIPT)
-    return _redis_script
-
-
-def _count(key: str) -> tuple[int, int]:
-    if settings.REDIS_URL:
-        try:
-            count, ttl = _redis()(keys=[key], args=[WINDOW_SECONDS])
-        except Exception as exc:  # connection refused, timeout, auth, ...
-            raise LimiterUnavailable(str(exc)) from exc
-        return int(count), max(int(ttl), 1)
-    now = time.monotonic()
+def _script(url: str) -> Any:
+    # Under the lock: two threads' first requests must not see a half-built client.
     with _lock:
-        count, ends = _memory.get(key, (0, now + WINDOW_SECONDS))
-        if ends <= now:
-            count, ends = 0, now + WINDOW_SECONDS
-        count += 1
-        _memory[key] = (count, ends)
-        if len(_memory) > 100_000:  # forget finished windows
-            for stale in [k for k, (_, e) in _memory.items() if e <= now]:
+        script = _scripts.get(url)
+        if script is None:
+            import redis
+
+            client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            script = _scripts[url] = client.register_script(_SCRIPT)
+    return script
+
+
+def _count_redis(url: str, key: str) -> int:
+    if _down_until.get(url, 0.0) > time.monotonic():
+        raise LimiterUnavailable("the rate limiter was unreachable a moment ago")
+    try:
+        return int(_script(url)(keys=[key], args=[WINDOW_SECONDS]))
+    except Exception as exc:  # connection refused, timeout, auth, OOM, ...
+        _down_until[url] = time.monotonic() + DOWN_BACKOFF_SECONDS
+        log.warning("rate limiter unreachable: %s", exc)
+        raise LimiterUnavailable(str(exc)) from exc
+
+
+def _count_memory(key: str, window: int) -> int:
+    with _lock:
+        count = _memory.get(key, (0, window))[0] + 1
+        _memory[key] = (count, window)
+        if len(_memory) > 10_000:  # forget finished windows
+            for stale in [k for k, (_, w) in _memory.items() if w < window]:
                 del _memory[stale]
-    return count, max(int(ends - now) + 1, 1)
+    return count
 
 
-def check(bucket: str, token_id: int) -> None:
-    """Count one request; raise RateLimited past the limit."""
+def check(bucket: str, token_id: int, *, now: float | None = None) -> None:
+    """Count one request; raise RateLimited past the limit.
+
+    `now` (epoch seconds) picks the window; Retry-After is the time until that
+    window ends, when the count starts again from zero.
+    """
     limit = settings.RATE_LIMITS[bucket]
-    window = int(time.time()) // WINDOW_SECONDS
-    count, ttl = _count(f"rl:{bucket}:{token_id}:{window}")
+    now = time.time() if now is None else now
+    window = int(now // WINDOW_SECONDS)
+    # A prefix lets deployments (or test runs) share one Redis without sharing counts.
+    prefix = getattr(settings, "RATE_LIMIT_KEY_PREFIX", "rl")
+    key = f"{prefix}:{bucket}:{token_id}:{window}"
+    url = settings.REDIS_URL
+    count = _count_redis(url, key) if url else _count_memory(key, window)
     if count > limit:
-        raise RateLimited(ttl)
+        raise RateLimited(max(math.ceil((window + 1) * WINDOW_SECONDS - now), 1))
 
 
 def reset_memory() -> None:
-    """Tests only: forget in-process counters."""
+    """Tests only: forget in-process counters and any remembered outage."""
     with _lock:
         _memory.clear()
+        _down_until.clear()

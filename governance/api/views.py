@@ -21,7 +21,7 @@ from governance.api import serializers as s
 from governance.api.auth import AgentPrincipal, IsAgent, IsApprover, agent_of
 from governance.audit import Actor
 from governance.codes import Reason
-from governance.errors import GovernanceError, NotFound
+from governance.errors import GovernanceError, NotFound, Unavailable
 from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.services import access, approvals, grants, outcomes
 
@@ -54,7 +54,8 @@ def limit(request: Request, bucket: str, *, fail_closed: bool) -> None:
         raise Throttled(wait=exc.retry_after) from None
     except ratelimit.LimiterUnavailable:
         if fail_closed:
-            raise GovernanceError(
+            # 503, not 4xx: the request was fine, the service is not; nothing was written.
+            raise Unavailable(
                 "rate_limit_unavailable",
                 "The rate limiter cannot be reached, so the request is refused; try again.",
             ) from None
