@@ -79,6 +79,8 @@ class EventType(models.TextChoices):
     APPROVAL_DENIED = "approval.denied"
     APPROVAL_CONSUMED = "approval.consumed"
     MATRIX_IMPORTED = "matrix.imported"
+    # Reading who-could-do-what is itself recorded: an export leaves the system.
+    REPORT_EXPORTED = "report.exported"
     AUDIT_CHECKPOINT = "audit.checkpoint"
 
 
