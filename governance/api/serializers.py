@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from governance.codes import ActionClass, Reason
 from governance.codes import Decision as Verdict
+from governance.models import Grant, Tool
 
 
 class StrictSerializer(serializers.Serializer):
@@ -176,3 +178,205 @@ class MeOut(serializers.Serializer):
     parent = serializers.CharField(allow_null=True)
     status = serializers.CharField()
     grants = GrantOut(many=True)
+
+
+# --- Admin and automation --------------------------------------------------------------
+# Humans with the admin role change the inventory; auditors read it. Same rule as
+# above: these check the form of a request, the services check everything else.
+
+
+def _names(items: Any) -> list[str]:
+    return sorted(item.name for item in items.all())
+
+
+class EmptyIn(StrictSerializer):
+    """A POST that takes no body: anything sent is refused, not ignored."""
+
+
+class AgentIn(StrictSerializer):
+    name = exact_char(max_length=100)
+    owner = exact_char(max_length=150, help_text="Username of the accountable human")
+    parent = exact_char(max_length=100, required=False, allow_null=True)
+    description = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class AgentOut(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    owner = serializers.CharField(source="owner.username")
+    parent = serializers.CharField(source="parent.name", allow_null=True, default=None)
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    suspended_at = serializers.DateTimeField(allow_null=True)
+    subagents = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_subagents(self, agent: Any) -> list[str]:
+        return _names(agent.subagents)
+
+
+class AgentDetailOut(AgentOut):
+    grants = GrantOut(many=True, source="live_grants", help_text="Grants live right now")
+
+
+class TokenIssueIn(StrictSerializer):
+    expires_days = serializers.IntegerField(
+        min_value=1, max_value=3650, required=False, default=30, help_text="Lifetime in days"
+    )
+
+
+class TokenOut(serializers.Serializer):
+    """A token's bookkeeping. Never its digest, never its plaintext."""
+
+    prefix = serializers.CharField()
+    agent = serializers.CharField(source="agent.name", allow_null=True, default=None)
+    user = serializers.CharField(source="user.username", allow_null=True, default=None)
+    created_at = serializers.DateTimeField()
+    created_by = serializers.CharField(source="created_by.username")
+    expires_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField(allow_null=True)
+    last_used_at = serializers.DateTimeField(allow_null=True)
+
+
+class TokenIssuedOut(TokenOut):
+    token = serializers.CharField(
+        source="plaintext", help_text="Shown once, stored only as a digest: keep it now."
+    )
+
+
+class ToolIn(StrictSerializer):
+    name = exact_char(max_length=100)
+    kind = serializers.ChoiceField(choices=Tool.Kind.choices)
+    actions = serializers.ListField(
+        child=serializers.ChoiceField(choices=ActionClass.choices), min_length=1, max_length=5
+    )
+    # The definition is pinned by hash exactly as sent: never trimmed.
+    description = exact_char(max_length=20000, required=False, allow_blank=True, default="")
+    input_schema = serializers.DictField(required=False, default=dict)
+    third_party = serializers.BooleanField(required=False, default=False)
+    irreversible = serializers.BooleanField(required=False, default=False)
+
+
+class ToolDefinitionIn(StrictSerializer):
+    """What the tool now says about itself. A change quarantines the tool."""
+
+    description = exact_char(max_length=20000, required=False, allow_blank=True)
+    input_schema = serializers.DictField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError("Send description, input_schema or both.")
+        return attrs
+
+
+class ToolOut(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    actions = serializers.ListField(child=serializers.CharField())
+    third_party = serializers.BooleanField()
+    irreversible = serializers.BooleanField()
+    description = serializers.CharField()
+    input_schema = serializers.DictField()
+    definition_hash = serializers.CharField()
+    approved_hash = serializers.CharField()
+    approved_definition = serializers.DictField(help_text="The definition an admin approved")
+    quarantined = serializers.BooleanField(source="is_quarantined")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class TaskIn(StrictSerializer):
+    key = exact_char(max_length=100)
+    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    owner = exact_char(max_length=150, required=False, help_text="Username; default: you")
+    ends_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class TaskOut(serializers.Serializer):
+    key = serializers.CharField()
+    title = serializers.CharField()
+    owner = serializers.CharField(source="owner.username")
+    status = serializers.CharField()
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField(allow_null=True)
+    closed_at = serializers.DateTimeField(allow_null=True)
+
+
+class TaskDetailOut(TaskOut):
+    grants = GrantOut(many=True, source="bound_grants", help_text="Every grant bound to the task")
+
+
+class GrantFilterIn(StrictSerializer):
+    agent = exact_char(max_length=100, required=False)
+    tool = exact_char(max_length=100, required=False)
+    task = exact_char(max_length=100, required=False)
+    status = serializers.ChoiceField(choices=Grant.Status.choices, required=False)
+    live = serializers.BooleanField(
+        required=False, default=False, help_text="Only grants whose window is open now"
+    )
+    limit = serializers.IntegerField(min_value=1, max_value=500, required=False, default=100)
+    before = serializers.IntegerField(
+        min_value=1, max_value=2**62, required=False, help_text="Only grants with a lower id"
+    )
+
+
+class GrantDetailOut(GrantOut):
+    decided_at = serializers.DateTimeField(allow_null=True)
+    decision_reason = serializers.CharField()
+    revoked_by = serializers.CharField(source="revoked_by.username", allow_null=True, default=None)
+    limits = serializers.SerializerMethodField()
+    delegations = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
+    def get_limits(self, grant: Any) -> dict[str, float]:
+        values = {
+            "cpus": grant.limit_cpus,
+            "memory_mb": grant.limit_memory_mb,
+            "pids": grant.limit_pids,
+            "wall_seconds": grant.limit_wall_seconds,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
+    def get_delegations(self, grant: Any) -> list[int]:
+        return sorted(grant.delegations.values_list("pk", flat=True))
+
+
+class GrantPageOut(serializers.Serializer):
+    results = GrantOut(many=True)
+    next = serializers.CharField(allow_null=True, help_text="The next page, or null")
+
+
+class GrantRevokeOut(serializers.Serializer):
+    grant = GrantDetailOut()
+    ended = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Grants ended by this call: the grant and its delegated descendants",
+    )
+
+
+class AccessReportIn(StrictSerializer):
+    format = serializers.ChoiceField(choices=["json", "csv"], required=False, default="json")
+    at = serializers.DateTimeField(required=False, help_text="ISO 8601; default: now")
+
+
+class AccessRowOut(serializers.Serializer):
+    grant = serializers.IntegerField()
+    agent = serializers.CharField()
+    owner = serializers.CharField()
+    tool = serializers.CharField()
+    actions = serializers.ListField(child=serializers.CharField())
+    scope = serializers.CharField()
+    task = serializers.CharField(allow_null=True)
+    starts_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    requester = serializers.CharField(allow_null=True)
+    approver = serializers.CharField(allow_null=True)
+    delegated_from = serializers.IntegerField(allow_null=True)
+    break_glass = serializers.BooleanField()
+
+
+class AccessReportOut(serializers.Serializer):
+    at = serializers.DateTimeField()
+    count = serializers.IntegerField()
+    rows = AccessRowOut(many=True)

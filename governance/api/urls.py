@@ -1,6 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from governance.api import admin_views as admin
 from governance.api import views
 
 app_name = "api"
@@ -39,6 +40,22 @@ urlpatterns = [
     ),
     path("delegations", views.DelegationView.as_view(), name="delegations"),
     path("me", views.MeView.as_view(), name="me"),
+    # Admin and automation (admins; auditors read).
+    path("agents", admin.AgentListView.as_view(), name="agents"),
+    path("agents/<str:name>", admin.AgentDetailView.as_view(), name="agent"),
+    path("agents/<str:name>/suspend", admin.AgentSuspendView.as_view(), name="agent-suspend"),
+    path("agents/<str:name>/tokens", admin.AgentTokensView.as_view(), name="agent-tokens"),
+    path("tokens/<str:prefix>/revoke", admin.TokenRevokeView.as_view(), name="token-revoke"),
+    path("tools", admin.ToolListView.as_view(), name="tools"),
+    path("tools/<str:name>", admin.ToolDetailView.as_view(), name="tool"),
+    path("tools/<str:name>/approve", admin.ToolApproveView.as_view(), name="tool-approve"),
+    path("tasks", admin.TaskListView.as_view(), name="tasks"),
+    path("tasks/<str:key>", admin.TaskDetailView.as_view(), name="task"),
+    path("tasks/<str:key>/close", admin.TaskCloseView.as_view(), name="task-close"),
+    path("grants", admin.GrantListView.as_view(), name="grants"),
+    path("grants/<int:grant_id>", admin.GrantDetailView.as_view(), name="grant"),
+    path("grants/<int:grant_id>/revoke", admin.GrantRevokeView.as_view(), name="grant-revoke"),
+    path("reports/access", admin.AccessReportView.as_view(), name="report-access"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]
