@@ -1,0 +1,257 @@
+"""Who may call what: every endpoint under /api/v1 x every kind of caller.
+
+One table, in the manner of pretix's src/tests/api/test_permissions.py. Each
+row is an endpoint called on agent A's objects; each column is a caller:
+
+    A         agent bot-a, which owns every object in the world
+    B         agent bot-b, another agent: A's objects are invisible to it (404)
+    admin     dave, admin role
+    approver  bob, approver role
+    auditor   carol, auditor role (reads everything, changes nothing)
+    user      erin, a person with a token and no role
+    anon      no token
+
+Each case runs on a fresh world, so a write by one caller never changes what
+the next one sees. test_the_table_covers_every_endpoint fails when an endpoint
+is added without a row.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import resolve
+from django.utils import timezone
+
+from governance import roles
+from governance.api import urls as api_urls
+from governance.audit import Actor
+from governance.models import Agent, AgentToken, DecisionOutcome, Grant
+from governance.services import access, agents, grants
+
+API = "/api/v1/"
+CALLERS = ("A", "B", "admin", "approver", "auditor", "user", "anon")
+
+ASK = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
+REQUEST = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:new/*",
+           "duration_seconds": 600, "justification": "needed"}  # fmt: skip
+
+
+def delegation(world: dict[str, Any]) -> dict[str, Any]:
+    expires = timezone.now() + timedelta(minutes=10)
+    return {"grant": world["grant"], "agent": "bot-a-sub", "actions": ["read"],
+            "scope": "repo:acme/api/*", "expires_at": expires.isoformat(),
+            "justification": "sub-task"}  # fmt: skip
+
+
+# Placeholders in braces are filled from the world: {decision}, {approval},
+# {request} (A's pending grant request), {grant} (A's live grant), {token} (a
+# spare token of A's, by prefix). 2xx, 401, 403, 404 are the whole story except
+# where a note says otherwise.
+# fmt: off
+TABLE: list[tuple[str, str, Any, str]] = [
+    # method  path                                body           A    B    admin appr aud  user anon
+    ("POST",  "authorize",                        ASK,           "200 200 403 403 403 403 401"),
+    ("POST",  "decisions/{decision}/outcome",     {"outcome": "succeeded"},
+                                                                 "201 404 403 403 403 403 401"),
+    ("GET",   "approvals/{approval}",             None,          "200 404 200 200 200 404 401"),
+    ("POST",  "approvals/{approval}/approve",     {},            "403 403 200 200 403 403 401"),
+    ("POST",  "approvals/{approval}/deny",        {"reason": "no"},
+                                                                 "403 403 200 200 403 403 401"),
+    ("GET",   "grant-requests",                   None,          "200 200 200 200 200 200 401"),
+    # B naming bot-a is refused as agent_mismatch (400). Any person may file a
+    # request (it stays pending until an approver acts), auditors included.
+    ("POST",  "grant-requests",                   REQUEST,       "201 400 201 201 201 201 401"),
+    ("GET",   "grant-requests/{request}",         None,          "200 404 200 200 200 404 401"),
+    ("POST",  "grant-requests/{request}/approve", {},            "403 403 200 200 403 403 401"),
+    ("POST",  "grant-requests/{request}/deny",    {"reason": "no"},
+                                                                 "403 403 200 200 403 403 401"),
+    ("POST",  "delegations",                      delegation,    "201 404 403 403 403 403 401"),
+    ("GET",   "me",                               None,          "200 200 403 403 403 403 401"),
+    # Admin and automation: admins change, auditors read, nobody else.
+    ("GET",   "agents",                           None,          "403 403 200 403 200 403 401"),
+    ("POST",  "agents",                           {"name": "new-bot", "owner": "alice"},
+                                                                 "403 403 201 403 403 403 401"),
+    ("GET",   "agents/bot-a",                     None,          "403 403 200 403 200 403 401"),
+    ("POST",  "agents/bot-a/suspend",             {"reason": "x"},
+                                                                 "403 403 200 403 403 403 401"),
+    ("GET",   "agents/bot-a/tokens",              None,          "403 403 200 403 200 403 401"),
+    ("POST",  "agents/bot-a/tokens",              {},            "403 403 201 403 403 403 401"),
+    ("POST",  "tokens/{token}/revoke",            None,          "403 403 200 403 403 403 401"),
+    ("GET",   "tools",                            None,          "403 403 200 403 200 403 401"),
+    ("POST",  "tools",                            {"name": "new-tool", "kind": "api",
+                                                   "actions": ["read"]},
+                                                                 "403 403 201 403 403 403 401"),
+    ("GET",   "tools/repo",                       None,          "403 403 200 403 200 403 401"),
+    ("PATCH", "tools/repo",                       {"description": "changed"},
+                                                                 "403 403 200 403 403 403 401"),
+    ("POST",  "tools/repo/approve",               None,          "403 403 200 403 403 403 401"),
+    ("GET",   "tasks",                            None,          "403 403 200 403 200 403 401"),
+    ("POST",  "tasks",                            {"key": "T-2"},"403 403 201 403 403 403 401"),
+    ("GET",   "tasks/T-1",                        None,          "403 403 200 403 200 403 401"),
+    ("POST",  "tasks/T-1/close",                  None,          "403 403 200 403 403 403 401"),
+    ("GET",   "grants",                           None,          "403 403 200 403 200 403 401"),
+    ("GET",   "grants/{grant}",                   None,          "403 403 200 403 200 403 401"),
+    ("POST",  "grants/{grant}/revoke",            {"reason": "x"},
+                                                                 "403 403 200 403 403 403 401"),
+    ("GET",   "reports/access",                   None,          "403 403 200 403 200 403 401"),
+    # The OpenAPI schema and its viewer are public.
+    ("GET",   "schema/",                          None,          "200 200 200 200 200 200 200"),
+    ("GET",   "docs/",                            None,          "200 200 200 200 200 200 200"),
+]
+# fmt: on
+
+CASES = [
+    pytest.param(method, path, body, caller, int(status), id=f"{method} {path} as {caller}")
+    for method, path, body, row in TABLE
+    for caller, status in zip(CALLERS, row.split(), strict=True)
+]
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    # The user fixtures set passwords; PBKDF2 would be most of this file's run time.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]:
+    """A's objects: a live delegable grant, a decision, a pending approval, a
+    pending grant request, a spare token. B has a live grant of its own."""
+    system, now = Actor.system("test"), timezone.now()
+    bot_a, bot_b = make_agent("bot-a"), make_agent("bot-b")
+    make_agent("bot-a-sub", parent=bot_a)
+    make_agent("bot-b-sub", parent=bot_b)
+    repo = make_tool("repo")
+    make_task("T-1")
+    started = now - timedelta(minutes=1)
+    grant = make_grant(bot_a, repo, ("read", "delete"), "repo:acme/*", starts_at=started,
+                       delegable=True)  # fmt: skip
+    make_grant(bot_b, repo, ("read",), "repo:b/*", starts_at=started, delegable=True)
+    decision = access.access_check(agent="bot-a", at=now, **ASK)
+    gated = access.access_check(
+        agent="bot-a", tool="repo", action="delete", scope="repo:acme/x", at=now
+    )
+    request = grants.grant_request(
+        agent=bot_a, tool=repo, actions=["read"], scope="repo:other/*",
+        duration=timedelta(hours=1), justification="more", requested_by_agent=bot_a,
+        actor=Actor.agent(bot_a), at=now,
+    )  # fmt: skip
+    spare, _ = agents.token_issue(created_by=alice, agent=bot_a, actor=system, at=now)
+    assert decision.allowed and gated.approval_id
+    return {"decision": decision.decision_id, "approval": gated.approval_id,
+            "request": request.pk, "grant": grant.pk, "token": spare.prefix,
+            "bot_a": bot_a, "bot_b": bot_b}  # fmt: skip
+
+
+@pytest.fixture
+def client_for(world, agent_client, human_client, anonymous, bob, carol, dave):
+    def make(caller: str) -> Any:
+        if caller in ("A", "B"):
+            return agent_client(world["bot_a" if caller == "A" else "bot_b"])
+        people = {
+            "admin": (dave, roles.ADMINS),
+            "approver": (bob, roles.APPROVERS),
+            "auditor": (carol, roles.AUDITORS),
+            "user": (User.objects.create_user("erin", password="pw-erin-123"), None),
+        }
+        if caller in people:
+            user, role = people[caller]
+            return human_client(user, *([role] if role else []))
+        return anonymous
+
+    return make
+
+
+def _call(client: Any, method: str, path: str, body: Any, world: dict[str, Any]) -> Any:
+    url = API + path.format(**world)
+    if callable(body):
+        body = body(world)
+    return getattr(client, method.lower())(url, body, format="json")
+
+
+@pytest.mark.parametrize(("method", "path", "body", "caller", "status"), CASES)
+def test_permission_table(client_for, world, method, path, body, caller, status):
+    response = _call(client_for(caller), method, path, body, world)
+    assert response.status_code == status, (response.status_code, response.content[:300])
+    if status >= 400:
+        assert response.json()["error"]["code"], response.content
+
+
+def test_the_table_covers_every_endpoint_and_method():
+    """A new endpoint, or a new method on one, needs a row before this passes."""
+    served = set()
+    for pattern in api_urls.urlpatterns:
+        view = pattern.callback.view_class  # type: ignore[attr-defined]
+        for method in ("get", "post", "put", "patch", "delete"):
+            if hasattr(view, method):
+                served.add((method.upper(), "api/v1/" + str(pattern.pattern)))
+    fake = {"decision": "d", "approval": "a", "request": 1, "grant": 1, "token": "t"}
+    tabled = {(m, resolve(API + p.format(**fake)).route) for m, p, _, _ in TABLE}
+    assert served == tabled
+
+
+# --- Object level: another agent's objects do not exist for B -----------------------------
+
+
+@pytest.fixture
+def bot_b(client_for):
+    return client_for("B")
+
+
+def test_b_cannot_report_the_outcome_of_as_decision(bot_b, world):
+    url = f"{API}decisions/{world['decision']}/outcome"
+    assert bot_b.post(url, {"outcome": "failed"}, format="json").status_code == 404
+    assert not DecisionOutcome.objects.exists()
+
+
+def test_b_cannot_see_as_approval_nor_use_it(bot_b, world):
+    assert bot_b.get(f"{API}approvals/{world['approval']}").status_code == 404
+    ask = {
+        "tool": "repo",
+        "action": "delete",
+        "scope": "repo:acme/x",
+        "approval": world["approval"],
+    }
+    assert bot_b.post(f"{API}authorize", ask, format="json").json()["decision"] != "allow"
+
+
+def test_b_does_not_see_as_requests(bot_b, world):
+    assert bot_b.get(f"{API}grant-requests").json() == []
+    assert bot_b.get(f"{API}grant-requests/{world['request']}").status_code == 404
+
+
+def test_b_cannot_request_a_grant_in_as_name(bot_b, world):
+    before = Grant.objects.count()
+    response = bot_b.post(f"{API}grant-requests", REQUEST, format="json")
+    assert response.json()["error"]["code"] == "agent_mismatch"
+    assert Grant.objects.count() == before
+
+
+@pytest.mark.parametrize("child", ["bot-b-sub", "bot-a-sub"])
+def test_b_cannot_hand_down_as_grant_to_any_subagent(bot_b, world, child):
+    before = Grant.objects.count()
+    body = delegation(world) | {"agent": child}
+    assert bot_b.post(f"{API}delegations", body, format="json").status_code == 404
+    assert Grant.objects.count() == before
+
+
+def test_b_sees_only_its_own_grants(bot_b, world):
+    me = bot_b.get(f"{API}me").json()
+    assert me["agent"] == "bot-b"
+    assert {g["agent"] for g in me["grants"]} == {"bot-b"}
+
+
+@pytest.mark.parametrize("caller", ["A", "B"])
+def test_no_agent_reaches_the_admin_api_even_about_itself(client_for, world, caller):
+    """403 before any lookup: an agent cannot suspend, re-token or read itself here."""
+    client = client_for(caller)
+    name = "bot-a" if caller == "A" else "bot-b"
+    for method, url in [("get", f"agents/{name}"), ("post", f"agents/{name}/tokens"),
+                        ("get", f"grants/{world['grant']}")]:  # fmt: skip
+        assert getattr(client, method)(API + url, {}, format="json").status_code == 403
+    assert AgentToken.objects.filter(agent__name=name).count() == (2 if caller == "A" else 1)
+    assert Agent.objects.get(name=name).status == "active"
