@@ -3,9 +3,11 @@
 Chain: hash_n = HMAC-SHA256(AUDIT_HMAC_KEY, hash_{n-1} || canonical(event_n)),
 with a gapless `seq`. Appending takes the chain lock (an advisory transaction
 lock on PostgreSQL; SQLite's IMMEDIATE transactions already serialise
-writers), reads the head and inserts, so the critical section is two short
-statements plus the commit. Callers must already be inside the transaction
-that makes the change: an event that cannot be written rolls the change back.
+writers), reads the head and inserts. On PostgreSQL the head read travels
+with the lock request in one round trip, so once the lock is granted the
+critical section is the head read, one INSERT and the commit. Callers must
+already be inside the transaction that makes the change: an event that
+cannot be written rolls the change back.
 
 Checkpoints live outside the database (AUDIT_CHECKPOINT_DIR). Each one signs
 (last seq, head hash, count, time, previous checkpoint's signature), so
@@ -15,6 +17,7 @@ though the remaining chain is internally consistent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -119,13 +122,24 @@ def mask(value: Any, depth: int = 0) -> Any:
     return _mask_string(str(value))
 
 
+# What json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# builds on every call, built once.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """One byte string per value: sorted keys, no spaces, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
+
+
+@functools.lru_cache(maxsize=16)
+def _derive(secret: str, purpose: bytes) -> bytes:
+    return hmac.new(secret.encode(), purpose, hashlib.sha256).digest()
 
 
 def _derived_key(purpose: bytes) -> bytes:
-    return hmac.new(settings.AUDIT_HMAC_KEY.encode(), purpose, hashlib.sha256).digest()
+    # A pure function of the key: a rotated AUDIT_HMAC_KEY derives afresh.
+    return _derive(settings.AUDIT_HMAC_KEY, purpose)
 
 
 def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
@@ -136,7 +150,7 @@ def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
     Raises TypeError/ValueError on arguments that are not plain JSON.
     """
     payload = canonical_json(dict(arguments or {}))
-    return hmac.new(_derived_key(b"arguments"), payload.encode(), hashlib.sha256).hexdigest()
+    return hmac.digest(_derived_key(b"arguments"), payload.encode(), "sha256").hex()
 
 
 def masked_arguments_json(arguments: Mapping[str, Any] | None) -> str:
@@ -195,8 +209,7 @@ def event_hash(prev_hash: str, row: Mapping[str, Any]) -> str:
     body["prev_hash"] = prev_hash
     body["break_glass"] = bool(body["break_glass"])
     message = canonical_json(body).encode()
-    key = settings.AUDIT_HMAC_KEY.encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    return hmac.digest(settings.AUDIT_HMAC_KEY.encode(), message, "sha256").hex()
 
 
 @dataclass(frozen=True)
@@ -206,8 +219,20 @@ class Written:
     hash: str
 
 
-def _head() -> tuple[int, str]:
-    rows = db.execute(f"SELECT seq, hash FROM {EVENT_TABLE} ORDER BY seq DESC LIMIT 1")
+_HEAD = f"SELECT seq, hash FROM {EVENT_TABLE} ORDER BY seq DESC LIMIT 1"
+# One round trip: the lock (held until commit, so the next writer sees this
+# transaction's row as the head), then the head, read by a statement of its
+# own that starts only once the lock is granted, so it sees the previous
+# holder's commit. Constants only: nothing is interpolated from input.
+_LOCK_THEN_HEAD = f"SELECT pg_advisory_xact_lock({int(CHAIN_LOCK_KEY)}); {_HEAD}"
+
+
+def _lock_and_read_head() -> tuple[int, str]:
+    """Take the chain lock (PostgreSQL), then read the head."""
+    if connection.vendor == "postgresql":
+        rows = db.execute_script(_LOCK_THEN_HEAD)
+    else:
+        rows = db.execute(_HEAD)
     return (rows[0][0], rows[0][1]) if rows else (0, GENESIS)
 
 
@@ -260,10 +285,7 @@ def append(
         "break_glass": break_glass,
         "data": canonical_json(dict(data or {})),
     }
-    if connection.vendor == "postgresql":
-        # Held until commit: the next writer must see this row as the head.
-        db.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])
-    last_seq, prev_hash = _head()
+    last_seq, prev_hash = _lock_and_read_head()
     row["seq"] = last_seq + 1
     row["prev_hash"] = prev_hash
     row["hash"] = event_hash(prev_hash, row)
@@ -412,10 +434,8 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
     checkpoint series itself means the job stopped.
     """
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            # Read a head no writer is half-way through extending.
-            db.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])
-        seq, head = _head()
+        # Read a head no writer is half-way through extending.
+        seq, head = _lock_and_read_head()
     existing = load_checkpoints()
     body: dict[str, Any] = {
         "seq": seq,

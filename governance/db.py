@@ -53,23 +53,47 @@ def _rows(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
     return cur.fetchall() if result is not None and result.status == _TUPLES_OK else []
 
 
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """One reusable cursor per connection (it lives and dies with it)."""
+    cur = conn.__dict__.get("_governance_cursor")
+    if cur is None or cur.closed:
+        cur = conn.__dict__["_governance_cursor"] = psycopg.Cursor(conn)
+    return cur
+
+
 def execute(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     """Run one statement with %s placeholders; return its rows (or [])."""
     if connection.vendor == "postgresql":
-        with psycopg.Cursor(_pg()) as cur:
-            cur.execute(sql, params, prepare=True)
-            return _rows(cur)
+        cur = _cursor(_pg())
+        cur.execute(sql, params, prepare=True)
+        return _rows(cur)
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
 
+def execute_script(script: str) -> list[tuple[Any, ...]]:
+    """PostgreSQL only: a constant, parameterless multi-statement script in one
+    round trip; returns the last statement's rows.
+
+    Simple query protocol, nothing prepared. The statements still run one
+    after the other, each with a fresh snapshot (READ COMMITTED), so a
+    statement sees what committed while an earlier one waited for a lock. The
+    first error stops the script and is raised.
+    """
+    cur = _cursor(_pg())
+    cur.execute(script, prepare=False)
+    while cur.nextset():
+        pass
+    return _rows(cur)
+
+
 def execute_rowcount(sql: str, params: Sequence[Any] = ()) -> int:
     """Run one data-changing statement and return how many rows it touched."""
     if connection.vendor == "postgresql":
-        with psycopg.Cursor(_pg()) as cur:
-            cur.execute(sql, params, prepare=True)
-            return cur.rowcount
+        cur = _cursor(_pg())
+        cur.execute(sql, params, prepare=True)
+        return cur.rowcount
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
