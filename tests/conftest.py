@@ -22,6 +22,8 @@ MS = timedelta(milliseconds=1)
 @pytest.fixture(autouse=True)
 def _checkpoints_in_tmp(settings: Any, tmp_path: Any) -> None:
     settings.AUDIT_CHECKPOINT_DIR = tmp_path / "checkpoints"
+    # Test users' passwords need no key stretching; PBKDF2 was most of the suite's time.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -27,12 +27,6 @@ from tests.conftest import last_event
 API = "/api/v1"
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    # The user fixtures set passwords; PBKDF2 would be most of this file's run time.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def admin(human_client, dave):
     return human_client(dave, "admins")

@@ -111,12 +111,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    # The user fixtures set passwords; PBKDF2 would be most of this file's run time.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]:
     """A's objects: a live delegable grant, a decision, a pending approval, a

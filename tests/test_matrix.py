@@ -32,8 +32,6 @@ class _Rollback(Exception):
 def frozen(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     """The commands read the clock; the fixtures' grants are live at NOW."""
     monkeypatch.setattr(timezone, "now", lambda: NOW)
-    # Nobody logs in here: skip a second of PBKDF2 per test.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
