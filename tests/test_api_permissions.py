@@ -62,9 +62,9 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("POST",  "approvals/{approval}/deny",        {"reason": "no"},
                                                                  "403 403 200 200 403 403 401"),
     ("GET",   "grant-requests",                   None,          "200 200 200 200 200 200 401"),
-    # B naming bot-a is refused as agent_mismatch (400). Any person may file a
-    # request (it stays pending until an approver acts), auditors included.
-    ("POST",  "grant-requests",                   REQUEST,       "201 400 201 201 201 201 401"),
+    # B naming bot-a is refused as agent_mismatch (400). People file requests
+    # for agents they own; admins for any; auditors are read-only.
+    ("POST",  "grant-requests",                   REQUEST,       "201 400 201 403 403 403 401"),
     ("GET",   "grant-requests/{request}",         None,          "200 404 200 200 200 404 401"),
     ("POST",  "grant-requests/{request}/approve", {},            "403 403 200 200 403 403 401"),
     ("POST",  "grant-requests/{request}/deny",    {"reason": "no"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import DatabaseError
 from django.http import Http404
@@ -65,7 +66,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, exceptions.APIException):
         code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
         return Response(error_body(str(code), str(exc.detail)), status=exc.status_code)
-    if isinstance(exc, DatabaseError):
+    # The hot path's raw psycopg cursor raises psycopg's errors, not Django's.
+    if isinstance(exc, DatabaseError | psycopg.Error):
         log.exception("database error in API view")
         return Response(
             error_body("unavailable", "The service cannot reach its database; try again."),

@@ -21,7 +21,7 @@ from governance.api import serializers as s
 from governance.api.auth import AgentPrincipal, IsAgent, IsApprover, agent_of
 from governance.audit import Actor
 from governance.codes import Reason
-from governance.errors import GovernanceError, NotFound, Unavailable
+from governance.errors import Forbidden, GovernanceError, NotFound, Unavailable
 from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.services import access, approvals, grants, outcomes
 
@@ -239,6 +239,12 @@ class GrantRequestListView(APIView):
                     "agent_required", "Name the agent.", fields={"agent": "required"}
                 )
             agent = _by_name(Agent, "agent", name=data["agent"])
+            # A person asks for their own agents; admins for any. Auditors are
+            # read-only, and nobody files requests for someone else's agent.
+            if agent.owner_id != request.user.pk and not roles.is_admin(request.user):
+                raise Forbidden(
+                    "not_agent_owner", "Only the agent's owner or an admin can request its grants."
+                )
             requester = {"requested_by": request.user}
         grant = grants.grant_request(
             agent=agent,
