@@ -61,11 +61,16 @@ def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     return cur
 
 
-def execute(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """Run one statement with %s placeholders; return its rows (or [])."""
+def execute(sql: str, params: Sequence[Any] = (), *, binary: bool = False) -> list[tuple[Any, ...]]:
+    """Run one statement with %s placeholders; return its rows (or []).
+
+    binary=True asks PostgreSQL for binary results: the same Python values,
+    decoded in C (aware datetimes, uuids), except that json/jsonb columns
+    arrive parsed instead of as text. Ignored on SQLite.
+    """
     if connection.vendor == "postgresql":
         cur = _cursor(_pg())
-        cur.execute(sql, params, prepare=True)
+        cur.execute(sql, params, prepare=True, binary=binary)
         return _rows(cur)
     with connection.cursor() as cur:
         cur.execute(sql, params)

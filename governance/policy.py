@@ -83,6 +83,11 @@ def scope_matches(pattern: str, resource: str) -> bool:
     """
     if not resource_is_canonical(resource) or not pattern_is_valid(pattern):
         return False
+    return _covers(pattern, resource)
+
+
+def _covers(pattern: str, resource: str) -> bool:
+    """scope_matches() for a pattern and a resource already checked as valid."""
     if pattern == "*":
         return True
     p_kind, p_segs = _split(pattern)
@@ -342,7 +347,8 @@ def _authorize(
     except (TypeError, ValueError):
         return _deny(Reason.INVALID_REQUEST, "arguments must be plain JSON values")
 
-    rows = db.execute(_MAIN_QUERY, [agent, tool, task or ""])
+    # Binary results: datetimes decoded in C, jsonb arrives as lists.
+    rows = db.execute(_MAIN_QUERY, [agent, tool, task or ""], binary=True)
     first = rows[0]
     agent_id, agent_status = first[0], first[1]
     tool_id, tool_actions, irreversible, def_hash, approved_hash = first[2:7]
@@ -400,7 +406,9 @@ def _authorize(
         if g_task is not None and g_task != ctx.get("task_id"):
             continue
         applicable = True
-        if not scope_matches(g_scope, scope) or not _fields_ok(_json_list(g_fields), arguments):
+        # `scope` was found canonical above: only the pattern needs checking.
+        covered = pattern_is_valid(g_scope) and _covers(g_scope, scope)
+        if not covered or not _fields_ok(_json_list(g_fields), arguments):
             continue
         g_starts, g_expires, g_revoked = (db.read_dt(v) for v in row[18:21])
         reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at)
