@@ -14,11 +14,22 @@ What is measured, on the same seeded request mix:
       one transaction) from 4 processes at once for a fixed time: audited
       decisions/s, p50, p99; then the new audit events are counted against the
       decisions made and their HMAC chain links are re-checked.
+  (b0) the disk's serial commit rate (1-row INSERT + COMMIT): the chain lock is
+      held through COMMIT, so (b) can never exceed it.
+  (b*) with --async-commit-diagnostic only: (b) again with
+      synchronous_commit=off, to show what is left when fsync is taken out.
+      A diagnostic, never a valid setting for the audit log.
   (c) cedarpy: one Cedar policy per grant, the policies sliced per
       (agent, tool) and prepared before timing; several encodings are timed and
       the fastest single-call one is the baseline.
   (d) pycasbin: a keyMatch + action + time-window model, one policy line per
       grant, one Enforcer per (agent, tool) slice built before timing.
+
+Data: --agents x --tools (agent, tool) pairs, each with one grant on 2 of the
+tool's 3 action classes (1000 x 50 x 2 = 100,000 grants), ~1% revoked and ~1%
+expired. The mix draws actions from all 3 classes and 20% of scopes from
+another project, so about half the answers are allows and the rest are
+no_grant, scope_mismatch, grant_revoked and grant_expired denials.
 
 The baselines answer a narrower question than authorize() (no agent status,
 tool quarantine, supported-action, task or delegation checks, and no database):
@@ -378,6 +389,10 @@ def _access_worker(
 
     from governance.services.access import access_check
 
+    if args.get("async_commit"):
+        # Diagnostic only: shows what the code does when fsync is not the limit.
+        with connection.cursor() as cur:
+            cur.execute("SET synchronous_commit TO off")
     mix = request_mix(args["agents"], args["tools"], args["slices"], args["requests"], args["seed"])
     rng = random.Random(args["seed"] + 1 + index)
     rng.shuffle(mix)  # same mix, different order per caller
@@ -406,6 +421,29 @@ def _access_worker(
     elapsed = (clock() - start) / 1e9
     connection.close()
     results.put((index, warm, elapsed, errors, allowed, latencies.tobytes()))
+
+
+def bench_commit_ceiling(seconds: float) -> Result:
+    """Serial one-row INSERT + COMMIT on a scratch table: the disk's commit rate.
+
+    The audit chain lock is held through COMMIT (fsync included), so no
+    number of concurrent callers can append faster than this.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (id bigserial, at timestamptz)")
+
+    def commit_one(_: Any) -> None:
+        with connection.cursor() as cur:  # autocommit: one transaction per INSERT
+            cur.execute("INSERT INTO bench_commit_probe (at) VALUES (now())")
+
+    result = time_calls(
+        "(b0) 1-row INSERT+COMMIT, serial", commit_one, [None], seconds, "fsync-bound ceiling"
+    )
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE bench_commit_probe")
+    return result
 
 
 def bench_access_check(args: dict[str, Any]) -> tuple[Result, list[str]]:
@@ -443,13 +481,15 @@ def bench_access_check(args: dict[str, Any]) -> tuple[Result, list[str]]:
         allowed += alw
         elapsed = max(elapsed, el)
     p50, p99 = percentiles(latencies)
+    diagnostic = bool(args.get("async_commit"))
     result = Result(
-        f"(b) access_check(), {CONCURRENT_CALLERS} processes",
+        f"(b{'*' if diagnostic else ''}) access_check(), {CONCURRENT_CALLERS} processes",
         count,
         elapsed,
         p50,
         p99,
-        f"audited; {allowed / count:.0%} allow",
+        ("DIAGNOSTIC: synchronous_commit=off" if diagnostic else "audited")
+        + f"; {allowed / count:.0%} allow",
     )
 
     # Every decision (timed and warm-up) must have left exactly one event,
@@ -691,6 +731,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20300115)
     parser.add_argument("--reset", action="store_true", help="drop and recreate the database")
     parser.add_argument("--only", default="abcd", help="phases to run, e.g. 'a' or 'acd'")
+    parser.add_argument(
+        "--async-commit-diagnostic",
+        action="store_true",
+        help="also run (b) with synchronous_commit=off (diagnostic, not a valid setting)",
+    )
     opts = parser.parse_args(argv)
 
     url = os.environ.get("DATABASE_URL")
@@ -707,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         pg_version = cur.fetchone()[0]
     mix = request_mix(opts.agents, opts.tools, opts.slices, opts.requests, opts.seed)
     print(
-        f"PostgreSQL {pg_version}; {os.cpu_count()} CPUs; python {sys.version.split()[0]}; "
+        f"PostgreSQL {pg_version}; {os.cpu_count()} CPUs (load {os.getloadavg()[0]:.2f}); "
+        f"python {sys.version.split()[0]}; "
         f"mix: {len(mix)} requests over {len({(r.agent, r.tool) for r in mix})} (agent, tool) "
         f"slices, seed {opts.seed}; {opts.seconds:g}s per phase"
     )
@@ -722,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
             ours[n] = authorize(agent=r.agent, tool=r.tool, action=r.action, scope=r.scope, at=AT)
         reasons: dict[str, int] = defaultdict(int)
         for decision in ours.values():
-            reasons[decision.reason] += 1
+            reasons[str(decision.reason)] += 1
         print("(a) reasons over the first 2000 requests:", dict(sorted(reasons.items())))
     checks: list[str] = []
     if "b" in opts.only:
@@ -734,8 +780,13 @@ def main(argv: list[str] | None = None) -> int:
             "seed": opts.seed,
             "seconds": opts.seconds,
         }
-        connection.close()  # no connection held across the fork/spawn
+        results["b0"] = bench_commit_ceiling(min(opts.seconds, 3.0))
+        connection.close()  # no connection held across the spawn
         results["b"], checks = bench_access_check(args)
+        if opts.async_commit_diagnostic:
+            connection.close()
+            results["b*"], more = bench_access_check({**args, "async_commit": True})
+            checks += [f"(b*) {line}" for line in more]
     slices = load_slices(mix) if ("c" in opts.only or "d" in opts.only) else {}
     agreement = []
     if "c" in opts.only:
@@ -757,6 +808,9 @@ def main(argv: list[str] | None = None) -> int:
         print(_row(results["a"]))
     if "b" in results:
         print(_row(results["b"], "ms"))
+        print(_row(results["b0"]))
+    if "b*" in results:
+        print(_row(results["b*"], "ms"))
     for r in results.get("c", []):
         print(_row(r))
     if "d" in results:
@@ -791,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
             f"(b) {b.rate:,.0f} audited decisions/s (target >= {TARGET_B_RATE:,.0f}: "
             f"{'MET' if ok_rate else 'MISSED'}), p99 {b.p99_us / 1000:.2f} ms "
             f"(target <= {TARGET_B_P99_MS:g} ms: {'MET' if ok_p99 else 'MISSED'})"
+        )
+        print(
+            f"    the chain lock is held through COMMIT, so (b) cannot exceed the serial commit "
+            f"rate (b0) = {results['b0'].rate:,.0f}/s on this disk"
         )
     return 0
 
