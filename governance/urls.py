@@ -9,3 +9,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("governance.api.urls")),
 ]
+
+# Unmatched URLs under /api/ answer in the API's error shape (JSON), not an HTML page.
+handler404 = "governance.api.errors.not_found"

@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.utils import timezone
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
@@ -237,7 +238,20 @@ class ToolListView(AdminView):
         return Response(s.ToolOut(tool).data, status=status.HTTP_201_CREATED)
 
 
+class BodyRequiredSchema(AutoSchema):
+    """A PATCH whose body must name at least one field: the body itself is required
+    (drf-spectacular makes every PATCH body optional)."""
+
+    def _get_request_body(self, direction: str = "request") -> Any:
+        body = super()._get_request_body(direction)
+        if body is not None:
+            body["required"] = True
+        return body
+
+
 class ToolDetailView(AdminView):
+    schema = BodyRequiredSchema()
+
     @extend_schema(operation_id="tool_get", responses={200: s.ToolOut, **ERRORS})
     def get(self, request: Request, name: str) -> Response:
         return Response(s.ToolOut(_get(Tool.objects.all(), "tool", name=name)).data)

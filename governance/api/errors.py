@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import DatabaseError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
@@ -19,6 +20,14 @@ log = logging.getLogger(__name__)
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 404 for a URL that no route matches (`/api/v1/grants/abc`, where the
+    route wants digits): under /api/ in the API's one error shape, not an HTML page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("not_found", "No such endpoint or object."), status=404)
+    return page_not_found(request, exception)  # type: ignore[arg-type]
 
 
 def _flatten(detail: Any) -> dict[str, str]:

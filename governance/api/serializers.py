@@ -1,23 +1,100 @@
 """Explicit input and output shapes. Validation of form only: the rules live
-in authorize() and the services, never here."""
+in authorize() and the services, never here.
+
+Where a service checks the form of a value (a name's characters, a scope
+pattern, the longest grant), the serializer leaves the check to it, so the
+caller gets the service's own error code, but the OpenAPI schema declares the
+rule (`declared=`), so a client or a fuzzer knows which values are well formed.
+Input objects are closed (additionalProperties: false), as StrictSerializer is.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.http import QueryDict
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import parsers, serializers
+from rest_framework.exceptions import ParseError
 
 from governance.codes import ActionClass, Reason
 from governance.codes import Decision as Verdict
 from governance.models import Grant, Tool
+
+# --- Form rules declared in the schema -----------------------------------------------------
+# Each mirrors the service check named beside it exactly: a stricter pattern would make
+# well-formed values look malformed, a looser one the reverse.
+
+# services.agents.validate_name (agents and tools)
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
+# policy.pattern_is_valid: `*` alone, or segments split on `/` (after an optional
+# `kind:` prefix without `*`), none empty, `.` or `..`, `*` only as a whole segment.
+_SEG = r"(?:\*|[{c}-][{c}.-]*|\.[{c}-][{c}.-]*|\.\.[{c}.-]+)"
+_PLAIN = "A-Za-z0-9_~@!$&'()+,;="  # and `-`, which goes last inside [...]
+_SEG_NO_COLON = _SEG.format(c=_PLAIN)
+_SEG_COLON = _SEG.format(c=":" + _PLAIN)
+SCOPE_PATTERN = (
+    rf"^(?:{_SEG_NO_COLON}(?:/{_SEG_NO_COLON})*|[./{_PLAIN}-]*:{_SEG_COLON}(?:/{_SEG_COLON})*)$"
+)
+# services.grants.validate_shape: host or [ipv6]:port, the port 1-65535 in 1 to 5 digits.
+_PORT = (
+    r"(?:[1-9][0-9]{0,3}|0[1-9][0-9]{0,2}|00[1-9][0-9]?|000[1-9]"
+    r"|0(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+    r"|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+)
+EGRESS_PATTERN = rf"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):{_PORT}$"
+# What Python's str.strip() removes, spelled out: regex engines disagree about `\s`
+# (ECMA's has U+FEFF but not U+001C-U+001F), and the services strip with Python.
+_SPACE = (
+    r"\t\n\u000b\u000c\r\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a"
+    r"\u2028\u2029\u202f\u205f\u3000"
+)
+# Free text a service refuses when it is only whitespace (justification, reasons).
+NOT_BLANK_PATTERN = rf"[^{_SPACE}]"
+# services.tasks.task_open: a key is not padded with whitespace.
+UNPADDED_PATTERN = rf"^[^{_SPACE}](?:[\s\S]*[^{_SPACE}])?$"
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, but a body nested too deeply for the decoder (`[[[[...`)
+    is a malformed request (400), not a RecursionError (500)."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply.") from None
+
+
+def _merge(schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(schema.get(key), dict):
+            _merge(schema[key], value)
+        else:
+            schema[key] = value
+    return schema
 
 
 class StrictSerializer(serializers.Serializer):
     """Unknown keys are an error, not silently ignored: a body naming an
     `agent` must be refused, never half-obeyed."""
 
+    # Extra JSON schema for the whole object (minProperties, ...).
+    schema_extra: dict[str, Any] = {}
+
     def to_internal_value(self, data: Any) -> Any:
+        # A query string is read as it was sent: a parameter given twice, or given
+        # empty (`?tool=`), is an error, not "the last one" or "no filter" (which is
+        # what DRF's form handling would make of them).
+        if isinstance(data, QueryDict):
+            repeated = sorted(key for key, values in data.lists() if len(values) > 1)
+            if repeated:
+                raise serializers.ValidationError(
+                    {key: "Give this parameter once." for key in repeated}
+                )
+            data = {key: values[0] for key, values in data.lists()}
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
@@ -27,18 +104,121 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class StrictCharField(serializers.CharField):
-    """A string, not something that can be turned into one (7 is not "7")."""
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """The schema of a StrictSerializer: closed, plus each field's declared rules."""
+
+    target_class = StrictSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema["additionalProperties"] = False
+        _merge(schema, dict(getattr(self.target, "schema_extra", {})))
+        serializer = self.target() if isinstance(self.target, type) else self.target
+        for name, field in serializer.fields.items():
+            declared = getattr(field, "declared", None)
+            if declared and name in schema.get("properties", {}):
+                _merge(schema["properties"][name], dict(declared))
+        return schema
+
+
+class Declared:
+    """A field whose form a service checks; `declared` is its JSON schema for clients."""
+
+    def __init__(self, *args: Any, declared: dict[str, Any] | None = None, **kw: Any) -> None:
+        self.declared = declared or {}
+        super().__init__(*args, **kw)
+
+
+def _is_text(value: str) -> bool:
+    """Text PostgreSQL can store: no NUL, no lone surrogate (not UTF-8)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class StrictCharField(Declared, serializers.CharField):
+    """A string, not something that can be turned into one (7 is not "7"), and
+    one that can be stored: no NUL byte, no lone UTF-16 surrogate."""
+
+    default_error_messages = {"not_text": "Not valid text (NUL byte or lone surrogate)."}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        if not _is_text(data):
+            self.fail("not_text")
         return super().to_internal_value(data)
 
 
-def exact_char(**kw: Any) -> serializers.CharField:
-    """Names and scopes are compared byte for byte: never trimmed."""
+def exact_char(**kw: Any) -> StrictCharField:
+    """Names, scopes and free text are kept byte for byte: never trimmed."""
     return StrictCharField(trim_whitespace=False, **kw)
+
+
+class StrictIntegerField(Declared, serializers.IntegerField):
+    """A JSON number, not a string of digits or a boolean."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, not "yes", 1 or "on"."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+def _json_problem(value: Any, depth: int = 0) -> str | None:
+    if depth > 32:
+        return "nested too deeply (at most 32 levels)"
+    if isinstance(value, str):
+        return None if _is_text(value) else "holds text with a NUL byte or a lone surrogate"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            problem = _json_problem(key, depth + 1) or _json_problem(item, depth + 1)
+            if problem:
+                return problem
+    if isinstance(value, list):
+        for item in value:
+            problem = _json_problem(item, depth + 1)
+            if problem:
+                return problem
+    return None
+
+
+class JSONObjectField(serializers.DictField):
+    """A JSON object that can be stored as it is (jsonb refuses NULs and lone
+    surrogates; hashing and masking walk it, so its depth is bounded)."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        problem = _json_problem(value)
+        if problem:
+            raise serializers.ValidationError(f"The object {problem}.")
+        return value
+
+
+def _not_only_whitespace(value: str) -> None:
+    if not value.strip():
+        raise serializers.ValidationError("This field may not be blank.")
+
+
+def _free_text(**kw: Any) -> StrictCharField:
+    """Text that must say something: not blank, not only whitespace. Kept as sent
+    (not trimmed), so its length is the length the schema declares."""
+    return exact_char(
+        declared={"pattern": NOT_BLANK_PATTERN}, validators=[_not_only_whitespace], **kw
+    )
 
 
 class ErrorDetailSerializer(serializers.Serializer):
@@ -56,7 +236,7 @@ class AuthorizeIn(StrictSerializer):
     action = serializers.ChoiceField(choices=ActionClass.choices)
     scope = exact_char(max_length=500)
     task = exact_char(max_length=100, required=False, allow_null=True)
-    arguments = serializers.DictField(required=False, allow_null=True)
+    arguments = JSONObjectField(required=False, allow_null=True)
     approval = exact_char(max_length=64, required=False, allow_null=True)
 
 
@@ -74,7 +254,7 @@ class DecisionOut(serializers.Serializer):
 class OutcomeIn(StrictSerializer):
     outcome = serializers.ChoiceField(choices=["succeeded", "failed", "aborted"])
     result_digest = exact_char(max_length=128, required=False, allow_blank=True)
-    excerpt = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    excerpt = exact_char(max_length=2000, required=False, allow_blank=True)
 
 
 class OutcomeOut(serializers.Serializer):
@@ -100,11 +280,11 @@ class ApprovalOut(serializers.Serializer):
 
 
 class ReasonIn(StrictSerializer):
-    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+    reason = exact_char(max_length=1000, required=False, allow_blank=True, default="")
 
 
 class RequiredReasonIn(StrictSerializer):
-    reason = serializers.CharField(max_length=1000)
+    reason = _free_text(max_length=1000)
 
 
 class GrantOut(serializers.Serializer):
@@ -142,34 +322,54 @@ class GrantOut(serializers.Serializer):
         return int(duration.total_seconds()) if duration is not None else None
 
 
+class DeclaredListField(Declared, serializers.ListField):
+    pass
+
+
+def _actions(**kw: Any) -> DeclaredListField:
+    """Action classes, each at most once (services.grants.validate_shape)."""
+    return DeclaredListField(
+        child=serializers.ChoiceField(choices=ActionClass.choices),
+        min_length=1,
+        max_length=5,
+        declared={"uniqueItems": True},
+        **kw,
+    )
+
+
 class GrantRequestIn(StrictSerializer):
     agent = exact_char(max_length=100, required=False, help_text="Humans only: whose grant")
     tool = exact_char(max_length=100)
-    actions = serializers.ListField(
-        child=serializers.ChoiceField(choices=ActionClass.choices), min_length=1, max_length=5
-    )
-    scope = exact_char(max_length=500)
+    actions = _actions()
+    scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
     task = exact_char(max_length=100, required=False, allow_null=True)
-    duration_seconds = serializers.IntegerField(min_value=1, max_value=10 * 365 * 24 * 3600)
-    justification = serializers.CharField(max_length=2000)
+    # The longest grant is a setting the service enforces (invalid_grant); declared here.
+    duration_seconds = StrictIntegerField(
+        min_value=1,
+        max_value=10 * 365 * 24 * 3600,
+        declared={"maximum": int(settings.GRANT_MAX_TTL.total_seconds())},
+    )
+    justification = _free_text(max_length=2000)
     fields = serializers.ListField(
         child=exact_char(max_length=100), required=False, default=list, max_length=100
     )
-    egress = serializers.ListField(
-        child=exact_char(max_length=300), required=False, default=list, max_length=100
+    egress = DeclaredListField(
+        child=exact_char(max_length=300),
+        required=False,
+        default=list,
+        max_length=100,
+        declared={"items": {"pattern": EGRESS_PATTERN}},
     )
-    delegable = serializers.BooleanField(required=False, default=False)
+    delegable = StrictBooleanField(required=False, default=False)
 
 
 class DelegationIn(StrictSerializer):
-    grant = serializers.IntegerField(min_value=1, max_value=2**62)
+    grant = StrictIntegerField(min_value=1, max_value=2**62)
     agent = exact_char(max_length=100, help_text="The subagent receiving the grant")
-    actions = serializers.ListField(
-        child=serializers.ChoiceField(choices=ActionClass.choices), min_length=1, max_length=5
-    )
-    scope = exact_char(max_length=500)
+    actions = _actions()
+    scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
     expires_at = serializers.DateTimeField()
-    justification = serializers.CharField(max_length=2000)
+    justification = _free_text(max_length=2000)
 
 
 class MeOut(serializers.Serializer):
@@ -194,10 +394,10 @@ class EmptyIn(StrictSerializer):
 
 
 class AgentIn(StrictSerializer):
-    name = exact_char(max_length=100)
+    name = exact_char(max_length=100, declared={"pattern": NAME_PATTERN})
     owner = exact_char(max_length=150, help_text="Username of the accountable human")
     parent = exact_char(max_length=100, required=False, allow_null=True)
-    description = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+    description = exact_char(max_length=2000, required=False, allow_blank=True, default="")
 
 
 class AgentOut(serializers.Serializer):
@@ -220,8 +420,14 @@ class AgentDetailOut(AgentOut):
 
 
 class TokenIssueIn(StrictSerializer):
-    expires_days = serializers.IntegerField(
-        min_value=1, max_value=3650, required=False, default=30, help_text="Lifetime in days"
+    # The longest lifetime is a setting the service enforces (invalid_expiry); declared here.
+    expires_days = StrictIntegerField(
+        min_value=1,
+        max_value=3650,
+        required=False,
+        default=30,
+        help_text="Lifetime in days",
+        declared={"maximum": settings.AGENT_TOKEN_MAX_DAYS},
     )
 
 
@@ -245,23 +451,26 @@ class TokenIssuedOut(TokenOut):
 
 
 class ToolIn(StrictSerializer):
-    name = exact_char(max_length=100)
+    name = exact_char(max_length=100, declared={"pattern": NAME_PATTERN})
     kind = serializers.ChoiceField(choices=Tool.Kind.choices)
+    # A repeated action is folded into one by the service, so repeats are allowed here.
     actions = serializers.ListField(
         child=serializers.ChoiceField(choices=ActionClass.choices), min_length=1, max_length=5
     )
     # The definition is pinned by hash exactly as sent: never trimmed.
     description = exact_char(max_length=20000, required=False, allow_blank=True, default="")
-    input_schema = serializers.DictField(required=False, default=dict)
-    third_party = serializers.BooleanField(required=False, default=False)
-    irreversible = serializers.BooleanField(required=False, default=False)
+    input_schema = JSONObjectField(required=False, default=dict)
+    third_party = StrictBooleanField(required=False, default=False)
+    irreversible = StrictBooleanField(required=False, default=False)
 
 
 class ToolDefinitionIn(StrictSerializer):
     """What the tool now says about itself. A change quarantines the tool."""
 
     description = exact_char(max_length=20000, required=False, allow_blank=True)
-    input_schema = serializers.DictField(required=False)
+    input_schema = JSONObjectField(required=False)
+
+    schema_extra = {"minProperties": 1}
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
@@ -286,8 +495,8 @@ class ToolOut(serializers.Serializer):
 
 
 class TaskIn(StrictSerializer):
-    key = exact_char(max_length=100)
-    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    key = exact_char(max_length=100, declared={"pattern": UNPADDED_PATTERN})
+    title = exact_char(max_length=200, required=False, allow_blank=True, default="")
     owner = exact_char(max_length=150, required=False, help_text="Username; default: you")
     ends_at = serializers.DateTimeField(required=False, allow_null=True)
 

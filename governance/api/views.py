@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import Throttled
 from rest_framework.request import Request
@@ -86,6 +86,23 @@ class AuthorizeView(APIView):
             **ERRORS,
         },
         description="Ask before every tool call. The agent is the token's agent.",
+        examples=[
+            OpenApiExample(
+                "Read a file",
+                value={"tool": "repo", "action": "read", "scope": "repo:acme/api/README.md"},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "Delete a branch (destructive: needs an approval)",
+                value={
+                    "tool": "repo",
+                    "action": "delete",
+                    "scope": "repo:acme/api/branches/old-release",
+                    "arguments": {"force": True},
+                },
+                request_only=True,
+            ),
+        ],
     )
     def post(self, request: Request) -> Response:
         limit(request, "authorize", fail_closed=False)
@@ -113,6 +130,14 @@ class OutcomeView(APIView):
         operation_id="report_outcome",
         request=s.OutcomeIn,
         responses={201: s.OutcomeOut, 409: ERRORS[400], **ERRORS},
+        description="Say what a decided tool call did. Once per decision, and only your own.",
+        examples=[
+            OpenApiExample(
+                "It worked",
+                value={"outcome": "succeeded", "result_digest": "sha256:9f86d081884c7d65"},
+                request_only=True,
+            )
+        ],
     )
     def post(self, request: Request, decision_id: str) -> Response:
         body = s.OutcomeIn(data=request.data)
@@ -163,10 +188,14 @@ class ApprovalDecideView(APIView):
     permission_classes = [IsApprover]
     approve = True
 
-    @extend_schema(request=s.ReasonIn, responses={200: s.ApprovalOut, 409: ERRORS[400], **ERRORS})
+    def get_serializer_class(self) -> type[s.StrictSerializer]:
+        # Also the request schema: a denial must say why, an approval may.
+        return s.ReasonIn if self.approve else s.RequiredReasonIn
+
+    @extend_schema(responses={200: s.ApprovalOut, 409: ERRORS[400], **ERRORS})
     def post(self, request: Request, approval_id: str) -> Response:
         limit(request, "approval", fail_closed=True)
-        body = (s.ReasonIn if self.approve else s.RequiredReasonIn)(data=request.data)
+        body = self.get_serializer_class()(data=request.data)
         body.is_valid(raise_exception=True)
         approval = _get(_visible_approvals(request), "approval", pk=approval_id)
         decide = approvals.approval_approve if self.approve else approvals.approval_deny
@@ -208,7 +237,9 @@ def _by_name(model: type[Any], what: str, **lookup: Any) -> Any:
 
 
 class GrantRequestListView(APIView):
-    @extend_schema(operation_id="grant_requests_list", responses={200: s.GrantOut(many=True)})
+    @extend_schema(
+        operation_id="grant_requests_list", responses={200: s.GrantOut(many=True), **ERRORS}
+    )
     def get(self, request: Request) -> Response:
         qs = _visible_requests(request).order_by("-id")[:500]
         return Response(s.GrantOut(qs, many=True).data)
@@ -218,6 +249,19 @@ class GrantRequestListView(APIView):
         request=s.GrantRequestIn,
         responses={201: s.GrantOut, 409: ERRORS[400], **ERRORS},
         description="Ask for a grant. It is created pending; a human approves it.",
+        examples=[
+            OpenApiExample(
+                "Read the support queue for an hour",
+                value={
+                    "tool": "tickets",
+                    "actions": ["read"],
+                    "scope": "tickets:queue/support/*",
+                    "duration_seconds": 3600,
+                    "justification": "Triage the support queue",
+                },
+                request_only=True,
+            )
+        ],
     )
     def post(self, request: Request) -> Response:
         limit(request, "grant_request", fail_closed=True)
@@ -274,10 +318,14 @@ class GrantRequestDecideView(APIView):
     permission_classes = [IsApprover]
     approve = True
 
-    @extend_schema(request=s.ReasonIn, responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS})
+    def get_serializer_class(self) -> type[s.StrictSerializer]:
+        # Also the request schema: a denial must say why, an approval may.
+        return s.ReasonIn if self.approve else s.RequiredReasonIn
+
+    @extend_schema(responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS})
     def post(self, request: Request, grant_id: int) -> Response:
         limit(request, "approval", fail_closed=True)
-        body = (s.ReasonIn if self.approve else s.RequiredReasonIn)(data=request.data)
+        body = self.get_serializer_class()(data=request.data)
         body.is_valid(raise_exception=True)
         grant = _get(_visible_requests(request), "request", pk=grant_id)
         now, actor = timezone.now(), actor_for(request)
