@@ -37,6 +37,10 @@ def _pg() -> psycopg.Connection[Any]:
     statements that ask for it are prepared.
     """
     wrapper = connections[DEFAULT_DB_ALIAS]
+    # What Django's own cursor() does first: once per request, replace a
+    # connection the server dropped (restart, failover) instead of failing
+    # every decision on it until CONN_MAX_AGE runs out.
+    wrapper.close_if_health_check_failed()
     conn = wrapper.connection
     if conn is None:
         wrapper.ensure_connection()

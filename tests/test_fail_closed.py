@@ -129,3 +129,26 @@ def test_nul_bytes_and_huge_values_are_stored_safely(granted):
     assert result.decision == "deny"
     event = last_event()
     assert "\x00" not in event.agent and len(event.scope) <= 500
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_the_server_dropped_is_replaced_on_the_next_request(postgres_only):
+    """The hot path's raw cursor runs Django's per-request health check, so a
+    connection the server dropped (restart, failover) is replaced instead of
+    failing every decision until CONN_MAX_AGE runs out."""
+    import psycopg
+    from django.conf import settings as django_settings
+
+    from governance import db
+
+    assert db.execute("SELECT 1") == [(1,)]
+    pid = connection.connection.info.backend_pid
+    conf = django_settings.DATABASES["default"]
+    with psycopg.connect(
+        host=conf["HOST"], port=conf["PORT"], user=conf["USER"], dbname=conf["NAME"],
+        autocommit=True,
+    ) as admin:  # fmt: skip
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    connection.health_check_done = False  # what Django does when a request starts
+    assert db.execute("SELECT 1") == [(1,)]
+    assert connection.connection.info.backend_pid != pid
