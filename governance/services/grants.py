@@ -215,38 +215,30 @@ def grant_issue(
     egress: Sequence[str] = (),
     limits: dict[str, Any] | None = None,
     delegable: bool = False,
-    break_glass: bool = False,
 ) -> Grant:
-    """Create a live grant whose request and approval happened elsewhere
-    (matrix import with --apply, demo data). Same rules as request+approve."""
+    """A live grant whose request and approval were decided elsewhere (matrix
+    import with --apply-approved, demo data): literally request + approve in
+    one transaction, so the same rules and the same two events apply."""
     if approved_by is None or requested_by is None or approved_by.pk == requested_by.pk:
         raise Forbidden("self_approval", "A live grant needs a requester and a different approver.")
-    validate_shape(
-        tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
-    )
     with transaction.atomic():
-        grant = Grant.objects.create(
+        grant = grant_request(
             agent=agent,
             tool=tool,
-            task=task,
-            actions=list(actions),
+            actions=actions,
             scope=scope,
-            fields=list(fields),
-            egress=list(egress),
+            duration=duration,
             justification=justification,
             requested_by=requested_by,
-            approved_by=approved_by,
-            requested_duration=duration,
-            status=Grant.Status.ACTIVE,
-            decided_at=at,
-            starts_at=at,
-            expires_at=at + duration,
+            actor=actor,
+            at=at,
+            task=task,
+            fields=fields,
+            egress=egress,
+            limits=limits,
             delegable=delegable,
-            break_glass=break_glass,
-            **_limits(limits),
         )
-        _event(grant, EventType.GRANT_ISSUED, actor, at, approved_by=approved_by.get_username())
-    return grant
+        return grant_approve(grant_id=grant.pk, approver=approved_by, actor=actor, at=at)
 
 
 def _descendants(grant_ids: list[int]) -> list[Grant]:
