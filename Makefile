@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 HOST   ?= 127.0.0.1:8000
 
-.PHONY: run test lint check bench install clean
+.PHONY: run test lint check bench fuzz install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m benchmarks.authorize
+
+# Schemathesis against the live schema as agent A, agent B and an admin, on a fresh
+# PostgreSQL database (governance_fuzz, dropped afterwards; FUZZ_POSTGRES names the server).
+fuzz: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[fuzz]'
+	$(PY) -m fuzz.schemathesis_run
 
 clean:
 	rm -rf $(VENV) db.sqlite3 var

@@ -1,0 +1,1 @@
+"""Fuzzing the live API: `python -m fuzz.schemathesis_run` (or `make fuzz`)."""

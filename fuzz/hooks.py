@@ -1,0 +1,64 @@
+"""Schemathesis hooks for fuzz/schemathesis_run.py, loaded through SCHEMATHESIS_HOOKS.
+
+One custom check, `positive_data_acceptance_by_form`: schemathesis' own
+positive_data_acceptance (a request that fits the schema must not get a 4xx other
+than 401/403/404/409/429), except for the few 400s that no schema can rule out,
+because they depend on other data: the body names an owner, tool, task or agent
+that does not exist, or a time that has passed. Everything a schema *can* say
+(name and scope patterns, unique actions, the longest grant or token) is declared
+in it, so a 400 for any of those is still a finding.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import schemathesis
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+
+def _always(fields: dict[str, Any]) -> bool:
+    return True
+
+
+# error code -> when its 400 is about other data rather than the request's form
+BEYOND_THE_SCHEMA: dict[str, Callable[[dict[str, Any]], bool]] = {
+    # The body names something by a name that nothing has.
+    "unknown_owner": _always,
+    "unknown_parent": _always,
+    "unknown_agent": _always,
+    "unknown_tool": _always,
+    "unknown_task": _always,
+    # Who asks decides: an agent may only name itself, a person must name the agent.
+    "agent_mismatch": _always,
+    "agent_required": _always,
+    # A task must end after it opens, i.e. after now.
+    "invalid_window": _always,
+    # A delegation must expire in the future. (A token's lifetime, blamed on
+    # `expires_days`, is declared in the schema: that one stays a finding.)
+    "invalid_expiry": lambda fields: not fields,
+    # The named tool does not support the action (the form itself is declared).
+    "invalid_grant": lambda fields: set(fields) == {"actions"},
+}
+
+
+def _error(response: Any) -> tuple[str, dict[str, Any]]:
+    try:
+        body = json.loads(response.content or b"")
+        error = body["error"]
+        return str(error["code"]), dict(error.get("fields") or {})
+    except (ValueError, KeyError, TypeError):
+        return "", {}
+
+
+@schemathesis.check
+def positive_data_acceptance_by_form(ctx: Any, response: Any, case: Any) -> bool | None:
+    """Schema-valid requests are accepted unless they name what does not exist."""
+    if response.status_code == 400:
+        code, fields = _error(response)
+        rule = BEYOND_THE_SCHEMA.get(code)
+        if rule is not None and rule(fields):
+            return None
+    return positive_data_acceptance(ctx, response, case)
