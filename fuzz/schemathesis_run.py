@@ -61,6 +61,8 @@ DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432"
 DEFAULT_DATABASE = "governance_fuzz"
 AGENT_A, AGENT_B, ADMIN = "agent-a", "agent-b", "fuzz-admin"
 IDENTITY_HEADER = "X-Fuzz-Identity"
+# One identity's run takes about a minute at 100 examples per operation on 2 cores.
+RUN_TIMEOUT = 900
 # Every check schemathesis has. `all` would be the same today; naming them keeps a
 # new check from silently changing what CI asserts.
 CHECKS = (
@@ -518,16 +520,31 @@ def run_schemathesis(
     log(f"schemathesis as {identity}: {' '.join(command[3:6])} ... (max {max_examples}/operation)")
     started = time.monotonic()
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz.hooks", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(  # noqa: S603
-        command, cwd=tmp, env=env, capture_output=True, text=True, check=False
-    )
+    try:
+        proc = subprocess.run(  # noqa: S603
+            command,
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=RUN_TIMEOUT,
+        )
+        exit_code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        # A hung run is a finding too; what it printed so far says where it was.
+        exit_code = -1
+        parts = [exc.stdout, exc.stderr]  # bytes here, even with text=True
+        output = "".join(
+            p.decode(errors="replace") if isinstance(p, bytes) else p or "" for p in parts
+        )
+        output += f"\nTimed out after {RUN_TIMEOUT} s"
     seconds = time.monotonic() - started
-    output = proc.stdout + proc.stderr
     (tmp / f"schemathesis-{identity}.log").write_text(output)
     print(output, flush=True)
     cases = count_cases(output)
     failures = count_failures(report_dir)
-    return RunResult(identity, proc.returncode, cases, failures, seconds, har)
+    return RunResult(identity, exit_code, cases, failures, seconds, har)
 
 
 def count_cases(output: str) -> int:
