@@ -190,7 +190,7 @@ SELECT id, status, starts_at, expires_at, revoked_at, depth FROM chain ORDER BY 
 
 _APPROVAL_QUERY = """
 SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id
-FROM governance_approval WHERE id = %s
+FROM governance_approval WHERE id = %s AND agent_id = %s
 """
 
 
@@ -448,7 +448,9 @@ def _authorize(
         approval_uuid = str(uuid.UUID(approval))
     except ValueError:
         return _deny(Reason.APPROVAL_INVALID, "The approval id is not valid.", **ctx)
-    found = db.execute(_APPROVAL_QUERY, [db.param_uuid(approval_uuid)])
+    # Scoped to the asking agent: another agent's approval id must look exactly
+    # like one that does not exist (no oracle for other agents' approvals).
+    found = db.execute(_APPROVAL_QUERY, [db.param_uuid(approval_uuid), agent_id])
     if not found:
         return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
     _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires, ap_task = found[0]

@@ -406,3 +406,20 @@ def test_pattern_within(inner, outer, expected):
 
 def at_plus(base: datetime, **kw: Any) -> datetime:
     return base + timedelta(**kw)
+
+
+def test_another_agents_approval_looks_like_a_missing_one(world, make_grant, bob):
+    from governance.models import Agent, Tool
+
+    other = Agent.objects.get(name="sleepy")
+    Agent.objects.filter(pk=other.pk).update(status="active")
+    make_grant(other, Tool.objects.get(name="repo"), ("delete",), "repo:acme/api/*")
+    theirs = access.access_check(at=NOW, **{**_delete(), "agent": "sleepy"})
+    assert theirs.decision == "approval_required"
+    approvals.approval_approve(
+        approval_id=theirs.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+    stolen = access.access_check(at=NOW, approval=theirs.approval_id, **_delete())
+    made_up = access.access_check(at=NOW, approval=str(uuid.uuid4()), **_delete())
+    assert (stolen.reason, stolen.message) == (made_up.reason, made_up.message)
+    assert stolen.approval_id is None and last_event().approval_id == ""

@@ -142,6 +142,8 @@ def test_a_duration_over_the_maximum_is_rejected_not_clamped(bot, repo, alice, s
         ("scope", ""),
         ("egress", ["example.org"]),
         ("egress", ["example.org:99999"]),
+        ("egress", ["example.org:443\n"]),
+        ("egress", ["example.org:४४३"]),
         ("duration", timedelta(0)),
     ],
 )

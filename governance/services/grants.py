@@ -22,7 +22,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
 
-_EGRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+_EGRESS = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})", re.ASCII)
 
 
 def validate_shape(
@@ -50,7 +50,7 @@ def validate_shape(
     if any(not isinstance(f, str) or not f for f in fields):
         errors["fields"] = "Fields must be non-empty names."
     for item in egress:
-        match = _EGRESS.match(item) if isinstance(item, str) else None
+        match = _EGRESS.fullmatch(item) if isinstance(item, str) else None
         if match is None or not 0 < int(match.group(2)) < 65536:
             errors["egress"] = f"Egress entry {item!r} is not host:port."
             break
