@@ -10,6 +10,7 @@ Input objects are closed (additionalProperties: false), as StrictSerializer is.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.conf import settings
@@ -231,7 +232,34 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
-class AuthorizeIn(StrictSerializer):
+class CopiedFields:
+    """Fields copied per instance, not re-built.
+
+    DRF deep-copies every declared field for every serializer instance, which
+    re-runs each field's __init__ (a ChoiceField rebuilds its choice maps): about
+    half of the cost of reading an /authorize body and rendering its decision.
+    A flat field holds no per-request state until bind() gives the copy its name
+    and parent, so a shallow copy per instance serves. A field with a child
+    (DictField, ListField) is still deep-copied: its child is bound to it.
+    """
+
+    _declared_fields: dict[str, serializers.Field]
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {
+            name: copy.deepcopy(field) if hasattr(field, "child") else _shallow_copy(field)
+            for name, field in self._declared_fields.items()
+        }
+
+
+def _shallow_copy(field: serializers.Field) -> serializers.Field:
+    # What copy.copy() does for these plain objects, without its generic protocol.
+    clone = object.__new__(type(field))
+    clone.__dict__.update(field.__dict__)
+    return clone
+
+
+class AuthorizeIn(CopiedFields, StrictSerializer):
     tool = exact_char(max_length=100)
     action = serializers.ChoiceField(choices=ActionClass.choices)
     scope = exact_char(max_length=500)
@@ -240,7 +268,7 @@ class AuthorizeIn(StrictSerializer):
     approval = exact_char(max_length=64, required=False, allow_null=True)
 
 
-class DecisionOut(serializers.Serializer):
+class DecisionOut(CopiedFields, serializers.Serializer):
     decision = serializers.ChoiceField(choices=Verdict.choices)
     reason = serializers.ChoiceField(choices=Reason.choices)
     message = serializers.CharField()
