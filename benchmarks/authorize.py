@@ -449,7 +449,6 @@ def bench_commit_ceiling(seconds: float) -> Result:
 def bench_access_check(args: dict[str, Any]) -> tuple[Result, list[str]]:
     import multiprocessing as mp
 
-    from governance import audit
     from governance.models import AuditEvent
 
     def head() -> int:
@@ -503,19 +502,29 @@ def bench_access_check(args: dict[str, Any]) -> tuple[Result, list[str]]:
         f"({count} timed + {warm} warm-up): {'OK' if new_events == decisions else 'MISMATCH'}"
     )
     checks.append(f"decisions with reason=error: {errors}")
-    prev = AuditEvent.objects.filter(seq=before).values_list("hash", flat=True).first()
+    bad = chain_bad_links(after=before)
+    checks.append(f"chain segment re-verified: {'OK' if bad == 0 else f'{bad} BAD links'}")
+    return result, checks
+
+
+def chain_bad_links(*, after: int) -> int:
+    """Re-check the audit chain from seq `after` + 1 to the end: gapless, each
+    event linked to the one before and its HMAC recomputed. Returns the bad links."""
+    from governance import audit
+    from governance.models import AuditEvent
+
+    prev = AuditEvent.objects.filter(seq=after).values_list("hash", flat=True).first()
     prev = prev or audit.GENESIS
     bad = 0
-    expected_seq = before + 1
-    rows = AuditEvent.objects.filter(seq__gt=before).order_by("seq").values(*audit.FIELDS)
+    expected_seq = after + 1
+    rows = AuditEvent.objects.filter(seq__gt=after).order_by("seq").values(*audit.FIELDS)
     for row in rows.iterator(chunk_size=5000):
         if row["seq"] != expected_seq or row["prev_hash"] != prev:
             bad += 1
         elif audit.event_hash(prev, row) != row["hash"]:
             bad += 1
         prev, expected_seq = row["hash"], row["seq"] + 1
-    checks.append(f"chain segment re-verified: {'OK' if bad == 0 else f'{bad} BAD links'}")
-    return result, checks
+    return bad
 
 
 # --- Baselines: the slices ------------------------------------------------------
