@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 HOST   ?= 127.0.0.1:8000
 
-.PHONY: run test lint check bench fuzz install clean
+.PHONY: run test lint check bench bench-http fuzz install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m benchmarks.authorize
+
+# /authorize over HTTP (gunicorn, 2 workers) beside a constant-JSON DRF view, at 1, 4 and
+# 16 keep-alive callers; same data set as `make bench` (PostgreSQL, gov_bench by default).
+bench-http: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	DATABASE_URL=$${DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/gov_bench} \
+		$(PY) -m benchmarks.http_authorize
 
 # Schemathesis against the live schema as agent A, agent B and an admin, on a fresh
 # PostgreSQL database (governance_fuzz, dropped afterwards; FUZZ_POSTGRES names the server).
