@@ -1,0 +1,23 @@
+"""The schema and the interactive docs are served, and the docs need no CDN."""
+
+import re
+
+
+def test_the_openapi_schema_describes_the_api_and_its_auth(client, db):
+    response = client.get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert schema["openapi"].startswith("3.")
+    assert "/api/v1/authorize" in schema["paths"]
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    authorize = schema["paths"]["/api/v1/authorize"]["post"]
+    assert {"200", "400", "401", "503"} <= set(authorize["responses"])
+
+
+def test_the_docs_page_loads_its_assets_from_this_server(client, db):
+    response = client.get("/api/v1/docs/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    sources = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sources, "the page references its assets"
+    assert all(not s.startswith(("http://", "https://", "//")) for s in sources), sources
