@@ -311,7 +311,9 @@ def test_a_bad_tool_is_refused_and_nothing_written(admin, make_tool, change, sta
     assert _names_field(error, field)
 
 
-def test_a_changed_definition_quarantines_until_an_admin_approves(admin, world, agent_client):
+def test_a_changed_definition_quarantines_until_another_admin_approves(
+    admin, world, agent_client, human_client, bob
+):
     bot_client = agent_client(world["bot"])
     ask = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
     assert bot_client.post(f"{API}/authorize", ask, format="json").json()["decision"] == "allow"
@@ -328,12 +330,16 @@ def test_a_changed_definition_quarantines_until_an_admin_approves(admin, world, 
         "tool_quarantined"
     )
 
-    approved = admin.post(f"{API}/tools/repo/approve")
+    own = admin.post(f"{API}/tools/repo/approve")
+    assert own.status_code == 403 and own.json()["error"]["code"] == "self_approval"
+    assert Tool.objects.get(name="repo").is_quarantined
+
+    approved = human_client(bob, "admins").post(f"{API}/tools/repo/approve")
     assert approved.status_code == 200 and approved.json()["quarantined"] is False
     assert not Tool.objects.get(name="repo").is_quarantined
     event = last_event()
-    assert (event.event_type, event.actor) == ("tool.approved", "user:dave")
-    assert '"approver":"dave"' in event.data
+    assert (event.event_type, event.actor) == ("tool.approved", "user:bob")
+    assert '"approver":"bob"' in event.data
     assert bot_client.post(f"{API}/authorize", ask, format="json").json()["decision"] == "allow"
 
 

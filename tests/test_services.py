@@ -373,3 +373,17 @@ def test_a_bad_setting_stops_start_up(name, value):
     )
     assert proc.returncode != 0
     assert "ImproperlyConfigured" in proc.stderr and name in proc.stderr
+
+
+def test_nobody_approves_their_own_tool_definition_change(repo, alice, bob, system):
+    tools.tool_update_definition(
+        tool=repo, description="changed by bob", input_schema={}, actor=Actor.user(bob),
+        at=NOW, updated_by=bob,
+    )  # fmt: skip
+    with pytest.raises(Forbidden, match="cannot approve"):
+        tools.tool_approve_definition(tool=repo, approver=bob, actor=Actor.user(bob), at=NOW)
+    repo.refresh_from_db()
+    assert repo.is_quarantined and last_event().event_type == "tool.quarantined"
+    tools.tool_approve_definition(tool=repo, approver=alice, actor=Actor.user(alice), at=NOW)
+    repo.refresh_from_db()
+    assert not repo.is_quarantined and last_event().event_type == "tool.approved"

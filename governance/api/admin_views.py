@@ -272,6 +272,7 @@ class ToolDetailView(AdminView):
             tool=tool,
             description=data.get("description", tool.description),
             input_schema=data.get("input_schema", tool.input_schema),
+            updated_by=request.user,
             actor=actor_for(request),
             at=timezone.now(),
         )

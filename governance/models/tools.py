@@ -4,6 +4,7 @@ import hashlib
 import json
 from typing import Any
 
+from django.conf import settings
 from django.db import models
 
 from governance.codes import ActionClass
@@ -49,6 +50,11 @@ class Tool(models.Model):
     # The definition an admin approved; a mismatch means quarantine.
     approved_hash = models.CharField(max_length=64)
     approved_definition = models.JSONField(default=dict, blank=True)
+    # Who recorded the current definition (null: a sync job or the registration).
+    # They cannot also approve it: nobody clears their own change from quarantine.
+    definition_updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

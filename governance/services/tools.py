@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from governance import audit
 from governance.codes import ACTION_VALUES, EventType
-from governance.errors import Conflict, GovernanceError
+from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Tool
 from governance.models.tools import definition_hash
 from governance.services.agents import validate_name
@@ -73,7 +73,13 @@ def tool_register(
 
 
 def tool_update_definition(
-    *, tool: Tool, description: str, input_schema: Any, actor: audit.Actor, at: datetime
+    *,
+    tool: Tool,
+    description: str,
+    input_schema: Any,
+    actor: audit.Actor,
+    at: datetime,
+    updated_by: Any = None,
 ) -> Tool:
     """Record what the tool now says about itself. Any change quarantines it
     until an admin re-approves: tool metadata is untrusted content."""
@@ -85,6 +91,7 @@ def tool_update_definition(
         tool.description = description
         tool.input_schema = input_schema or {}
         tool.definition_hash = digest
+        tool.definition_updated_by = updated_by
         tool.save()
         quarantined = tool.is_quarantined
         audit.append(
@@ -100,6 +107,13 @@ def tool_update_definition(
 def tool_approve_definition(*, tool: Tool, approver: Any, actor: audit.Actor, at: datetime) -> Tool:
     with transaction.atomic():
         tool = Tool.objects.select_for_update().get(pk=tool.pk)
+        if (
+            tool.definition_updated_by_id is not None
+            and tool.definition_updated_by_id == approver.pk
+        ):
+            raise Forbidden(
+                "self_approval", "The person who changed a tool's definition cannot approve it."
+            )
         tool.approved_hash = tool.definition_hash
         tool.approved_definition = _definition(tool.name, tool.description, tool.input_schema)
         tool.save()
