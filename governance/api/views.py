@@ -184,7 +184,9 @@ class ApprovalDetailView(APIView):
         return Response(s.ApprovalOut(approval).data)
 
 
-class ApprovalDecideView(APIView):
+class DecideView(APIView):
+    """Approve or deny something pending: approvers only, rate-limited, fail closed."""
+
     permission_classes = [IsApprover]
     approve = True
 
@@ -192,17 +194,23 @@ class ApprovalDecideView(APIView):
         # Also the request schema: a denial must say why, an approval may.
         return s.ReasonIn if self.approve else s.RequiredReasonIn
 
-    @extend_schema(responses={200: s.ApprovalOut, 409: ERRORS[400], **ERRORS})
-    def post(self, request: Request, approval_id: str) -> Response:
+    def reason(self, request: Request) -> str:
         limit(request, "approval", fail_closed=True)
         body = self.get_serializer_class()(data=request.data)
         body.is_valid(raise_exception=True)
+        return body.validated_data["reason"]
+
+
+class ApprovalDecideView(DecideView):
+    @extend_schema(responses={200: s.ApprovalOut, 409: ERRORS[400], **ERRORS})
+    def post(self, request: Request, approval_id: str) -> Response:
+        reason = self.reason(request)
         approval = _get(_visible_approvals(request), "approval", pk=approval_id)
         decide = approvals.approval_approve if self.approve else approvals.approval_deny
         approval = decide(
             approval_id=approval.pk,
             approver=request.user,
-            reason=body.validated_data["reason"],
+            reason=reason,
             actor=actor_for(request),
             at=timezone.now(),
         )
@@ -314,19 +322,10 @@ class GrantRequestDetailView(APIView):
         return Response(s.GrantOut(_get(_visible_requests(request), "request", pk=grant_id)).data)
 
 
-class GrantRequestDecideView(APIView):
-    permission_classes = [IsApprover]
-    approve = True
-
-    def get_serializer_class(self) -> type[s.StrictSerializer]:
-        # Also the request schema: a denial must say why, an approval may.
-        return s.ReasonIn if self.approve else s.RequiredReasonIn
-
+class GrantRequestDecideView(DecideView):
     @extend_schema(responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS})
     def post(self, request: Request, grant_id: int) -> Response:
-        limit(request, "approval", fail_closed=True)
-        body = self.get_serializer_class()(data=request.data)
-        body.is_valid(raise_exception=True)
+        reason = self.reason(request)
         grant = _get(_visible_requests(request), "request", pk=grant_id)
         now, actor = timezone.now(), actor_for(request)
         if self.approve:
@@ -337,7 +336,7 @@ class GrantRequestDecideView(APIView):
             grant = grants.grant_deny(
                 grant_id=grant.pk,
                 approver=request.user,
-                reason=body.validated_data["reason"],
+                reason=reason,
                 actor=actor,
                 at=now,
             )

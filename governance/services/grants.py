@@ -151,16 +151,23 @@ def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
     return {f"limit_{k}": v for k, v in limits.items()}
 
 
+def _lock_pending(grant_id: int) -> Grant:
+    """The request, row-locked: two approvers (or approve and deny) at once
+    decide it exactly once; the loser gets a clear Conflict."""
+    grant = (
+        Grant.objects.select_for_update(of=("self",))
+        .select_related("agent", "tool", "task")
+        .get(pk=grant_id)
+    )
+    if grant.status != Grant.Status.PENDING:
+        raise Conflict("not_pending", f"The request is already {grant.status}.")
+    return grant
+
+
 def grant_approve(*, grant_id: int, approver: Any, actor: audit.Actor, at: datetime) -> Grant:
     """Approval starts the clock: starts_at = now, expires_at = now + duration."""
     with transaction.atomic():
-        grant = (
-            Grant.objects.select_for_update(of=("self",))
-            .select_related("agent", "tool", "task")
-            .get(pk=grant_id)
-        )
-        if grant.status != Grant.Status.PENDING:
-            raise Conflict("not_pending", f"The request is already {grant.status}.")
+        grant = _lock_pending(grant_id)
         if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
             raise Forbidden("self_approval", "Nobody approves their own request.")
         if grant.agent.owner_id == approver.pk and grant.requested_by_agent_id is not None:
@@ -182,13 +189,7 @@ def grant_deny(
     *, grant_id: int, approver: Any, reason: str, actor: audit.Actor, at: datetime
 ) -> Grant:
     with transaction.atomic():
-        grant = (
-            Grant.objects.select_for_update(of=("self",))
-            .select_related("agent", "tool", "task")
-            .get(pk=grant_id)
-        )
-        if grant.status != Grant.Status.PENDING:
-            raise Conflict("not_pending", f"The request is already {grant.status}.")
+        grant = _lock_pending(grant_id)
         grant.status = Grant.Status.DENIED
         grant.approved_by = approver if approver.pk != grant.requested_by_id else None
         grant.decided_at = at
