@@ -387,3 +387,18 @@ def test_nobody_approves_their_own_tool_definition_change(repo, alice, bob, syst
     tools.tool_approve_definition(tool=repo, approver=alice, actor=Actor.user(alice), at=NOW)
     repo.refresh_from_db()
     assert not repo.is_quarantined and last_event().event_type == "tool.approved"
+
+
+def test_the_access_report_says_what_blocks_a_live_window(make_agent, repo, make_grant, system):
+    from governance.services import reports
+
+    active, frozen = make_agent("active-bot"), make_agent("frozen-bot")
+    make_grant(active, repo, ("read",), "repo:acme/*")
+    make_grant(frozen, repo, ("read",), "repo:acme/*")
+    agents.agent_suspend(agent=frozen, reason="incident", actor=system, at=NOW - MS)
+    rows = {row["agent"]: row for row in reports.access_rows(NOW)}
+    assert rows["active-bot"]["blocked_by"] is None
+    assert rows["frozen-bot"]["blocked_by"] == "agent_suspended"
+    # The same answer the decision gives.
+    ask = {"tool": "repo", "action": "read", "scope": "repo:acme/x", "at": NOW}
+    assert access.access_check(agent="frozen-bot", **ask).reason == "agent_suspended"

@@ -19,6 +19,7 @@ from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import GovernanceError
 from governance.models import Grant
+from governance.policy import grant_dead_reason
 
 ACCESS_COLUMNS = (
     "grant",
@@ -34,6 +35,7 @@ ACCESS_COLUMNS = (
     "approver",
     "delegated_from",
     "break_glass",
+    "blocked_by",
 )
 FORMATS = ("json", "csv")
 # OWASP's list: =, +, -, @ start a formula; tab and carriage return can smuggle one in.
@@ -69,6 +71,10 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
             "approver": g.approved_by.get_username() if g.approved_by else None,
             "delegated_from": g.delegated_from_id,
             "break_glass": g.break_glass,
+            # A live window is not yet access: the decision module says whether
+            # anything else (suspended agent, quarantined tool, dead ancestor)
+            # would refuse it. Agent and tool state are as of now.
+            "blocked_by": grant_dead_reason(g.pk, at),
         }
         for g in grants
     ]
