@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 
 from django.conf import settings
 from django.db import models
@@ -68,6 +67,3 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"approval {self.id} ({self.status})"
-
-    def is_usable_at(self, at: datetime) -> bool:
-        return self.status == self.Status.APPROVED and self.expires_at > at

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q, Value
@@ -19,7 +17,8 @@ class Grant(models.Model):
     once the grant exists (capped by settings.GRANT_MAX_TTL in the service);
     a pending request carries a requested duration instead, because approval
     starts the clock. Liveness is decided at decision time from the window,
-    never from `status`, which is bookkeeping for people and reports.
+    never from `status`, which is bookkeeping for people and reports, and in
+    one place only: governance.policy (authorize, grant_dead_reason).
     """
 
     class Status(models.TextChoices):
@@ -139,14 +138,4 @@ class Grant(models.Model):
     def __str__(self) -> str:
         return (
             f"grant#{self.pk} {self.agent_id}:{self.tool_id} {','.join(self.actions)} {self.scope}"
-        )
-
-    def is_live_at(self, at: datetime) -> bool:
-        """Own window only; authorize() also walks the delegation ancestors."""
-        return (
-            self.status not in (self.Status.PENDING, self.Status.DENIED)
-            and self.starts_at is not None
-            and self.expires_at is not None
-            and self.starts_at <= at < self.expires_at
-            and (self.revoked_at is None or self.revoked_at > at)
         )
