@@ -29,6 +29,7 @@ from governance import db
 from governance.audit import arguments_digest
 from governance.codes import ACTION_VALUES, ActionClass, Reason
 from governance.codes import Decision as Verdict
+from governance.models.tasks import window_open_at
 
 log = logging.getLogger(__name__)
 
@@ -378,12 +379,7 @@ def _authorize(
             return _deny(Reason.TASK_UNKNOWN, f"No task has the key {task!r}.", **ctx)
         ctx["task_id"] = task_id
         starts, ends, closed = (db.read_dt(v) for v in (task_starts, task_ends, task_closed))
-        # Decided from the times, like grants: `status` is bookkeeping.
-        if (
-            (starts is not None and starts > at)
-            or (ends is not None and ends <= at)
-            or (closed is not None and closed <= at)
-        ):
+        if not window_open_at(starts, ends, closed, at):
             return _deny(Reason.TASK_CLOSED, "The task is not open.", **ctx)
     # 5. The resource is canonical: one spelling per resource.
     if not resource_is_canonical(scope):

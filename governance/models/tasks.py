@@ -40,8 +40,19 @@ class Task(models.Model):
         return self.key
 
     def is_open_at(self, at: datetime) -> bool:
-        if self.starts_at > at:
-            return False
-        if self.ends_at is not None and self.ends_at <= at:
-            return False
-        return self.closed_at is None or self.closed_at > at
+        return window_open_at(self.starts_at, self.ends_at, self.closed_at, at)
+
+
+def window_open_at(
+    starts_at: datetime | None, ends_at: datetime | None, closed_at: datetime | None, at: datetime
+) -> bool:
+    """A task is open from its start until it ends or is closed, whichever is first.
+
+    Decided from the times, never from `status` (bookkeeping); authorize() uses
+    this same function on the raw row.
+    """
+    if starts_at is not None and starts_at > at:
+        return False
+    if ends_at is not None and ends_at <= at:
+        return False
+    return closed_at is None or closed_at > at
