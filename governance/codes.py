@@ -78,10 +78,13 @@ class EventType(models.TextChoices):
     APPROVAL_APPROVED = "approval.approved"
     APPROVAL_DENIED = "approval.denied"
     APPROVAL_CONSUMED = "approval.consumed"
+    APPROVAL_EXPIRED = "approval.expired"
     MATRIX_IMPORTED = "matrix.imported"
     # Reading who-could-do-what is itself recorded: an export leaves the system.
     REPORT_EXPORTED = "report.exported"
     AUDIT_CHECKPOINT = "audit.checkpoint"
+    # The nightly chain walk found tampering (or a broken checkpoint).
+    AUDIT_VERIFY_FAILED = "audit.verify_failed"
 
 
 class ActorType(models.TextChoices):

@@ -63,3 +63,42 @@ def approval_deny(
     return _decide(
         approval_id=approval_id, approver=approver, approve=False, reason=reason, actor=actor, at=at
     )
+
+
+def approvals_expire(*, actor: audit.Actor, at: datetime) -> int:
+    """Bookkeeping: approvals still pending or approved past expires_at become
+    expired, one event each. Consumption already refuses them (it requires
+    expires_at > at), so this only makes the record say so.
+
+    Each row is claimed with a conditional UPDATE on the status it was read
+    with, so two workers (or a consume racing an expire) act on it once.
+    """
+    open_statuses = [Approval.Status.PENDING, Approval.Status.APPROVED]
+    due = Approval.objects.filter(status__in=open_statuses, expires_at__lte=at).values_list(
+        "pk", "status"
+    )
+    count = 0
+    for pk, status in list(due):
+        with transaction.atomic():
+            won = Approval.objects.filter(pk=pk, status=status, expires_at__lte=at).update(
+                status=Approval.Status.EXPIRED
+            )
+            if not won:
+                continue
+            approval = Approval.objects.select_related("agent", "tool", "task").get(pk=pk)
+            audit.append(
+                event_type=EventType.APPROVAL_EXPIRED,
+                actor=actor,
+                at=at,
+                agent=approval.agent.name,
+                task=approval.task.key if approval.task else "",
+                tool=approval.tool.name,
+                action=approval.action,
+                scope=approval.scope,
+                arguments_hash=approval.arguments_hash,
+                approval_id=str(approval.pk),
+                grant_id=approval.grant_id,
+                data={"previous_status": status, "expires_at": approval.expires_at.isoformat()},
+            )
+            count += 1
+    return count
