@@ -1,0 +1,103 @@
+"""The one Celery app and the ONE beat schedule.
+
+Broker: Redis at settings.REDIS_URL when it is set (production: docker-compose,
+any number of workers). Unset, an embedded broker that needs no service: kombu's
+filesystem transport in var/celery, which a separate worker and beat process on
+the same machine share through plain files (`make run` starts both).
+
+The schedule only does bookkeeping and checks. Decisions never depend on it:
+authorize() refuses an expired grant from its expires_at on whether or not a
+job has run (DESIGN.md invariant 2).
+
+Configuration is read when the app is first used (worker or beat start, first
+send), not at import: `governance/__init__.py` imports this module, and that
+must not force Django's settings to load.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.schedules import crontab
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "governance.settings")
+
+app = Celery("governance")
+
+# The embedded broker's message folder (relative to the project, like db.sqlite3).
+EMBEDDED_BROKER_DIR = Path(__file__).resolve().parent.parent / "var" / "celery"
+
+
+def expiry_interval() -> timedelta:
+    """Seconds between expiry runs: 60, or GOVERNANCE_EXPIRY_INTERVAL_SECONDS (strict
+    integer; the integration test sets 1 so it need not wait a minute)."""
+    from governance.settings import env_int
+
+    return timedelta(seconds=env_int("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", 60, minimum=1))
+
+
+def beat_schedule() -> dict[str, dict[str, Any]]:
+    return {
+        # Expired grants and approvals are already refused at decision time; this marks
+        # them `expired` and writes their one audit event each, so the matrix, the
+        # dashboard and the reports show what is really live. Every minute keeps that
+        # lag short; the services claim each row, so overlapping runs are harmless.
+        "expire-due": {
+            "task": "governance.tasks.expire_due",
+            "schedule": expiry_interval(),
+        },
+        # A signed checkpoint outside the database every minute, even with no new
+        # events: deleting the newest events (or the whole table) is then caught by
+        # verify, and a gap in the checkpoint series shows the job itself stopped.
+        "audit-checkpoint": {
+            "task": "governance.tasks.audit_checkpoint",
+            "schedule": timedelta(minutes=1),
+        },
+        # Walking the whole chain costs time proportional to the log, so once a night
+        # (quiet hours, UTC) is enough to catch tampering; a failure is logged as an
+        # error and recorded as an `audit.verify_failed` event.
+        "audit-verify-nightly": {
+            "task": "governance.tasks.audit_verify",
+            "schedule": crontab(hour=3, minute=17),
+        },
+    }
+
+
+def _config() -> dict[str, Any]:
+    from django.conf import settings
+
+    config: dict[str, Any] = {
+        "timezone": "UTC",
+        "enable_utc": True,
+        "beat_schedule": beat_schedule(),
+        # Tasks return a small summary for the worker log; nobody waits on results.
+        "task_ignore_result": True,
+        # A job lost with its worker is run again by the next tick, not redelivered late.
+        "task_acks_late": False,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+    }
+    if settings.REDIS_URL:
+        config["broker_url"] = settings.REDIS_URL
+    else:
+        EMBEDDED_BROKER_DIR.mkdir(parents=True, exist_ok=True)
+        folder = str(EMBEDDED_BROKER_DIR)
+        config["broker_url"] = "filesystem://"
+        config["broker_transport_options"] = {
+            # One folder in and out: every process on this machine shares one queue.
+            "data_folder_in": folder,
+            "data_folder_out": folder,
+            "store_processed": False,
+            # Broadcast (ping, shutdown) state here too, not in the working directory.
+            "control_folder": str(EMBEDDED_BROKER_DIR / "control"),
+        }
+    return config
+
+
+# Evaluated lazily, when the app's configuration is first read.
+app.add_defaults(_config)
+app.autodiscover_tasks(["governance"])

@@ -1,0 +1,58 @@
+"""Celery tasks: thin. Each calls a service as the system and returns a small
+summary for the worker log. The rules live in the services; the schedule
+lives in governance/celery.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+from django.db import transaction
+from django.utils import timezone
+
+from governance import audit
+from governance.codes import EventType
+from governance.services.approvals import approvals_expire
+from governance.services.grants import grants_expire
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="governance.tasks.expire_due")
+def expire_due() -> dict[str, int]:
+    """Mark grants and approvals past their end as expired (bookkeeping only).
+
+    Agent tokens are not included: they have no status column, so an expired
+    token is simply refused at authentication time and there is nothing to mark.
+    """
+    actor = audit.Actor.system("celery:expire_due")
+    at = timezone.now()
+    return {
+        "grants": grants_expire(actor=actor, at=at),
+        "approvals": approvals_expire(actor=actor, at=at),
+    }
+
+
+@shared_task(name="governance.tasks.audit_checkpoint")
+def audit_checkpoint() -> dict[str, Any]:
+    body = audit.write_checkpoint(timezone.now())
+    return {"file": body["file"], "seq": body["seq"]}
+
+
+@shared_task(name="governance.tasks.audit_verify")
+def audit_verify() -> dict[str, Any]:
+    """Walk the chain; a failure is an error in the log and an event in the chain
+    itself (appended after the damage, so the next verify still reports the damage)."""
+    verdict = audit.verify_chain()
+    if not verdict.ok:
+        log.error("audit chain verification failed: %s", verdict.render())
+        with transaction.atomic():
+            audit.append(
+                event_type=EventType.AUDIT_VERIFY_FAILED,
+                actor=audit.Actor.system("celery:audit_verify"),
+                at=timezone.now(),
+                reason="verify_failed",
+                data={"bad_seq": verdict.bad_seq, "problem": verdict.problem},
+            )
+    return {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}

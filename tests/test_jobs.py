@@ -1,0 +1,292 @@
+"""Scheduled jobs: the expiry services (each run twice: idempotent, one event per
+transition), the thin tasks and command, and one run of a real Celery worker and
+beat against the real Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from governance import audit, tasks
+from governance.celery import app, beat_schedule, expiry_interval
+from governance.codes import EventType, Reason
+from governance.models import Approval, AuditEvent, Grant
+from governance.policy import authorize
+from governance.services import access
+from governance.services.approvals import approval_approve, approval_deny, approvals_expire
+from governance.services.grants import grants_expire
+from tests.conftest import MS, NOW
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_TEST_URL = "redis://127.0.0.1:6379/12"
+
+
+def events(event_type: str, **filters: object) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(event_type=event_type, **filters).order_by("seq"))
+
+
+# --- grants_expire ---------------------------------------------------------------------------
+
+
+def test_grants_expire_marks_a_grant_once_however_often_it_runs(
+    make_agent, make_tool, make_grant, system
+):
+    grant = make_grant(make_agent(), make_tool())  # live NOW-30min .. NOW+30min
+    assert grants_expire(actor=system, at=grant.expires_at - MS) == 0
+    assert grants_expire(actor=system, at=grant.expires_at) == 1
+    assert grants_expire(actor=system, at=grant.expires_at + timedelta(minutes=5)) == 0
+
+    grant.refresh_from_db()
+    assert grant.status == Grant.Status.EXPIRED
+    (event,) = events(EventType.GRANT_EXPIRED, grant_id=grant.pk)
+    assert event.actor == "system:test"
+    assert json.loads(event.data)["status"] == "expired"
+
+
+def test_grants_expire_leaves_live_and_revoked_grants_alone(
+    make_agent, make_tool, make_grant, system, alice
+):
+    from governance.services.grants import grant_revoke
+
+    agent, tool = make_agent(), make_tool()
+    live = make_grant(agent, tool, duration=timedelta(hours=5))
+    revoked = make_grant(agent, tool, scope="repo:acme/web/*")
+    grant_revoke(grant_id=revoked.pk, reason="done", actor=system, at=NOW, revoked_by=alice)
+
+    assert grants_expire(actor=system, at=NOW + timedelta(hours=1)) == 0
+    assert Grant.objects.get(pk=live.pk).status == Grant.Status.ACTIVE
+    assert Grant.objects.get(pk=revoked.pk).status == Grant.Status.REVOKED
+    assert events(EventType.GRANT_EXPIRED) == []
+
+
+# --- approvals_expire ------------------------------------------------------------------------
+
+
+def _approval(arguments: dict[str, object]) -> Approval:
+    decision = access.access_check(
+        agent="bot",
+        tool="repo",
+        action="delete",
+        scope="repo:acme/api/x",
+        at=NOW,
+        arguments=arguments,
+    )
+    assert decision.reason == Reason.APPROVAL_REQUIRED, decision
+    return Approval.objects.get(pk=decision.approval_id)
+
+
+@pytest.fixture
+def approvals(make_agent, make_tool, make_grant, bob, system) -> dict[str, Approval]:
+    """One approval in each state, all requested at NOW."""
+    make_grant(make_agent("bot"), make_tool("repo"), actions=("delete",))
+    pending = _approval({"n": 1})
+    approved = _approval({"n": 2})
+    denied = _approval({"n": 3})
+    approval_approve(approval_id=approved.pk, approver=bob, actor=system, at=NOW + MS)
+    approval_deny(approval_id=denied.pk, approver=bob, reason="no", actor=system, at=NOW + MS)
+    return {"pending": pending, "approved": approved, "denied": denied}
+
+
+def test_approvals_expire_marks_pending_and_approved_ones_once(approvals, system):
+    expires_at = approvals["pending"].expires_at
+    assert approvals_expire(actor=system, at=expires_at - MS) == 0
+    assert approvals_expire(actor=system, at=expires_at) == 2
+    assert approvals_expire(actor=system, at=expires_at + timedelta(minutes=5)) == 0
+
+    for name, status in [("pending", "expired"), ("approved", "expired"), ("denied", "denied")]:
+        approvals[name].refresh_from_db()
+        assert approvals[name].status == status, name
+    expired = events(EventType.APPROVAL_EXPIRED)
+    assert sorted(e.approval_id for e in expired) == sorted(
+        str(approvals[name].pk) for name in ("pending", "approved")
+    )
+    assert {json.loads(e.data)["previous_status"] for e in expired} == {"pending", "approved"}
+
+
+def test_an_expired_approval_can_no_longer_be_consumed(approvals, system):
+    approved = approvals["approved"]
+    approvals_expire(actor=system, at=approved.expires_at)
+    decision = access.access_check(
+        agent="bot",
+        tool="repo",
+        action="delete",
+        scope="repo:acme/api/x",
+        at=approved.expires_at - MS,  # even a caller whose clock is behind
+        arguments={"n": 2},
+        approval=str(approved.pk),
+    )
+    assert not decision.allowed
+    approved.refresh_from_db()
+    assert approved.status == Approval.Status.EXPIRED
+
+
+# --- tasks and the command -------------------------------------------------------------------
+
+
+def test_the_expire_task_and_command_call_the_same_services(
+    make_agent, make_tool, make_grant, approvals
+):
+    # Everything in these fixtures ended long before the real "now".
+    grant = Grant.objects.get()
+    summary = tasks.expire_due()
+    assert summary == {"grants": 1, "approvals": 2}
+    out = io.StringIO()
+    call_command("expire_now", stdout=out)
+    assert out.getvalue().strip() == "expired 0 grant(s), 0 approval(s)"
+    (event,) = events(EventType.GRANT_EXPIRED, grant_id=grant.pk)
+    assert event.actor == "system:celery:expire_due"
+
+
+def test_the_checkpoint_task_writes_a_checkpoint_even_with_nothing_new(db):
+    first = tasks.audit_checkpoint()
+    second = tasks.audit_checkpoint()
+    assert first["seq"] == second["seq"] == 0
+    assert len(audit.load_checkpoints()) == 2
+
+
+def test_the_verify_task_records_a_failure_as_an_event(make_agent, caplog):
+    make_agent()
+    assert tasks.audit_verify()["ok"] is True
+    assert events(EventType.AUDIT_VERIFY_FAILED) == []
+
+    # A forged checkpoint (its head edited, so its signature no longer matches).
+    body = audit.write_checkpoint(timezone.now())
+    path = Path(settings.AUDIT_CHECKPOINT_DIR) / body["file"]
+    forged = json.loads(path.read_text()) | {"head": "f" * 64}
+    path.write_text(json.dumps(forged))
+
+    result = tasks.audit_verify()
+    assert result["ok"] is False
+    (event,) = events(EventType.AUDIT_VERIFY_FAILED)
+    assert "bad signature" in json.loads(event.data)["problem"]
+    assert event.actor == "system:celery:audit_verify"
+    assert "audit chain verification failed" in caplog.text
+
+
+# --- the schedule ----------------------------------------------------------------------------
+
+
+def test_every_scheduled_entry_names_a_registered_task():
+    app.loader.import_default_modules()
+    for name, entry in beat_schedule().items():
+        assert entry["task"] in app.tasks, name
+
+
+def test_the_expiry_interval_is_parsed_strictly(monkeypatch):
+    assert expiry_interval() == timedelta(minutes=1)
+    monkeypatch.setenv("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", "2")
+    assert expiry_interval() == timedelta(seconds=2)
+    for bad in ("1.5", "soon", "0", ""):
+        monkeypatch.setenv("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", bad)
+        with pytest.raises(ImproperlyConfigured):
+            expiry_interval()
+
+
+# --- a real worker and beat ------------------------------------------------------------------
+
+
+def _database_url() -> str:
+    """The test database pytest-django created, so the worker sees this test's rows."""
+    db = connection.settings_dict
+    user = quote(db["USER"] or "", safe="")
+    password = f":{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else ""
+    return f"postgresql://{user}{password}@{db['HOST']}:{db['PORT']}/{quote(db['NAME'])}"
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
+            [sys.executable, "-m", "celery", "-A", "governance", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_and_beat_mark_an_expired_grant_within_seconds(
+    postgres_only, make_agent, make_tool, make_grant, tmp_path
+):
+    import redis
+
+    broker = redis.Redis.from_url(REDIS_TEST_URL)
+    broker.flushdb()  # no stale messages from an earlier run
+    env = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "governance.settings",
+        "DATABASE_URL": _database_url(),
+        "DATABASE_CONN_MAX_AGE": "0",
+        "REDIS_URL": REDIS_TEST_URL,
+        "GOVERNANCE_EXPIRY_INTERVAL_SECONDS": "1",
+        "AUDIT_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+    }
+    agent, tool = make_agent(), make_tool()
+    worker_log, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
+    node = f"jobs-test-{uuid.uuid4().hex[:8]}@%h"
+    worker = _start(
+        ["worker", "--pool=solo", "-l", "INFO", "-n", node, "--without-gossip", "--without-mingle"],
+        env,
+        worker_log,
+    )
+    beat = None
+    try:
+        deadline = time.monotonic() + 60
+        while "ready." not in worker_log.read_text():
+            assert worker.poll() is None, worker_log.read_text()
+            assert time.monotonic() < deadline, "worker not ready:\n" + worker_log.read_text()
+            time.sleep(0.1)
+        beat = _start(["beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule")], env, beat_log)
+
+        grant = make_grant(agent, tool, starts_at=timezone.now(), duration=timedelta(seconds=2))
+        question = {"agent": agent.name, "tool": tool.name, "action": "read"}
+        question["scope"] = "repo:acme/api/x"
+        # Refused from expires_at on by the decision alone, before any job could act.
+        assert authorize(at=grant.expires_at - MS, **question).allowed
+        refused = authorize(at=grant.expires_at + MS, **question)
+        assert (refused.allowed, refused.reason) == (False, Reason.GRANT_EXPIRED)
+        assert timezone.now() < grant.expires_at, "the checks above took too long to mean much"
+        assert Grant.objects.get(pk=grant.pk).status == Grant.Status.ACTIVE
+
+        # The scheduled job (every second here) does the bookkeeping within a few seconds.
+        deadline = time.monotonic() + 2 + 10
+        while Grant.objects.get(pk=grant.pk).status != Grant.Status.EXPIRED:
+            assert worker.poll() is None, worker_log.read_text()
+            assert beat.poll() is None, beat_log.read_text()
+            assert time.monotonic() < deadline, (
+                "not expired in time\n" + worker_log.read_text() + beat_log.read_text()
+            )
+            time.sleep(0.2)
+        (event,) = events(EventType.GRANT_EXPIRED, grant_id=grant.pk)
+        assert event.actor == "system:celery:expire_due"
+        assert not authorize(at=timezone.now(), **question).allowed
+    finally:
+        for process in (beat, worker):
+            if process is not None:
+                _stop(process)
+        broker.flushdb()
+        broker.close()
