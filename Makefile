@@ -18,10 +18,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The web server in the foreground, a Celery worker and beat beside it (governance/celery.py:
+# Redis when REDIS_URL is set, else an embedded broker in var/celery). Both are stopped
+# when the server exits, however it exits.
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
-	@echo "Serving on http://$(HOST)/"
+	@mkdir -p var/celery
+	@echo "Serving on http://$(HOST)/ (with a Celery worker and beat)"
+	@trap 'kill $$worker $$beat 2>/dev/null; wait' EXIT; trap 'exit 130' INT TERM; \
+	$(VENV)/bin/celery -A governance worker --pool=solo --loglevel=INFO & worker=$$!; \
+	$(VENV)/bin/celery -A governance beat --loglevel=INFO --schedule=var/celery/beat-schedule & \
+	beat=$$!; \
 	$(PY) manage.py runserver --insecure --noreload $(HOST)
 
 test: $(STAMP)
