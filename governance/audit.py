@@ -21,6 +21,7 @@ import functools
 import hashlib
 import hmac
 import json
+import logging
 import re
 import uuid
 from collections.abc import Iterator, Mapping
@@ -33,7 +34,9 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from governance import db
-from governance.codes import ActorType
+from governance.codes import ActorType, EventType
+
+log = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
 # Arbitrary constant identifying "the audit chain" among advisory locks.
@@ -377,6 +380,24 @@ def verify_chain() -> Verdict:
                     f"event hash differs from checkpoint {latest['file']}",
                 )
     return Verdict(True, count, prev_hash)
+
+
+def verify_and_record(*, actor: Actor, at: datetime) -> Verdict:
+    """Verify; a failure is logged and recorded as an event in the chain itself
+    (appended after the damage, so the next verify still reports the damage).
+    Used by the nightly job and by `manage.py audit_verify` alike."""
+    verdict = verify_chain()
+    if not verdict.ok:
+        log.error("audit chain verification failed: %s", verdict.render())
+        with transaction.atomic():
+            append(
+                event_type=EventType.AUDIT_VERIFY_FAILED,
+                actor=actor,
+                at=at,
+                reason="verify_failed",
+                data={"bad_seq": verdict.bad_seq, "problem": verdict.problem},
+            )
+    return verdict
 
 
 def _hash_at(seq: int) -> str | None:

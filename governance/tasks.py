@@ -4,19 +4,14 @@ lives in governance/celery.py."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import shared_task
-from django.db import transaction
 from django.utils import timezone
 
 from governance import audit
-from governance.codes import EventType
 from governance.services.approvals import approvals_expire
 from governance.services.grants import grants_expire
-
-log = logging.getLogger(__name__)
 
 
 @shared_task(name="governance.tasks.expire_due")
@@ -42,17 +37,7 @@ def audit_checkpoint() -> dict[str, Any]:
 
 @shared_task(name="governance.tasks.audit_verify")
 def audit_verify() -> dict[str, Any]:
-    """Walk the chain; a failure is an error in the log and an event in the chain
-    itself (appended after the damage, so the next verify still reports the damage)."""
-    verdict = audit.verify_chain()
-    if not verdict.ok:
-        log.error("audit chain verification failed: %s", verdict.render())
-        with transaction.atomic():
-            audit.append(
-                event_type=EventType.AUDIT_VERIFY_FAILED,
-                actor=audit.Actor.system("celery:audit_verify"),
-                at=timezone.now(),
-                reason="verify_failed",
-                data={"bad_seq": verdict.bad_seq, "problem": verdict.problem},
-            )
+    verdict = audit.verify_and_record(
+        actor=audit.Actor.system("celery:audit_verify"), at=timezone.now()
+    )
     return {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}

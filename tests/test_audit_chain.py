@@ -123,6 +123,9 @@ def test_an_edited_event_is_detected(chain, capsys):
     code, text = verify_output(capsys)
     assert code == 1
     assert "FAILED at seq 5" in text and "edited" in text
+    # The failure is itself recorded, after the damage, for the next reader.
+    failed = AuditEvent.objects.order_by("-seq").first()
+    assert failed.event_type == "audit.verify_failed" and '"bad_seq":5' in failed.data
 
 
 def test_a_deleted_event_in_the_middle_is_detected(chain, capsys):

@@ -1,6 +1,7 @@
 import sys
 
 from django.core.management.base import BaseCommand
+from django.utils import timezone
 
 from governance import audit
 
@@ -12,7 +13,9 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: object, **options: object) -> None:
-        verdict = audit.verify_chain()
+        verdict = audit.verify_and_record(
+            actor=audit.Actor.system("manage.py audit_verify"), at=timezone.now()
+        )
         if verdict.ok:
             self.stdout.write(verdict.render())
             return
