@@ -73,6 +73,8 @@ class EventType(models.TextChoices):
     GRANT_DENIED = "grant.denied"
     GRANT_REVOKED = "grant.revoked"
     GRANT_EXPIRED = "grant.expired"
+    # A request left undecided past GRANT_REQUEST_TTL; the row is closed as denied.
+    GRANT_REQUEST_EXPIRED = "grant.request_expired"
     GRANT_DELEGATED = "grant.delegated"
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_APPROVED = "approval.approved"

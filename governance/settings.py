@@ -103,6 +103,9 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver
 # --- Governance policy knobs -------------------------------------------------
 # There are no permanent grants: every grant's window is capped by this.
 GRANT_MAX_TTL = timedelta(hours=env_int("GRANT_MAX_TTL_HOURS", 24 * 7, minimum=1))
+# A request nobody decides within this long is closed (denied, undecided), so
+# a stale request cannot be approved weeks later by someone missing the context.
+GRANT_REQUEST_TTL = timedelta(hours=env_int("GRANT_REQUEST_TTL_HOURS", 72, minimum=1))
 # Approvals for destructive actions are meant to be used right away.
 APPROVAL_TTL = timedelta(minutes=env_int("APPROVAL_TTL_MINUTES", 15, minimum=1, maximum=24 * 60))
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)

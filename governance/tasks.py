@@ -11,12 +11,13 @@ from django.utils import timezone
 
 from governance import audit
 from governance.services.approvals import approvals_expire
-from governance.services.grants import grants_expire
+from governance.services.grants import grant_requests_expire, grants_expire
 
 
 @shared_task(name="governance.tasks.expire_due")
 def expire_due() -> dict[str, int]:
-    """Mark grants and approvals past their end as expired (bookkeeping only).
+    """Mark grants and approvals past their end as expired (bookkeeping only),
+    and close grant requests left undecided past GRANT_REQUEST_TTL.
 
     Agent tokens are not included: they have no status column, so an expired
     token is simply refused at authentication time and there is nothing to mark.
@@ -26,6 +27,7 @@ def expire_due() -> dict[str, int]:
     return {
         "grants": grants_expire(actor=actor, at=at),
         "approvals": approvals_expire(actor=actor, at=at),
+        "requests": grant_requests_expire(actor=actor, at=at),
     }
 
 

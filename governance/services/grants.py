@@ -376,3 +376,44 @@ def grants_expire(*, actor: audit.Actor, at: datetime) -> int:
                 _event(grant, EventType.GRANT_EXPIRED, actor, at)
                 count += 1
     return count
+
+
+REQUEST_EXPIRED_REASON = "request expired undecided"
+
+
+def grant_requests_expire(*, actor: audit.Actor, at: datetime) -> int:
+    """Close requests nobody decided within GRANT_REQUEST_TTL, one event each.
+
+    They become `denied` (not `expired`): the database reserves `expired` for
+    grants that had a window (grant_live_states_have_window), and a request
+    never had one. Each row is claimed with a conditional UPDATE on
+    status='pending', so an approve, a deny or a second worker racing this
+    job decides the request exactly once.
+    """
+    cutoff = at - settings.GRANT_REQUEST_TTL
+    due = Grant.objects.filter(status=Grant.Status.PENDING, created_at__lte=cutoff).values_list(
+        "pk", flat=True
+    )
+    count = 0
+    for pk in list(due):
+        with transaction.atomic():
+            won = Grant.objects.filter(
+                pk=pk, status=Grant.Status.PENDING, created_at__lte=cutoff
+            ).update(
+                status=Grant.Status.DENIED,
+                decided_at=at,
+                decision_reason=REQUEST_EXPIRED_REASON,
+            )
+            if not won:
+                continue
+            grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
+            _event(
+                grant,
+                EventType.GRANT_REQUEST_EXPIRED,
+                actor,
+                at,
+                reason=REQUEST_EXPIRED_REASON,
+                created_at=grant.created_at.isoformat(),
+            )
+            count += 1
+    return count

@@ -1,0 +1,150 @@
+"""Grant requests nobody decides within GRANT_REQUEST_TTL are closed by the expiry job:
+denied with a clear reason, one event per request, however often the job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+from django.conf import settings
+
+from governance.audit import Actor
+from governance.codes import EventType
+from governance.errors import Conflict
+from governance.models import AuditEvent, Grant
+from governance.services import grants
+from governance.services.grants import REQUEST_EXPIRED_REASON, grant_requests_expire
+from tests.conftest import MS, NOW
+
+
+def events(event_type: str, **filters: object) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(event_type=event_type, **filters).order_by("seq"))
+
+
+@pytest.fixture
+def request_at(make_agent, make_tool, alice, system):
+    """A pending request whose created_at is set (auto_now_add ignores what we pass)."""
+    agent, tool = make_agent(), make_tool()
+
+    def make(created_at: datetime, scope: str = "repo:acme/api/*") -> Grant:
+        grant = grants.grant_request(
+            agent=agent,
+            tool=tool,
+            actions=["read"],
+            scope=scope,
+            duration=timedelta(hours=1),
+            justification="need it",
+            requested_by=alice,
+            actor=system,
+            at=created_at,
+        )
+        Grant.objects.filter(pk=grant.pk).update(created_at=created_at)
+        grant.refresh_from_db()
+        return grant
+
+    return make
+
+
+def test_the_default_request_ttl_is_three_days():
+    assert settings.GRANT_REQUEST_TTL == timedelta(hours=72)
+
+
+def test_a_request_expires_exactly_at_its_ttl_and_only_once(request_at, system):
+    grant = request_at(NOW)
+    due = NOW + settings.GRANT_REQUEST_TTL
+
+    assert grant_requests_expire(actor=system, at=due - MS) == 0
+    assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
+    assert events(EventType.GRANT_REQUEST_EXPIRED) == []
+
+    assert grant_requests_expire(actor=system, at=due) == 1
+    assert grant_requests_expire(actor=system, at=due + MS) == 0
+    assert grant_requests_expire(actor=system, at=due + timedelta(days=9)) == 0
+
+    grant.refresh_from_db()
+    assert grant.status == Grant.Status.DENIED
+    assert grant.decision_reason == REQUEST_EXPIRED_REASON
+    assert grant.decided_at == due
+    assert (grant.starts_at, grant.expires_at, grant.approved_by_id) == (None, None, None)
+    (event,) = events(EventType.GRANT_REQUEST_EXPIRED, grant_id=grant.pk)
+    assert event.actor == "system:test"
+    data = json.loads(event.data)
+    assert (data["status"], data["reason"]) == ("denied", REQUEST_EXPIRED_REASON)
+
+
+def test_a_request_one_millisecond_younger_than_the_ttl_stays_pending(request_at, system):
+    due = NOW + settings.GRANT_REQUEST_TTL
+    young = request_at(NOW + MS)
+    old = request_at(NOW - MS, scope="repo:acme/web/*")
+
+    assert grant_requests_expire(actor=system, at=due) == 1
+    assert Grant.objects.get(pk=young.pk).status == Grant.Status.PENDING
+    assert Grant.objects.get(pk=old.pk).status == Grant.Status.DENIED
+    assert [e.grant_id for e in events(EventType.GRANT_REQUEST_EXPIRED)] == [old.pk]
+
+
+def test_the_ttl_comes_from_the_setting(request_at, system, settings):
+    settings.GRANT_REQUEST_TTL = timedelta(hours=1)
+    grant = request_at(NOW)
+    assert grant_requests_expire(actor=system, at=NOW + timedelta(hours=1) - MS) == 0
+    assert grant_requests_expire(actor=system, at=NOW + timedelta(hours=1)) == 1
+    assert Grant.objects.get(pk=grant.pk).status == Grant.Status.DENIED
+
+
+def test_approved_and_denied_requests_are_left_alone(request_at, bob, system):
+    approved = request_at(NOW)
+    denied = request_at(NOW, scope="repo:acme/web/*")
+    grants.grant_approve(grant_id=approved.pk, approver=bob, actor=Actor.user(bob), at=NOW)
+    grants.grant_deny(grant_id=denied.pk, approver=bob, reason="no", actor=Actor.user(bob), at=NOW)
+
+    assert grant_requests_expire(actor=system, at=NOW + timedelta(days=30)) == 0
+    approved.refresh_from_db()
+    denied.refresh_from_db()
+    assert approved.status == Grant.Status.ACTIVE
+    assert (denied.status, denied.decision_reason) == (Grant.Status.DENIED, "no")
+    assert events(EventType.GRANT_REQUEST_EXPIRED) == []
+
+
+def test_an_expired_request_can_no_longer_be_approved_or_denied(request_at, bob, system):
+    grant = request_at(NOW)
+    later = NOW + settings.GRANT_REQUEST_TTL
+    grant_requests_expire(actor=system, at=later)
+    before = AuditEvent.objects.count()
+
+    with pytest.raises(Conflict) as approving:
+        grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=later)
+    assert approving.value.code == "not_pending"
+    with pytest.raises(Conflict):
+        grants.grant_deny(
+            grant_id=grant.pk, approver=bob, reason="no", actor=Actor.user(bob), at=later
+        )
+
+    grant.refresh_from_db()
+    assert (grant.status, grant.starts_at) == (Grant.Status.DENIED, None)
+    assert AuditEvent.objects.count() == before
+
+
+def test_an_expired_request_frees_its_slot_for_a_new_one(request_at, system):
+    # One pending request per thing: closing the stale one lets the agent ask again.
+    request_at(NOW)
+    grant_requests_expire(actor=system, at=NOW + settings.GRANT_REQUEST_TTL)
+    again = request_at(NOW + settings.GRANT_REQUEST_TTL)
+    assert again.status == Grant.Status.PENDING
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "three days", "1.5", ""])
+def test_a_bad_request_ttl_stops_start_up(value):
+    env = {**os.environ, "GRANT_REQUEST_TTL_HOURS": value}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "governance.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "ImproperlyConfigured" in proc.stderr and "GRANT_REQUEST_TTL_HOURS" in proc.stderr
