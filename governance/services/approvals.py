@@ -13,6 +13,26 @@ from governance.errors import Conflict, Forbidden
 from governance.models import Approval
 
 
+def _event(
+    approval: Approval, event_type: str, actor: audit.Actor, at: datetime, **data: Any
+) -> None:
+    """The one shape of an approval's audit event: the exact call it is bound to."""
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=approval.agent.name,
+        task=approval.task.key if approval.task else "",
+        tool=approval.tool.name,
+        action=approval.action,
+        scope=approval.scope,
+        arguments_hash=approval.arguments_hash,
+        approval_id=str(approval.pk),
+        grant_id=approval.grant_id,
+        data=data,
+    )
+
+
 def _decide(
     *, approval_id: Any, approver: Any, approve: bool, reason: str, actor: audit.Actor, at: datetime
 ) -> Approval:
@@ -32,19 +52,12 @@ def _decide(
         approval.decided_at = at
         approval.decision_reason = reason
         approval.save()
-        audit.append(
-            event_type=EventType.APPROVAL_APPROVED if approve else EventType.APPROVAL_DENIED,
-            actor=actor,
-            at=at,
-            agent=approval.agent.name,
-            task=approval.task.key if approval.task else "",
-            tool=approval.tool.name,
-            action=approval.action,
-            scope=approval.scope,
-            arguments_hash=approval.arguments_hash,
-            approval_id=str(approval.pk),
-            grant_id=approval.grant_id,
-            data={"reason": reason},
+        _event(
+            approval,
+            EventType.APPROVAL_APPROVED if approve else EventType.APPROVAL_DENIED,
+            actor,
+            at,
+            reason=reason,
         )
     return approval
 
@@ -86,19 +99,13 @@ def approvals_expire(*, actor: audit.Actor, at: datetime) -> int:
             if not won:
                 continue
             approval = Approval.objects.select_related("agent", "tool", "task").get(pk=pk)
-            audit.append(
-                event_type=EventType.APPROVAL_EXPIRED,
-                actor=actor,
-                at=at,
-                agent=approval.agent.name,
-                task=approval.task.key if approval.task else "",
-                tool=approval.tool.name,
-                action=approval.action,
-                scope=approval.scope,
-                arguments_hash=approval.arguments_hash,
-                approval_id=str(approval.pk),
-                grant_id=approval.grant_id,
-                data={"previous_status": status, "expires_at": approval.expires_at.isoformat()},
+            _event(
+                approval,
+                EventType.APPROVAL_EXPIRED,
+                actor,
+                at,
+                previous_status=status,
+                expires_at=approval.expires_at.isoformat(),
             )
             count += 1
     return count
