@@ -11,6 +11,7 @@ from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
 from governance.models import Approval
+from governance.services.claims import claim_each
 
 
 def _event(
@@ -90,22 +91,24 @@ def approvals_expire(*, actor: audit.Actor, at: datetime) -> int:
     due = Approval.objects.filter(status__in=open_statuses, expires_at__lte=at).values_list(
         "pk", "status"
     )
-    count = 0
-    for pk, status in list(due):
-        with transaction.atomic():
-            won = Approval.objects.filter(pk=pk, status=status, expires_at__lte=at).update(
-                status=Approval.Status.EXPIRED
-            )
-            if not won:
-                continue
-            approval = Approval.objects.select_related("agent", "tool", "task").get(pk=pk)
-            _event(
-                approval,
-                EventType.APPROVAL_EXPIRED,
-                actor,
-                at,
-                previous_status=status,
-                expires_at=approval.expires_at.isoformat(),
-            )
-            count += 1
-    return count
+
+    def announce(row: tuple[object, str]) -> None:
+        pk, status = row
+        approval = Approval.objects.select_related("agent", "tool", "task").get(pk=pk)
+        expires_at = approval.expires_at.isoformat()
+        _event(
+            approval,
+            EventType.APPROVAL_EXPIRED,
+            actor,
+            at,
+            previous_status=status,
+            expires_at=expires_at,
+        )
+
+    return claim_each(
+        due,
+        claim=lambda row: Approval.objects.filter(
+            pk=row[0], status=row[1], expires_at__lte=at
+        ).update(status=Approval.Status.EXPIRED),
+        announce=announce,
+    )

@@ -21,6 +21,7 @@ from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
+from governance.services.claims import claim_each
 
 _EGRESS = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})", re.ASCII)
 
@@ -362,20 +363,20 @@ def grants_expire(*, actor: audit.Actor, at: datetime) -> int:
     Claims each row with a conditional UPDATE so two workers never both
     announce the same expiry.
     """
-    count = 0
     due = Grant.objects.filter(status=Grant.Status.ACTIVE, expires_at__lte=at).values_list(
         "pk", flat=True
     )
-    for pk in list(due):
-        with transaction.atomic():
-            won = Grant.objects.filter(pk=pk, status=Grant.Status.ACTIVE).update(
-                status=Grant.Status.EXPIRED
-            )
-            if won:
-                grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
-                _event(grant, EventType.GRANT_EXPIRED, actor, at)
-                count += 1
-    return count
+    return claim_each(
+        due,
+        claim=lambda pk: Grant.objects.filter(pk=pk, status=Grant.Status.ACTIVE).update(
+            status=Grant.Status.EXPIRED
+        ),
+        announce=lambda pk: _event(_with_names(pk), EventType.GRANT_EXPIRED, actor, at),
+    )
+
+
+def _with_names(pk: int) -> Grant:
+    return Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
 
 
 REQUEST_EXPIRED_REASON = "request expired undecided"
@@ -394,26 +395,21 @@ def grant_requests_expire(*, actor: audit.Actor, at: datetime) -> int:
     due = Grant.objects.filter(status=Grant.Status.PENDING, created_at__lte=cutoff).values_list(
         "pk", flat=True
     )
-    count = 0
-    for pk in list(due):
-        with transaction.atomic():
-            won = Grant.objects.filter(
-                pk=pk, status=Grant.Status.PENDING, created_at__lte=cutoff
-            ).update(
-                status=Grant.Status.DENIED,
-                decided_at=at,
-                decision_reason=REQUEST_EXPIRED_REASON,
-            )
-            if not won:
-                continue
-            grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
-            _event(
-                grant,
-                EventType.GRANT_REQUEST_EXPIRED,
-                actor,
-                at,
-                reason=REQUEST_EXPIRED_REASON,
-                created_at=grant.created_at.isoformat(),
-            )
-            count += 1
-    return count
+    return claim_each(
+        due,
+        claim=lambda pk: Grant.objects.filter(
+            pk=pk, status=Grant.Status.PENDING, created_at__lte=cutoff
+        ).update(status=Grant.Status.DENIED, decided_at=at, decision_reason=REQUEST_EXPIRED_REASON),
+        announce=lambda pk: _announce_request_expired(_with_names(pk), actor, at),
+    )
+
+
+def _announce_request_expired(grant: Grant, actor: audit.Actor, at: datetime) -> None:
+    _event(
+        grant,
+        EventType.GRANT_REQUEST_EXPIRED,
+        actor,
+        at,
+        reason=REQUEST_EXPIRED_REASON,
+        created_at=grant.created_at.isoformat(),
+    )

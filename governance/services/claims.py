@@ -1,0 +1,27 @@
+"""The race-safe job pattern, once: claim a row with a conditional UPDATE, act
+only on the rows you won (healthchecks' sendalerts). Two workers running the
+same job at once each announce a transition exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from django.db import transaction
+
+Row = TypeVar("Row")
+
+
+def claim_each(
+    rows: Iterable[Row], claim: Callable[[Row], int], announce: Callable[[Row], None]
+) -> int:
+    """For each candidate: in one transaction, `claim` (a conditional UPDATE
+    returning its row count) and, if it won, `announce` (the audit event).
+    Returns how many were won."""
+    won = 0
+    for row in list(rows):
+        with transaction.atomic():
+            if claim(row):
+                announce(row)
+                won += 1
+    return won
