@@ -33,7 +33,9 @@ from governance.services.grants import grants_expire
 from tests.conftest import MS, NOW
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_TEST_URL = "redis://127.0.0.1:6379/12"
+# The worker test's own Redis database (flushed by the test); TEST_REDIS_DB lets two
+# checkouts run the suite at once without sharing a queue.
+REDIS_TEST_URL = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_DB', '12')}"
 
 
 def events(event_type: str, **filters: object) -> list[AuditEvent]:
