@@ -87,6 +87,8 @@ class EventType(models.TextChoices):
     AUDIT_CHECKPOINT = "audit.checkpoint"
     # The nightly chain walk found tampering (or a broken checkpoint).
     AUDIT_VERIFY_FAILED = "audit.verify_failed"
+    # Someone read the audit log in the web UI (exports are report.exported).
+    AUDIT_VIEWED = "audit.viewed"
 
 
 class ActorType(models.TextChoices):

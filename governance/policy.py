@@ -467,3 +467,56 @@ def _authorize(
             Reason.APPROVAL_INVALID, f"The approval is not usable (status {ap_status}).", **ctx
         )
     return Decision(Verdict.ALLOW, Reason.ALLOWED, "Allowed once by an approval.", **ctx)
+
+
+# --- The checklist, as data (for "why" pages) ----------------------------------------
+# The same steps _authorize() walks, in the same order, each with the reasons it can
+# answer. The UI's explain and what-if pages show a decision against this list: the
+# steps before the one that answered passed, that one decided, the rest never ran.
+# Kept beside _authorize() so a new check is added to both in one place.
+CHECKLIST: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("request", "The question is well-formed", (Reason.INVALID_REQUEST,)),
+    (
+        "agent",
+        "The agent exists and is active (not suspended)",
+        (Reason.UNKNOWN_AGENT, Reason.AGENT_SUSPENDED),
+    ),
+    (
+        "tool",
+        "The tool is in the inventory and its definition is approved",
+        (Reason.UNKNOWN_TOOL, Reason.TOOL_QUARANTINED),
+    ),
+    ("action", "The tool supports the action", (Reason.ACTION_NOT_SUPPORTED,)),
+    ("task", "The task, if named, exists and is open", (Reason.TASK_UNKNOWN, Reason.TASK_CLOSED)),
+    ("resource", "The resource is canonical", ()),
+    (
+        "grant",
+        "A live grant for this agent, tool, action and task covers the resource",
+        (
+            Reason.NO_GRANT,
+            Reason.SCOPE_MISMATCH,
+            Reason.GRANT_NOT_STARTED,
+            Reason.GRANT_EXPIRED,
+            Reason.GRANT_REVOKED,
+        ),
+    ),
+    (
+        "gate",
+        "A destructive action carries a matching, unused, unexpired approval",
+        (Reason.APPROVAL_REQUIRED, Reason.APPROVAL_INVALID),
+    ),
+)
+
+
+def deciding_step(reason: str, scope: str) -> str | None:
+    """Which CHECKLIST step produced `reason` (None: allowed, or an error).
+
+    scope_mismatch comes from two steps: the resource itself is not canonical
+    (step "resource"), or no grant's pattern covers it (step "grant").
+    """
+    if reason == Reason.SCOPE_MISMATCH and not resource_is_canonical(scope):
+        return "resource"
+    for key, _label, reasons in CHECKLIST:
+        if reason in reasons:
+            return key
+    return None

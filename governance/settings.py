@@ -233,3 +233,18 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# --- Web UI (governance/web) ---------------------------------------------------------------
+LOGIN_URL = "/ui/login/"
+LOGIN_REDIRECT_URL = "/ui/"
+MIDDLEWARE += ["governance.web.middleware.ContentSecurityPolicyMiddleware"]
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("governance.web.context.ui")  # type: ignore[index]
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+# A UI session ends after this long (and at once when the user is deactivated).
+SESSION_COOKIE_AGE = env_int("UI_SESSION_HOURS", 12, minimum=1, maximum=24 * 30) * 3600
+# Sign-in attempts per minute: per account (whatever address) and per address.
+RATE_LIMITS["login_account"] = env_int("RATE_LIMIT_LOGIN_ACCOUNT_PER_MINUTE", 5, minimum=1)
+RATE_LIMITS["login_address"] = env_int("RATE_LIMIT_LOGIN_ADDRESS_PER_MINUTE", 20, minimum=1)

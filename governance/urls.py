@@ -1,13 +1,17 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from governance import views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    # One sign-in door, rate-limited: the admin site's login sends people to the UI's.
+    path("admin/login/", RedirectView.as_view(url="/ui/login/", query_string=True)),
     path("admin/", admin.site.urls),
     path("api/v1/", include("governance.api.urls")),
+    path("ui/", include("governance.web.urls")),
 ]
 
 # Unmatched URLs under /api/ answer in the API's error shape (JSON), not an HTML page.

@@ -7,6 +7,7 @@ refused, database gone) the answer is deny with reason `error`, never allow.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -46,7 +47,9 @@ WHERE id = %s
 """
 
 
-def _pending_approval(decision: Decision, *, action: str, scope: str, at: datetime) -> Approval:
+def _pending_approval(
+    decision: Decision, *, action: str, scope: str, at: datetime, preview: str = "{}"
+) -> Approval:
     """Reuse the caller's open request for this exact call, or open one."""
     assert decision.agent_id and decision.tool_id and decision.grant_id
     existing = (
@@ -73,6 +76,9 @@ def _pending_approval(decision: Decision, *, action: str, scope: str, at: dateti
         action=action,
         scope=scope,
         arguments_hash=decision.arguments_hash,
+        # The masked arguments, so the approver sees exactly what would run
+        # (secrets and PII already masked, as in the audit event).
+        arguments_preview=json.loads(preview),
         requested_at=at,
         expires_at=at + settings.APPROVAL_TTL,
     )
@@ -125,7 +131,9 @@ def access_check(
                         message="The approval was already used.",
                     )
             if decision.decision == Verdict.APPROVAL_REQUIRED:
-                pending = _pending_approval(decision, action=action, scope=scope, at=at)
+                pending = _pending_approval(
+                    decision, action=action, scope=scope, at=at, preview=args_json
+                )
                 decision = replace(decision, approval_id=str(pending.id))
             if decision.allowed and decision.grant_id is not None:
                 db.execute_rowcount(_USE, [db.param_dt(at), db.param_dt(at), decision.grant_id])

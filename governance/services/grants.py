@@ -165,8 +165,62 @@ def _lock_pending(grant_id: int) -> Grant:
     return grant
 
 
-def grant_approve(*, grant_id: int, approver: Any, actor: audit.Actor, at: datetime) -> Grant:
-    """Approval starts the clock: starts_at = now, expires_at = now + duration."""
+def _narrowing(
+    grant: Grant,
+    actions: Sequence[str] | None,
+    scope: str | None,
+    duration: timedelta | None,
+) -> dict[str, Any]:
+    """What the approver cut from the request; never anything wider or longer.
+
+    An approver may grant less than was asked (fewer actions, a scope inside
+    the requested one, a shorter window), never more: a wider grant is a new
+    request that someone else has to approve.
+    """
+    narrowed: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    assert grant.requested_duration is not None
+    if actions is not None and list(actions) != list(grant.actions):
+        if not actions or len(set(actions)) != len(actions):
+            errors["actions"] = "Keep at least one action, each once."
+        elif not set(actions) <= set(grant.actions):
+            errors["actions"] = "Only actions that were requested can be approved."
+        else:
+            narrowed["actions"] = [a for a in grant.actions if a in set(actions)]
+    if scope is not None and scope != grant.scope:
+        if not pattern_within(scope, grant.scope):
+            errors["scope"] = f"The scope must lie inside the requested scope {grant.scope}."
+        else:
+            narrowed["scope"] = scope
+    if duration is not None and duration != grant.requested_duration:
+        if not timedelta(0) < duration <= grant.requested_duration:
+            errors["duration"] = "The duration must be positive and no longer than requested."
+        else:
+            narrowed["duration_seconds"] = int(duration.total_seconds())
+    if errors:
+        raise GovernanceError(
+            "invalid_narrowing",
+            "The approval would not narrow the request: " + " ".join(errors.values()),
+            fields=errors,
+        )
+    return narrowed
+
+
+def grant_approve(
+    *,
+    grant_id: int,
+    approver: Any,
+    actor: audit.Actor,
+    at: datetime,
+    actions: Sequence[str] | None = None,
+    scope: str | None = None,
+    duration: timedelta | None = None,
+) -> Grant:
+    """Approval starts the clock: starts_at = now, expires_at = now + duration.
+
+    `actions`, `scope` and `duration` optionally narrow the request (see
+    _narrowing); what was cut is recorded in the grant.issued event.
+    """
     with transaction.atomic():
         grant = _lock_pending(grant_id)
         if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
@@ -176,13 +230,25 @@ def grant_approve(*, grant_id: int, approver: Any, actor: audit.Actor, at: datet
                 "self_approval", "An agent's owner cannot approve the agent's own request."
             )
         assert grant.requested_duration is not None
+        narrowed = _narrowing(grant, actions, scope, duration)
+        requested = {
+            "actions": list(grant.actions),
+            "scope": grant.scope,
+            "duration_seconds": int(grant.requested_duration.total_seconds()),
+        }
+        grant.actions = narrowed.get("actions", grant.actions)
+        grant.scope = narrowed.get("scope", grant.scope)
+        window = timedelta(seconds=narrowed.get("duration_seconds", requested["duration_seconds"]))
         grant.status = Grant.Status.ACTIVE
         grant.approved_by = approver
         grant.decided_at = at
         grant.starts_at = at
-        grant.expires_at = at + grant.requested_duration
+        grant.expires_at = at + window
         grant.save()
-        _event(grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username())
+        extra = {"narrowed": narrowed, "requested": requested} if narrowed else {}
+        _event(
+            grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
+        )
     return grant
 
 

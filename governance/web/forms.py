@@ -1,0 +1,154 @@
+"""Strict forms: every field typed and bounded, unknown fields refused.
+
+Forms only parse; the rules (what may be narrowed, who may approve) live in
+the services, which the views call with the cleaned values.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.conf import settings
+
+from governance.codes import ActionClass, Decision, EventType, Reason
+from governance.models import Tool
+from governance.services import exports
+
+ACTION_CHOICES = ActionClass.choices
+
+
+class StrictForm(forms.Form):
+    """Refuses fields it does not know (a typo must not be silently ignored)."""
+
+    ALWAYS_ALLOWED = frozenset({"csrfmiddlewaretoken"})
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        unknown = set(self.data) - set(self.fields) - self.ALWAYS_ALLOWED
+        if unknown:
+            raise forms.ValidationError(f"Unknown field(s): {', '.join(sorted(unknown))}.")
+        return cleaned
+
+
+class ReasonForm(StrictForm):
+    reason = forms.CharField(max_length=1000, required=False, strip=True)
+
+
+class RequiredReasonForm(StrictForm):
+    reason = forms.CharField(max_length=1000, required=True, strip=True)
+
+
+class ApproveRequestForm(StrictForm):
+    """Approve, optionally narrowed: fewer actions, a narrower scope, a shorter window."""
+
+    actions = forms.MultipleChoiceField(choices=ACTION_CHOICES, required=False)
+    # Set by the page's form, whose checkboxes list the requested actions: then
+    # no box ticked means "no actions" (refused), not "as requested".
+    actions_listed = forms.BooleanField(required=False)
+    scope = forms.CharField(max_length=500, required=False, strip=True)
+    duration_hours = forms.DecimalField(
+        min_value=0.01, max_digits=8, decimal_places=2, required=False
+    )
+
+    def narrowing(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        out: dict[str, Any] = {}
+        if data.get("actions") or data.get("actions_listed"):
+            out["actions"] = list(data.get("actions") or [])
+        if data.get("scope"):
+            out["scope"] = data["scope"]
+        if data.get("duration_hours"):
+            out["duration"] = timedelta(hours=float(data["duration_hours"]))
+        return out
+
+
+class TokenForm(StrictForm):
+    days = forms.IntegerField(min_value=1, max_value=3650, initial=30)
+
+    def clean_days(self) -> int:
+        days = self.cleaned_data["days"]
+        if days > settings.AGENT_TOKEN_MAX_DAYS:
+            raise forms.ValidationError(f"At most {settings.AGENT_TOKEN_MAX_DAYS} days.")
+        return days
+
+
+def _choices(values: list[str]) -> list[tuple[str, str]]:
+    return [("", "any"), *[(v, v) for v in values]]
+
+
+class MatrixFilterForm(StrictForm):
+    task = forms.CharField(max_length=100, required=False)
+    owner = forms.CharField(max_length=150, required=False)
+    kind = forms.ChoiceField(choices=_choices(list(Tool.Kind.values)), required=False)
+
+
+class AuditFilterForm(StrictForm):
+    start = forms.DateTimeField(required=False, label="from")
+    end = forms.DateTimeField(required=False, label="to")
+    agent = forms.CharField(max_length=100, required=False)
+    task = forms.CharField(max_length=100, required=False)
+    tool = forms.CharField(max_length=100, required=False)
+    decision = forms.ChoiceField(choices=_choices(list(Decision.values)), required=False)
+    reason = forms.ChoiceField(choices=_choices(list(Reason.values)), required=False)
+    actor = forms.CharField(max_length=200, required=False)
+    event_type = forms.ChoiceField(choices=_choices(list(EventType.values)), required=False)
+    before = forms.IntegerField(min_value=1, required=False)
+    format = forms.ChoiceField(choices=_choices(list(exports.FORMATS)), required=False)
+
+    def filters(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        keys = ("start", "end", "agent", "task", "tool", "decision", "reason", "actor")
+        out = {k: data[k] for k in keys if data.get(k) not in (None, "")}
+        if data.get("event_type"):
+            out["event_type"] = data["event_type"]
+        return out
+
+
+class WhatIfForm(StrictForm):
+    agent = forms.CharField(max_length=100)
+    tool = forms.CharField(max_length=100)
+    action = forms.ChoiceField(choices=ACTION_CHOICES)
+    scope = forms.CharField(max_length=500)
+    task = forms.CharField(max_length=100, required=False)
+    at = forms.DateTimeField(required=False, help_text="UTC; empty means now")
+
+
+class AccessExportForm(StrictForm):
+    """A moment (`at`) or a period (`start`..`end`)."""
+
+    at = forms.DateTimeField(required=False)
+    start = forms.DateTimeField(required=False, label="from")
+    end = forms.DateTimeField(required=False, label="to")
+    format = forms.ChoiceField(choices=[(f, f) for f in exports.FORMATS])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        period = data.get("start") is not None or data.get("end") is not None
+        if period and (data.get("start") is None or data.get("end") is None):
+            raise forms.ValidationError("A period needs both from and to.")
+        if period and data.get("at") is not None:
+            raise forms.ValidationError("Give a moment or a period, not both.")
+        if period and data["end"] <= data["start"]:
+            raise forms.ValidationError("The period must end after it starts.")
+        return data
+
+
+class DecisionExportForm(StrictForm):
+    start = forms.DateTimeField(label="from")
+    end = forms.DateTimeField(label="to")
+    agent = forms.CharField(max_length=100, required=False)
+    task = forms.CharField(max_length=100, required=False)
+    tool = forms.CharField(max_length=100, required=False)
+    format = forms.ChoiceField(choices=[(f, f) for f in exports.FORMATS])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["end"] <= data["start"]:
+            raise forms.ValidationError("The period must end after it starts.")
+        return data
+
+
+class ReportForm(StrictForm):
+    at = forms.DateTimeField(required=False)

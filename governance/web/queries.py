@@ -1,0 +1,211 @@
+"""Read queries for the web UI's pages (the shared ones are in governance.selectors)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import TruncDate
+
+from governance import audit, selectors
+from governance.codes import ActionClass
+from governance.models import Agent, Approval, AuditEvent, Grant, Tool
+from governance.services.outcomes import DECISION_EVENTS
+
+ACTIONS = list(ActionClass.values)
+
+
+def pending_requests_for(user: Any) -> QuerySet[Grant]:
+    """Requests this person may decide: not their own, and (for an agent's own
+    request) not for an agent they own: the same rule grant_approve enforces."""
+    return (
+        Grant.objects.filter(status=Grant.Status.PENDING)
+        .exclude(requested_by=user)
+        .exclude(Q(requested_by_agent__isnull=False) & Q(agent__owner=user))
+        .select_related("agent__owner", "tool", "task", "requested_by", "requested_by_agent")
+        .order_by("created_at", "pk")
+    )
+
+
+def pending_approvals_for(user: Any, at: datetime) -> QuerySet[Approval]:
+    """Open destructive-action approvals this person may decide (not for their
+    own agent, not on a grant they requested), soonest to expire first."""
+    return (
+        Approval.objects.filter(status=Approval.Status.PENDING, expires_at__gt=at)
+        .exclude(agent__owner=user)
+        .exclude(grant__requested_by=user)
+        .select_related("agent", "tool", "task", "grant")
+        .order_by("expires_at")
+    )
+
+
+def expiring_soon(at: datetime, within: timedelta = timedelta(hours=24)) -> QuerySet[Grant]:
+    return selectors.live_grants(at).filter(expires_at__lte=at + within).order_by("expires_at")
+
+
+def unused_grants(at: datetime, days: int = 7) -> QuerySet[Grant]:
+    """Live grants nobody used in `days` (or ever, if they are that old)."""
+    cutoff = at - timedelta(days=days)
+    return (
+        selectors.live_grants(at)
+        .filter(starts_at__lte=cutoff)
+        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=cutoff))
+        .order_by("last_used_at", "pk")
+    )
+
+
+def _days(at: datetime, days: int) -> list[date]:
+    today = at.date()
+    return [today - timedelta(days=days - 1 - i) for i in range(days)]
+
+
+def live_grants_per_day(
+    at: datetime, days: int = 14, top: int = 4
+) -> tuple[list[str], list[tuple[str, list[int]]]]:
+    """Grants live at the end of each day (the last day: now), total and for the
+    agents with the most. Computed from the grants' own windows."""
+    day_list = _days(at, days)
+    moments = [
+        min(at, datetime.combine(d, time.max, tzinfo=at.tzinfo)) for d in day_list
+    ]  # end of each day, and now for today
+    start = moments[0] - timedelta(days=1)
+    windows = (
+        Grant.objects.exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
+        .filter(starts_at__lte=at, expires_at__gt=start)
+        .values_list("agent__name", "starts_at", "expires_at", "revoked_at")
+    )
+    total = [0] * days
+    per_agent: dict[str, list[int]] = defaultdict(lambda: [0] * days)
+    for name, starts, expires, revoked in windows:
+        for i, moment in enumerate(moments):
+            if starts <= moment < expires and (revoked is None or revoked > moment):
+                total[i] += 1
+                per_agent[name][i] += 1
+    busiest = sorted(per_agent, key=lambda n: (-sum(per_agent[n]), n))[:top]
+    labels = [d.strftime("%m-%d") for d in day_list]
+    return labels, [("total", total), *[(name, per_agent[name]) for name in busiest]]
+
+
+def decisions_per_day(at: datetime, days: int = 14) -> tuple[list[str], dict[str, list[int]]]:
+    """Allow / approval required / deny decisions per day, from the audit log."""
+    day_list = _days(at, days)
+    since = datetime.combine(day_list[0], time.min, tzinfo=at.tzinfo)
+    counted = (
+        AuditEvent.objects.filter(event_type__in=DECISION_EVENTS, created_at__gte=since)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "decision")
+        .annotate(n=Count("seq"))
+    )
+    index = {d: i for i, d in enumerate(day_list)}
+    out: dict[str, list[int]] = {v: [0] * days for v in ("allow", "approval_required", "deny")}
+    for row in counted:
+        i = index.get(row["day"])
+        if i is not None and row["decision"] in out:
+            out[row["decision"]][i] += row["n"]
+    return [d.strftime("%m-%d") for d in day_list], out
+
+
+def matrix(
+    at: datetime, *, task: str = "", owner: str = "", kind: str = ""
+) -> tuple[list[Agent], list[Tool], dict[tuple[int, int], list[dict[str, Any]]]]:
+    """Agents x tools; each cell the live action classes, destructive ones marked."""
+    grants = selectors.live_grants(at)
+    agents = Agent.objects.select_related("owner").order_by("name")
+    tools = Tool.objects.order_by("name")
+    if task:
+        grants = grants.filter(task__key=task)
+    if owner:
+        grants = grants.filter(agent__owner__username=owner)
+        agents = agents.filter(owner__username=owner)
+    if kind:
+        grants = grants.filter(tool__kind=kind)
+        tools = tools.filter(kind=kind)
+    found: dict[tuple[int, int], set[str]] = defaultdict(set)
+    tool_by_id = {}
+    for g in grants:
+        found[(g.agent_id, g.tool_id)].update(g.actions)
+        tool_by_id[g.tool_id] = g.tool
+    if task:
+        agent_ids = {a for a, _ in found}
+        tool_ids = {t for _, t in found}
+        agents = agents.filter(pk__in=agent_ids)
+        tools = tools.filter(pk__in=tool_ids)
+    tool_list = list(tools)
+    tool_map = {t.pk: t for t in tool_list}
+    cells = {
+        key: [
+            {"action": a, "destructive": tool_map[key[1]].is_destructive(a)}
+            for a in ACTIONS
+            if a in actions
+        ]
+        for key, actions in found.items()
+        if key[1] in tool_map
+    }
+    return list(agents), tool_list, cells
+
+
+def delegation_chain(grant: Grant) -> list[Grant]:
+    """The grant and every grant it was delegated from, nearest first."""
+    chain, cursor, seen = [], grant, set()
+    while cursor is not None and cursor.pk not in seen and len(chain) < 32:
+        chain.append(cursor)
+        seen.add(cursor.pk)
+        cursor = (
+            Grant.objects.select_related("agent", "approved_by")
+            .filter(pk=cursor.delegated_from_id)
+            .first()
+            if cursor.delegated_from_id
+            else None
+        )
+    return chain
+
+
+def subagent_tree(agent: Agent) -> list[tuple[int, Agent]]:
+    """Depth-first (depth, agent) under `agent`."""
+    out: list[tuple[int, Agent]] = []
+    children: dict[int | None, list[Agent]] = defaultdict(list)
+    for a in Agent.objects.order_by("name"):
+        children[a.parent_id].append(a)
+
+    def walk(node: Agent, depth: int) -> None:
+        for child in children.get(node.pk, []):
+            if len(out) < 500:
+                out.append((depth, child))
+                walk(child, depth + 1)
+
+    walk(agent, 1)
+    return out
+
+
+def ancestors(agent: Agent) -> list[Agent]:
+    out, cursor = [], agent.parent
+    while cursor is not None and len(out) < 32:
+        out.append(cursor)
+        cursor = cursor.parent
+    return list(reversed(out))
+
+
+def chain_status(now: datetime) -> dict[str, Any]:
+    """The audit chain verified from genesis now, plus the latest checkpoint.
+
+    The walk is O(events) on every call; at this service's volumes that is a
+    fraction of a second. (A large deployment would show the nightly job's
+    result instead.)
+    """
+    verdict = audit.verify_chain()
+    checkpoints = audit.load_checkpoints()
+    return {
+        "ok": verdict.ok,
+        "count": verdict.count,
+        "head_hash": verdict.head,
+        "bad_seq": verdict.bad_seq,
+        "problem": verdict.problem,
+        "at": now,
+        "checkpoint": checkpoints[-1] if checkpoints else None,
+    }
+
+
+def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:
+    return Counter(dict(qs.values_list("event_type").annotate(n=Count("seq"))))

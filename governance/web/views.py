@@ -1,0 +1,784 @@
+"""The web UI's pages. Thin: check the right, parse a strict form, call the one
+service (which writes the audit event in its transaction), render.
+
+GET never changes state, with one deliberate kind of exception: reading the
+audit log or an export writes the event that says who read it (as the API's
+report endpoint does). POST is CSRF-checked by Django's middleware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.db.models import Count
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from governance import audit, policy, ratelimit, selectors
+from governance.errors import GovernanceError
+from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task, Tool
+from governance.services import agents as agent_services
+from governance.services import approvals as approval_services
+from governance.services import exports, reports
+from governance.services import grants as grant_services
+from governance.services import tools as tool_services
+from governance.services.outcomes import DECISION_EVENTS
+from governance.web import charts, forms, queries, reveal
+from governance.web.access import require
+
+PAGE = 100
+
+
+def _actor(request: HttpRequest) -> audit.Actor:
+    return audit.Actor.user(request.user)
+
+
+def _failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
+    """A service said no: the person sees its sentence, the status says what kind."""
+    return render(request, "ui/error.html", {"error": exc}, status=exc.status)
+
+
+def _invalid(request: HttpRequest, form: Any) -> HttpResponse:
+    error = GovernanceError("invalid_request", "The form is not valid.")
+    return render(request, "ui/error.html", {"error": error, "form": form}, status=400)
+
+
+def _one(qs: Any, **lookup: Any) -> Any:
+    try:
+        found = qs.filter(**lookup).first()
+    except (ValueError, TypeError) as exc:
+        raise Http404("No such object.") from exc
+    except Exception as exc:  # a malformed UUID raises Django's ValidationError
+        if exc.__class__.__name__ == "ValidationError":
+            raise Http404("No such object.") from exc
+        raise
+    if found is None:
+        raise Http404("No such object.")
+    return found
+
+
+# --- Sign-in -----------------------------------------------------------------------------
+
+
+def _account_key(username: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
+
+
+class LoginView(auth_views.LoginView):
+    """Django's sign-in, counted per account and per address before the password
+    is even checked, so guessing is slow whether one account is tried from many
+    places or many accounts from one. A limiter that cannot be reached refuses
+    sign-in (fail closed) rather than let guessing run unmetered."""
+
+    template_name = "ui/login.html"
+    redirect_authenticated_user = True
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        address = request.META.get("REMOTE_ADDR") or "unknown"
+        try:
+            ratelimit.check("login_address", address)
+            ratelimit.check("login_account", _account_key(request.POST.get("username", "")))
+        except ratelimit.RateLimited as exc:
+            response = self._refuse(
+                f"Too many sign-in attempts; try again in {exc.retry_after} s.", 429
+            )
+            response["Retry-After"] = str(exc.retry_after)
+            return response
+        except ratelimit.LimiterUnavailable:
+            return self._refuse("Sign-in is unavailable for a moment; try again shortly.", 503)
+        return super().post(request, *args, **kwargs)
+
+    def _refuse(self, message: str, status: int) -> HttpResponse:
+        context = self.get_context_data(form=self.get_form_class()(self.request), refused=message)
+        return render(self.request, self.template_name, context, status=status)
+
+
+class LogoutView(auth_views.LogoutView):
+    next_page = "/ui/login/"
+
+
+# --- Dashboard ---------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    labels, series = queries.live_grants_per_day(now)
+    day_labels, per_day = queries.decisions_per_day(now)
+    context = {
+        "now": now,
+        "requests": queries.pending_requests_for(request.user)[:20],
+        "approvals": queries.pending_approvals_for(request.user, now)[:20],
+        "expiring": queries.expiring_soon(now)[:50],
+        "unused": queries.unused_grants(now)[:20],
+        "summary": selectors.matrix_summary(),
+        "grants_chart": charts.line_chart(labels, series, "Live grants per day"),
+        "decisions_chart": charts.stacked_bars(
+            day_labels,
+            [
+                ("allow", charts.ALLOW, per_day["allow"]),
+                ("approval", charts.ASK, per_day["approval_required"]),
+                ("deny", charts.DENY, per_day["deny"]),
+            ],
+            "Decisions per day",
+        ),
+    }
+    context.update(_lifecycle_dashboard(request, now))
+    return render(request, "ui/dashboard.html", context)
+
+
+def _lifecycle_dashboard(request: HttpRequest, now: datetime) -> dict[str, Any]:
+    """Break-glass and reviews, once the lifecycle services exist (see lifecycle.py)."""
+    from governance.web import lifecycle
+
+    return lifecycle.dashboard_context(request.user, now)
+
+
+# --- Matrix and grants -------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def matrix(request: HttpRequest) -> HttpResponse:
+    form = forms.MatrixFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    if form.is_bound and not form.is_valid():
+        return _invalid(request, form)
+    agents, tools, cells = queries.matrix(timezone.now(), **filters)
+    rows = [
+        (agent, [(tool, cells.get((agent.pk, tool.pk), [])) for tool in tools]) for agent in agents
+    ]
+    return render(
+        request,
+        "ui/matrix.html",
+        {
+            "form": form,
+            "tools": tools,
+            "rows": rows,
+            "tasks": Task.objects.filter(status=Task.Status.OPEN).order_by("key"),
+        },
+    )
+
+
+@require("read")
+@require_GET
+def matrix_cell(request: HttpRequest) -> HttpResponse:
+    agent = _one(Agent.objects.all(), name=request.GET.get("agent", ""))
+    tool = _one(Tool.objects.all(), name=request.GET.get("tool", ""))
+    now = timezone.now()
+    live = list(selectors.live_grants(now).filter(agent=agent, tool=tool).order_by("pk"))
+    for grant in live:
+        grant.chain = queries.delegation_chain(grant)  # type: ignore[attr-defined]
+    return render(
+        request, "ui/matrix_cell.html", {"agent": agent, "tool": tool, "grants": live, "now": now}
+    )
+
+
+def _grants() -> Any:
+    return Grant.objects.select_related(
+        "agent__owner",
+        "tool",
+        "task",
+        "requested_by",
+        "requested_by_agent",
+        "approved_by",
+        "revoked_by",
+    )
+
+
+@require("read")
+@require_GET
+def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
+    grant = _one(_grants(), pk=grant_id)
+    now = timezone.now()
+    return render(
+        request,
+        "ui/grant.html",
+        {
+            "grant": grant,
+            "chain": queries.delegation_chain(grant),
+            "delegations": _grants().filter(delegated_from=grant).order_by("pk"),
+            "dead": policy.grant_dead_reason(grant.pk, now) if grant.starts_at else "pending",
+            "events": AuditEvent.objects.filter(grant_id=grant.pk).order_by("-seq")[:30],
+            "now": now,
+        },
+    )
+
+
+@require("admin")
+@require_POST
+def grant_revoke(request: HttpRequest, grant_id: int) -> HttpResponse:
+    grant = _one(Grant.objects.all(), pk=grant_id)
+    form = forms.RequiredReasonForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    try:
+        ended = grant_services.grant_revoke(
+            grant_id=grant.pk,
+            reason=form.cleaned_data["reason"],
+            revoked_by=request.user,
+            actor=_actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"Revoked {len(ended)} grant(s).")
+    return redirect("ui:grant", grant_id=grant.pk)
+
+
+# --- Inboxes -----------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def inbox_requests(request: HttpRequest) -> HttpResponse:
+    pending = (
+        queries.pending_requests_for(request.user)
+        if not request.GET.get("all")
+        else Grant.objects.filter(status=Grant.Status.PENDING)
+        .select_related("agent__owner", "tool", "task", "requested_by", "requested_by_agent")
+        .order_by("created_at")
+    )
+    return render(
+        request,
+        "ui/inbox_requests.html",
+        {"requests": pending[:200], "actions": queries.ACTIONS, "now": timezone.now()},
+    )
+
+
+@require("decide")
+@require_POST
+def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
+    grant = _one(Grant.objects.all(), pk=grant_id)
+    form = forms.ApproveRequestForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    try:
+        grant = grant_services.grant_approve(
+            grant_id=grant.pk,
+            approver=request.user,
+            actor=_actor(request),
+            at=timezone.now(),
+            **form.narrowing(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"Approved grant #{grant.pk} for {grant.agent.name}.")
+    return redirect("ui:inbox-requests")
+
+
+@require("decide")
+@require_POST
+def request_deny(request: HttpRequest, grant_id: int) -> HttpResponse:
+    grant = _one(Grant.objects.all(), pk=grant_id)
+    form = forms.RequiredReasonForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    try:
+        grant_services.grant_deny(
+            grant_id=grant.pk,
+            approver=request.user,
+            reason=form.cleaned_data["reason"],
+            actor=_actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"Denied request #{grant.pk}.")
+    return redirect("ui:inbox-requests")
+
+
+@require("read")
+@require_GET
+def inbox_approvals(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    return render(
+        request,
+        "ui/inbox_approvals.html",
+        {"approvals": queries.pending_approvals_for(request.user, now)[:200], "now": now},
+    )
+
+
+def _decide_approval(request: HttpRequest, approval_id: str, approve: bool) -> HttpResponse:
+    approval = _one(Approval.objects.all(), pk=approval_id)
+    form = (forms.ReasonForm if approve else forms.RequiredReasonForm)(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    decide: Callable[..., Approval] = (
+        approval_services.approval_approve if approve else approval_services.approval_deny
+    )
+    try:
+        decide(
+            approval_id=approval.pk,
+            approver=request.user,
+            reason=form.cleaned_data["reason"],
+            actor=_actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"{'Approved' if approve else 'Denied'} the {approval.action} call.")
+    return redirect("ui:inbox-approvals")
+
+
+@require("decide")
+@require_POST
+def approval_approve(request: HttpRequest, approval_id: str) -> HttpResponse:
+    return _decide_approval(request, approval_id, approve=True)
+
+
+@require("decide")
+@require_POST
+def approval_deny(request: HttpRequest, approval_id: str) -> HttpResponse:
+    return _decide_approval(request, approval_id, approve=False)
+
+
+# --- Agents and tokens -------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def agent_list(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    agents = Agent.objects.select_related("owner", "parent").order_by("name")
+    live = dict(selectors.live_grants(now).values_list("agent_id").annotate(n=Count("id")))
+    rows = list(agents)
+    for agent in rows:
+        agent.live_count = live.get(agent.pk, 0)  # type: ignore[attr-defined]
+    return render(request, "ui/agents.html", {"agents": rows})
+
+
+def _agent_page(
+    request: HttpRequest, agent: Agent, *, new_token: str = "", status: int = 200
+) -> HttpResponse:
+    now = timezone.now()
+    response = render(
+        request,
+        "ui/agent.html",
+        {
+            "agent": agent,
+            "ancestors": queries.ancestors(agent),
+            "tree": queries.subagent_tree(agent),
+            "grants": selectors.live_grants(now).filter(agent=agent).order_by("tool__name", "pk"),
+            "decisions": AuditEvent.objects.filter(
+                agent=agent.name, event_type__in=DECISION_EVENTS
+            ).order_by("-seq")[:25],
+            "tokens": AgentToken.objects.filter(agent=agent)
+            .select_related("created_by")
+            .order_by("-created_at", "-pk")[:50],
+            "pending_approvals": Approval.objects.filter(
+                agent=agent, status=Approval.Status.PENDING, expires_at__gt=now
+            ).count(),
+            "token_form": forms.TokenForm(),
+            "new_token": new_token,
+            "now": now,
+        },
+        status=status,
+    )
+    if new_token:
+        # The plaintext is in this response only: never cached, never shown again.
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@require("read")
+@require_GET
+def agent_detail(request: HttpRequest, name: str) -> HttpResponse:
+    return _agent_page(request, _one(Agent.objects.select_related("owner", "parent"), name=name))
+
+
+@require("admin")
+@require_POST
+def agent_suspend(request: HttpRequest, name: str) -> HttpResponse:
+    """The kill switch: agent_suspend denies every decision from now and voids
+    the agent's open approvals, in one transaction with its event."""
+    agent = _one(Agent.objects.all(), name=name)
+    form = forms.RequiredReasonForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    agent_services.agent_suspend(
+        agent=agent, reason=form.cleaned_data["reason"], actor=_actor(request), at=timezone.now()
+    )
+    messages.success(request, f"{agent.name} is suspended: every decision for it is denied.")
+    return redirect("ui:agent", name=agent.name)
+
+
+@require("admin")
+@require_POST
+def token_issue(request: HttpRequest, name: str) -> HttpResponse:
+    agent = _one(Agent.objects.select_related("owner", "parent"), name=name)
+    form = forms.TokenForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    try:
+        _token, plaintext = agent_services.token_issue(
+            created_by=request.user,
+            agent=agent,
+            days=form.cleaned_data["days"],
+            actor=_actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    # Rendered, not redirected: the plaintext must never travel through a URL or session.
+    return _agent_page(request, agent, new_token=plaintext, status=201)
+
+
+@require("admin")
+@require_POST
+def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
+    token = _one(AgentToken.objects.select_related("agent"), prefix=prefix)
+    form = forms.StrictForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    agent_services.token_revoke(token=token, actor=_actor(request), at=timezone.now())
+    messages.success(request, f"Token {token.prefix}… revoked.")
+    if token.agent is not None:
+        return redirect("ui:agent", name=token.agent.name)
+    return redirect("ui:agents")
+
+
+# --- Tools -------------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def tool_list(request: HttpRequest) -> HttpResponse:
+    tools = list(Tool.objects.order_by("name"))
+    quarantined = [t for t in tools if t.is_quarantined]
+    return render(request, "ui/tools.html", {"tools": tools, "quarantined": quarantined})
+
+
+@require("read")
+@require_GET
+def tool_detail(request: HttpRequest, name: str) -> HttpResponse:
+    tool = _one(Tool.objects.select_related("definition_updated_by"), name=name)
+    approved = tool.approved_definition or {}
+    current = {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": tool.input_schema,
+    }
+    return render(
+        request,
+        "ui/tool.html",
+        {
+            "tool": tool,
+            "diff": reveal.side_by_side(approved, current),
+            "events": AuditEvent.objects.filter(tool=tool.name)
+            .exclude(event_type__in=DECISION_EVENTS)
+            .order_by("-seq")[:20],
+        },
+    )
+
+
+@require("admin")
+@require_POST
+def tool_approve(request: HttpRequest, name: str) -> HttpResponse:
+    tool = _one(Tool.objects.all(), name=name)
+    form = forms.StrictForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    try:
+        tool_services.tool_approve_definition(
+            tool=tool, approver=request.user, actor=_actor(request), at=timezone.now()
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"{tool.name}'s definition is approved; it left quarantine.")
+    return redirect("ui:tool", name=tool.name)
+
+
+# --- Audit log, explain, what-if ---------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def audit_log(request: HttpRequest) -> HttpResponse:
+    form = forms.AuditFilterForm(request.GET or None)
+    if form.is_bound and not form.is_valid():
+        return _invalid(request, form)
+    filters = form.filters() if form.is_bound else {}
+    before = form.cleaned_data.get("before") if form.is_bound else None
+    now = timezone.now()
+    # The look itself is recorded first, so the page shows its own event.
+    exports.audit_viewed(
+        actor=_actor(request), at=now, what="log", params={**filters, "before": before}
+    )
+    qs = exports.audit_filter(AuditEvent.objects.all(), **filters)
+    if before:
+        qs = qs.filter(seq__lt=before)
+    page = list(qs.order_by("-seq")[: PAGE + 1])
+    more, page = len(page) > PAGE, page[:PAGE]
+    next_query = ""
+    if more:
+        params = request.GET.copy()
+        params["before"] = str(page[-1].seq)
+        next_query = params.urlencode()
+    export_query = request.GET.copy()
+    export_query.pop("before", None)
+    return render(
+        request,
+        "ui/audit.html",
+        {
+            "form": form,
+            "events": page,
+            "next_query": next_query,
+            "export_query": export_query.urlencode(),
+            "chain": queries.chain_status(now),
+            "decision_events": DECISION_EVENTS,
+        },
+    )
+
+
+@require("read")
+@require_GET
+def audit_event(request: HttpRequest, seq: int) -> HttpResponse:
+    event = _one(AuditEvent.objects.all(), seq=seq)
+    exports.audit_viewed(
+        actor=_actor(request), at=timezone.now(), what="event", params={"seq": seq}
+    )
+    return render(
+        request,
+        "ui/audit_event.html",
+        {
+            "event": event,
+            "arguments": reveal.pretty_json(event.arguments),
+            "data": reveal.pretty_json(event.data),
+            "is_decision": event.event_type in DECISION_EVENTS,
+        },
+    )
+
+
+@require("export")
+@require_GET
+def audit_export(request: HttpRequest) -> HttpResponse:
+    form = forms.AuditFilterForm(request.GET)
+    if not form.is_valid() or not form.cleaned_data.get("format"):
+        return _invalid(request, form)
+    filters = form.filters()
+    fmt = form.cleaned_data["format"]
+    now = timezone.now()
+    rows = exports.export(
+        report="audit",
+        rows_of=lambda: exports.audit_rows(**filters),
+        params=filters,
+        fmt=fmt,
+        actor=_actor(request),
+        now=now,
+    )
+    return _file(rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters})
+
+
+def _explanation(reason: str, scope: str) -> list[dict[str, str]]:
+    """Each checklist step: passed, decided here, or never reached."""
+    deciding = policy.deciding_step(reason, scope)
+    steps, reached = [], True
+    for key, label, _reasons in policy.CHECKLIST:
+        if reason == "error":
+            state = "error"
+        elif deciding is None:
+            state = "passed"
+        elif key == deciding:
+            state, reached = "decided", False
+        else:
+            state = "passed" if reached else "not reached"
+        steps.append({"key": key, "label": label, "state": state})
+    return steps
+
+
+@require("read")
+@require_GET
+def explain(request: HttpRequest, uid: str) -> HttpResponse:
+    event = _one(AuditEvent.objects.filter(event_type__in=DECISION_EVENTS), uid=uid)
+    grant = _grants().filter(pk=event.grant_id).first() if event.grant_id else None
+    return render(
+        request,
+        "ui/explain.html",
+        {
+            "event": event,
+            "steps": _explanation(event.reason, event.scope),
+            "grant": grant,
+            "chain": queries.delegation_chain(grant) if grant else [],
+            "approval": Approval.objects.filter(pk=event.approval_id).first()
+            if event.approval_id
+            else None,
+        },
+    )
+
+
+@require("read")
+@require_GET
+def what_if(request: HttpRequest) -> HttpResponse:
+    """authorize() as it would answer: pure, so nothing is consumed, counted or logged."""
+    form = forms.WhatIfForm(request.GET or None)
+    answer = None
+    status = 200
+    if form.is_bound:
+        if form.is_valid():
+            data = form.cleaned_data
+            at = data.get("at") or timezone.now()
+            answer = policy.authorize(
+                agent=data["agent"],
+                tool=data["tool"],
+                action=data["action"],
+                scope=data["scope"],
+                task=data.get("task") or None,
+                at=at,
+            )
+            answer_steps = _explanation(answer.reason, data["scope"])
+            grant = _grants().filter(pk=answer.grant_id).first() if answer.grant_id else None
+            return render(
+                request,
+                "ui/what_if.html",
+                {
+                    "form": form,
+                    "answer": answer,
+                    "steps": answer_steps,
+                    "at": at,
+                    "grant": grant,
+                    **_what_if_choices(),
+                },
+            )
+        status = 400
+    return render(request, "ui/what_if.html", {"form": form, **_what_if_choices()}, status=status)
+
+
+def _what_if_choices() -> dict[str, Any]:
+    return {
+        "agent_names": Agent.objects.order_by("name").values_list("name", flat=True),
+        "tool_names": Tool.objects.order_by("name").values_list("name", flat=True),
+        "task_keys": Task.objects.filter(status=Task.Status.OPEN)
+        .order_by("key")
+        .values_list("key", flat=True),
+    }
+
+
+# --- Exports and the printable report ----------------------------------------------------
+
+CONTENT_TYPES = {
+    "csv": "text/csv; charset=utf-8",
+    "json": "application/json",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+}
+
+
+def _file(
+    rows: list[dict[str, Any]],
+    columns: tuple[str, ...],
+    fmt: str,
+    name: str,
+    now: datetime,
+    meta: dict[str, Any],
+) -> HttpResponse:
+    body: str | bytes
+    if fmt == "csv":
+        body = exports.to_csv(rows, columns)
+    elif fmt == "json":
+        body = exports.to_json(rows, {"report": name, "produced_at": now, **meta})
+    else:
+        body = exports.to_xlsx(rows, columns, name)
+    response = HttpResponse(body, content_type=CONTENT_TYPES[fmt])
+    stamp = now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="{name}-{stamp}.{fmt}"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require("export")
+@require_GET
+def exports_page(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "ui/exports.html",
+        {"access_form": forms.AccessExportForm(), "decision_form": forms.DecisionExportForm()},
+    )
+
+
+@require("export")
+@require_GET
+def export_access(request: HttpRequest) -> HttpResponse:
+    form = forms.AccessExportForm(request.GET)
+    if not form.is_valid():
+        return _invalid(request, form)
+    data, now = form.cleaned_data, timezone.now()
+    fmt = data["format"]
+    try:
+        if data.get("start"):
+            params = {"from": data["start"], "to": data["end"]}
+            rows = exports.export(
+                report="access_period",
+                rows_of=lambda: exports.access_period_rows(data["start"], data["end"]),
+                params=params,
+                fmt=fmt,
+                actor=_actor(request),
+                now=now,
+            )
+            return _file(rows, exports.PERIOD_COLUMNS, fmt, "access-period", now, params)
+        at = data.get("at") or now
+        rows = exports.export(
+            report="access",
+            rows_of=lambda: reports.access_rows(at),
+            params={"at": at},
+            fmt=fmt,
+            actor=_actor(request),
+            now=now,
+        )
+        return _file(rows, reports.ACCESS_COLUMNS, fmt, "access", now, {"at": at})
+    except GovernanceError as exc:
+        return _failed(request, exc)
+
+
+@require("export")
+@require_GET
+def export_decisions(request: HttpRequest) -> HttpResponse:
+    form = forms.DecisionExportForm(request.GET)
+    if not form.is_valid():
+        return _invalid(request, form)
+    data, now = form.cleaned_data, timezone.now()
+    params = {k: data[k] for k in ("start", "end", "agent", "task", "tool") if data.get(k)}
+    rows = exports.export(
+        report="decisions",
+        rows_of=lambda: exports.decision_rows(
+            data["start"], data["end"], agent=data["agent"], task=data["task"], tool=data["tool"]
+        ),
+        params=params,
+        fmt=data["format"],
+        actor=_actor(request),
+        now=now,
+    )
+    return _file(rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params)
+
+
+@require("export")
+@require_GET
+def report_print(request: HttpRequest) -> HttpResponse:
+    """The access report as a page that prints cleanly to PDF, naming the audit
+    checkpoint and chain state it was produced against."""
+    form = forms.ReportForm(request.GET or None)
+    if form.is_bound and not form.is_valid():
+        return _invalid(request, form)
+    now = timezone.now()
+    at = (form.cleaned_data.get("at") if form.is_bound else None) or now
+    chain = queries.chain_status(now)
+    rows = exports.export(
+        report="access",
+        rows_of=lambda: reports.access_rows(at),
+        params={
+            "at": at,
+            "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
+        },
+        fmt="print",
+        actor=_actor(request),
+        now=now,
+    )
+    return render(request, "ui/report.html", {"rows": rows, "at": at, "now": now, "chain": chain})

@@ -1,0 +1,187 @@
+"""Sign-in, sessions and the security headers of the web UI."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from governance import ratelimit
+from governance.models import AuditEvent, Grant
+from tests import ui_world
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _login(client: Client, username: str, password: str, addr: str = "127.0.0.1") -> object:
+    client.get("/ui/login/")
+    return client.post(
+        "/ui/login/",
+        {
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+        REMOTE_ADDR=addr,
+    )
+
+
+@pytest.mark.django_db
+def test_a_person_signs_in_and_reaches_the_dashboard() -> None:
+    ui_world.build()
+    client = Client(enforce_csrf_checks=True)
+    response = _login(client, "carol", ui_world.PASSWORD)
+    assert response.status_code == 302 and response["Location"] == "/ui/"
+    page = client.get("/ui/")
+    assert page.status_code == 200
+    assert b"carol (auditor)" in page.content
+
+
+@pytest.mark.django_db
+def test_a_wrong_password_is_refused_without_saying_which_part_was_wrong() -> None:
+    ui_world.build()
+    client = Client(enforce_csrf_checks=True)
+    response = _login(client, "carol", "wrong")
+    assert response.status_code == 200
+    assert b"Please enter a correct username and password" in response.content
+    assert "_auth_user_id" not in client.session
+
+
+@pytest.mark.django_db
+def test_sign_in_is_rate_limited_per_account_across_addresses(settings: object) -> None:
+    ui_world.build()
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_account": 3}  # type: ignore[attr-defined]
+    client = Client(enforce_csrf_checks=True)
+    for i in range(3):
+        assert _login(client, "carol", "wrong", addr=f"127.0.0.{i + 1}").status_code == 200
+    refused = _login(client, "carol", ui_world.PASSWORD, addr="127.0.0.9")
+    assert refused.status_code == 429
+    assert int(refused["Retry-After"]) >= 1
+    assert b"Too many sign-in attempts" in refused.content
+    assert "_auth_user_id" not in client.session  # not even the right password gets in
+    # Another account from the same addresses is not affected.
+    assert _login(Client(), "bob", ui_world.PASSWORD, addr="127.0.0.9").status_code == 302
+
+
+@pytest.mark.django_db
+def test_sign_in_is_rate_limited_per_address_across_accounts(settings: object) -> None:
+    ui_world.build()
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_address": 4}  # type: ignore[attr-defined]
+    client = Client()
+    for name in ("u1", "u2", "u3", "u4"):
+        assert _login(client, name, "guess", addr="127.0.0.5").status_code == 200
+    assert _login(client, "carol", ui_world.PASSWORD, addr="127.0.0.5").status_code == 429
+    assert _login(client, "carol", ui_world.PASSWORD, addr="127.0.0.6").status_code == 302
+
+
+@pytest.mark.django_db
+def test_sign_in_fails_closed_when_the_limiter_is_unreachable(settings: object) -> None:
+    ui_world.build()
+    # A port nothing listens on, on this machine: the limiter cannot be reached.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    ratelimit.reset_memory()
+    response = _login(Client(), "carol", ui_world.PASSWORD)
+    assert response.status_code == 503
+    assert b"Sign-in is unavailable" in response.content
+
+
+@pytest.mark.django_db
+def test_a_deactivated_users_session_ends_at_once() -> None:
+    ui_world.build()
+    client = Client()
+    assert _login(client, "dave", ui_world.PASSWORD).status_code == 302
+    assert client.get("/ui/").status_code == 200
+    User.objects.filter(username="dave").update(is_active=False)
+    response = client.get("/ui/")
+    assert response.status_code == 302 and response["Location"].startswith("/ui/login/")
+    # And a forged state change from that session does nothing.
+    grant = Grant.objects.filter(status="active").first()
+    assert grant is not None
+    client.post(f"/ui/grants/{grant.pk}/revoke", {"reason": "x"})
+    grant.refresh_from_db()
+    assert grant.status == "active"
+
+
+@pytest.mark.django_db
+def test_a_person_without_a_role_gets_403() -> None:
+    ui_world.build()
+    client = Client()
+    client.force_login(User.objects.get(username="alice"))
+    assert client.get("/ui/").status_code == 403
+    assert client.get("/ui/audit/").status_code == 403
+
+
+@pytest.mark.django_db
+def test_every_page_sends_csp_and_frame_headers() -> None:
+    ui_world.build()
+    client = ui_world.signed_in("admin")
+    for path in ("/ui/", "/ui/matrix/", "/ui/login/", "/ui/audit/", "/ui/reports/print"):
+        response = client.get(path, follow=True)
+        csp = response["Content-Security-Policy"]
+        assert "script-src 'self'" in csp and "'unsafe-inline'" not in csp, path
+        assert "frame-ancestors 'none'" in csp
+        assert response["X-Frame-Options"] == "DENY"
+        assert b"<script>" not in response.content  # no inline script anywhere
+
+
+@pytest.mark.django_db
+def test_no_state_change_on_get() -> None:
+    world = ui_world.build()
+    client = ui_world.signed_in("admin")
+    for path in (
+        f"/ui/grants/{world.grant.pk}/revoke",
+        f"/ui/inbox/requests/{world.request.pk}/approve",
+        f"/ui/inbox/approvals/{world.approval.pk}/approve",
+        "/ui/agents/bot-a/suspend",
+        "/ui/agents/bot-a/tokens",
+        "/ui/tools/repo/approve",
+    ):
+        before = AuditEvent.objects.count()
+        assert client.get(path).status_code == 405, path
+        assert AuditEvent.objects.count() == before
+    world.request.refresh_from_db()
+    assert world.request.status == "pending"
+
+
+def test_check_deploy_reports_no_warnings_with_production_settings(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "governance.settings_production",
+        "SECRET_KEY": secrets.token_urlsafe(64),
+        "AUDIT_HMAC_KEY": secrets.token_urlsafe(64),
+        "ALLOWED_HOSTS": "governance.example.org",
+        "SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+    }
+    env.pop("DATABASE_URL", None)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "System check identified no issues" in output, output
+
+
+def test_production_settings_refuse_the_development_secrets(tmp_path: Path) -> None:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "governance.settings_production"}
+    env.pop("SECRET_KEY", None)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr

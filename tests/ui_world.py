@@ -1,0 +1,152 @@
+"""A small world for the web UI's tests, built through the real services."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from django.utils import timezone
+
+from governance import roles
+from governance.audit import Actor
+from governance.models import Agent, Approval, Grant, Tool
+from governance.services import access, agents, grants, tools
+
+PASSWORD = "pw-ui-test-123"
+ROLE_USERS = {"admin": "dave", "approver": "bob", "auditor": "carol"}
+ROLE_GROUPS = {"admin": roles.ADMINS, "approver": roles.APPROVERS, "auditor": roles.AUDITORS}
+
+
+@dataclass
+class World:
+    alice: User
+    users: dict[str, User]
+    agent: Agent
+    tool: Tool
+    gate_tool: Tool
+    grant: Grant
+    request: Grant
+    approval: Approval
+    decision_uid: str
+    token_prefix: str
+
+
+def user(name: str, role: str | None = None) -> User:
+    person = User.objects.filter(username=name).first() or User.objects.create_user(
+        name, password=PASSWORD
+    )
+    person.set_password(PASSWORD)
+    person.save()
+    if role:
+        person.groups.add(Group.objects.get_or_create(name=ROLE_GROUPS[role])[0])
+    return person
+
+
+def build() -> World:
+    now = timezone.now()
+    system = Actor.system("test")
+    alice = user("alice")
+    users = {role: user(name, role) for role, name in ROLE_USERS.items()}
+    earlier = now - timedelta(hours=2)
+    agent = agents.agent_create(name="bot-a", owner=alice, actor=system, at=earlier)
+    agents.agent_create(name="bot-a.sub", owner=alice, parent=agent, actor=system, at=earlier)
+    tool = tools.tool_register(
+        name="repo",
+        kind="api",
+        actions=["read", "create", "update", "delete"],
+        description="Source repositories",
+        actor=system,
+        at=earlier,
+    )
+    gate_tool = tools.tool_register(
+        name="mailer",
+        kind="messaging",
+        actions=["execute"],
+        irreversible=True,
+        description="Sends mail outside",
+        actor=system,
+        at=earlier,
+    )
+    grant = grants.grant_issue(
+        agent=agent,
+        tool=tool,
+        actions=["read", "delete"],
+        scope="repo:acme/*",
+        duration=timedelta(hours=8),
+        justification="triage",
+        requested_by=alice,
+        approved_by=users["approver"],
+        actor=system,
+        at=now - timedelta(minutes=5),
+        delegable=True,
+    )
+    grants.grant_issue(
+        agent=agent,
+        tool=gate_tool,
+        actions=["execute"],
+        scope="mail:customers/*",
+        duration=timedelta(hours=8),
+        justification="notify",
+        requested_by=alice,
+        approved_by=users["approver"],
+        actor=system,
+        at=now - timedelta(minutes=5),
+    )
+    request = grants.grant_request(
+        agent=agent,
+        tool=tool,
+        actions=["read", "create"],
+        scope="repo:acme/docs/*",
+        duration=timedelta(hours=4),
+        justification="write the docs",
+        requested_by=alice,
+        actor=system,
+        at=now,
+    )
+    allowed = access.access_check(
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/api", at=now
+    )
+    asked = access.access_check(
+        agent="bot-a",
+        tool="repo",
+        action="delete",
+        scope="repo:acme/old",
+        arguments={"force": True, "token": "s3cr3t-value"},
+        at=now,
+    )
+    assert asked.approval_id
+    token, _ = agents.token_issue(created_by=alice, agent=agent, actor=system, at=now)
+    return World(
+        alice=alice,
+        users=users,
+        agent=agent,
+        tool=tool,
+        gate_tool=gate_tool,
+        grant=grant,
+        request=request,
+        approval=Approval.objects.get(pk=asked.approval_id),
+        decision_uid=str(allowed.decision_id),
+        token_prefix=token.prefix,
+    )
+
+
+def signed_in(role: str | None) -> Client:
+    """A CSRF-enforcing client, signed in as the role's user (None: anonymous)."""
+    client = Client(enforce_csrf_checks=True)
+    if role is not None:
+        client.force_login(User.objects.get(username=ROLE_USERS[role]))
+    # Any page with a form sets the CSRF cookie: the sign-in page, or (signed
+    # in) the dashboard's sign-out form.
+    client.get("/ui/" if role else "/ui/login/")
+    return client
+
+
+def csrf(client: Client) -> str:
+    return client.cookies["csrftoken"].value
+
+
+def post(client: Client, path: str, data: dict[str, Any] | None = None) -> Any:
+    return client.post(path, {**(data or {}), "csrfmiddlewaretoken": csrf(client)})
