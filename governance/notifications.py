@@ -111,8 +111,10 @@ def dispatch(ids: Sequence[int]) -> None:
 
 def backoff(attempts: int) -> timedelta:
     """30 s, 60 s, 2 min, ... (NOTIFY_RETRY_BASE_SECONDS doubled), at most an hour."""
-    wait = timedelta(seconds=settings.NOTIFY_RETRY_BASE_SECONDS * 2 ** max(attempts - 1, 0))
-    return min(wait, MAX_BACKOFF)
+    # The exponent is capped before it can overflow timedelta; the result at MAX_BACKOFF.
+    exponent = min(max(attempts - 1, 0), 20)
+    wait = settings.NOTIFY_RETRY_BASE_SECONDS * 2**exponent
+    return min(timedelta(seconds=wait), MAX_BACKOFF)
 
 
 class PermanentFailure(Exception):
@@ -126,7 +128,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+# Direct connections only (no proxy from the environment): a webhook goes exactly to
+# the host configured for it.
+_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
 
 
 def webhook_payload(row: Notification) -> dict[str, Any]:
