@@ -5,11 +5,12 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
     review_campaign_open(*, kind, reason, actor, at, key=None, agent=None,
                          opened_by=None, due_at=None) -> ReviewCampaign
         kind: "scheduled" | "on_demand" | "incident". One item per live grant except
-        grants that end before the due date (nothing to review: they end on their own),
         delegated grants (reviewed through their parent: revoking or narrowing it
         reaches them) and break-glass grants (they have their own post-incident
         review). Unused grants carry a proposal ("remove" / "narrow_to_read").
-        With a `key`, opening again returns the same campaign.
+        With a `key`, opening again returns the same campaign. Items whose grant ends
+        before anyone decides are closed as `ended` by the job, with no reminder or
+        overdue notice: nothing is left to review, so nobody is nagged about it.
     review_campaign_open_scheduled(*, actor, at) -> ReviewCampaign   (the job; one per
         period of REVIEW_EVERY_MONTHS, key "scheduled:<year>-P<n>")
     review_item_decide(*, item_id, reviewer, decision, comment, actor, at,
@@ -19,7 +20,8 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
         `invalid_decision`, Forbidden `self_review` (the grant's approver or requester)
         / `not_assigned` (neither the assigned reviewer nor an admin), Conflict
         `already_decided` (a second decision changes nothing).
-    review_items_apply_due_rule(*, actor, at) -> int     (the job; REVIEW_DEFAULT_RULE)
+    review_items_apply_due_rule(*, actor, at) -> int     (the job: items whose grant
+        ended are closed `ended`; items undecided at the due date get REVIEW_DEFAULT_RULE)
     review_campaigns_close(*, actor, at) -> int          (the job)
     review_reminders_send(*, actor, at) -> int           (the job)
 
@@ -149,9 +151,7 @@ def review_campaign_open(
 
 
 def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
-    grants = live_grants(at).filter(
-        delegated_from__isnull=True, break_glass=False, expires_at__gt=campaign.due_at
-    )
+    grants = live_grants(at).filter(delegated_from__isnull=True, break_glass=False)
     if campaign.agent_id is not None:
         grants = grants.filter(agent_id=campaign.agent_id)
     proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
@@ -283,9 +283,26 @@ def review_item_decide(
     return item
 
 
+def _pending_with_ended_grant(at: datetime) -> Any:
+    return ReviewItem.objects.filter(status=ReviewItem.Status.PENDING).exclude(
+        grant__status=Grant.Status.ACTIVE, grant__expires_at__gt=at
+    )
+
+
 def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
-    """The job: items undecided at their due date follow REVIEW_DEFAULT_RULE (revoke by
-    default), once each (claimed by a conditional UPDATE on status='pending')."""
+    """The job. First, items whose grant has already ended (expired, revoked) are closed
+    as `ended`: nothing is left to review, nobody is nagged. Then items still undecided
+    at their due date follow REVIEW_DEFAULT_RULE (revoke by default). Each item once:
+    claimed by a conditional UPDATE on status='pending'. Returns how many changed."""
+    ended = claim_each(
+        _pending_with_ended_grant(at).values_list("pk", flat=True),
+        claim=lambda pk: (
+            _pending_with_ended_grant(at)
+            .filter(pk=pk)
+            .update(status=ReviewItem.Status.ENDED, decided_at=at, comment="grant already ended")
+        ),
+        announce=lambda pk: _item_event(pk, actor, at, rule="ended"),
+    )
     rule = settings.REVIEW_DEFAULT_RULE
     status = ReviewItem.Status.AUTO_REVOKED if rule == "revoke" else ReviewItem.Status.AUTO_KEPT
     due = ReviewItem.objects.filter(status=ReviewItem.Status.PENDING, due_at__lte=at).values_list(
@@ -293,19 +310,7 @@ def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
     )
 
     def announce(pk: int) -> None:
-        item = ReviewItem.objects.select_related(
-            "grant__agent", "grant__tool", "grant__task", "reviewer"
-        ).get(pk=pk)
-        _grant_event(
-            item.grant,
-            EventType.REVIEW_ITEM_DUE_RULE,
-            actor,
-            at,
-            item_id=item.pk,
-            campaign_id=item.campaign_id,
-            rule=rule,
-            reviewer=item.reviewer.get_username() if item.reviewer else None,
-        )
+        item = _item_event(pk, actor, at, rule=rule)
         if rule == "revoke":
             grant_revoke(
                 grant_id=item.grant_id,
@@ -325,13 +330,30 @@ def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
             at=at,
         )
 
-    return claim_each(
+    return ended + claim_each(
         due,
         claim=lambda pk: ReviewItem.objects.filter(
             pk=pk, status=ReviewItem.Status.PENDING, due_at__lte=at
         ).update(status=status, decided_at=at, comment=f"due-date rule: {rule}"),
         announce=announce,
     )
+
+
+def _item_event(pk: int, actor: audit.Actor, at: datetime, *, rule: str) -> ReviewItem:
+    item = ReviewItem.objects.select_related(
+        "grant__agent", "grant__tool", "grant__task", "reviewer"
+    ).get(pk=pk)
+    _grant_event(
+        item.grant,
+        EventType.REVIEW_ITEM_DUE_RULE,
+        actor,
+        at,
+        item_id=item.pk,
+        campaign_id=item.campaign_id,
+        rule=rule,
+        reviewer=item.reviewer.get_username() if item.reviewer else None,
+    )
+    return item
 
 
 def review_campaigns_close(*, actor: audit.Actor, at: datetime) -> int:
@@ -375,6 +397,9 @@ def review_reminders_send(*, actor: audit.Actor, at: datetime) -> int:
         reminded_at__isnull=True,
         due_at__gt=at,
         due_at__lte=window_start,
+        # A grant that already ended needs no decision: no reminder about it.
+        grant__status=Grant.Status.ACTIVE,
+        grant__expires_at__gt=at,
     ).values_list("pk", flat=True)
 
     def announce(pk: int) -> None:
