@@ -397,6 +397,11 @@ def verify_and_record(*, actor: Actor, at: datetime) -> Verdict:
                 reason="verify_failed",
                 data={"bad_seq": verdict.bad_seq, "problem": verdict.problem},
             )
+            from governance import notifications  # local: notifications imports models
+
+            notifications.audit_verify_failed(
+                bad_seq=verdict.bad_seq, problem=verdict.problem, at=at
+            )
     return verdict
 
 

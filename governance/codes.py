@@ -89,9 +89,40 @@ class EventType(models.TextChoices):
     AUDIT_VERIFY_FAILED = "audit.verify_failed"
     # Someone read the audit log in the web UI (exports are report.exported).
     AUDIT_VIEWED = "audit.viewed"
+    # --- Lifecycle (issue #5) ---
+    TOKEN_EXPIRED = "agent_token.expired"
+    # Narrowed in place by a review: fewer actions, narrower scope or earlier expiry.
+    GRANT_NARROWED = "grant.narrowed"
+    # Unused for UNUSED_GRANT_DAYS: proposed for removal (or narrowing to read).
+    GRANT_UNUSED_FLAGGED = "grant.unused_flagged"
+    BREAKGLASS_OPENED = "breakglass.opened"
+    BREAKGLASS_RATIFIED = "breakglass.ratified"
+    BREAKGLASS_CONFIRMED_CLOSED = "breakglass.confirmed_closed"
+    BREAKGLASS_REVIEW_OVERDUE = "breakglass.review_overdue"
+    REVIEW_CAMPAIGN_OPENED = "review.campaign_opened"
+    REVIEW_CAMPAIGN_CLOSED = "review.campaign_closed"
+    REVIEW_ITEM_DECIDED = "review.item_decided"
+    # Left undecided at the due date: REVIEW_DEFAULT_RULE applied by the job.
+    REVIEW_ITEM_DUE_RULE = "review.item_due_rule"
+    TREND_RECORDED = "trend.recorded"
+    SECOND_LOOK_SAMPLED = "second_look.sampled"
+    SECOND_LOOK_DECIDED = "second_look.decided"
 
 
 class ActorType(models.TextChoices):
     AGENT = "agent"
     USER = "user"
     SYSTEM = "system"
+
+
+class NotificationEvent(models.TextChoices):
+    """What governance.notifications sends about (issue #5)."""
+
+    REQUEST_PENDING = "request_pending"
+    APPROVAL_NEEDED = "approval_needed"
+    BREAKGLASS_OPENED = "breakglass_opened"
+    REVIEW_DUE = "review_due"
+    REVIEW_OVERDUE = "review_overdue"
+    GRANT_EXPIRING = "grant_expiring"
+    AUDIT_VERIFY_FAILED = "audit_verify_failed"
+    SECOND_LOOK_FLAGGED = "second_look_flagged"

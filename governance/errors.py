@@ -36,3 +36,9 @@ class Unavailable(GovernanceError):
     """Something the request depends on is down; nothing was done. Retry later."""
 
     status = 503
+
+
+class RateLimited(GovernanceError):
+    """Too many of something per person per period; try later or another way."""
+
+    status = 429

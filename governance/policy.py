@@ -414,6 +414,8 @@ def _authorize(
             live = row
             break
         in_scope_dead.append(reason)
+        # A denial because a break-glass grant ended still touches break-glass: say so.
+        ctx["break_glass"] = ctx.get("break_glass", False) or bool(row[22])
 
     if live is None:
         if not applicable:

@@ -137,3 +137,114 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
             for g in grants
         ],
     }
+
+
+# --- Lifecycle (issue #5) --------------------------------------------------------------
+
+
+def approver_users(*, exclude: Any = ()) -> list[Any]:
+    """Active people who may approve (groups approvers/admins, superusers), by username,
+    minus `exclude` (users or user ids): the pool for notices, reviews and second looks."""
+    from django.contrib.auth import get_user_model
+
+    from governance import roles
+
+    excluded = {getattr(u, "pk", u) for u in exclude if u is not None}
+    found = (
+        get_user_model()
+        .objects.filter(is_active=True)
+        .filter(Q(is_superuser=True) | Q(groups__name__in=[roles.ADMINS, roles.APPROVERS]))
+        .distinct()
+        .order_by("username")
+    )
+    return [u for u in found if u.pk not in excluded]
+
+
+def unused_proposal(grant: Grant) -> str:
+    """What an unused grant is proposed for: narrowing to read when it also holds read
+    besides write/destructive actions (a subset it can shrink to), else removal."""
+    writes = [a for a in grant.actions if a != "read"] or (
+        ["irreversible"] if grant.tool.irreversible else []
+    )
+    if writes and "read" in grant.actions and not grant.tool.irreversible:
+        return "narrow_to_read"
+    return "remove"
+
+
+def unused_grants(at: datetime, *, days: int | None = None) -> list[Grant]:
+    """Live grants not used for UNUSED_GRANT_DAYS (or `days`), each with `.proposal`
+    ("remove" or "narrow_to_read") and `.idle_since`: for the dashboard and the
+    next campaign. Never-used grants count from their start."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    cutoff = at - timedelta(days=days or settings.UNUSED_GRANT_DAYS)
+    found = list(
+        live_grants(at)
+        .filter(Q(last_used_at__lte=cutoff) | Q(last_used_at__isnull=True, starts_at__lte=cutoff))
+        .order_by("agent__name", "id")
+    )
+    for grant in found:
+        grant.proposal = unused_proposal(grant)  # type: ignore[attr-defined]
+        grant.idle_since = grant.last_used_at or grant.starts_at  # type: ignore[attr-defined]
+    return found
+
+
+def breakglass_active(at: datetime) -> QuerySet[Any]:
+    """Break-glass elevations live at `at`: shown on every page while active."""
+    from governance.models import BreakGlass
+
+    return (
+        BreakGlass.objects.filter(opened_at__lte=at, expires_at__gt=at, closed_at__isnull=True)
+        .filter(grant__status=Grant.Status.ACTIVE)
+        .select_related("grant__agent", "grant__tool", "opened_by")
+        .order_by("expires_at")
+    )
+
+
+def breakglass_reviews_pending(at: datetime) -> list[Any]:
+    """Post-incident reviews still open, oldest due first, each with `.is_overdue`
+    decided from the due time itself (not from whether the overdue job has run)."""
+    from governance.models import BreakGlass
+
+    found = list(
+        BreakGlass.objects.filter(review_status=BreakGlass.Review.PENDING)
+        .select_related("grant__agent", "grant__tool", "opened_by")
+        .order_by("review_due_at")
+    )
+    for bg in found:
+        bg.is_overdue = bg.review_due_at <= at
+    return found
+
+
+def review_items_for(user: Any, at: datetime) -> list[Any]:
+    """A reviewer's open items, soonest due first, each with `.is_overdue`."""
+    from governance.models import ReviewItem
+
+    found = list(
+        ReviewItem.objects.filter(reviewer=user, status=ReviewItem.Status.PENDING)
+        .select_related("campaign", "grant__agent", "grant__tool", "grant__task")
+        .order_by("due_at", "id")
+    )
+    for item in found:
+        item.is_overdue = item.due_at <= at
+    return found
+
+
+def grant_trend(*, days: int = 30) -> dict[str, Any]:
+    """Daily live-grant counts (oldest first) and whether they rose: `rise` is true when
+    the latest total exceeds the one before it or the first in the window;
+    `rising_agents` names agents whose count went up since the previous snapshot."""
+    from governance.models import LiveGrantSnapshot
+
+    snaps = list(LiveGrantSnapshot.objects.order_by("-day")[:days])[::-1]
+    series = [{"day": s.day.isoformat(), "total": s.total, "per_agent": s.per_agent} for s in snaps]
+    rise, rising = False, []
+    if len(snaps) >= 2:
+        last, prev = snaps[-1], snaps[-2]
+        rise = last.total > prev.total or last.total > snaps[0].total
+        rising = sorted(
+            name for name, count in last.per_agent.items() if count > prev.per_agent.get(name, 0)
+        )
+    return {"series": series, "rise": rise, "rising_agents": rising}

@@ -248,3 +248,92 @@ SESSION_COOKIE_AGE = env_int("UI_SESSION_HOURS", 12, minimum=1, maximum=24 * 30)
 # Sign-in attempts per minute: per account (whatever address) and per address.
 RATE_LIMITS["login_account"] = env_int("RATE_LIMIT_LOGIN_ACCOUNT_PER_MINUTE", 5, minimum=1)
 RATE_LIMITS["login_address"] = env_int("RATE_LIMIT_LOGIN_ADDRESS_PER_MINUTE", 20, minimum=1)
+
+# --- Lifecycle: notifications, break-glass, reviews (issue #5) -----------------------------
+
+
+def env_webhook_urls(name: str) -> list[str]:
+    """Comma-separated http(s) URLs with a host; anything else is a start-up error
+    (a typo must not silently drop every alert)."""
+    urls = env_list(name, [])
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            # The value itself may be a secret (Slack webhook URLs are): name the position only.
+            raise ImproperlyConfigured(f"{name}: item {urls.index(url) + 1} is not an http(s) URL")
+    return urls
+
+
+def env_choice(name: str, default: str, choices: set[str]) -> str:
+    value = env_str(name, default).strip()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r} is not one of {sorted(choices)}")
+    return value
+
+
+def env_regex(name: str, default: str) -> str:
+    import re
+
+    value = env_str(name, default)
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ImproperlyConfigured(f"{name} is not a valid regular expression: {exc}") from None
+    return value
+
+
+def env_fraction(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if not 0.0 <= number <= 1.0:
+        raise ImproperlyConfigured(f"{name}={number} is outside [0, 1]")
+    return number
+
+
+# Every notification goes out by e-mail (Django's EMAIL_BACKEND) to the people concerned
+# and as JSON to each of these webhooks. "slack" posts {"text": ...} (Slack, Mattermost,
+# Teams-compatible incoming webhooks); "json" posts the whole event.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "governance@localhost")
+NOTIFY_WEBHOOK_URLS = env_webhook_urls("NOTIFY_WEBHOOK_URLS")
+NOTIFY_WEBHOOK_FORMAT = env_choice("NOTIFY_WEBHOOK_FORMAT", "json", {"json", "slack"})
+NOTIFY_WEBHOOK_TIMEOUT_SECONDS = env_int("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=60)
+# Delivery attempts before a notification is given up as failed (backoff doubles each time).
+NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6, minimum=1, maximum=20)
+NOTIFY_RETRY_BASE_SECONDS = env_int("NOTIFY_RETRY_BASE_SECONDS", 30, minimum=1)
+# Grants expiring within this window are announced once to requester and agent owner.
+GRANT_EXPIRING_NOTICE = timedelta(
+    minutes=env_int("GRANT_EXPIRING_NOTICE_MINUTES", 24 * 60, minimum=1)
+)
+
+# Break-glass: a ticket reference in this format is required (full match).
+BREAKGLASS_TICKET_PATTERN = env_regex("BREAKGLASS_TICKET_PATTERN", r"[A-Z][A-Z0-9]+-[0-9]+")
+BREAKGLASS_DEFAULT_TTL = timedelta(minutes=env_int("BREAKGLASS_DEFAULT_TTL_MINUTES", 60, minimum=1))
+# Longer requests are refused, never clamped: the opener must know what they got.
+BREAKGLASS_MAX_TTL = timedelta(minutes=env_int("BREAKGLASS_MAX_TTL_MINUTES", 4 * 60, minimum=1))
+if BREAKGLASS_DEFAULT_TTL > BREAKGLASS_MAX_TTL:
+    raise ImproperlyConfigured("BREAKGLASS_DEFAULT_TTL_MINUTES exceeds BREAKGLASS_MAX_TTL_MINUTES")
+BREAKGLASS_MAX_PER_HOUR = env_int("BREAKGLASS_MAX_PER_HOUR", 3, minimum=1)
+BREAKGLASS_REVIEW_WITHIN = timedelta(hours=env_int("BREAKGLASS_REVIEW_HOURS", 24, minimum=1))
+# Opening break-glass also opens an incident review campaign for that agent's grants.
+BREAKGLASS_OPENS_CAMPAIGN = env_bool("BREAKGLASS_OPENS_CAMPAIGN", True)
+
+# Re-certification campaigns.
+REVIEW_DUE = timedelta(days=env_int("REVIEW_DUE_DAYS", 14, minimum=1))
+# What happens to an item nobody decided by its due date.
+REVIEW_DEFAULT_RULE = env_choice("REVIEW_DEFAULT_RULE", "revoke", {"revoke", "keep"})
+REVIEW_REMIND_BEFORE = timedelta(hours=env_int("REVIEW_REMIND_BEFORE_HOURS", 72, minimum=1))
+# A grant unused this long is proposed for removal (write/destructive: narrowing to read).
+UNUSED_GRANT_DAYS = env_int("UNUSED_GRANT_DAYS", 30, minimum=1)
+# Share of yesterday's approved grant requests and destructive actions sampled for a
+# second look by another approver.
+SECOND_LOOK_FRACTION = env_fraction("SECOND_LOOK_FRACTION", 0.1)
+# Scheduled campaigns open once per period of this many months (3: quarterly).
+REVIEW_EVERY_MONTHS = env_int("REVIEW_EVERY_MONTHS", 3, minimum=1, maximum=12)
+if 12 % REVIEW_EVERY_MONTHS:
+    raise ImproperlyConfigured("REVIEW_EVERY_MONTHS must divide 12 (1, 2, 3, 4, 6 or 12)")

@@ -43,3 +43,25 @@ def audit_verify() -> dict[str, Any]:
         actor=audit.Actor.system("celery:audit_verify"), at=timezone.now()
     )
     return {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}
+
+
+# --- Lifecycle (issue #5) --------------------------------------------------------------
+
+
+@shared_task(bind=True, name="governance.tasks.notification_deliver", max_retries=None)
+def notification_deliver(self: Any, notification_id: int) -> dict[str, Any]:
+    """One delivery attempt; a failure is recorded on the row and retried after its
+    backoff (notifications.deliver gives up after NOTIFY_MAX_ATTEMPTS)."""
+    from governance import notifications
+
+    outcome, wait = notifications.deliver(notification_id=notification_id, at=timezone.now())
+    if outcome == "retry" and wait is not None:
+        raise self.retry(countdown=wait.total_seconds())
+    return {"id": notification_id, "outcome": outcome}
+
+
+@shared_task(name="governance.tasks.notifications_sweep")
+def notifications_sweep() -> dict[str, int]:
+    from governance import notifications
+
+    return {"queued": notifications.sweep(at=timezone.now())}

@@ -129,7 +129,7 @@ def last_event() -> AuditEvent:
     return event
 
 
-pytest_plugins = ["tests.api_fixtures"]
+pytest_plugins = ["tests.api_fixtures", "tests.lifecycle_fixtures"]
 
 
 # --- Transactional tests on SQLite -------------------------------------------------------
@@ -187,3 +187,17 @@ def live_server(request: pytest.FixtureRequest) -> Any:
     server = LiveServer(addr)
     yield server
     server.stop()
+
+
+# --- Celery in tests (issue #5) ----------------------------------------------------------
+# Notifications are handed to Celery after each commit. In-process tests run those tasks
+# eagerly (here, now), so a test sees the e-mail in mail.outbox and the webhook's request
+# on its local server; tests about the worker itself start a real one (tests/test_jobs.py).
+
+
+@pytest.fixture(autouse=True)
+def _celery_eager() -> Any:
+    from governance.celery import app
+
+    app.conf.task_always_eager = True
+    yield

@@ -3,8 +3,16 @@
 from governance.models.agents import Agent, AgentToken
 from governance.models.approvals import Approval
 from governance.models.audit import AuditEvent
+from governance.models.breakglass import BreakGlass
 from governance.models.grants import Grant
+from governance.models.notifications import Notification
 from governance.models.outcomes import DecisionOutcome
+from governance.models.reviews import (
+    LiveGrantSnapshot,
+    ReviewCampaign,
+    ReviewItem,
+    SecondLook,
+)
 from governance.models.tasks import Task
 from governance.models.tools import Tool
 
@@ -17,4 +25,10 @@ __all__ = [
     "Grant",
     "Task",
     "Tool",
+    "BreakGlass",
+    "Notification",
+    "LiveGrantSnapshot",
+    "ReviewCampaign",
+    "ReviewItem",
+    "SecondLook",
 ]

@@ -80,6 +80,8 @@ class AgentToken(models.Model):
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Set once by the expiry job when it announces the expiry (refused before that anyway).
+    expiry_announced_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -74,6 +74,9 @@ class Grant(models.Model):
 
     use_count = models.PositiveBigIntegerField(default=0)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Lifecycle bookkeeping (claimed by conditional UPDATE, so each notice goes out once).
+    expiring_notified_at = models.DateTimeField(null=True, blank=True)
+    unused_flagged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -109,11 +112,13 @@ class Grant(models.Model):
                 | ~Q(approved_by=F("requested_by")),
                 name="grant_approver_is_not_requester",
             ),
-            # Live without a human approver only when handed down by a parent grant.
+            # Live without a human approver only when handed down by a parent grant,
+            # or opened as break-glass (which names its opener and is reviewed after).
             models.CheckConstraint(
                 condition=~Q(status="active")
                 | Q(approved_by__isnull=False)
-                | Q(delegated_from__isnull=False),
+                | Q(delegated_from__isnull=False)
+                | Q(break_glass=True),
                 name="grant_active_is_approved",
             ),
             models.CheckConstraint(

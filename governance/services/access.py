@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from governance import audit, db
+from governance import audit, db, notifications
 from governance.codes import Decision as Verdict
 from governance.codes import EventType, Reason
 from governance.models import Approval
@@ -68,7 +68,7 @@ def _pending_approval(
     )
     if existing is not None:
         return existing
-    return Approval.objects.create(
+    created = Approval.objects.create(
         agent_id=decision.agent_id,
         tool_id=decision.tool_id,
         grant_id=decision.grant_id,
@@ -82,6 +82,9 @@ def _pending_approval(
         requested_at=at,
         expires_at=at + settings.APPROVAL_TTL,
     )
+    # Only for a new request (not a reused one); sent after the commit.
+    notifications.approval_needed(approval=created, at=at)
+    return created
 
 
 def access_check(

@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from governance import audit
+from governance import audit, notifications
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
@@ -108,8 +108,12 @@ def grant_request(
     egress: Sequence[str] = (),
     limits: dict[str, Any] | None = None,
     delegable: bool = False,
+    notify: bool = True,
 ) -> Grant:
-    """A pending request: never live until a different human approves it."""
+    """A pending request: never live until a different human approves it.
+
+    Approvers are notified after the commit (`notify=False` when the same
+    transaction approves it at once, as grant_issue does)."""
     validate_shape(
         tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
     )
@@ -135,6 +139,8 @@ def grant_request(
                 **_limits(limits),
             )
             _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
+            if notify:
+                notifications.request_pending(grant=grant, at=at)
     except IntegrityError:
         raise Conflict(
             "duplicate_request",
@@ -305,6 +311,7 @@ def grant_issue(
             egress=egress,
             limits=limits,
             delegable=delegable,
+            notify=False,
         )
         return grant_approve(grant_id=grant.pk, approver=approved_by, actor=actor, at=at)
 
@@ -478,4 +485,89 @@ def _announce_request_expired(grant: Grant, actor: audit.Actor, at: datetime) ->
         at,
         reason=REQUEST_EXPIRED_REASON,
         created_at=grant.created_at.isoformat(),
+    )
+
+
+def grant_narrow(
+    *,
+    grant_id: int,
+    reason: str,
+    actor: audit.Actor,
+    at: datetime,
+    actions: Sequence[str] | None = None,
+    scope: str | None = None,
+    expires_at: datetime | None = None,
+    narrowed_by: Any = None,
+) -> Grant:
+    """Shrink a live grant in place, at once: fewer actions, a scope inside the old one
+    (policy.pattern_within), an earlier expiry. Never wider: anything else is refused.
+
+    Delegations that no longer fit inside the narrowed grant are revoked in the same
+    transaction, so a delegated grant never exceeds its parent. The `grant.narrowed`
+    event records before and after. Narrowing to what it already is changes nothing.
+    """
+    if not reason.strip():
+        raise GovernanceError("reason_required", "Say why the grant is narrowed.")
+    with transaction.atomic():
+        grant = (
+            Grant.objects.select_for_update(of=("self",))
+            .select_related("agent", "tool", "task")
+            .get(pk=grant_id)
+        )
+        if grant.status != Grant.Status.ACTIVE or grant_dead_reason(grant.pk, at) is not None:
+            raise Conflict("grant_not_live", "Only a live grant can be narrowed.")
+        assert grant.expires_at is not None
+        new_actions = list(actions) if actions is not None else list(grant.actions)
+        new_scope = scope if scope is not None else grant.scope
+        new_expiry = expires_at if expires_at is not None else grant.expires_at
+        if not new_actions or not set(new_actions) <= set(grant.actions):
+            raise Forbidden("wider_actions", "Narrowing keeps a non-empty subset of the actions.")
+        if len(set(new_actions)) != len(new_actions):
+            raise GovernanceError("invalid_grant", "Actions must not repeat.")
+        if new_scope != grant.scope and not pattern_within(new_scope, grant.scope):
+            raise Forbidden("wider_scope", "The new scope must lie inside the current one.")
+        if new_expiry > grant.expires_at:
+            raise Forbidden("longer_expiry", "Narrowing cannot extend a grant.")
+        if new_expiry <= at:
+            raise GovernanceError(
+                "invalid_expiry", "The new expiry must be in the future (revoke instead)."
+            )
+        before = {"actions": list(grant.actions), "scope": grant.scope}
+        before["expires_at"] = grant.expires_at.isoformat()
+        if (new_actions, new_scope, new_expiry) == (grant.actions, grant.scope, grant.expires_at):
+            return grant
+        grant.actions = [a for a in grant.actions if a in new_actions]
+        grant.scope = new_scope
+        grant.expires_at = new_expiry
+        grant.save(update_fields=["actions", "scope", "expires_at"])
+        _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before)
+        frontier = [grant]
+        while frontier:
+            parent = frontier.pop()
+            for child in _descendants_of(parent.pk):
+                fits = (
+                    set(child.actions) <= set(parent.actions)
+                    and pattern_within(child.scope, parent.scope)
+                    and child.expires_at is not None
+                    and parent.expires_at is not None
+                    and child.expires_at <= parent.expires_at
+                )
+                if fits:
+                    frontier.append(child)
+                else:
+                    grant_revoke(
+                        grant_id=child.pk,
+                        reason=f"parent grant #{grant.pk} narrowed",
+                        actor=actor,
+                        at=at,
+                        revoked_by=narrowed_by,
+                    )
+    return grant
+
+
+def _descendants_of(grant_id: int) -> list[Grant]:
+    return list(
+        Grant.objects.select_for_update(of=("self",)).filter(
+            delegated_from_id=grant_id, status=Grant.Status.ACTIVE
+        )
     )

@@ -1,0 +1,59 @@
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from governance import audit
+from governance.errors import GovernanceError
+from governance.models import Agent
+from governance.services.reviews import review_campaign_open
+
+
+class Command(BaseCommand):
+    help = (
+        "Open a re-certification campaign now: one item per live grant (optionally one "
+        "agent's), each assigned to an approver who neither requested nor approved it."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--reason", required=True)
+        parser.add_argument(
+            "--kind", choices=["on_demand", "incident", "scheduled"], default="on_demand"
+        )
+        parser.add_argument("--agent", default=None, help="only this agent's grants")
+        parser.add_argument("--due-days", type=int, default=None)
+        parser.add_argument("--user", default=None, help="who opens it (username)")
+        parser.add_argument("--key", default=None, help="opening again with a key is a no-op")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        user = None
+        if options["user"]:
+            user = get_user_model().objects.filter(username=options["user"]).first()
+            if user is None:
+                raise CommandError(f"No user {options['user']!r}.")
+        agent = None
+        if options["agent"]:
+            agent = Agent.objects.filter(name=options["agent"]).first()
+            if agent is None:
+                raise CommandError(f"No agent {options['agent']!r}.")
+        at = timezone.now()
+        due_days = options["due_days"]
+        try:
+            campaign = review_campaign_open(
+                kind=options["kind"],
+                reason=options["reason"],
+                key=options["key"],
+                agent=agent,
+                opened_by=user,
+                due_at=at + timedelta(days=due_days) if due_days else None,
+                actor=audit.Actor.user(user) if user else audit.Actor.system("command:review_open"),
+                at=at,
+            )
+        except GovernanceError as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from None
+        self.stdout.write(
+            f"campaign #{campaign.pk} ({campaign.kind}) open with {campaign.items.count()} "
+            f"item(s), due {campaign.due_at.isoformat()}"
+        )

@@ -1,0 +1,356 @@
+"""The ONE place that sends: e-mail through Django's mail backends and JSON webhooks.
+
+Services call one function per event, inside the transaction that makes the change:
+
+    request_pending(grant=..., at=...)          a grant request awaits an approver
+    approval_needed(approval=..., at=...)       a destructive call awaits confirmation
+    breakglass_opened(breakglass=..., notify=[users], at=...)
+    review_due(user=..., items=[...], due_at=..., at=...)
+    review_overdue(users=[...], subject=..., body=..., data=..., at=...)
+    grant_expiring(grant=..., at=...)
+    audit_verify_failed(bad_seq=..., problem=..., at=...)
+    second_look_flagged(look=..., at=...)
+
+Each writes one Notification row per target (an outbox, in the caller's transaction, so
+a rolled-back change announces nothing) and, only after the commit, hands the ids to the
+Celery task `notification_deliver`. Delivery happens in the worker: a slow or failing
+webhook never blocks, and never rolls back, the change it announces. A failed attempt is
+recorded on the row and retried with doubling backoff up to NOTIFY_MAX_ATTEMPTS; if the
+broker itself is down at commit time the row waits for `notifications_sweep` (every
+minute). Two workers never both send one row: delivery claims it with a conditional UPDATE.
+
+Targets: each person's e-mail address (people without one are skipped) and every URL in
+NOTIFY_WEBHOOK_URLS, as the generic JSON event or, with NOTIFY_WEBHOOK_FORMAT=slack, a
+Slack-compatible {"text": ...}. Webhook URLs often embed a secret, so a row stores the
+URL's SHA-256 and the URL is looked up in settings at delivery time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import urllib.request
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.db.models import F
+
+from governance.codes import NotificationEvent
+from governance.models import Approval, BreakGlass, Grant, Notification
+
+log = logging.getLogger(__name__)
+
+# A delivery claimed this long ago and never finished belongs to a worker that died.
+STUCK_AFTER = timedelta(minutes=10)
+MAX_BACKOFF = timedelta(hours=1)
+
+
+def url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+# --- Queueing --------------------------------------------------------------------------
+
+
+def notify(
+    event: str,
+    *,
+    subject: str,
+    body: str,
+    at: datetime,
+    users: Iterable[Any] = (),
+    data: dict[str, Any] | None = None,
+) -> list[Notification]:
+    """Queue `event` for every given person's e-mail and every configured webhook."""
+    addresses = sorted({u.email for u in users if u is not None and getattr(u, "email", "")})
+    payload = {"event": event, **(data or {})}
+    rows = [
+        Notification(channel=Notification.Channel.EMAIL, target=address) for address in addresses
+    ] + [
+        Notification(channel=Notification.Channel.WEBHOOK, target=url_digest(url))
+        for url in settings.NOTIFY_WEBHOOK_URLS
+    ]
+    if not rows:
+        return []
+    for row in rows:
+        row.event = event
+        row.subject = subject[:200]
+        row.body = body
+        row.data = payload
+        row.created_at = at
+        row.next_attempt_at = at
+    with transaction.atomic():
+        created = Notification.objects.bulk_create(rows)
+        ids = [row.pk for row in created]
+        # After the commit only: a rolled-back change must not announce itself, and a
+        # worker must not look for a row that is not visible yet.
+        transaction.on_commit(partial(dispatch, ids))
+    return created
+
+
+def dispatch(ids: Sequence[int]) -> None:
+    """Hand rows to the worker. Never raises: a broker outage leaves the rows pending
+    for notifications_sweep, and the change they announce is already committed."""
+    from governance.tasks import notification_deliver
+
+    for pk in ids:
+        try:
+            notification_deliver.apply_async(args=[pk])
+        except Exception:  # noqa: BLE001 - the sweep retries; the change must stand
+            log.warning("could not queue notification %s; the sweep will retry it", pk)
+
+
+# --- Delivering --------------------------------------------------------------------------
+
+
+def backoff(attempts: int) -> timedelta:
+    """30 s, 60 s, 2 min, ... (NOTIFY_RETRY_BASE_SECONDS doubled), at most an hour."""
+    # The exponent is capped before it can overflow timedelta; the result at MAX_BACKOFF.
+    exponent = min(max(attempts - 1, 0), 20)
+    wait = settings.NOTIFY_RETRY_BASE_SECONDS * 2**exponent
+    return min(timedelta(seconds=wait), MAX_BACKOFF)
+
+
+class PermanentFailure(Exception):
+    """Retrying cannot help (the webhook is no longer configured)."""
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # A webhook that redirects is misconfigured; following it would re-send the
+    # payload somewhere nobody configured.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# Direct connections only (no proxy from the environment): a webhook goes exactly to
+# the host configured for it.
+_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+
+
+def webhook_payload(row: Notification) -> dict[str, Any]:
+    if settings.NOTIFY_WEBHOOK_FORMAT == "slack":
+        return {"text": f"*{row.subject}*\n{row.body}"}
+    return {
+        "event": row.event,
+        "subject": row.subject,
+        "text": row.body,
+        "data": row.data,
+        "notification_id": row.pk,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def _send(row: Notification) -> None:
+    if row.channel == Notification.Channel.EMAIL:
+        EmailMessage(row.subject, row.body, settings.DEFAULT_FROM_EMAIL, [row.target]).send()
+        return
+    url = next((u for u in settings.NOTIFY_WEBHOOK_URLS if url_digest(u) == row.target), None)
+    if url is None:
+        raise PermanentFailure("the webhook is no longer in NOTIFY_WEBHOOK_URLS")
+    request = urllib.request.Request(  # noqa: S310 - http(s) only, checked in settings
+        url,
+        data=json.dumps(webhook_payload(row)).encode(),
+        headers={"Content-Type": "application/json", "User-Agent": "agent-governance"},
+        method="POST",
+    )
+    with _OPENER.open(request, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS) as response:
+        if not 200 <= response.status < 300:
+            raise OSError(f"webhook answered HTTP {response.status}")
+
+
+def deliver(*, notification_id: int, at: datetime) -> tuple[str, timedelta | None]:
+    """One delivery attempt. Returns (outcome, wait): "sent"; "retry" with the backoff
+    to wait; "failed" (given up); or "skipped" (someone else has it, or it is done)."""
+    claimed = Notification.objects.filter(
+        pk=notification_id, status=Notification.Status.PENDING
+    ).update(status=Notification.Status.SENDING, claimed_at=at, attempts=F("attempts") + 1)
+    if not claimed:
+        return "skipped", None
+    row = Notification.objects.get(pk=notification_id)
+    try:
+        _send(row)
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded on the row
+        error = f"{type(exc).__name__}: {exc}"[:1000]
+        final = isinstance(exc, PermanentFailure) or row.attempts >= settings.NOTIFY_MAX_ATTEMPTS
+        wait = backoff(row.attempts)
+        Notification.objects.filter(pk=row.pk, status=Notification.Status.SENDING).update(
+            status=Notification.Status.FAILED if final else Notification.Status.PENDING,
+            last_error=error,
+            next_attempt_at=at if final else at + wait,
+        )
+        if final:
+            log.error("notification %s (%s) failed for good: %s", row.pk, row.event, error)
+            return "failed", None
+        log.warning("notification %s attempt %s failed: %s", row.pk, row.attempts, error)
+        return "retry", wait
+    Notification.objects.filter(pk=row.pk, status=Notification.Status.SENDING).update(
+        status=Notification.Status.SENT, sent_at=at, last_error=""
+    )
+    return "sent", None
+
+
+def sweep(*, at: datetime) -> int:
+    """Re-queue what is due: rows whose dispatch was lost (broker down at commit), whose
+    retry is due, or whose worker died mid-send. Returns how many were queued."""
+    Notification.objects.filter(
+        status=Notification.Status.SENDING, claimed_at__lte=at - STUCK_AFTER
+    ).update(status=Notification.Status.PENDING)
+    due = list(
+        Notification.objects.filter(
+            status=Notification.Status.PENDING, next_attempt_at__lte=at
+        ).values_list("pk", flat=True)[:1000]
+    )
+    dispatch(due)
+    return len(due)
+
+
+# --- One function per event ----------------------------------------------------------------
+
+
+def _approvers(exclude: Iterable[Any]) -> list[Any]:
+    from governance.selectors import approver_users
+
+    return approver_users(exclude=list(exclude))
+
+
+def _grant_line(grant: Grant) -> str:
+    task = f" for task {grant.task.key}" if grant.task_id else ""
+    return (
+        f"agent {grant.agent.name}: {', '.join(grant.actions)} on {grant.tool.name} "
+        f"{grant.scope}{task}"
+    )
+
+
+def _grant_data(grant: Grant) -> dict[str, Any]:
+    return {
+        "grant_id": grant.pk,
+        "agent": grant.agent.name,
+        "tool": grant.tool.name,
+        "actions": list(grant.actions),
+        "scope": grant.scope,
+        "break_glass": grant.break_glass,
+        "expires_at": grant.expires_at.isoformat() if grant.expires_at else None,
+    }
+
+
+def request_pending(*, grant: Grant, at: datetime) -> list[Notification]:
+    """A grant request awaits a decision: every approver but the requester and owner."""
+    return notify(
+        NotificationEvent.REQUEST_PENDING,
+        subject=f"Grant request #{grant.pk} awaits approval",
+        body=f"Requested: {_grant_line(grant)}.\nJustification: {grant.justification}",
+        users=_approvers([grant.requested_by_id, grant.agent.owner_id]),
+        data=_grant_data(grant),
+        at=at,
+    )
+
+
+def approval_needed(*, approval: Approval, at: datetime) -> list[Notification]:
+    """A destructive call awaits confirmation before it expires (APPROVAL_TTL)."""
+    return notify(
+        NotificationEvent.APPROVAL_NEEDED,
+        subject=f"Confirm a destructive call by {approval.agent.name}",
+        body=(
+            f"Agent {approval.agent.name} wants to {approval.action} {approval.scope} with "
+            f"{approval.tool.name}. Approval {approval.pk} expires at "
+            f"{approval.expires_at.isoformat()}."
+        ),
+        users=_approvers([approval.agent.owner_id, approval.grant.requested_by_id]),
+        data={
+            "approval_id": str(approval.pk),
+            "agent": approval.agent.name,
+            "tool": approval.tool.name,
+            "action": approval.action,
+            "scope": approval.scope,
+            "expires_at": approval.expires_at.isoformat(),
+        },
+        at=at,
+    )
+
+
+def breakglass_opened(
+    *, breakglass: BreakGlass, notify_users: Iterable[Any], at: datetime
+) -> list[Notification]:
+    grant = breakglass.grant
+    return notify(
+        NotificationEvent.BREAKGLASS_OPENED,
+        subject=f"BREAK-GLASS opened by {breakglass.opened_by.get_username()} "
+        f"({breakglass.ticket})",
+        body=(
+            f"{breakglass.opened_by.get_username()} opened break-glass for {_grant_line(grant)}, "
+            f"without approval, until {breakglass.expires_at.isoformat()}.\n"
+            f"Ticket: {breakglass.ticket}\nReason: {breakglass.reason}\n"
+            f"Post-incident review due by {breakglass.review_due_at.isoformat()}."
+        ),
+        users=notify_users,
+        data={
+            **_grant_data(grant),
+            "breakglass_id": breakglass.pk,
+            "ticket": breakglass.ticket,
+            "opened_by": breakglass.opened_by.get_username(),
+            "review_due_at": breakglass.review_due_at.isoformat(),
+        },
+        at=at,
+    )
+
+
+def review_due(*, user: Any, subject: str, body: str, data: dict[str, Any], at: datetime) -> Any:
+    return notify(
+        NotificationEvent.REVIEW_DUE, subject=subject, body=body, users=[user], data=data, at=at
+    )
+
+
+def review_overdue(
+    *, users: Iterable[Any], subject: str, body: str, data: dict[str, Any], at: datetime
+) -> list[Notification]:
+    return notify(
+        NotificationEvent.REVIEW_OVERDUE, subject=subject, body=body, users=users, data=data, at=at
+    )
+
+
+def grant_expiring(*, grant: Grant, at: datetime) -> list[Notification]:
+    """The grant ends soon: its requester and the agent's owner, so a renewal can be
+    requested in time (or, better, the grant left to end)."""
+    assert grant.expires_at is not None
+    return notify(
+        NotificationEvent.GRANT_EXPIRING,
+        subject=f"Grant #{grant.pk} expires at {grant.expires_at.isoformat()}",
+        body=f"Expiring soon: {_grant_line(grant)}.",
+        users=[grant.requested_by, grant.agent.owner],
+        data=_grant_data(grant),
+        at=at,
+    )
+
+
+def audit_verify_failed(*, bad_seq: int | None, problem: str, at: datetime) -> Any:
+    from django.contrib.auth import get_user_model
+
+    from governance import roles
+
+    admins = get_user_model().objects.filter(is_active=True, groups__name=roles.ADMINS)
+    supers = get_user_model().objects.filter(is_active=True, is_superuser=True)
+    return notify(
+        NotificationEvent.AUDIT_VERIFY_FAILED,
+        subject="Audit chain verification FAILED",
+        body=f"The audit chain does not verify at seq {bad_seq}: {problem}",
+        users=list({u.pk: u for u in [*admins, *supers]}.values()),
+        data={"bad_seq": bad_seq, "problem": problem},
+        at=at,
+    )
+
+
+def second_look_flagged(*, look: Any, users: Iterable[Any], at: datetime) -> list[Notification]:
+    return notify(
+        NotificationEvent.SECOND_LOOK_FLAGGED,
+        subject=f"Second look #{look.pk} flagged an approval",
+        body=f"{look.decided_by.get_username()} flagged a {look.kind} approval: {look.comment}",
+        users=users,
+        data={"second_look_id": look.pk, "kind": look.kind, "grant_id": look.grant_id},
+        at=at,
+    )

@@ -1,0 +1,357 @@
+"""Break-glass: emergency elevation by a human, with a trail someone must close.
+
+Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` is now):
+
+    breakglass_open(*, opener, agent, tool, actions, scope, ticket, reason, actor, at,
+                    ttl=None, task=None) -> BreakGlass
+        A live grant at once (flagged break_glass), the review item due in
+        BREAKGLASS_REVIEW_WITHIN, every skipped approver notified. Raises Forbidden
+        `human_only` (not a person) / `not_allowed` (neither approver, admin nor the
+        agent's owner), GovernanceError `invalid_ticket` / `reason_required` /
+        `breakglass_ttl_too_long` / `invalid_ttl` / `invalid_grant`, RateLimited
+        `breakglass_rate_limited`. Calling it again with the same opener, agent,
+        tool, scope and ticket while that one is live returns the same row.
+    breakglass_close(*, breakglass_id, closed_by, comment, actor, at) -> BreakGlass
+        Ends the grant early (revoked, with anything delegated from it). Closing a
+        closed or ended one changes nothing.
+    breakglass_ratify(*, breakglass_id, reviewer, comment, actor, at, duration=None)
+        -> BreakGlass
+        Closes the review by turning the access into a normal grant request (pending,
+        requested by the reviewer, needs a different approver). `ratified_request`.
+    breakglass_confirm_closed(*, breakglass_id, reviewer, comment, actor, at) -> BreakGlass
+        Closes the review: the incident is over; a still-live grant is revoked now.
+    breakglass_reviews_mark_overdue(*, actor, at) -> int      (the job)
+
+Reviews: `reviewer` is an approver or admin and never the opener (Forbidden
+`self_review`); a comment is required; a second decision gets Conflict
+`already_reviewed` and changes nothing. The review row is locked (SELECT FOR UPDATE),
+so two people deciding at once decide it once.
+
+Selectors for pages: breakglass_active(at), breakglass_reviews_pending(at) (each row
+with `.is_overdue`), in governance/selectors.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from governance import audit, notifications, roles
+from governance.codes import EventType
+from governance.errors import Conflict, Forbidden, GovernanceError, RateLimited
+from governance.models import Agent, BreakGlass, Grant, Task, Tool
+from governance.selectors import approver_users
+from governance.services.claims import claim_each
+from governance.services.grants import grant_request, grant_revoke, validate_shape
+
+
+def _event(bg: BreakGlass, event_type: str, actor: audit.Actor, at: datetime, **data: Any) -> None:
+    grant = bg.grant
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=grant.agent.name,
+        task=grant.task.key if grant.task else "",
+        tool=grant.tool.name,
+        action=",".join(grant.actions),
+        scope=grant.scope,
+        grant_id=grant.pk,
+        break_glass=True,
+        data={"breakglass_id": bg.pk, "ticket": bg.ticket, **data},
+    )
+
+
+def _check_opener(opener: Any, agent: Agent) -> None:
+    # Agents (and their tokens) never elevate themselves or anyone else.
+    if not roles.is_human(opener):
+        raise Forbidden("human_only", "Only a person can open break-glass, never an agent.")
+    if not (roles.is_approver(opener) or agent.owner_id == opener.pk):
+        raise Forbidden(
+            "not_allowed",
+            "Break-glass is opened by an approver, an admin or the agent's accountable owner.",
+        )
+
+
+def _check_ttl(ttl: timedelta) -> None:
+    if ttl <= timedelta(0):
+        raise GovernanceError("invalid_ttl", "The break-glass lifetime must be positive.")
+    if ttl > settings.BREAKGLASS_MAX_TTL:
+        limit = settings.BREAKGLASS_MAX_TTL.total_seconds() / 60
+        raise GovernanceError(
+            "breakglass_ttl_too_long",
+            f"Break-glass lasts at most {limit:g} minutes; {ttl.total_seconds() / 60:g} "
+            "were asked for. Ask for less (it is refused, not shortened).",
+            fields={"ttl": f"at most {limit:g} minutes"},
+        )
+
+
+def breakglass_open(
+    *,
+    opener: Any,
+    agent: Agent,
+    tool: Tool,
+    actions: Sequence[str],
+    scope: str,
+    ticket: str,
+    reason: str,
+    actor: audit.Actor,
+    at: datetime,
+    ttl: timedelta | None = None,
+    task: Task | None = None,
+) -> BreakGlass:
+    """Open break-glass: see the module docstring."""
+    _check_opener(opener, agent)
+    ticket = (ticket or "").strip()
+    if not re.fullmatch(settings.BREAKGLASS_TICKET_PATTERN, ticket):
+        raise GovernanceError(
+            "invalid_ticket",
+            f"A ticket reference matching {settings.BREAKGLASS_TICKET_PATTERN} is required.",
+            fields={"ticket": "required, in the configured format"},
+        )
+    if not (reason or "").strip():
+        raise GovernanceError("reason_required", "Say why break-glass is needed.")
+    ttl = settings.BREAKGLASS_DEFAULT_TTL if ttl is None else ttl
+    _check_ttl(ttl)
+    validate_shape(tool=tool, actions=actions, scope=scope)
+    with transaction.atomic():
+        # One opener at a time: the per-hour count below cannot be raced past.
+        get_user_model().objects.select_for_update().filter(pk=opener.pk).first()
+        same = (
+            BreakGlass.objects.select_related("grant")
+            .filter(
+                opened_by=opener,
+                ticket=ticket,
+                grant__agent=agent,
+                grant__tool=tool,
+                grant__scope=scope,
+                closed_at__isnull=True,
+                expires_at__gt=at,
+            )
+            .first()
+        )
+        if same is not None:
+            return same  # the same emergency, asked twice: one break-glass
+        recent = BreakGlass.objects.filter(
+            opened_by=opener, opened_at__gt=at - timedelta(hours=1), opened_at__lte=at
+        ).count()
+        if recent >= settings.BREAKGLASS_MAX_PER_HOUR:
+            raise RateLimited(
+                "breakglass_rate_limited",
+                f"You opened break-glass {recent} times in the last hour (the limit is "
+                f"{settings.BREAKGLASS_MAX_PER_HOUR}); ask an approver for a normal grant.",
+            )
+        grant = Grant.objects.create(
+            agent=agent,
+            tool=tool,
+            task=task,
+            actions=list(actions),
+            scope=scope,
+            justification=f"break-glass {ticket}: {reason}",
+            requested_by=opener,
+            status=Grant.Status.ACTIVE,
+            decided_at=at,
+            starts_at=at,
+            expires_at=at + ttl,
+            break_glass=True,
+        )
+        bg = BreakGlass.objects.create(
+            grant=grant,
+            opened_by=opener,
+            ticket=ticket,
+            reason=reason,
+            opened_at=at,
+            expires_at=at + ttl,
+            review_due_at=at + settings.BREAKGLASS_REVIEW_WITHIN,
+        )
+        skipped = approver_users(exclude=[opener])
+        _event(
+            bg,
+            EventType.BREAKGLASS_OPENED,
+            actor,
+            at,
+            opened_by=opener.get_username(),
+            reason=reason,
+            expires_at=bg.expires_at.isoformat(),
+            review_due_at=bg.review_due_at.isoformat(),
+            notified=[u.get_username() for u in skipped],
+        )
+        notifications.breakglass_opened(breakglass=bg, notify_users=skipped, at=at)
+        if settings.BREAKGLASS_OPENS_CAMPAIGN:
+            from governance.services.reviews import review_campaign_open
+
+            review_campaign_open(
+                kind="incident",
+                reason=f"break-glass {ticket} on {agent.name}: {reason}",
+                key=f"incident:breakglass:{bg.pk}",
+                agent=agent,
+                opened_by=opener,
+                actor=actor,
+                at=at,
+            )
+    return bg
+
+
+def _locked(breakglass_id: int) -> BreakGlass:
+    return (
+        BreakGlass.objects.select_for_update(of=("self",))
+        .select_related("grant__agent", "grant__tool", "grant__task", "opened_by")
+        .get(pk=breakglass_id)
+    )
+
+
+def breakglass_close(
+    *, breakglass_id: int, closed_by: Any, comment: str, actor: audit.Actor, at: datetime
+) -> BreakGlass:
+    """End the elevation early. The grant's `grant.revoked` event is the one event."""
+    if not (comment or "").strip():
+        raise GovernanceError("comment_required", "Say why break-glass is closed.")
+    with transaction.atomic():
+        bg = _locked(breakglass_id)
+        if bg.closed_at is not None or bg.grant.status != Grant.Status.ACTIVE:
+            return bg
+        bg.closed_at = at
+        bg.closed_by = closed_by
+        bg.save(update_fields=["closed_at", "closed_by"])
+        grant_revoke(
+            grant_id=bg.grant_id,
+            reason=f"break-glass {bg.ticket} closed early: {comment}",
+            actor=actor,
+            at=at,
+            revoked_by=closed_by,
+        )
+    bg.grant.refresh_from_db()
+    return bg
+
+
+def _start_review(breakglass_id: int, reviewer: Any, comment: str, at: datetime) -> BreakGlass:
+    if not roles.is_approver(reviewer):
+        raise Forbidden("not_allowed", "Break-glass reviews are decided by approvers or admins.")
+    if not (comment or "").strip():
+        raise GovernanceError("comment_required", "A review decision needs a comment.")
+    bg = _locked(breakglass_id)
+    if bg.review_status != BreakGlass.Review.PENDING:
+        raise Conflict("already_reviewed", f"The review is already {bg.review_status}.")
+    if bg.opened_by_id == reviewer.pk:
+        raise Forbidden("self_review", "Nobody reviews the break-glass they opened.")
+    return bg
+
+
+def breakglass_ratify(
+    *,
+    breakglass_id: int,
+    reviewer: Any,
+    comment: str,
+    actor: audit.Actor,
+    at: datetime,
+    duration: timedelta | None = None,
+) -> BreakGlass:
+    """Close the review by turning the access into a normal, pending grant request."""
+    with transaction.atomic():
+        bg = _start_review(breakglass_id, reviewer, comment, at)
+        grant = bg.grant
+        request = grant_request(
+            agent=grant.agent,
+            tool=grant.tool,
+            task=grant.task,
+            actions=list(grant.actions),
+            scope=grant.scope,
+            duration=duration or (grant.expires_at - grant.starts_at),  # type: ignore[operator]
+            justification=f"ratifies break-glass {bg.ticket}: {comment}",
+            requested_by=reviewer,
+            actor=actor,
+            at=at,
+        )
+        bg.review_status = BreakGlass.Review.RATIFIED
+        bg.reviewed_by = reviewer
+        bg.reviewed_at = at
+        bg.review_comment = comment
+        bg.ratified_request = request
+        bg.save()
+        _event(
+            bg,
+            EventType.BREAKGLASS_RATIFIED,
+            actor,
+            at,
+            reviewed_by=reviewer.get_username(),
+            comment=comment,
+            ratified_request=request.pk,
+            overdue=at >= bg.review_due_at,
+        )
+    return bg
+
+
+def breakglass_confirm_closed(
+    *, breakglass_id: int, reviewer: Any, comment: str, actor: audit.Actor, at: datetime
+) -> BreakGlass:
+    """Close the review: the incident is over. A grant still live is revoked now."""
+    with transaction.atomic():
+        bg = _start_review(breakglass_id, reviewer, comment, at)
+        bg.review_status = BreakGlass.Review.CONFIRMED_CLOSED
+        bg.reviewed_by = reviewer
+        bg.reviewed_at = at
+        bg.review_comment = comment
+        if bg.closed_at is None:
+            bg.closed_at = at
+            bg.closed_by = reviewer
+        bg.save()
+        _event(
+            bg,
+            EventType.BREAKGLASS_CONFIRMED_CLOSED,
+            actor,
+            at,
+            reviewed_by=reviewer.get_username(),
+            comment=comment,
+            overdue=at >= bg.review_due_at,
+        )
+        if bg.grant.status == Grant.Status.ACTIVE:
+            grant_revoke(
+                grant_id=bg.grant_id,
+                reason=f"break-glass {bg.ticket} confirmed closed: {comment}",
+                actor=actor,
+                at=at,
+                revoked_by=reviewer,
+            )
+    return bg
+
+
+def breakglass_reviews_mark_overdue(*, actor: audit.Actor, at: datetime) -> int:
+    """The job: reviews still open past their due time are announced as overdue, once
+    each (claimed by a conditional UPDATE on overdue_at). Overdue is shown from the due
+    time itself (selectors), so this only records it and sends the notice."""
+    due = BreakGlass.objects.filter(
+        review_status=BreakGlass.Review.PENDING, review_due_at__lte=at, overdue_at__isnull=True
+    ).values_list("pk", flat=True)
+
+    def announce(pk: int) -> None:
+        bg = BreakGlass.objects.select_related(
+            "grant__agent", "grant__tool", "grant__task", "opened_by"
+        ).get(pk=pk)
+        _event(
+            bg, EventType.BREAKGLASS_REVIEW_OVERDUE, actor, at, due_at=bg.review_due_at.isoformat()
+        )
+        notifications.review_overdue(
+            users=approver_users(),
+            subject=f"OVERDUE: break-glass {bg.ticket} has no post-incident review",
+            body=(
+                f"Break-glass #{bg.pk} ({bg.ticket}), opened by "
+                f"{bg.opened_by.get_username()} for agent {bg.grant.agent.name}, was due "
+                f"for review by {bg.review_due_at.isoformat()}. Ratify it or confirm it closed."
+            ),
+            data={"breakglass_id": bg.pk, "ticket": bg.ticket, "grant_id": bg.grant_id},
+            at=at,
+        )
+
+    return claim_each(
+        due,
+        claim=lambda pk: BreakGlass.objects.filter(
+            pk=pk, review_status=BreakGlass.Review.PENDING, overdue_at__isnull=True
+        ).update(overdue_at=at),
+        announce=announce,
+    )

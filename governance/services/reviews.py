@@ -1,0 +1,427 @@
+"""Re-certification: campaigns, items, decisions, the due-date rule and reminders.
+
+Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
+
+    review_campaign_open(*, kind, reason, actor, at, key=None, agent=None,
+                         opened_by=None, due_at=None) -> ReviewCampaign
+        kind: "scheduled" | "on_demand" | "incident". One item per live grant except
+        delegated grants (reviewed through their parent: revoking or narrowing it
+        reaches them) and break-glass grants (they have their own post-incident
+        review). Unused grants carry a proposal ("remove" / "narrow_to_read").
+        With a `key`, opening again returns the same campaign. Items whose grant ends
+        before anyone decides are closed as `ended` by the job, with no reminder or
+        overdue notice: nothing is left to review, so nobody is nagged about it.
+    review_campaign_open_scheduled(*, actor, at) -> ReviewCampaign   (the job; one per
+        period of REVIEW_EVERY_MONTHS, key "scheduled:<year>-P<n>")
+    review_item_decide(*, item_id, reviewer, decision, comment, actor, at,
+                       actions=None, scope=None, expires_at=None) -> ReviewItem
+        decision: "keep" | "narrow" (any of actions/scope/expires_at, never wider) |
+        "revoke"; effective at once. Raises GovernanceError `comment_required` /
+        `invalid_decision`, Forbidden `self_review` (the grant's approver or requester)
+        / `not_assigned` (neither the assigned reviewer nor an admin), Conflict
+        `already_decided` (a second decision changes nothing).
+    review_items_apply_due_rule(*, actor, at) -> int     (the job: items whose grant
+        ended are closed `ended`; items undecided at the due date get REVIEW_DEFAULT_RULE)
+    review_campaigns_close(*, actor, at) -> int          (the job)
+    review_reminders_send(*, actor, at) -> int           (the job)
+
+Reviewers rotate among approvers (groups approvers/admins, superusers; governance.roles)
+in username order, skipping the grant's approver and requester; an item nobody may
+review is left unassigned (admins decide it) and still falls under the due-date rule.
+Selectors: review_items_for(user, at), unused_grants(at) in governance/selectors.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from governance import audit, notifications, roles
+from governance.codes import EventType
+from governance.errors import Conflict, Forbidden, GovernanceError
+from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
+from governance.selectors import approver_users, live_grants, unused_grants
+from governance.services.claims import claim_each
+from governance.services.grants import grant_narrow, grant_revoke
+
+DECISIONS = ("keep", "narrow", "revoke")
+
+
+def _grant_event(
+    grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **data: Any
+) -> None:
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=grant.agent.name,
+        task=grant.task.key if grant.task else "",
+        tool=grant.tool.name,
+        action=",".join(grant.actions),
+        scope=grant.scope,
+        grant_id=grant.pk,
+        break_glass=grant.break_glass,
+        data=data,
+    )
+
+
+def _rotation(campaign_pk: int) -> Any:
+    """A reviewer picker that walks the approver pool round-robin, skipping people
+    who approved or requested the grant."""
+    pool = approver_users()
+    state = {"next": campaign_pk % len(pool) if pool else 0}
+
+    def pick(grant: Grant) -> Any:
+        barred = {grant.approved_by_id, grant.requested_by_id}
+        for step in range(len(pool)):
+            candidate = pool[(state["next"] + step) % len(pool)]
+            if candidate.pk not in barred:
+                state["next"] = (state["next"] + step + 1) % len(pool)
+                return candidate
+        return None
+
+    return pick
+
+
+def review_campaign_open(
+    *,
+    kind: str,
+    reason: str,
+    actor: audit.Actor,
+    at: datetime,
+    key: str | None = None,
+    agent: Agent | None = None,
+    opened_by: Any = None,
+    due_at: datetime | None = None,
+) -> ReviewCampaign:
+    """Open a campaign (see the module docstring)."""
+    if kind not in ReviewCampaign.Kind.values:
+        raise GovernanceError("invalid_kind", f"Kind must be one of {ReviewCampaign.Kind.values}.")
+    if not (reason or "").strip():
+        raise GovernanceError("reason_required", "Say why the campaign is opened.")
+    due_at = due_at or at + settings.REVIEW_DUE
+    if due_at <= at:
+        raise GovernanceError("invalid_due", "The due date must be in the future.")
+    if key is not None and (existing := ReviewCampaign.objects.filter(key=key).first()):
+        return existing
+    try:
+        with transaction.atomic():
+            campaign = ReviewCampaign.objects.create(
+                key=key,
+                kind=kind,
+                reason=reason,
+                agent=agent,
+                opened_by=opened_by,
+                opened_at=at,
+                due_at=due_at,
+            )
+            items = _create_items(campaign, at)
+            audit.append(
+                event_type=EventType.REVIEW_CAMPAIGN_OPENED,
+                actor=actor,
+                at=at,
+                agent=agent.name if agent else "",
+                data={
+                    "campaign_id": campaign.pk,
+                    "kind": kind,
+                    "key": key,
+                    "reason": reason,
+                    "due_at": due_at.isoformat(),
+                    "items": [
+                        {
+                            "grant": i.grant_id,
+                            "reviewer": i.reviewer.get_username() if i.reviewer else None,
+                            "proposal": i.proposal,
+                        }
+                        for i in items
+                    ],
+                },
+            )
+            _notify_assigned(campaign, items, at)
+    except IntegrityError:
+        # Another worker opened the same keyed campaign first: that one stands.
+        if key is None:
+            raise
+        return ReviewCampaign.objects.get(key=key)
+    return campaign
+
+
+def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
+    grants = live_grants(at).filter(delegated_from__isnull=True, break_glass=False)
+    if campaign.agent_id is not None:
+        grants = grants.filter(agent_id=campaign.agent_id)
+    proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
+    pick = _rotation(campaign.pk)
+    items = [
+        ReviewItem(
+            campaign=campaign,
+            grant=grant,
+            reviewer=pick(grant),
+            proposal=proposals.get(grant.pk, ""),
+            due_at=campaign.due_at,
+        )
+        for grant in grants.order_by("id")
+    ]
+    ReviewItem.objects.bulk_create(items)
+    return items
+
+
+def _notify_assigned(campaign: ReviewCampaign, items: Sequence[ReviewItem], at: datetime) -> None:
+    by_reviewer: dict[int, list[ReviewItem]] = {}
+    for item in items:
+        if item.reviewer is not None:
+            by_reviewer.setdefault(item.reviewer.pk, []).append(item)
+    for mine in by_reviewer.values():
+        reviewer = mine[0].reviewer
+        notifications.review_due(
+            user=reviewer,
+            subject=f"{len(mine)} grant(s) to review by {campaign.due_at.date().isoformat()}",
+            body=(
+                f"Review campaign #{campaign.pk} ({campaign.kind}: {campaign.reason}). "
+                f"Keep, narrow or revoke each grant, with a comment, by "
+                f"{campaign.due_at.isoformat()}; undecided items are handled by the rule "
+                f"'{settings.REVIEW_DEFAULT_RULE}'."
+            ),
+            data={"campaign_id": campaign.pk, "items": [i.pk for i in mine]},
+            at=at,
+        )
+
+
+def review_campaign_open_scheduled(*, actor: audit.Actor, at: datetime) -> ReviewCampaign:
+    """The job (daily): the period's campaign, opened by the first run in the period."""
+    period = (at.month - 1) // settings.REVIEW_EVERY_MONTHS + 1
+    return review_campaign_open(
+        kind=ReviewCampaign.Kind.SCHEDULED,
+        reason=f"scheduled re-certification {at.year} period {period}",
+        key=f"scheduled:{at.year}-P{period}",
+        actor=actor,
+        at=at,
+    )
+
+
+def review_item_decide(
+    *,
+    item_id: int,
+    reviewer: Any,
+    decision: str,
+    comment: str,
+    actor: audit.Actor,
+    at: datetime,
+    actions: Sequence[str] | None = None,
+    scope: str | None = None,
+    expires_at: datetime | None = None,
+) -> ReviewItem:
+    """Keep, narrow or revoke one item's grant, with a comment, effective at once."""
+    if decision not in DECISIONS:
+        raise GovernanceError("invalid_decision", f"Decision must be one of {DECISIONS}.")
+    if not (comment or "").strip():
+        raise GovernanceError("comment_required", "A review decision needs a comment.")
+    if decision == "narrow" and actions is None and scope is None and expires_at is None:
+        raise GovernanceError(
+            "invalid_decision", "Narrowing names fewer actions, a narrower scope or an expiry."
+        )
+    with transaction.atomic():
+        item = (
+            ReviewItem.objects.select_for_update(of=("self",))
+            .select_related("grant__agent", "grant__tool", "grant__task", "campaign")
+            .get(pk=item_id)
+        )
+        if item.status != ReviewItem.Status.PENDING:
+            raise Conflict("already_decided", f"The item is already {item.status}.")
+        grant = item.grant
+        if reviewer.pk in (grant.approved_by_id, grant.requested_by_id):
+            raise Forbidden(
+                "self_review", "Nobody re-certifies a grant they requested or approved."
+            )
+        if not (item.reviewer_id == reviewer.pk or roles.is_admin(reviewer)):
+            raise Forbidden("not_assigned", "The item is assigned to another reviewer.")
+        if decision == "narrow":
+            grant_narrow(
+                grant_id=grant.pk,
+                actions=actions,
+                scope=scope,
+                expires_at=expires_at,
+                reason=f"review: {comment}",
+                narrowed_by=reviewer,
+                actor=actor,
+                at=at,
+            )
+            grant.refresh_from_db()
+        elif decision == "revoke":
+            grant_revoke(
+                grant_id=grant.pk,
+                reason=f"review: {comment}",
+                revoked_by=reviewer,
+                actor=actor,
+                at=at,
+            )
+        item.status = {
+            "keep": ReviewItem.Status.KEPT,
+            "narrow": ReviewItem.Status.NARROWED,
+            "revoke": ReviewItem.Status.REVOKED,
+        }[decision]
+        item.decided_by = reviewer
+        item.decided_at = at
+        item.comment = comment
+        item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
+        _grant_event(
+            grant,
+            EventType.REVIEW_ITEM_DECIDED,
+            actor,
+            at,
+            item_id=item.pk,
+            campaign_id=item.campaign_id,
+            decision=decision,
+            comment=comment,
+            decided_by=reviewer.get_username(),
+            proposal=item.proposal,
+        )
+    return item
+
+
+def _pending_with_ended_grant(at: datetime) -> Any:
+    return ReviewItem.objects.filter(status=ReviewItem.Status.PENDING).exclude(
+        grant__status=Grant.Status.ACTIVE, grant__expires_at__gt=at
+    )
+
+
+def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
+    """The job. First, items whose grant has already ended (expired, revoked) are closed
+    as `ended`: nothing is left to review, nobody is nagged. Then items still undecided
+    at their due date follow REVIEW_DEFAULT_RULE (revoke by default). Each item once:
+    claimed by a conditional UPDATE on status='pending'. Returns how many changed."""
+    ended = claim_each(
+        _pending_with_ended_grant(at).values_list("pk", flat=True),
+        claim=lambda pk: (
+            _pending_with_ended_grant(at)
+            .filter(pk=pk)
+            .update(status=ReviewItem.Status.ENDED, decided_at=at, comment="grant already ended")
+        ),
+        announce=lambda pk: _item_event(pk, actor, at, rule="ended"),
+    )
+    rule = settings.REVIEW_DEFAULT_RULE
+    status = ReviewItem.Status.AUTO_REVOKED if rule == "revoke" else ReviewItem.Status.AUTO_KEPT
+    due = ReviewItem.objects.filter(status=ReviewItem.Status.PENDING, due_at__lte=at).values_list(
+        "pk", flat=True
+    )
+
+    def announce(pk: int) -> None:
+        item = _item_event(pk, actor, at, rule=rule)
+        if rule == "revoke":
+            grant_revoke(
+                grant_id=item.grant_id,
+                reason=f"review item #{item.pk} not decided by its due date",
+                actor=actor,
+                at=at,
+            )
+        notifications.review_overdue(
+            users=[item.reviewer] if item.reviewer else approver_users(),
+            subject=f"Review item #{item.pk} was not decided in time: {rule} applied",
+            body=(
+                f"Grant #{item.grant_id} ({item.grant.agent.name} on {item.grant.tool.name} "
+                f"{item.grant.scope}) was due for review by {item.due_at.isoformat()}; the "
+                f"rule '{rule}' was applied."
+            ),
+            data={"item_id": item.pk, "grant_id": item.grant_id, "rule": rule},
+            at=at,
+        )
+
+    return ended + claim_each(
+        due,
+        claim=lambda pk: ReviewItem.objects.filter(
+            pk=pk, status=ReviewItem.Status.PENDING, due_at__lte=at
+        ).update(status=status, decided_at=at, comment=f"due-date rule: {rule}"),
+        announce=announce,
+    )
+
+
+def _item_event(pk: int, actor: audit.Actor, at: datetime, *, rule: str) -> ReviewItem:
+    item = ReviewItem.objects.select_related(
+        "grant__agent", "grant__tool", "grant__task", "reviewer"
+    ).get(pk=pk)
+    _grant_event(
+        item.grant,
+        EventType.REVIEW_ITEM_DUE_RULE,
+        actor,
+        at,
+        item_id=item.pk,
+        campaign_id=item.campaign_id,
+        rule=rule,
+        reviewer=item.reviewer.get_username() if item.reviewer else None,
+    )
+    return item
+
+
+def review_campaigns_close(*, actor: audit.Actor, at: datetime) -> int:
+    """The job: open campaigns with nothing left pending are closed, once each."""
+    due = (
+        ReviewCampaign.objects.filter(status=ReviewCampaign.Status.OPEN)
+        .exclude(items__status=ReviewItem.Status.PENDING)
+        .values_list("pk", flat=True)
+    )
+
+    def announce(pk: int) -> None:
+        counts: dict[str, int] = {}
+        for status in ReviewItem.objects.filter(campaign_id=pk).values_list("status", flat=True):
+            counts[status] = counts.get(status, 0) + 1
+        audit.append(
+            event_type=EventType.REVIEW_CAMPAIGN_CLOSED,
+            actor=actor,
+            at=at,
+            data={"campaign_id": pk, "items": counts},
+        )
+
+    return claim_each(
+        due,
+        claim=lambda pk: (
+            ReviewCampaign.objects.filter(pk=pk, status=ReviewCampaign.Status.OPEN)
+            .exclude(items__status=ReviewItem.Status.PENDING)
+            .update(status=ReviewCampaign.Status.CLOSED, closed_at=at)
+        ),
+        announce=announce,
+    )
+
+
+def review_reminders_send(*, actor: audit.Actor, at: datetime) -> int:
+    """The job: one reminder per pending item within REVIEW_REMIND_BEFORE of its due
+    date. No audit event: a reminder changes no governance state; the Notification
+    row is its record. `actor` is accepted for the uniform job signature."""
+    window_start = at + settings.REVIEW_REMIND_BEFORE
+    due = ReviewItem.objects.filter(
+        status=ReviewItem.Status.PENDING,
+        reviewer__isnull=False,
+        reminded_at__isnull=True,
+        due_at__gt=at,
+        due_at__lte=window_start,
+        # A grant that already ended needs no decision: no reminder about it.
+        grant__status=Grant.Status.ACTIVE,
+        grant__expires_at__gt=at,
+    ).values_list("pk", flat=True)
+
+    def announce(pk: int) -> None:
+        item = ReviewItem.objects.select_related("grant__agent", "grant__tool", "reviewer").get(
+            pk=pk
+        )
+        notifications.review_due(
+            user=item.reviewer,
+            subject=f"Reminder: review grant #{item.grant_id} by {item.due_at.isoformat()}",
+            body=(
+                f"Review item #{item.pk}: {item.grant.agent.name} on {item.grant.tool.name} "
+                f"{item.grant.scope}. Undecided at the due date, the rule "
+                f"'{settings.REVIEW_DEFAULT_RULE}' applies."
+            ),
+            data={"item_id": item.pk, "grant_id": item.grant_id, "reminder": True},
+            at=at,
+        )
+
+    return claim_each(
+        due,
+        claim=lambda pk: ReviewItem.objects.filter(
+            pk=pk, status=ReviewItem.Status.PENDING, reminded_at__isnull=True
+        ).update(reminded_at=at),
+        announce=announce,
+    )

@@ -1,0 +1,83 @@
+"""Fixtures for lifecycle tests: people with roles and e-mail, and a real local webhook."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from governance import roles
+
+
+@pytest.fixture
+def person(db: None) -> Callable[..., User]:
+    """A user with an e-mail address and the given role groups."""
+
+    def make(name: str, *groups: str) -> User:
+        user = User.objects.create_user(name, email=f"{name}@example.test", password="pw-123456")
+        for group in groups:
+            user.groups.add(Group.objects.get_or_create(name=group)[0])
+        return user
+
+    return make
+
+
+@pytest.fixture
+def approvers(person: Callable[..., User]) -> list[User]:
+    """Three approvers (erin, frank, grace) and an admin (heidi)."""
+    return [
+        person("erin", roles.APPROVERS),
+        person("frank", roles.APPROVERS),
+        person("grace", roles.APPROVERS),
+        person("heidi", roles.ADMINS),
+    ]
+
+
+class Webhook:
+    """A real HTTP server on 127.0.0.1 that records each POST and answers with the next
+    status in `script` (then 200 for ever)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.script: list[int] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                hook.requests.append({"path": self.path, "body": body})
+                status = hook.script.pop(0) if hook.script else 200
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                if 300 <= status < 400:
+                    self.send_header("Location", "http://127.0.0.1:9/elsewhere")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/s3cr3t-path"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook(settings: Any) -> Iterator[Webhook]:
+    hook = Webhook()
+    settings.NOTIFY_WEBHOOK_URLS = [hook.url]
+    settings.NOTIFY_WEBHOOK_FORMAT = "json"
+    try:
+        yield hook
+    finally:
+        hook.close()

@@ -1,0 +1,369 @@
+"""Break-glass: a human opens it with a ticket, it is live at once and flagged in every
+decision and event, skipped approvers hear of it, and its review must be closed by
+someone else within 24 h or it is overdue. Every service is called twice."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core import mail
+from django.core.management import CommandError, call_command
+
+from governance import selectors
+from governance.api.auth import AgentPrincipal
+from governance.audit import Actor
+from governance.codes import EventType, NotificationEvent, Reason
+from governance.errors import Conflict, Forbidden, GovernanceError, RateLimited
+from governance.models import AuditEvent, BreakGlass, Grant, Notification, ReviewCampaign
+from governance.policy import authorize
+from governance.services import breakglass as bgs
+from governance.services.access import access_check
+from governance.services.grants import grants_expire
+from tests.conftest import MS, NOW
+
+SCOPE = "repo:acme/api/*"
+
+
+def events(event_type: str, **filters: object) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(event_type=event_type, **filters).order_by("seq"))
+
+
+@pytest.fixture
+def setup(make_agent, make_tool, approvers):
+    erin, frank, grace, heidi = approvers
+    return {
+        "agent": make_agent(),
+        "tool": make_tool(),
+        "erin": erin,
+        "frank": frank,
+        "grace": grace,
+        "heidi": heidi,
+    }
+
+
+@pytest.fixture
+def open_bg(setup):
+    def open_(opener=None, *, at=NOW, ticket="INC-42", scope=SCOPE, **kw):
+        opener = opener or setup["erin"]
+        return bgs.breakglass_open(
+            opener=opener,
+            agent=setup["agent"],
+            tool=setup["tool"],
+            actions=kw.pop("actions", ["read", "update"]),
+            scope=scope,
+            ticket=ticket,
+            reason="prod outage, on-call cannot reach an approver",
+            actor=Actor.agent(opener.agent) if hasattr(opener, "agent") else Actor.user(opener),
+            at=at,
+            **kw,
+        )
+
+    return open_
+
+
+def ask(at, action="update"):
+    return {"agent": "bot", "tool": "repo", "action": action, "scope": "repo:acme/api/x", "at": at}
+
+
+def test_opening_is_a_live_flagged_grant_at_once_and_opening_twice_is_one(
+    setup, open_bg, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        bg = open_bg()
+        again = open_bg()
+    assert again.pk == bg.pk and BreakGlass.objects.count() == 1
+
+    grant = bg.grant
+    assert (grant.status, grant.break_glass, grant.approved_by) == ("active", True, None)
+    assert (grant.starts_at, grant.expires_at) == (NOW, NOW + timedelta(hours=1))
+    assert bg.review_due_at == NOW + timedelta(hours=24)
+    assert bg.review_status == BreakGlass.Review.PENDING
+
+    (opened,) = events(EventType.BREAKGLASS_OPENED)
+    assert opened.break_glass and opened.grant_id == grant.pk and opened.actor == "user:erin"
+    data = json.loads(opened.data)
+    assert data["ticket"] == "INC-42" and data["notified"] == ["frank", "grace", "heidi"]
+
+    # Every approver it skipped is told, the opener is not.
+    rows = Notification.objects.filter(event=NotificationEvent.BREAKGLASS_OPENED)
+    assert sorted(r.target for r in rows) == [
+        "frank@example.test",
+        "grace@example.test",
+        "heidi@example.test",
+    ]
+    assert all("BREAK-GLASS" in m.subject for m in mail.outbox if "BREAK" in m.subject)
+
+    # Decisions that touch it say so, in the answer and in the audit event.
+    decision = authorize(**ask(NOW + MS))
+    assert decision.allowed and decision.break_glass and decision.grant_id == grant.pk
+    recorded = access_check(**ask(NOW + MS))
+    assert recorded.allowed and recorded.break_glass
+    assert events(EventType.ACCESS_ALLOWED)[-1].break_glass
+
+    # An incident campaign was opened for the agent.
+    (campaign,) = ReviewCampaign.objects.filter(kind="incident")
+    assert campaign.key == f"incident:breakglass:{bg.pk}" and campaign.agent == setup["agent"]
+
+
+def test_decisions_refuse_it_after_its_ttl_and_still_say_break_glass(open_bg, system):
+    bg = open_bg(ttl=timedelta(minutes=10))
+    end = NOW + timedelta(minutes=10)
+    assert authorize(**ask(end - MS)).allowed
+    refused = authorize(**ask(end))
+    assert (refused.allowed, refused.reason, refused.break_glass) == (
+        False,
+        Reason.GRANT_EXPIRED,
+        True,
+    )
+    denied = access_check(**ask(end))
+    assert not denied.allowed and events(EventType.ACCESS_DENIED)[-1].break_glass
+    # The expiry job's bookkeeping event is flagged too, and happens once.
+    assert grants_expire(actor=system, at=end) == 1
+    assert grants_expire(actor=system, at=end) == 0
+    (expired,) = events(EventType.GRANT_EXPIRED, grant_id=bg.grant_id)
+    assert expired.break_glass
+
+
+def test_an_agent_never_opens_break_glass(setup, open_bg, alice):
+    from governance.models import AgentToken
+
+    principal = AgentPrincipal(agent=setup["agent"], token=AgentToken())
+    with pytest.raises(Forbidden) as caught:
+        open_bg(principal)
+    assert caught.value.code == "human_only"
+    assert Grant.objects.count() == 0 and events(EventType.BREAKGLASS_OPENED) == []
+
+
+def test_only_approvers_admins_or_the_agents_owner_open_it(open_bg, person, alice):
+    with pytest.raises(Forbidden) as caught:
+        open_bg(person("mallory"))
+    assert caught.value.code == "not_allowed"
+    # alice owns the agent (conftest): she may, as the accountable human.
+    assert open_bg(alice).opened_by == alice
+
+
+@pytest.mark.parametrize("ticket", ["", "   ", "inc-42", "INC42", "INC-42; drop", "see slack"])
+def test_a_ticket_in_the_configured_format_is_required(open_bg, ticket):
+    with pytest.raises(GovernanceError) as caught:
+        open_bg(ticket=ticket)
+    assert caught.value.code == "invalid_ticket" and "ticket" in caught.value.fields
+    assert BreakGlass.objects.count() == 0 and events(EventType.BREAKGLASS_OPENED) == []
+
+
+def test_the_ticket_format_is_configurable(open_bg, settings):
+    settings.BREAKGLASS_TICKET_PATTERN = r"#[0-9]{4,}"
+    assert open_bg(ticket="#12345").ticket == "#12345"
+    with pytest.raises(GovernanceError):
+        open_bg(ticket="INC-42")
+
+
+def test_longer_than_the_hard_maximum_is_refused_not_clamped(open_bg, settings):
+    settings.BREAKGLASS_MAX_TTL = timedelta(hours=2)
+    with pytest.raises(GovernanceError) as caught:
+        open_bg(ttl=timedelta(hours=2, seconds=1))
+    assert caught.value.code == "breakglass_ttl_too_long"
+    assert "at most 120 minutes" in caught.value.message
+    assert Grant.objects.count() == 0 and events(EventType.BREAKGLASS_OPENED) == []
+    with pytest.raises(GovernanceError) as caught:
+        open_bg(ttl=timedelta(0))
+    assert caught.value.code == "invalid_ttl"
+    assert open_bg(ttl=timedelta(hours=2)).expires_at == NOW + timedelta(hours=2)
+
+
+def test_more_than_the_hourly_limit_per_person_is_refused(open_bg, setup, settings):
+    settings.BREAKGLASS_MAX_PER_HOUR = 2
+    open_bg(ticket="INC-1")
+    open_bg(ticket="INC-2", at=NOW + timedelta(minutes=1))
+    with pytest.raises(RateLimited) as caught:
+        open_bg(ticket="INC-3", at=NOW + timedelta(minutes=2))
+    assert caught.value.code == "breakglass_rate_limited" and caught.value.status == 429
+    assert BreakGlass.objects.count() == 2
+    # Someone else is not limited by erin's count, and erin is again after the hour.
+    open_bg(setup["frank"], ticket="INC-3", at=NOW + timedelta(minutes=2))
+    open_bg(ticket="INC-4", at=NOW + timedelta(hours=1))
+    assert BreakGlass.objects.count() == 4
+
+
+def test_closing_early_ends_the_grant_once(open_bg, setup):
+    bg = open_bg()
+    erin = setup["erin"]
+    for _ in range(2):
+        bg = bgs.breakglass_close(
+            breakglass_id=bg.pk,
+            closed_by=erin,
+            comment="fixed",
+            actor=Actor.user(erin),
+            at=NOW + timedelta(minutes=5),
+        )
+    assert bg.closed_at == NOW + timedelta(minutes=5) and bg.grant.status == "revoked"
+    (revoked,) = events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)
+    assert revoked.break_glass and "closed early" in json.loads(revoked.data)["reason"]
+    assert not authorize(**ask(NOW + timedelta(minutes=5))).allowed
+    assert list(selectors.breakglass_active(NOW + timedelta(minutes=5))) == []
+
+
+def test_ratifying_turns_it_into_a_normal_request_decided_once(
+    open_bg, setup, django_capture_on_commit_callbacks
+):
+    bg = open_bg()
+    frank = setup["frank"]
+    at = NOW + timedelta(hours=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        bg = bgs.breakglass_ratify(
+            breakglass_id=bg.pk,
+            reviewer=frank,
+            comment="needed again next week",
+            actor=Actor.user(frank),
+            at=at,
+        )
+    with pytest.raises(Conflict) as caught:
+        bgs.breakglass_ratify(
+            breakglass_id=bg.pk, reviewer=frank, comment="again", actor=Actor.user(frank), at=at
+        )
+    assert caught.value.code == "already_reviewed"
+
+    bg.refresh_from_db()
+    assert (bg.review_status, bg.reviewed_by, bg.reviewed_at) == ("ratified", frank, at)
+    request = bg.ratified_request
+    assert (request.status, request.break_glass, request.requested_by) == ("pending", False, frank)
+    assert (request.actions, request.scope) == (["read", "update"], SCOPE)
+    (ratified,) = events(EventType.BREAKGLASS_RATIFIED)
+    assert ratified.break_glass and json.loads(ratified.data)["ratified_request"] == request.pk
+    (requested,) = events(EventType.GRANT_REQUESTED, grant_id=request.pk)
+    # The new request goes to the approvers like any other (not to frank, its requester).
+    pending = Notification.objects.filter(event=NotificationEvent.REQUEST_PENDING)
+    assert "frank@example.test" not in {n.target for n in pending} and pending.count() == 3
+
+
+def test_nobody_reviews_their_own_break_glass(open_bg, setup, person):
+    bg = open_bg()
+    erin = setup["erin"]
+    with pytest.raises(Forbidden) as caught:
+        bgs.breakglass_confirm_closed(
+            breakglass_id=bg.pk, reviewer=erin, comment="fine", actor=Actor.user(erin), at=NOW
+        )
+    assert caught.value.code == "self_review"
+    plain = person("pat")
+    with pytest.raises(Forbidden):
+        bgs.breakglass_ratify(
+            breakglass_id=bg.pk, reviewer=plain, comment="ok", actor=Actor.user(plain), at=NOW
+        )
+    with pytest.raises(GovernanceError) as caught:
+        bgs.breakglass_ratify(
+            breakglass_id=bg.pk,
+            reviewer=setup["frank"],
+            comment=" ",
+            actor=Actor.user(setup["frank"]),
+            at=NOW,
+        )
+    assert caught.value.code == "comment_required"
+    assert BreakGlass.objects.get(pk=bg.pk).review_status == "pending"
+
+
+def test_confirming_closed_revokes_a_still_live_grant_once(open_bg, setup):
+    bg = open_bg()
+    grace = setup["grace"]
+    at = NOW + timedelta(minutes=30)
+    bg = bgs.breakglass_confirm_closed(
+        breakglass_id=bg.pk,
+        reviewer=grace,
+        comment="incident over",
+        actor=Actor.user(grace),
+        at=at,
+    )
+    with pytest.raises(Conflict):
+        bgs.breakglass_confirm_closed(
+            breakglass_id=bg.pk, reviewer=grace, comment="again", actor=Actor.user(grace), at=at
+        )
+    bg.refresh_from_db()
+    assert (bg.review_status, bg.closed_at, bg.grant.status) == ("confirmed_closed", at, "revoked")
+    (confirmed,) = events(EventType.BREAKGLASS_CONFIRMED_CLOSED)
+    assert confirmed.break_glass and json.loads(confirmed.data)["comment"] == "incident over"
+    (revoked,) = events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)
+    assert revoked.break_glass
+    assert not authorize(**ask(at)).allowed
+
+
+def test_an_unreviewed_break_glass_is_overdue_after_24h_and_announced_once(
+    open_bg, setup, system, django_capture_on_commit_callbacks
+):
+    bg = open_bg()
+    due = NOW + timedelta(hours=24)
+    (shown,) = selectors.breakglass_reviews_pending(due - MS)
+    assert not shown.is_overdue
+    # Overdue from the due time itself, before any job has run.
+    (shown,) = selectors.breakglass_reviews_pending(due)
+    assert shown.is_overdue
+
+    assert bgs.breakglass_reviews_mark_overdue(actor=system, at=due - MS) == 0
+    with django_capture_on_commit_callbacks(execute=True):
+        assert bgs.breakglass_reviews_mark_overdue(actor=system, at=due) == 1
+        assert bgs.breakglass_reviews_mark_overdue(actor=system, at=due + timedelta(hours=1)) == 0
+    (overdue,) = events(EventType.BREAKGLASS_REVIEW_OVERDUE)
+    assert overdue.break_glass and overdue.grant_id == bg.grant_id
+    rows = Notification.objects.filter(event=NotificationEvent.REVIEW_OVERDUE)
+    assert rows.count() == 4 and all(r.status == "sent" for r in rows)
+    assert BreakGlass.objects.get(pk=bg.pk).overdue_at == due
+    # A late review still closes it, and says it was late.
+    frank = setup["frank"]
+    bgs.breakglass_confirm_closed(
+        breakglass_id=bg.pk,
+        reviewer=frank,
+        comment="late",
+        actor=Actor.user(frank),
+        at=due + timedelta(hours=2),
+    )
+    assert json.loads(events(EventType.BREAKGLASS_CONFIRMED_CLOSED)[0].data)["overdue"] is True
+    assert selectors.breakglass_reviews_pending(due + timedelta(hours=3)) == []
+
+
+def test_the_breakglass_open_command(setup):
+    out = StringIO()
+    call_command(
+        "breakglass_open",
+        "--user",
+        "erin",
+        "--agent",
+        "bot",
+        "--tool",
+        "repo",
+        "--actions",
+        "read",
+        "--scope",
+        SCOPE,
+        "--ticket",
+        "INC-7",
+        "--reason",
+        "outage",
+        "--ttl-minutes",
+        "30",
+        stdout=out,
+    )
+    bg = BreakGlass.objects.get()
+    assert bg.ticket == "INC-7" and bg.expires_at - bg.opened_at == timedelta(minutes=30)
+    assert f"break-glass #{bg.pk}" in out.getvalue()
+    (opened,) = events(EventType.BREAKGLASS_OPENED)
+    assert opened.actor == "user:erin"
+    with pytest.raises(CommandError, match="at most"):
+        call_command(
+            "breakglass_open",
+            "--user",
+            "erin",
+            "--agent",
+            "bot",
+            "--tool",
+            "repo",
+            "--actions",
+            "read",
+            "--scope",
+            SCOPE,
+            "--ticket",
+            "INC-8",
+            "--reason",
+            "x",
+            "--ttl-minutes",
+            "999",
+        )

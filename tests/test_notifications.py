@@ -1,0 +1,272 @@
+"""governance.notifications: one outbox row per target written with the change, handed to
+Celery only after the commit, delivered by e-mail (Django's locmem backend here) and to a
+real webhook on 127.0.0.1; a failing webhook is retried and never undoes the change."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from governance import audit, notifications
+from governance import settings as app_settings
+from governance.codes import EventType, NotificationEvent
+from governance.models import AuditEvent, Grant, Notification
+from governance.services import grants
+from tests.conftest import NOW
+
+
+@pytest.fixture
+def ask(make_agent, make_tool, alice, system):
+    agent, tool = make_agent(), make_tool()
+
+    def make(scope: str = "repo:acme/api/*") -> Grant:
+        return grants.grant_request(
+            agent=agent,
+            tool=tool,
+            actions=["read"],
+            scope=scope,
+            duration=timedelta(hours=1),
+            justification="need it",
+            requested_by=alice,
+            actor=system,
+            at=NOW,
+        )
+
+    return make
+
+
+def test_a_grant_request_emails_every_approver_after_the_commit(
+    ask, approvers, webhook, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        grant = ask()
+        # Queued with the change, not yet sent: delivery waits for the commit.
+        assert mail.outbox == [] and webhook.requests == []
+    assert len(callbacks) == 1
+
+    assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
+    assert AuditEvent.objects.filter(event_type=EventType.GRANT_REQUESTED).count() == 1
+    rows = Notification.objects.filter(event=NotificationEvent.REQUEST_PENDING)
+    assert sorted(r.target for r in rows if r.channel == "email") == [
+        f"{u.username}@example.test" for u in approvers
+    ]
+    assert {r.status for r in rows} == {Notification.Status.SENT}
+    assert sorted(m.to[0] for m in mail.outbox) == [f"{u.username}@example.test" for u in approvers]
+    assert "awaits approval" in mail.outbox[0].subject
+    (hit,) = webhook.requests
+    assert hit["body"]["event"] == "request_pending"
+    assert hit["body"]["data"]["grant_id"] == grant.pk
+    # The webhook URL (a secret) is not stored: only its digest.
+    (hook_row,) = rows.filter(channel="webhook")
+    assert hook_row.target == notifications.url_digest(webhook.url) and "s3cr3t" not in str(
+        hook_row.target
+    )
+
+
+def test_the_requester_and_the_agents_owner_are_not_asked_to_approve(
+    ask, person, django_capture_on_commit_callbacks
+):
+    from django.contrib.auth.models import Group, User
+
+    alice = User.objects.get(username="alice")
+    alice.email = "alice@example.test"
+    alice.save()
+    alice.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    person("erin", "approvers")
+    with django_capture_on_commit_callbacks(execute=True):
+        ask()
+    assert [m.to for m in mail.outbox] == [["erin@example.test"]]
+
+
+def test_a_rolled_back_change_announces_nothing(
+    ask, approvers, webhook, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            ask()
+            raise RuntimeError("the caller's transaction fails after the request")
+    assert callbacks == []
+    assert Notification.objects.count() == 0 and Grant.objects.count() == 0
+    assert mail.outbox == [] and webhook.requests == []
+
+
+def test_a_webhook_that_fails_first_is_retried_and_then_delivered(
+    ask, webhook, django_capture_on_commit_callbacks
+):
+    webhook.script = [500]
+    with django_capture_on_commit_callbacks(execute=True):
+        grant = ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    assert (row.status, row.attempts, row.last_error) == (Notification.Status.SENT, 2, "")
+    assert [r["body"]["data"]["grant_id"] for r in webhook.requests] == [grant.pk, grant.pk]
+    # The change stood throughout.
+    assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
+
+
+def test_a_webhook_that_keeps_failing_is_given_up_and_the_change_stands(
+    ask, webhook, settings, django_capture_on_commit_callbacks
+):
+    settings.NOTIFY_MAX_ATTEMPTS = 3
+    webhook.script = [503, 500, 502, 200]
+    with django_capture_on_commit_callbacks(execute=True):
+        grant = ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    assert (row.status, row.attempts) == (Notification.Status.FAILED, 3)
+    assert "502" in row.last_error
+    assert len(webhook.requests) == 3
+    assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
+    assert AuditEvent.objects.filter(event_type=EventType.GRANT_REQUESTED).count() == 1
+
+
+def test_a_redirecting_webhook_is_a_failure_not_followed(ask, webhook, settings):
+    settings.NOTIFY_MAX_ATTEMPTS = 1
+    webhook.script = [302]
+    grant = ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    assert notifications.deliver(notification_id=row.pk, at=NOW) == ("failed", None)
+    row.refresh_from_db()
+    assert row.status == Notification.Status.FAILED and "302" in row.last_error
+    assert len(webhook.requests) == 1 and grant.pk
+
+
+def test_delivery_backs_off_and_a_second_worker_never_sends_twice(ask, webhook, settings):
+    settings.NOTIFY_RETRY_BASE_SECONDS = 30
+    webhook.script = [500]
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    outcome, wait = notifications.deliver(notification_id=row.pk, at=NOW)
+    assert (outcome, wait) == ("retry", timedelta(seconds=30))
+    row.refresh_from_db()
+    assert row.next_attempt_at == NOW + timedelta(seconds=30)
+    # Not due yet for the sweep; then due, delivered once; a second delivery is a no-op.
+    assert notifications.sweep(at=NOW + timedelta(seconds=29)) == 0
+    assert notifications.deliver(notification_id=row.pk, at=NOW + timedelta(seconds=30)) == (
+        "sent",
+        None,
+    )
+    assert notifications.deliver(notification_id=row.pk, at=NOW + timedelta(seconds=31)) == (
+        "skipped",
+        None,
+    )
+    assert len(webhook.requests) == 2
+    assert notifications.backoff(3) == timedelta(seconds=120)
+    assert notifications.backoff(50) == timedelta(hours=1)
+
+
+def test_a_broker_outage_at_commit_leaves_the_row_for_the_sweep(
+    ask, webhook, monkeypatch, django_capture_on_commit_callbacks
+):
+    from governance import tasks
+
+    def broker_down(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("broker unreachable")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tasks.notification_deliver, "apply_async", broker_down)
+        with django_capture_on_commit_callbacks(execute=True):
+            grant = ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    assert row.status == Notification.Status.PENDING and webhook.requests == []
+    assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
+
+    assert notifications.sweep(at=NOW) == 1
+    row.refresh_from_db()
+    assert row.status == Notification.Status.SENT and len(webhook.requests) == 1
+    assert notifications.sweep(at=NOW) == 0
+
+
+def test_a_worker_that_died_mid_send_is_picked_up_by_the_sweep(ask, webhook):
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    Notification.objects.filter(pk=row.pk).update(status="sending", claimed_at=NOW)
+    assert notifications.sweep(at=NOW + timedelta(minutes=5)) == 0
+    assert notifications.sweep(at=NOW + timedelta(minutes=10)) == 1
+    row.refresh_from_db()
+    assert row.status == Notification.Status.SENT
+
+
+def test_the_slack_format_posts_only_text(
+    ask, webhook, settings, django_capture_on_commit_callbacks
+):
+    settings.NOTIFY_WEBHOOK_FORMAT = "slack"
+    with django_capture_on_commit_callbacks(execute=True):
+        ask()
+    (hit,) = webhook.requests
+    assert set(hit["body"]) == {"text"} and "awaits approval" in hit["body"]["text"]
+
+
+def test_a_webhook_removed_from_settings_fails_at_once(ask, webhook, settings):
+    ask()  # queued; the commit callback does not run in this test's transaction
+    (row,) = Notification.objects.filter(channel="webhook")
+    settings.NOTIFY_WEBHOOK_URLS = []
+    assert notifications.deliver(notification_id=row.pk, at=NOW) == ("failed", None)
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == (Notification.Status.FAILED, 1)
+    assert "no longer" in row.last_error and webhook.requests == []
+
+
+def test_a_failed_audit_verify_alerts_the_admins(
+    person, system, monkeypatch, django_capture_on_commit_callbacks
+):
+    heidi = person("heidi", "admins")
+    person("erin", "approvers")
+    bad = audit.Verdict(ok=False, count=3, head="x", bad_seq=2, problem="edited")
+    monkeypatch.setattr(audit, "verify_chain", lambda: bad)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert audit.verify_and_record(actor=system, at=NOW) == bad
+    (row,) = Notification.objects.filter(event=NotificationEvent.AUDIT_VERIFY_FAILED)
+    assert row.target == heidi.email and row.status == Notification.Status.SENT
+    assert AuditEvent.objects.filter(event_type=EventType.AUDIT_VERIFY_FAILED).count() == 1
+    assert [m.to for m in mail.outbox] == [[heidi.email]]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NOTIFY_WEBHOOK_URLS", "ftp://example.test/x"),
+        ("NOTIFY_WEBHOOK_URLS", "http://"),
+        ("NOTIFY_WEBHOOK_URLS", "https://a.test/x,,https://b.test/y"),
+        ("NOTIFY_WEBHOOK_FORMAT", "teams"),
+    ],
+)
+def test_notification_settings_are_parsed_strictly(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    parse = {
+        "NOTIFY_WEBHOOK_URLS": lambda: app_settings.env_webhook_urls(name),
+        "NOTIFY_WEBHOOK_FORMAT": lambda: app_settings.env_choice(name, "json", {"json", "slack"}),
+    }[name]
+    with pytest.raises(ImproperlyConfigured) as caught:
+        parse()
+    assert "example.test" not in str(caught.value)  # a URL may hold a secret: never echoed
+
+
+def test_good_webhook_settings_parse(monkeypatch):
+    monkeypatch.setenv("NOTIFY_WEBHOOK_URLS", "https://a.test/x, http://127.0.0.1:8080/y")
+    assert app_settings.env_webhook_urls("NOTIFY_WEBHOOK_URLS") == [
+        "https://a.test/x",
+        "http://127.0.0.1:8080/y",
+    ]
+
+
+def test_a_destructive_call_asks_the_approvers_once(
+    make_agent, make_tool, make_grant, approvers, django_capture_on_commit_callbacks
+):
+    from governance.services.access import access_check
+
+    agent, tool = make_agent(), make_tool()
+    make_grant(agent, tool, actions=("delete",))
+    question = {"agent": agent, "tool": tool.name, "action": "delete", "scope": "repo:acme/api/x"}
+    with django_capture_on_commit_callbacks(execute=True):
+        first = access_check(at=NOW, **question)
+        again = access_check(at=NOW, **question)  # the same open request, reused
+    assert first.decision == again.decision == "approval_required"
+    assert first.approval_id == again.approval_id
+    assert AuditEvent.objects.filter(event_type=EventType.ACCESS_APPROVAL_REQUIRED).count() == 2
+    rows = Notification.objects.filter(event=NotificationEvent.APPROVAL_NEEDED)
+    assert rows.count() == len(approvers)
+    assert {r.data["approval_id"] for r in rows} == {first.approval_id}
+    assert len(mail.outbox) == len(approvers)
