@@ -19,12 +19,24 @@ from django.urls import get_resolver
 from django.utils import timezone
 
 from governance.audit import Actor
-from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Tool
+from governance.models import (
+    Agent,
+    AgentToken,
+    Approval,
+    AuditEvent,
+    BreakGlass,
+    Grant,
+    ReviewItem,
+    Tool,
+)
 from governance.services import tools
 from tests import ui_world
 from tests.ui_world import World
 
 ROLES = ("anon", "auditor", "approver", "admin")
+BREAK_GLASS = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:acme/hot/*",
+               "ticket": "INC-2", "reason": "db down", "ttl_minutes": "30"}  # fmt: skip
+LIFECYCLE = ("/ui/break-glass/", "/ui/reviews/")
 
 # fmt: off
 TABLE: list[tuple[str, str, Any, str]] = [
@@ -62,10 +74,24 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",  "/ui/exports/decisions?format=csv&start=2000-01-01T00:00&end=2100-01-01T00:00",
                                                         None,                    "302 200 403 200"),
     ("GET",  "/ui/reports/print",                       None,                    "302 200 403 200"),
+    # Break-glass: dave (admin) opened {bg}; bob (approver) is the other approver.
+    ("GET",  "/ui/break-glass/",                        None,                    "302 200 200 200"),
+    ("POST", "/ui/break-glass/open",                    BREAK_GLASS,             "302 403 302 302"),
+    ("POST", "/ui/break-glass/{bg}/close",              {"comment": "over"},     "302 403 302 302"),
+    # The opener does not review their own break-glass (self_review).
+    ("POST", "/ui/break-glass/{bg}/ratify",             {"comment": "ok"},       "302 403 302 403"),
+    ("POST", "/ui/break-glass/{bg}/confirm-closed",     {"comment": "ok"},       "302 403 302 403"),
+    ("GET",  "/ui/reviews/",                            None,                    "302 200 200 200"),
+    ("GET",  "/ui/reviews/mine/",                       None,                    "302 200 200 200"),
+    ("GET",  "/ui/reviews/{campaign}/",                 None,                    "302 200 200 200"),
+    # The item is dave's; bob approved the grant, so he may not re-certify it.
+    ("POST", "/ui/reviews/items/{item}/decide",         {"decision": "revoke", "comment": "unused"},
+                                                                                 "302 403 403 302"),
     ("POST", "/ui/logout/",                             {},                      "302 302 302 302"),
     ("GET",  "/ui/login/",                              None,                    "200 302 302 302"),
 ]
 # fmt: on
+
 
 CASES = [
     pytest.param(method, path, body, role, int(expected.split()[i]), id=f"{method} {path} {role}")
@@ -74,8 +100,11 @@ CASES = [
 ]
 
 
-def _fill(path: str, world: World) -> str:
+def _fill(path: str, world: World, extra: ui_world.Lifecycle | None = None) -> str:
     return path.format(
+        bg=extra.breakglass_id if extra else 0,
+        campaign=extra.campaign_id if extra else 0,
+        item=extra.item_id if extra else 0,
         grant=world.grant.pk,
         request=world.request.pk,
         approval=world.approval.pk,
@@ -92,6 +121,8 @@ def _state(world: World) -> tuple[Any, ...]:
         tuple(Agent.objects.values_list("name", "status")),
         tuple(AgentToken.objects.order_by("pk").values_list("prefix", "revoked_at")),
         tuple(Tool.objects.values_list("name", "approved_hash")),
+        tuple(BreakGlass.objects.order_by("pk").values_list("pk", "closed_at", "review_status")),
+        tuple(ReviewItem.objects.order_by("pk").values_list("pk", "status")),
     )
 
 
@@ -108,8 +139,9 @@ def test_permission_table(method: str, path: str, body: Any, role: str, expected
             actor=Actor.system("sync"),
             at=timezone.now(),
         )
+    extra = ui_world.build_lifecycle(world) if path.startswith(LIFECYCLE) else None
     client = ui_world.signed_in(None if role == "anon" else role)
-    url = _fill(path, world)
+    url = _fill(path, world, extra)
     before = _state(world)
     events_before = AuditEvent.objects.count()
     if method == "GET":

@@ -150,3 +150,34 @@ def csrf(client: Client) -> str:
 
 def post(client: Client, path: str, data: dict[str, Any] | None = None) -> Any:
     return client.post(path, {**(data or {}), "csrfmiddlewaretoken": csrf(client)})
+
+
+@dataclass
+class Lifecycle:
+    breakglass_id: int
+    campaign_id: int
+    item_id: int
+
+
+def build_lifecycle(world: World) -> Lifecycle:
+    """Break-glass opened by dave (admin) for bot-a, which also opens an incident
+    review campaign over bot-a's grants; the item for the main grant (approved
+    by bob) is assigned to dave."""
+    from governance.models import ReviewItem
+    from governance.services import breakglass
+
+    dave = world.users["admin"]
+    bg = breakglass.breakglass_open(
+        opener=dave,
+        agent=world.agent,
+        tool=world.tool,
+        actions=["read", "update"],
+        scope="repo:acme/incident/*",
+        ticket="INC-1",
+        reason="outage",
+        ttl=timedelta(minutes=30),
+        actor=Actor.user(dave),
+        at=timezone.now(),
+    )
+    item = ReviewItem.objects.get(grant=world.grant)
+    return Lifecycle(breakglass_id=bg.pk, campaign_id=item.campaign_id, item_id=item.pk)

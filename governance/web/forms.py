@@ -152,3 +152,57 @@ class DecisionExportForm(StrictForm):
 
 class ReportForm(StrictForm):
     at = forms.DateTimeField(required=False)
+
+
+# --- Break-glass and reviews ------------------------------------------------------------
+
+
+def breakglass_ttl_choices() -> list[tuple[int, str]]:
+    """The TTL picker: common lifetimes up to the configured maximum, never beyond."""
+    cap = int(settings.BREAKGLASS_MAX_TTL.total_seconds() // 60)
+    default = int(settings.BREAKGLASS_DEFAULT_TTL.total_seconds() // 60)
+    minutes = sorted({m for m in (15, 30, 60, 120, 240, 480) if m <= cap} | {cap, default})
+    return [(m, f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min") for m in minutes]
+
+
+class BreakGlassOpenForm(StrictForm):
+    agent = forms.CharField(max_length=100)
+    tool = forms.CharField(max_length=100)
+    actions = forms.MultipleChoiceField(choices=ACTION_CHOICES)
+    scope = forms.CharField(max_length=500)
+    task = forms.CharField(max_length=100, required=False)
+    ticket = forms.CharField(max_length=100)
+    reason = forms.CharField(max_length=2000)
+    # Any whole number of minutes parses; the service refuses more than the maximum
+    # (breakglass_ttl_too_long), so a forged value gets the service's own answer.
+    ttl_minutes = forms.IntegerField(min_value=1, max_value=100_000)
+
+
+class CommentForm(StrictForm):
+    comment = forms.CharField(max_length=2000, strip=True)
+
+
+class ReviewDecideForm(StrictForm):
+    decision = forms.ChoiceField(
+        choices=[("keep", "keep"), ("narrow", "narrow"), ("revoke", "revoke")]
+    )
+    # Required for every decision, keep included: there is no silent "keep all".
+    comment = forms.CharField(max_length=2000, strip=True)
+    actions = forms.MultipleChoiceField(choices=ACTION_CHOICES, required=False)
+    actions_listed = forms.BooleanField(required=False)
+    scope = forms.CharField(max_length=500, required=False, strip=True)
+    expires_at = forms.DateTimeField(required=False)
+
+    def narrowing(self, grant_scope: str, grant_actions: list[str]) -> dict[str, Any]:
+        """Only what differs from the grant as it is; the service refuses anything wider."""
+        data = self.cleaned_data
+        out: dict[str, Any] = {}
+        if data.get("actions_listed") and sorted(data.get("actions") or []) != sorted(
+            grant_actions
+        ):
+            out["actions"] = list(data.get("actions") or [])
+        if data.get("scope") and data["scope"] != grant_scope:
+            out["scope"] = data["scope"]
+        if data.get("expires_at"):
+            out["expires_at"] = data["expires_at"]
+        return out

@@ -1,14 +1,260 @@
-"""Break-glass and reviews in the UI. Filled in once the lifecycle services exist."""
+"""Break-glass, reviews and second looks in the web UI.
+
+Pages over the lifecycle services (governance/services/breakglass.py, reviews.py,
+second_look.py): the views parse, call the service, and show its answer; the rules
+(who may review, TTL cap, comments required, never wider) are the services'.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.contrib import messages
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from governance import audit, selectors
+from governance.errors import GovernanceError
+from governance.models import Agent, BreakGlass, ReviewCampaign, ReviewItem, Task, Tool
+from governance.services import breakglass as bg_services
+from governance.services import reviews as review_services
+from governance.web import forms
+from governance.web.access import require
 
 
 def active_break_glass(now: datetime) -> list[Any]:
-    return []
+    """For the banner on every page."""
+    return list(selectors.breakglass_active(now))
 
 
 def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
-    return {}
+    reviews_pending = selectors.breakglass_reviews_pending(now)
+    overdue_items = (
+        ReviewItem.objects.filter(status=ReviewItem.Status.PENDING, due_at__lte=now)
+        .select_related("grant__agent", "grant__tool", "reviewer", "campaign")
+        .order_by("due_at")
+    )
+    return {
+        "bg_active": active_break_glass(now),
+        "bg_overdue": [bg for bg in reviews_pending if bg.is_overdue],
+        "bg_reviews_pending": len(reviews_pending),
+        "my_review_items": selectors.review_items_for(user, now),
+        "overdue_items": overdue_items[:20],
+        "overdue_items_count": overdue_items.count(),
+        "lifecycle": True,
+    }
+
+
+def _actor(request: HttpRequest) -> audit.Actor:
+    return audit.Actor.user(request.user)
+
+
+def _failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
+    return render(request, "ui/error.html", {"error": exc}, status=exc.status)
+
+
+def _invalid(request: HttpRequest, form: Any) -> HttpResponse:
+    error = GovernanceError("invalid_request", "The form is not valid.")
+    return render(request, "ui/error.html", {"error": error, "form": form}, status=400)
+
+
+def _get(qs: Any, **lookup: Any) -> Any:
+    from governance.web.views import _one
+
+    return _one(qs, **lookup)
+
+
+# --- Break-glass -------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def breakglass_page(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    rows = list(
+        BreakGlass.objects.select_related(
+            "grant__agent", "grant__tool", "grant__task", "opened_by", "closed_by", "reviewed_by"
+        ).order_by("-opened_at")[:100]
+    )
+    for bg in rows:
+        bg.is_active = (  # type: ignore[attr-defined]
+            bg.closed_at is None and bg.expires_at > now and bg.grant.status == "active"
+        )
+        bg.review_overdue = (  # type: ignore[attr-defined]
+            bg.review_status == BreakGlass.Review.PENDING and bg.review_due_at <= now
+        )
+    return render(
+        request,
+        "ui/breakglass.html",
+        {
+            "rows": rows,
+            "now": now,
+            "ttl_choices": forms.breakglass_ttl_choices(),
+            "default_ttl": _default_ttl_minutes(),
+            "agents": Agent.objects.filter(status=Agent.Status.ACTIVE).order_by("name"),
+            "tools": Tool.objects.order_by("name"),
+            "tasks": Task.objects.filter(status=Task.Status.OPEN).order_by("key"),
+            "actions": forms.ACTION_CHOICES,
+        },
+    )
+
+
+def _default_ttl_minutes() -> int:
+    from django.conf import settings
+
+    return int(settings.BREAKGLASS_DEFAULT_TTL.total_seconds() // 60)
+
+
+@require("decide")
+@require_POST
+def breakglass_open(request: HttpRequest) -> HttpResponse:
+    form = forms.BreakGlassOpenForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    data = form.cleaned_data
+    agent = _get(Agent.objects.all(), name=data["agent"])
+    tool = _get(Tool.objects.all(), name=data["tool"])
+    task = _get(Task.objects.all(), key=data["task"]) if data.get("task") else None
+    try:
+        bg = bg_services.breakglass_open(
+            opener=request.user,
+            agent=agent,
+            tool=tool,
+            actions=data["actions"],
+            scope=data["scope"],
+            task=task,
+            ticket=data["ticket"],
+            reason=data["reason"],
+            ttl=timedelta(minutes=data["ttl_minutes"]),
+            actor=_actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    until = f"{bg.expires_at:%H:%M} UTC"
+    messages.warning(request, f"Break-glass {bg.ticket} is open for {agent.name} until {until}.")
+    return redirect("ui:break-glass")
+
+
+def _bg_action(request: HttpRequest, pk: int, what: str) -> HttpResponse:
+    bg = _get(BreakGlass.objects.all(), pk=pk)
+    form = forms.CommentForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    comment, actor, now = form.cleaned_data["comment"], _actor(request), timezone.now()
+    try:
+        if what == "close":
+            bg_services.breakglass_close(
+                breakglass_id=bg.pk, closed_by=request.user, comment=comment, actor=actor, at=now
+            )
+        elif what == "ratify":
+            bg_services.breakglass_ratify(
+                breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
+            )
+        else:
+            bg_services.breakglass_confirm_closed(
+                breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
+            )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    done = {"close": "closed early", "ratify": "ratified", "confirm": "confirmed closed"}[what]
+    messages.success(request, f"Break-glass {bg.ticket} {done}.")
+    return redirect("ui:break-glass")
+
+
+@require("decide")
+@require_POST
+def breakglass_close(request: HttpRequest, pk: int) -> HttpResponse:
+    return _bg_action(request, pk, "close")
+
+
+@require("decide")
+@require_POST
+def breakglass_ratify(request: HttpRequest, pk: int) -> HttpResponse:
+    return _bg_action(request, pk, "ratify")
+
+
+@require("decide")
+@require_POST
+def breakglass_confirm(request: HttpRequest, pk: int) -> HttpResponse:
+    return _bg_action(request, pk, "confirm")
+
+
+# --- Reviews -----------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def review_campaigns(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    campaigns = ReviewCampaign.objects.select_related("agent", "opened_by").annotate(
+        total=Count("items"),
+        open_items=Count("items", filter=Q(items__status=ReviewItem.Status.PENDING)),
+    )[:100]
+    rows = []
+    for c in campaigns:
+        decided = c.total - c.open_items
+        c.decided = decided  # type: ignore[attr-defined]
+        c.percent = round(100 * decided / c.total) if c.total else 100  # type: ignore[attr-defined]
+        c.overdue = c.status == "open" and c.due_at <= now and c.open_items  # type: ignore[attr-defined]
+        rows.append(c)
+    return render(
+        request,
+        "ui/reviews.html",
+        {"campaigns": rows, "mine": len(selectors.review_items_for(request.user, now))},
+    )
+
+
+@require("read")
+@require_GET
+def review_campaign(request: HttpRequest, pk: int) -> HttpResponse:
+    campaign = _get(ReviewCampaign.objects.select_related("agent", "opened_by"), pk=pk)
+    items = campaign.items.select_related(
+        "grant__agent", "grant__tool", "grant__task", "reviewer", "decided_by"
+    ).order_by("status", "due_at", "pk")
+    context = {"campaign": campaign, "items": items, "now": timezone.now()}
+    return render(request, "ui/review_campaign.html", context)
+
+
+@require("read")
+@require_GET
+def review_mine(request: HttpRequest) -> HttpResponse:
+    """The reviewer's items, one form each: keep, narrow or revoke, each with a comment.
+    There is deliberately no "keep all": every item is decided on its own."""
+    now = timezone.now()
+    return render(
+        request,
+        "ui/review_mine.html",
+        {"items": selectors.review_items_for(request.user, now), "now": now},
+    )
+
+
+@require("decide")
+@require_POST
+def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
+    item = _get(ReviewItem.objects.select_related("grant"), pk=pk)
+    form = forms.ReviewDecideForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    decision = form.cleaned_data["decision"]
+    narrowing = (
+        form.narrowing(item.grant.scope, list(item.grant.actions)) if decision == "narrow" else {}
+    )
+    try:
+        review_services.review_item_decide(
+            item_id=item.pk,
+            reviewer=request.user,
+            decision=decision,
+            comment=form.cleaned_data["comment"],
+            actor=_actor(request),
+            at=timezone.now(),
+            **narrowing,
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"Grant #{item.grant_id}: {decision}.")
+    return redirect("ui:reviews-mine")

@@ -45,17 +45,6 @@ def expiring_soon(at: datetime, within: timedelta = timedelta(hours=24)) -> Quer
     return selectors.live_grants(at).filter(expires_at__lte=at + within).order_by("expires_at")
 
 
-def unused_grants(at: datetime, days: int = 7) -> QuerySet[Grant]:
-    """Live grants nobody used in `days` (or ever, if they are that old)."""
-    cutoff = at - timedelta(days=days)
-    return (
-        selectors.live_grants(at)
-        .filter(starts_at__lte=cutoff)
-        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=cutoff))
-        .order_by("last_used_at", "pk")
-    )
-
-
 def _days(at: datetime, days: int) -> list[date]:
     today = at.date()
     return [today - timedelta(days=days - 1 - i) for i in range(days)]
@@ -83,6 +72,16 @@ def live_grants_per_day(
             if starts <= moment < expires and (revoked is None or revoked > moment):
                 total[i] += 1
                 per_agent[name][i] += 1
+    # Days the daily job recorded (LiveGrantSnapshot) are shown as recorded; the
+    # others (before the job ran, and today) are computed from the grants' windows.
+    from governance.models import LiveGrantSnapshot
+
+    index = {d: i for i, d in enumerate(day_list)}
+    for snap in LiveGrantSnapshot.objects.filter(day__in=day_list[:-1]):
+        i = index[snap.day]
+        total[i] = snap.total
+        for name in set(per_agent) | set(snap.per_agent):
+            per_agent[name][i] = int(snap.per_agent.get(name, 0))
     busiest = sorted(per_agent, key=lambda n: (-sum(per_agent[n]), n))[:top]
     labels = [d.strftime("%m-%d") for d in day_list]
     return labels, [("total", total), *[(name, per_agent[name]) for name in busiest]]

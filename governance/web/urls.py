@@ -1,6 +1,6 @@
 from django.urls import path
 
-from governance.web import views
+from governance.web import lifecycle, views
 
 app_name = "ui"
 
@@ -39,4 +39,17 @@ urlpatterns = [
     path("exports/access", views.export_access, name="export-access"),
     path("exports/decisions", views.export_decisions, name="export-decisions"),
     path("reports/print", views.report_print, name="report-print"),
+    path("break-glass/", lifecycle.breakglass_page, name="break-glass"),
+    path("break-glass/open", lifecycle.breakglass_open, name="break-glass-open"),
+    path("break-glass/<int:pk>/close", lifecycle.breakglass_close, name="break-glass-close"),
+    path("break-glass/<int:pk>/ratify", lifecycle.breakglass_ratify, name="break-glass-ratify"),
+    path(
+        "break-glass/<int:pk>/confirm-closed",
+        lifecycle.breakglass_confirm,
+        name="break-glass-confirm",
+    ),
+    path("reviews/", lifecycle.review_campaigns, name="reviews"),
+    path("reviews/mine/", lifecycle.review_mine, name="reviews-mine"),
+    path("reviews/<int:pk>/", lifecycle.review_campaign, name="review-campaign"),
+    path("reviews/items/<int:pk>/decide", lifecycle.review_item_decide, name="review-decide"),
 ]

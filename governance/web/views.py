@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.db.models import Count
@@ -119,8 +120,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "requests": queries.pending_requests_for(request.user)[:20],
         "approvals": queries.pending_approvals_for(request.user, now)[:20],
         "expiring": queries.expiring_soon(now)[:50],
-        "unused": queries.unused_grants(now)[:20],
+        "unused": selectors.unused_grants(now)[:20],
         "summary": selectors.matrix_summary(),
+        "unused_days": settings.UNUSED_GRANT_DAYS,
         "grants_chart": charts.line_chart(labels, series, "Live grants per day"),
         "decisions_chart": charts.stacked_bars(
             day_labels,
