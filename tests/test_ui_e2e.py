@@ -211,3 +211,75 @@ def test_a_what_if_answer_matches_the_live_decision(
                                at=timezone.now())  # fmt: skip
     assert said == (live.decision, live.reason)
     assert AuditEvent.objects.order_by("-seq").first().decision == live.decision
+
+
+def test_break_glass_is_opened_and_the_banner_appears_on_every_page(
+    live_server: Any, page: Any
+) -> None:
+    ui_world.build()
+    sign_in(page, live_server.url, "approver")
+    assert page.locator("#break-glass-banner").count() == 0
+    page.click("nav >> text=Break-glass")
+    form = page.locator("#break-glass-open")
+    form.locator("select[name=agent]").select_option("bot-a")
+    form.locator("select[name=tool]").select_option("repo")
+    form.locator("input[name=actions][value=update]").check()
+    form.locator("input[name=scope]").fill("repo:acme/hot/*")
+    form.locator("input[name=ticket]").fill("INC-900")
+    form.locator("input[name=reason]").fill("database down")
+    form.locator("select[name=ttl_minutes]").select_option("30")
+    form.locator("button[type=submit]").click()
+    page.wait_for_selector("#break-glass-banner")
+    shot(page, "break-glass")
+    from governance.models import BreakGlass
+
+    bg = BreakGlass.objects.get(ticket="INC-900")
+    assert bg.opened_by.username == "bob"
+    live = access.access_check(
+        agent="bot-a", tool="repo", action="update", scope="repo:acme/hot/x", at=timezone.now()
+    )
+    assert live.decision == "allow" and live.break_glass
+    # Every page in the navigation carries the banner.
+    links = page.locator("header.top nav a")
+    targets = [links.nth(i).get_attribute("href") for i in range(links.count())]
+    assert len(targets) >= 10
+    for href in [
+        *targets,
+        "/ui/agents/bot-a/",
+        "/ui/tools/repo/",
+        "/ui/matrix/cell/?agent=bot-a&tool=repo",
+    ]:
+        page.goto(f"{live_server.url}{href}")
+        banner = page.locator("#break-glass-banner")
+        assert banner.count() == 1, href
+        assert "INC-900" in banner.inner_text(), href
+    shot(page, "banner-on-tool-page")
+
+
+def test_a_review_revokes_a_grant(live_server: Any, page: Any) -> None:
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    assert access.access_check(
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/api", at=timezone.now()
+    ).allowed
+    sign_in(page, live_server.url, "admin")
+    page.click("nav >> text=Reviews")
+    assert "incident" in page.inner_text("main")
+    page.click("text=My items")
+    item = page.locator(f"#item-{extra.item_id}")
+    assert "Last used" in item.inner_text()
+    shot(page, "review-items")
+    item.locator("select[name=decision]").select_option("revoke")
+    item.locator("input[name=comment]").fill("no longer needed after the incident")
+    item.locator("button:has-text('Decide')").click()
+    page.wait_for_selector(".messages li")
+    assert f"Grant #{world.grant.pk}: revoke" in page.inner_text(".messages")
+    world.grant.refresh_from_db()
+    assert world.grant.status == "revoked"
+    decided = AuditEvent.objects.filter(event_type="review.item_decided").get()
+    assert decided.actor == "user:dave" and decided.grant_id == world.grant.pk
+    after = access.access_check(
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/api", at=timezone.now()
+    )
+    assert after.decision == "deny"
+    assert AuditEvent.objects.order_by("-seq").first().decision == "deny"

@@ -1,0 +1,180 @@
+"""Break-glass and reviews in the web UI: through the lifecycle services, each
+change with its audit event; the banner on every page while any is active."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from governance.models import AuditEvent, BreakGlass, Grant, ReviewItem
+from governance.services import access
+from tests import ui_world
+from tests.conftest import last_event
+
+pytestmark = pytest.mark.django_db
+
+PAGES = (
+    "/ui/",
+    "/ui/matrix/",
+    "/ui/inbox/requests/",
+    "/ui/inbox/approvals/",
+    "/ui/agents/",
+    "/ui/agents/bot-a/",
+    "/ui/tools/",
+    "/ui/audit/",
+    "/ui/what-if/",
+    "/ui/exports/",
+    "/ui/reports/print",
+    "/ui/reviews/",
+    "/ui/reviews/mine/",
+    "/ui/break-glass/",
+)
+
+
+def _open(client: object, **overrides: str) -> object:
+    body = {
+        "agent": "bot-a",
+        "tool": "repo",
+        "actions": ["read", "update"],
+        "scope": "repo:acme/hot/*",
+        "ticket": "INC-77",
+        "reason": "database on fire",
+        "ttl_minutes": "30",
+        **overrides,
+    }
+    return ui_world.post(client, "/ui/break-glass/open", body)
+
+
+def test_break_glass_opens_a_live_grant_and_the_banner_is_on_every_page() -> None:
+    ui_world.build()
+    client = ui_world.signed_in("approver")
+    for path in PAGES:
+        assert b"break-glass-banner" not in client.get(path).content, path
+    assert _open(client).status_code == 302
+    bg = BreakGlass.objects.get()
+    assert bg.opened_by.username == "bob" and bg.ticket == "INC-77"
+    assert bg.expires_at - bg.opened_at == timedelta(minutes=30)
+    assert AuditEvent.objects.filter(event_type="breakglass.opened", grant_id=bg.grant_id).exists()
+    decision = access.access_check(
+        agent="bot-a", tool="repo", action="update", scope="repo:acme/hot/x", at=timezone.now()
+    )
+    assert decision.decision == "allow" and decision.break_glass
+    assert last_event().break_glass
+    # Every page, for every role.
+    for role in ("auditor", "approver", "admin"):
+        viewer = ui_world.signed_in(role)
+        for path in PAGES:
+            body = viewer.get(path).content.decode()
+            if path in ("/ui/exports/", "/ui/reports/print") and role == "approver":
+                continue  # 403 for approvers: no page to carry a banner
+            assert 'id="break-glass-banner"' in body, (role, path)
+            assert "INC-77" in body and "opened by bob" in body
+
+
+def test_the_ttl_picker_stops_at_the_maximum_and_a_longer_ttl_is_refused() -> None:
+    ui_world.build()
+    client = ui_world.signed_in("approver")
+    page = client.get("/ui/break-glass/").content.decode()
+    cap = int(settings.BREAKGLASS_MAX_TTL.total_seconds() // 60)
+    offered = [int(v) for v in __import__("re").findall(r'option value="(\d+)"', page)]
+    assert max(offered) == cap
+    response = _open(client, ttl_minutes=str(cap + 1))
+    assert response.status_code == 400 and b"breakglass_ttl_too_long" in response.content
+    assert not BreakGlass.objects.exists()
+
+
+@pytest.mark.parametrize("missing", ["ticket", "reason"])
+def test_break_glass_needs_a_ticket_and_a_reason(missing: str) -> None:
+    ui_world.build()
+    response = _open(ui_world.signed_in("approver"), **{missing: ""})
+    assert response.status_code == 400
+    assert not BreakGlass.objects.exists()
+
+
+def test_break_glass_closes_early_and_is_ratified_by_another_approver() -> None:
+    ui_world.build()
+    opener = ui_world.signed_in("approver")
+    _open(opener)
+    bg = BreakGlass.objects.get()
+    closed = ui_world.post(opener, f"/ui/break-glass/{bg.pk}/close", {"comment": "fixed"})
+    assert closed.status_code == 302
+    bg.refresh_from_db()
+    assert bg.closed_at is not None and bg.grant.status == Grant.Status.REVOKED
+    assert last_event().event_type == "grant.revoked"
+    assert b"break-glass-banner" not in opener.get("/ui/").content
+    # The opener cannot ratify their own; another approver (dave) can.
+    refused = ui_world.post(opener, f"/ui/break-glass/{bg.pk}/ratify", {"comment": "fine"})
+    assert refused.status_code == 403 and b"self_review" in refused.content
+    admin = ui_world.signed_in("admin")
+    assert (
+        ui_world.post(admin, f"/ui/break-glass/{bg.pk}/ratify", {"comment": ""}).status_code == 400
+    )
+    done = ui_world.post(admin, f"/ui/break-glass/{bg.pk}/ratify", {"comment": "was needed"})
+    assert done.status_code == 302
+    bg.refresh_from_db()
+    assert bg.review_status == "ratified" and bg.reviewed_by.username == "dave"
+    event = AuditEvent.objects.filter(event_type="breakglass.ratified").get()
+    assert event.actor == "user:dave"
+    page = admin.get("/ui/break-glass/").content.decode()
+    assert "ratified by dave: was needed" in page
+
+
+def test_an_overdue_ratification_shows_on_the_list_and_the_dashboard() -> None:
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    BreakGlass.objects.filter(pk=extra.breakglass_id).update(
+        review_due_at=timezone.now() - timedelta(minutes=1)
+    )
+    client = ui_world.signed_in("approver")
+    assert "OVERDUE" in client.get("/ui/break-glass/").content.decode()
+    dashboard = client.get("/ui/").content.decode()
+    assert "Overdue ratifications" in dashboard and "INC-1" in dashboard
+
+
+def test_a_review_revokes_a_grant_with_a_comment() -> None:
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    client = ui_world.signed_in("admin")
+    mine = client.get("/ui/reviews/mine/").content.decode()
+    assert f'id="item-{extra.item_id}"' in mine
+    assert "Keep all" not in mine and "keep all" not in mine.replace('no "keep all"', "")
+    assert "Last used" in mine and "Uses" in mine
+    url = f"/ui/reviews/items/{extra.item_id}/decide"
+    no_comment = ui_world.post(client, url, {"decision": "keep", "comment": ""})
+    assert no_comment.status_code == 400
+    assert ReviewItem.objects.get(pk=extra.item_id).status == "pending"
+    done = ui_world.post(client, url, {"decision": "revoke", "comment": "not needed"})
+    assert done.status_code == 302
+    item = ReviewItem.objects.get(pk=extra.item_id)
+    assert item.status == "revoked" and item.comment == "not needed"
+    world.grant.refresh_from_db()
+    assert world.grant.status == "revoked"
+    event = AuditEvent.objects.filter(event_type="review.item_decided").get()
+    assert event.grant_id == world.grant.pk and event.actor == "user:dave"
+    decision = access.access_check(
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/api", at=timezone.now()
+    )
+    assert decision.decision == "deny"
+    campaigns = client.get("/ui/reviews/").content.decode()
+    assert "1/2" in campaigns  # progress: one of the campaign's two items decided
+
+
+def test_a_review_narrows_a_grant_and_never_widens_it() -> None:
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    client = ui_world.signed_in("admin")
+    url = f"/ui/reviews/items/{extra.item_id}/decide"
+    wider = ui_world.post(client, url, {"decision": "narrow", "comment": "x", "scope": "repo:*"})
+    assert wider.status_code in (400, 403)
+    narrowed = ui_world.post(
+        client,
+        url,
+        {"decision": "narrow", "comment": "read only", "actions_listed": "1", "actions": ["read"]},
+    )
+    assert narrowed.status_code == 302
+    world.grant.refresh_from_db()
+    assert world.grant.actions == ["read"] and world.grant.status == "active"
+    assert AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=world.grant.pk).exists()
