@@ -64,6 +64,63 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "task": "governance.tasks.audit_verify",
             "schedule": crontab(hour=3, minute=17),
         },
+        # --- Lifecycle (issue #5) ---
+        # A notification whose dispatch was lost (broker down at commit) or whose retry
+        # message vanished with a worker is re-queued here; without it an alert could
+        # sit unsent for ever. Same cadence as expiry: the sweep is one indexed query.
+        "notifications-sweep": {
+            "task": "governance.tasks.notifications_sweep",
+            "schedule": expiry_interval(),
+        },
+        # A break-glass review left open past its 24 h is shown as overdue from its due
+        # time anyway; this sends the overdue alert within five minutes of it.
+        "breakglass-overdue": {
+            "task": "governance.tasks.breakglass_overdue",
+            "schedule": timedelta(minutes=5),
+        },
+        # Grants ending within GRANT_EXPIRING_NOTICE: a heads-up to requester and owner,
+        # so a renewal is asked for in daylight rather than after the agent fails.
+        "expiring-notices": {
+            "task": "governance.tasks.expiring_notices",
+            "schedule": timedelta(minutes=15),
+        },
+        # Opens the period's re-certification campaign (quarterly by default). Daily,
+        # so a beat that was down on the first day of a quarter still opens it the next
+        # day; the campaign's key makes every later run that quarter a no-op.
+        "review-campaign-scheduled": {
+            "task": "governance.tasks.review_campaign_scheduled",
+            "schedule": crontab(hour=6, minute=5),
+        },
+        # Items undecided at their due date get the configured rule (default revoke),
+        # items whose grant already ended are closed, finished campaigns are closed.
+        # Hourly: a due date is a day, not a second.
+        "review-due": {
+            "task": "governance.tasks.review_due",
+            "schedule": crontab(minute=23),
+        },
+        # Reminders before the due date, once per item, in working hours (UTC).
+        "review-reminders": {
+            "task": "governance.tasks.review_reminders",
+            "schedule": crontab(hour=8, minute=0),
+        },
+        # Grants unused for UNUSED_GRANT_DAYS are flagged for the dashboard and the next
+        # campaign. Usage is counted per decision; a day's granularity is plenty.
+        "unused-scan": {
+            "task": "governance.tasks.unused_scan",
+            "schedule": crontab(hour=2, minute=40),
+        },
+        # The daily count of live grants (total and per agent) that shows the matrix
+        # staying flat or shrinking; just after midnight so each row is one whole day.
+        "trend-snapshot": {
+            "task": "governance.tasks.trend_snapshot",
+            "schedule": crontab(hour=0, minute=10),
+        },
+        # Samples the previous 24 h of approvals for a second look by another approver;
+        # daily, after the day's approvals, before reviewers start their day.
+        "second-look-sample": {
+            "task": "governance.tasks.second_look_sample",
+            "schedule": crontab(hour=5, minute=30),
+        },
     }
 
 

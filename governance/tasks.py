@@ -19,15 +19,18 @@ def expire_due() -> dict[str, int]:
     """Mark grants and approvals past their end as expired (bookkeeping only),
     and close grant requests left undecided past GRANT_REQUEST_TTL.
 
-    Agent tokens are not included: they have no status column, so an expired
-    token is simply refused at authentication time and there is nothing to mark.
+    Agent tokens past their expiry are announced once each (`agent_token.expired`);
+    authentication already refuses them from expires_at on.
     """
+    from governance.services.hygiene import tokens_expire
+
     actor = audit.Actor.system("celery:expire_due")
     at = timezone.now()
     return {
         "grants": grants_expire(actor=actor, at=at),
         "approvals": approvals_expire(actor=actor, at=at),
         "requests": grant_requests_expire(actor=actor, at=at),
+        "tokens": tokens_expire(actor=actor, at=at),
     }
 
 
@@ -65,3 +68,76 @@ def notifications_sweep() -> dict[str, int]:
     from governance import notifications
 
     return {"queued": notifications.sweep(at=timezone.now())}
+
+
+def _job(name: str) -> tuple[audit.Actor, Any]:
+    return audit.Actor.system(f"celery:{name}"), timezone.now()
+
+
+@shared_task(name="governance.tasks.breakglass_overdue")
+def breakglass_overdue() -> dict[str, int]:
+    from governance.services.breakglass import breakglass_reviews_mark_overdue
+
+    actor, at = _job("breakglass_overdue")
+    return {"overdue": breakglass_reviews_mark_overdue(actor=actor, at=at)}
+
+
+@shared_task(name="governance.tasks.review_campaign_scheduled")
+def review_campaign_scheduled() -> dict[str, Any]:
+    from governance.services.reviews import review_campaign_open_scheduled
+
+    actor, at = _job("review_campaign_scheduled")
+    campaign = review_campaign_open_scheduled(actor=actor, at=at)
+    return {"campaign": campaign.pk, "key": campaign.key}
+
+
+@shared_task(name="governance.tasks.review_due")
+def review_due() -> dict[str, int]:
+    from governance.services.reviews import review_campaigns_close, review_items_apply_due_rule
+
+    actor, at = _job("review_due")
+    return {
+        "items": review_items_apply_due_rule(actor=actor, at=at),
+        "campaigns_closed": review_campaigns_close(actor=actor, at=at),
+    }
+
+
+@shared_task(name="governance.tasks.review_reminders")
+def review_reminders() -> dict[str, int]:
+    from governance.services.reviews import review_reminders_send
+
+    actor, at = _job("review_reminders")
+    return {"reminded": review_reminders_send(actor=actor, at=at)}
+
+
+@shared_task(name="governance.tasks.unused_scan")
+def unused_scan() -> dict[str, int]:
+    from governance.services.hygiene import grants_flag_unused
+
+    actor, at = _job("unused_scan")
+    return {"flagged": grants_flag_unused(actor=actor, at=at)}
+
+
+@shared_task(name="governance.tasks.trend_snapshot")
+def trend_snapshot() -> dict[str, Any]:
+    from governance.services.hygiene import trend_snapshot_record
+
+    actor, at = _job("trend_snapshot")
+    snap = trend_snapshot_record(actor=actor, at=at)
+    return {"day": snap.day.isoformat(), "total": snap.total}
+
+
+@shared_task(name="governance.tasks.second_look_sample")
+def second_look_sample() -> dict[str, int]:
+    from governance.services.second_look import second_looks_sample
+
+    actor, at = _job("second_look_sample")
+    return {"sampled": second_looks_sample(actor=actor, at=at)}
+
+
+@shared_task(name="governance.tasks.expiring_notices")
+def expiring_notices() -> dict[str, int]:
+    from governance.services.hygiene import grants_notify_expiring
+
+    actor, at = _job("expiring_notices")
+    return {"notified": grants_notify_expiring(actor=actor, at=at)}

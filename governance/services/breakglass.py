@@ -138,8 +138,10 @@ def breakglass_open(
         )
         if same is not None:
             return same  # the same emergency, asked twice: one break-glass
+        # No upper bound: a concurrent open whose clock read a microsecond later than
+        # ours still counts (it committed before we got the lock).
         recent = BreakGlass.objects.filter(
-            opened_by=opener, opened_at__gt=at - timedelta(hours=1), opened_at__lte=at
+            opened_by=opener, opened_at__gt=at - timedelta(hours=1)
         ).count()
         if recent >= settings.BREAKGLASS_MAX_PER_HOUR:
             raise RateLimited(

@@ -4,6 +4,7 @@ from django.utils import timezone
 from governance import audit
 from governance.services.approvals import approvals_expire
 from governance.services.grants import grant_requests_expire, grants_expire
+from governance.services.hygiene import tokens_expire
 
 
 class Command(BaseCommand):
@@ -19,6 +20,8 @@ class Command(BaseCommand):
         grants = grants_expire(actor=actor, at=at)
         approvals = approvals_expire(actor=actor, at=at)
         requests = grant_requests_expire(actor=actor, at=at)
+        tokens = tokens_expire(actor=actor, at=at)
         self.stdout.write(
-            f"expired {grants} grant(s), {approvals} approval(s), {requests} request(s)"
+            f"expired {grants} grant(s), {approvals} approval(s), {requests} request(s), "
+            f"{tokens} token(s)"
         )

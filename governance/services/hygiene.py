@@ -1,0 +1,144 @@
+"""Jobs that keep the matrix shrinking: unused-grant flags, the daily trend snapshot,
+expiring-soon notices and token expiry bookkeeping.
+
+Signatures (keyword-only; each is a job, safe to run twice and from two workers):
+
+    grants_flag_unused(*, actor, at) -> int        one `grant.unused_flagged` per grant
+        per idle spell (flagged again only after it was used since)
+    trend_snapshot_record(*, actor, at) -> LiveGrantSnapshot   one per UTC day
+    grants_notify_expiring(*, actor, at) -> int    one notice per grant
+    tokens_expire(*, actor, at) -> int             one `agent_token.expired` per token
+
+Read side: selectors.unused_grants(at) and selectors.grant_trend().
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Q
+
+from governance import audit, notifications
+from governance.codes import EventType
+from governance.models import AgentToken, Grant, LiveGrantSnapshot
+from governance.selectors import live_grants, unused_grants
+from governance.services.claims import claim_each
+
+
+def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
+    """Flag live grants idle for UNUSED_GRANT_DAYS, proposing removal (or narrowing to
+    read for write/destructive grants that also hold read). The flag is what the next
+    campaign's item and the dashboard show; the decision stays with a reviewer."""
+    proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
+    # Not flagged yet, or flagged before its last use (a new idle spell).
+    unflagged = Q(unused_flagged_at__isnull=True) | Q(unused_flagged_at__lt=F("last_used_at"))
+
+    def announce(pk: int) -> None:
+        grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
+        idle_since = grant.last_used_at or grant.starts_at
+        audit.append(
+            event_type=EventType.GRANT_UNUSED_FLAGGED,
+            actor=actor,
+            at=at,
+            agent=grant.agent.name,
+            task=grant.task.key if grant.task else "",
+            tool=grant.tool.name,
+            action=",".join(grant.actions),
+            scope=grant.scope,
+            grant_id=grant.pk,
+            break_glass=grant.break_glass,
+            data={
+                "proposal": proposals[pk],
+                "idle_since": idle_since.isoformat() if idle_since else None,
+                "days": settings.UNUSED_GRANT_DAYS,
+            },
+        )
+
+    return claim_each(
+        Grant.objects.filter(unflagged, pk__in=list(proposals)).values_list("pk", flat=True),
+        claim=lambda pk: Grant.objects.filter(unflagged, pk=pk).update(unused_flagged_at=at),
+        announce=announce,
+    )
+
+
+def trend_snapshot_record(*, actor: audit.Actor, at: datetime) -> LiveGrantSnapshot:
+    """Count live grants in total and per agent for `at`'s UTC day, once per day."""
+    day = at.date()
+    existing = LiveGrantSnapshot.objects.filter(day=day).first()
+    if existing is not None:
+        return existing
+    rows = live_grants(at).values("agent__name").annotate(n=Count("id")).order_by()
+    per_agent = {row["agent__name"]: row["n"] for row in rows}
+    try:
+        with transaction.atomic():
+            snap = LiveGrantSnapshot.objects.create(
+                day=day, taken_at=at, total=sum(per_agent.values()), per_agent=per_agent
+            )
+            audit.append(
+                event_type=EventType.TREND_RECORDED,
+                actor=actor,
+                at=at,
+                data={"day": day.isoformat(), "total": snap.total, "per_agent": per_agent},
+            )
+    except IntegrityError:
+        return LiveGrantSnapshot.objects.get(day=day)  # another worker was first
+    return snap
+
+
+def grants_notify_expiring(*, actor: audit.Actor, at: datetime) -> int:
+    """Tell requester and owner once when a live grant has GRANT_EXPIRING_NOTICE left.
+    No audit event: a notice changes no governance state (the Notification row is its
+    record). Delegated grants are skipped: their parent's notice covers them."""
+    soon = at + settings.GRANT_EXPIRING_NOTICE
+    due = Grant.objects.filter(
+        status=Grant.Status.ACTIVE,
+        expiring_notified_at__isnull=True,
+        delegated_from__isnull=True,
+        expires_at__gt=at,
+        expires_at__lte=soon,
+    ).values_list("pk", flat=True)
+    return claim_each(
+        due,
+        claim=lambda pk: Grant.objects.filter(pk=pk, expiring_notified_at__isnull=True).update(
+            expiring_notified_at=at
+        ),
+        announce=lambda pk: notifications.grant_expiring(
+            grant=Grant.objects.select_related("agent__owner", "tool", "task", "requested_by").get(
+                pk=pk
+            ),
+            at=at,
+        ),
+    )
+
+
+def tokens_expire(*, actor: audit.Actor, at: datetime) -> int:
+    """Bookkeeping: announce each token past its expiry once (`agent_token.expired`).
+    Authentication already refuses it from expires_at on; this only records it."""
+    due = AgentToken.objects.filter(
+        expires_at__lte=at, expiry_announced_at__isnull=True, revoked_at__isnull=True
+    ).values_list("pk", flat=True)
+
+    def announce(pk: int) -> None:
+        token = AgentToken.objects.select_related("agent", "user").get(pk=pk)
+        holder = token.agent.name if token.agent else f"user:{token.user.get_username()}"
+        audit.append(
+            event_type=EventType.TOKEN_EXPIRED,
+            actor=actor,
+            at=at,
+            agent=token.agent.name if token.agent else "",
+            data={
+                "prefix": token.prefix,
+                "holder": holder,
+                "expires_at": token.expires_at.isoformat(),
+            },
+        )
+
+    return claim_each(
+        due,
+        claim=lambda pk: AgentToken.objects.filter(
+            pk=pk, expiry_announced_at__isnull=True, revoked_at__isnull=True
+        ).update(expiry_announced_at=at),
+        announce=announce,
+    )

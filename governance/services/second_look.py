@@ -1,0 +1,161 @@
+"""Second look: a sample of yesterday's approvals, re-read by a different approver.
+
+Signatures (keyword-only):
+
+    second_looks_sample(*, actor, at, fraction=None) -> int     (the job, daily)
+        Approved grant requests and approved destructive actions decided in the 24 h
+        before `at`, each sampled with probability SECOND_LOOK_FRACTION. The draw is a
+        keyed hash of the item (SECRET_KEY), so it is stable (running twice samples the
+        same set, once: a unique constraint) and an approver cannot predict it.
+    second_look_decide(*, second_look_id, reviewer, verdict, comment, actor, at)
+        -> SecondLook
+        verdict: "confirm" | "flag" (flag notifies the admins). Raises Forbidden
+        `self_review` (the original approver or the requester) / `not_allowed`,
+        GovernanceError `comment_required` / `invalid_verdict`, Conflict
+        `already_decided`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+
+from governance import audit, notifications, roles
+from governance.codes import EventType
+from governance.errors import Conflict, Forbidden, GovernanceError
+from governance.models import Approval, Grant, SecondLook
+from governance.selectors import approver_users
+
+WINDOW = timedelta(days=1)
+VERDICTS = {"confirm": SecondLook.Status.CONFIRMED, "flag": SecondLook.Status.FLAGGED}
+
+
+def _drawn(kind: str, pk: Any, fraction: float) -> bool:
+    digest = hmac.new(settings.SECRET_KEY.encode(), f"{kind}:{pk}".encode(), hashlib.sha256)
+    return int.from_bytes(digest.digest()[:8], "big") / 2**64 < fraction
+
+
+def _event(
+    look: SecondLook, event_type: str, actor: audit.Actor, at: datetime, **data: Any
+) -> None:
+    """One shape: the approved thing (a grant, or the destructive call's approval)."""
+    if look.approval is not None:
+        subject, action = look.approval, look.approval.action
+    else:
+        assert look.grant is not None
+        subject, action = look.grant, ",".join(look.grant.actions)
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=subject.agent.name,
+        tool=subject.tool.name,
+        action=action,
+        scope=subject.scope,
+        grant_id=look.grant_id,
+        approval_id=str(look.approval_id or ""),
+        break_glass=bool(look.grant and look.grant.break_glass),
+        data={"second_look_id": look.pk, "kind": look.kind, **data},
+    )
+
+
+def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | None = None) -> int:
+    fraction = settings.SECOND_LOOK_FRACTION if fraction is None else fraction
+    since = at - WINDOW
+    candidates: list[tuple[str, Any, Any, set[Any]]] = []
+    for grant in Grant.objects.filter(
+        approved_by__isnull=False, decided_at__gt=since, decided_at__lte=at
+    ).exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED]):
+        candidates.append(
+            ("grant", grant, grant.approved_by_id, {grant.approved_by_id, grant.requested_by_id})
+        )
+    for approval in Approval.objects.filter(
+        decided_by__isnull=False,
+        decided_at__gt=since,
+        decided_at__lte=at,
+        status__in=[Approval.Status.APPROVED, Approval.Status.CONSUMED, Approval.Status.EXPIRED],
+    ).select_related("agent", "grant"):
+        barred = {approval.decided_by_id, approval.agent.owner_id, approval.grant.requested_by_id}
+        candidates.append(("approval", approval, approval.decided_by_id, barred))
+    pool = approver_users()
+    users = get_user_model().objects.in_bulk([c[2] for c in candidates])
+    sampled = 0
+    for index, (kind, subject, approver_id, barred) in enumerate(candidates):
+        if not _drawn(kind, subject.pk, fraction):
+            continue
+        eligible = [u for u in pool if u.pk not in barred]
+        reviewer = eligible[index % len(eligible)] if eligible else None
+        try:
+            with transaction.atomic():
+                look = SecondLook.objects.create(
+                    kind=kind,
+                    grant=subject if kind == "grant" else subject.grant,
+                    approval=subject if kind == "approval" else None,
+                    original_approver=users[approver_id],
+                    reviewer=reviewer,
+                    sampled_at=at,
+                )
+                _event(
+                    look,
+                    EventType.SECOND_LOOK_SAMPLED,
+                    actor,
+                    at,
+                    original_approver=users[approver_id].get_username(),
+                    reviewer=reviewer.get_username() if reviewer else None,
+                )
+                sampled += 1
+        except IntegrityError:
+            continue  # sampled already (an earlier run, or another worker just now)
+    return sampled
+
+
+def second_look_decide(
+    *,
+    second_look_id: int,
+    reviewer: Any,
+    verdict: str,
+    comment: str,
+    actor: audit.Actor,
+    at: datetime,
+) -> SecondLook:
+    if verdict not in VERDICTS:
+        raise GovernanceError("invalid_verdict", f"Verdict must be one of {sorted(VERDICTS)}.")
+    if not (comment or "").strip():
+        raise GovernanceError("comment_required", "A second look needs a comment.")
+    if not roles.is_approver(reviewer):
+        raise Forbidden("not_allowed", "Second looks are decided by approvers or admins.")
+    with transaction.atomic():
+        look = (
+            SecondLook.objects.select_for_update(of=("self",))
+            .select_related("grant__agent", "grant__tool", "approval__agent", "approval__tool")
+            .get(pk=second_look_id)
+        )
+        if look.status != SecondLook.Status.PENDING:
+            raise Conflict("already_decided", f"The second look is already {look.status}.")
+        requester = look.grant.requested_by_id if look.grant else None
+        if reviewer.pk in (look.original_approver_id, requester):
+            raise Forbidden("self_review", "A second look is by a different approver.")
+        look.status = VERDICTS[verdict]
+        look.decided_by = reviewer
+        look.decided_at = at
+        look.comment = comment
+        look.save(update_fields=["status", "decided_by", "decided_at", "comment"])
+        _event(
+            look,
+            EventType.SECOND_LOOK_DECIDED,
+            actor,
+            at,
+            verdict=verdict,
+            comment=comment,
+            decided_by=reviewer.get_username(),
+        )
+        if verdict == "flag":
+            admins = [u for u in approver_users() if roles.is_admin(u)]
+            notifications.second_look_flagged(look=look, users=admins, at=at)
+    return look

@@ -1,0 +1,270 @@
+"""The jobs that shrink the matrix: unused flags, daily trend, expiring-soon notices,
+token expiry bookkeeping and second-look sampling. Each runs twice: one effect."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group
+
+from governance import selectors, tasks
+from governance.audit import Actor
+from governance.codes import EventType, NotificationEvent
+from governance.errors import Conflict, Forbidden, GovernanceError
+from governance.models import (
+    AgentToken,
+    AuditEvent,
+    Grant,
+    LiveGrantSnapshot,
+    Notification,
+    SecondLook,
+)
+from governance.services import agents as agent_services
+from governance.services import approvals as approval_services
+from governance.services import hygiene, second_look
+from governance.services.access import access_check
+from tests.conftest import MS, NOW
+
+
+def events(event_type: str, **filters: object) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(event_type=event_type, **filters).order_by("seq"))
+
+
+# --- unused grants -----------------------------------------------------------------------
+
+
+def test_unused_grants_are_flagged_once_per_idle_spell(
+    make_agent, make_tool, make_grant, system, settings
+):
+    settings.UNUSED_GRANT_DAYS = 30
+    agent, tool = make_agent(), make_tool()
+    long = timedelta(days=7)
+    rw = make_grant(agent, tool, actions=("read", "update"), duration=long)
+    ro = make_grant(agent, tool, scope="repo:acme/web/*", duration=long)
+    used = make_grant(agent, tool, scope="repo:acme/ops/*", duration=long)
+    later = NOW + timedelta(days=31)
+    Grant.objects.update(expires_at=later + timedelta(days=1))
+    Grant.objects.filter(pk=used.pk).update(last_used_at=later - timedelta(days=2))
+
+    assert hygiene.grants_flag_unused(actor=system, at=later - timedelta(days=2)) == 0
+    assert hygiene.grants_flag_unused(actor=system, at=later) == 2
+    assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(hours=1)) == 0
+    flagged = {e.grant_id: json.loads(e.data)["proposal"] for e in events("grant.unused_flagged")}
+    assert flagged == {rw.pk: "narrow_to_read", ro.pk: "remove"}
+    assert Grant.objects.get(pk=rw.pk).unused_flagged_at == later
+
+    # Used again, then idle again for the whole period: a new flag.
+    Grant.objects.filter(pk=rw.pk).update(last_used_at=later + timedelta(days=1))
+    Grant.objects.update(expires_at=later + timedelta(days=40))
+    assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=2)) == 0
+    before = {e.seq for e in events("grant.unused_flagged")}
+    # rw again (a new idle spell), and `used`, now idle too; ro stays flagged once.
+    assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=31, hours=1)) == 2
+    fresh = {e.grant_id for e in events("grant.unused_flagged") if e.seq not in before}
+    assert fresh == {rw.pk, used.pk}
+    # The dashboard selector shows the same proposals.
+    shown = {g.pk: g.proposal for g in selectors.unused_grants(later + timedelta(days=31))}
+    assert shown[rw.pk] == "narrow_to_read" and shown[ro.pk] == "remove"
+
+
+def test_an_irreversible_tool_grant_is_proposed_for_removal(make_agent, make_tool, make_grant):
+    grant = make_grant(
+        make_agent(), make_tool("pay", irreversible=True), actions=("read", "execute")
+    )
+    grant.refresh_from_db()
+    assert selectors.unused_proposal(grant) == "remove"
+
+
+# --- trend -----------------------------------------------------------------------------
+
+
+def test_the_daily_snapshot_counts_live_grants_once_and_a_rise_is_highlighted(
+    make_agent, make_tool, make_grant, system
+):
+    bot, other, tool = make_agent("bot"), make_agent("other"), make_tool()
+    make_grant(bot, tool, duration=timedelta(days=3))
+    day1 = hygiene.trend_snapshot_record(actor=system, at=NOW)
+    assert hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(hours=1)).pk == day1.pk
+    assert (day1.total, day1.per_agent) == (1, {"bot": 1})
+    assert selectors.grant_trend()["rise"] is False
+
+    make_grant(other, tool, starts_at=NOW, duration=timedelta(days=3))
+    make_grant(bot, tool, scope="repo:acme/web/*", starts_at=NOW, duration=timedelta(days=3))
+    day2 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=1))
+    assert (day2.total, day2.per_agent) == (3, {"bot": 2, "other": 1})
+    trend = selectors.grant_trend()
+    assert trend["rise"] is True and trend["rising_agents"] == ["bot", "other"]
+    assert [p["total"] for p in trend["series"]] == [1, 3]
+    assert len(events(EventType.TREND_RECORDED)) == 2 and LiveGrantSnapshot.objects.count() == 2
+
+    Grant.objects.update(expires_at=NOW + timedelta(days=2))
+    day3 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=2))
+    assert day3.total == 0 and selectors.grant_trend()["rise"] is False
+
+
+# --- expiring soon -----------------------------------------------------------------------
+
+
+def test_a_grant_expiring_soon_is_announced_once_to_requester_and_owner(
+    make_agent,
+    make_tool,
+    make_grant,
+    alice,
+    bob,
+    system,
+    settings,
+    django_capture_on_commit_callbacks,
+):
+    from django.core import mail
+
+    alice.email, bob.email = "alice@example.test", "bob@example.test"
+    alice.save()
+    bob.save()
+    settings.GRANT_EXPIRING_NOTICE = timedelta(hours=1)
+    grant = make_grant(make_agent(), make_tool(), duration=timedelta(hours=3))
+    notice_at = grant.expires_at - timedelta(hours=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert hygiene.grants_notify_expiring(actor=system, at=notice_at - MS) == 0
+        assert hygiene.grants_notify_expiring(actor=system, at=notice_at) == 1
+        assert hygiene.grants_notify_expiring(actor=system, at=notice_at + timedelta(1 / 24)) == 0
+    (row,) = Notification.objects.filter(event=NotificationEvent.GRANT_EXPIRING)
+    assert row.target == "alice@example.test"  # requester and owner are both alice here
+    assert [m.to for m in mail.outbox] == [["alice@example.test"]]
+    assert Grant.objects.get(pk=grant.pk).expiring_notified_at == notice_at
+
+
+# --- tokens ------------------------------------------------------------------------------
+
+
+def test_tokens_past_expiry_are_announced_once(make_agent, alice, system):
+    token, _ = agent_services.token_issue(
+        created_by=alice, agent=make_agent(), days=1, actor=system, at=NOW
+    )
+    end = NOW + timedelta(days=1)
+    assert hygiene.tokens_expire(actor=system, at=end - MS) == 0
+    assert hygiene.tokens_expire(actor=system, at=end) == 1
+    assert hygiene.tokens_expire(actor=system, at=end) == 0
+    (event,) = events(EventType.TOKEN_EXPIRED)
+    assert json.loads(event.data)["prefix"] == token.prefix and event.agent == "bot"
+    assert AgentToken.objects.get(pk=token.pk).expiry_announced_at == end
+
+
+# --- second look -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def approved_yesterday(make_agent, make_tool, make_grant, approvers, bob, system):
+    bob.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    agent, tool = make_agent(), make_tool()
+    grants = [
+        make_grant(agent, tool, scope=f"repo:acme/r{i}/*", starts_at=NOW - timedelta(hours=3))
+        for i in range(20)
+    ]
+    make_grant(agent, tool, actions=("delete",), scope="repo:acme/d/*", starts_at=NOW)
+    decision = access_check(
+        agent=agent, tool="repo", action="delete", scope="repo:acme/d/x", at=NOW + MS
+    )
+    erin = approvers[0]
+    approval_services.approval_approve(
+        approval_id=decision.approval_id, approver=erin, actor=Actor.user(erin), at=NOW + 2 * MS
+    )
+    return grants, decision.approval_id
+
+
+def test_sampling_picks_a_stable_fraction_and_a_different_approver(approved_yesterday, system):
+    grants, approval_id = approved_yesterday
+    at = NOW + timedelta(hours=1)
+    assert second_look.second_looks_sample(actor=system, at=at, fraction=0.0) == 0
+    everything = second_look.second_looks_sample(actor=system, at=at, fraction=1.0)
+    assert everything == 22  # 21 grants (bob approved) and one destructive approval (erin)
+    assert second_look.second_looks_sample(actor=system, at=at, fraction=1.0) == 0
+    for look in SecondLook.objects.select_related("grant", "approval"):
+        assert look.reviewer is not None
+        assert look.reviewer_id != look.original_approver_id
+        assert look.reviewer.username not in ("alice", "bob" if look.kind == "grant" else "erin")
+    (appr,) = SecondLook.objects.filter(kind="approval")
+    assert str(appr.approval_id) == approval_id and appr.original_approver.username == "erin"
+    assert len(events(EventType.SECOND_LOOK_SAMPLED)) == 22
+
+
+def test_a_partial_sample_is_the_same_set_every_run(approved_yesterday, system):
+    at = NOW + timedelta(hours=1)
+    first = second_look.second_looks_sample(actor=system, at=at, fraction=0.3)
+    picked = set(SecondLook.objects.values_list("grant_id", "approval_id"))
+    SecondLook.objects.all().delete()
+    again = second_look.second_looks_sample(actor=system, at=at, fraction=0.3)
+    assert (
+        first == again and set(SecondLook.objects.values_list("grant_id", "approval_id")) == picked
+    )
+    assert 0 < first < 22
+
+
+def test_a_second_look_is_decided_once_by_another_approver(
+    approved_yesterday, system, django_capture_on_commit_callbacks
+):
+    second_look.second_looks_sample(actor=system, at=NOW + timedelta(hours=1), fraction=1.0)
+    look = SecondLook.objects.filter(kind="grant").first()
+    from django.contrib.auth.models import User
+
+    bob = User.objects.get(username="bob")
+    with pytest.raises(Forbidden) as caught:
+        second_look.second_look_decide(
+            second_look_id=look.pk,
+            reviewer=bob,
+            verdict="confirm",
+            comment="mine",
+            actor=Actor.user(bob),
+            at=NOW,
+        )
+    assert caught.value.code == "self_review"
+    with pytest.raises(GovernanceError):
+        second_look.second_look_decide(
+            second_look_id=look.pk,
+            reviewer=look.reviewer,
+            verdict="flag",
+            comment="",
+            actor=Actor.user(look.reviewer),
+            at=NOW,
+        )
+    with django_capture_on_commit_callbacks(execute=True):
+        decided = second_look.second_look_decide(
+            second_look_id=look.pk,
+            reviewer=look.reviewer,
+            verdict="flag",
+            comment="scope too wide",
+            actor=Actor.user(look.reviewer),
+            at=NOW,
+        )
+    with pytest.raises(Conflict):
+        second_look.second_look_decide(
+            second_look_id=look.pk,
+            reviewer=look.reviewer,
+            verdict="confirm",
+            comment="x",
+            actor=Actor.user(look.reviewer),
+            at=NOW,
+        )
+    assert (decided.status, decided.decided_by) == ("flagged", look.reviewer)
+    (event,) = events(EventType.SECOND_LOOK_DECIDED)
+    assert json.loads(event.data)["verdict"] == "flag" and event.grant_id == look.grant_id
+    (row,) = Notification.objects.filter(event=NotificationEvent.SECOND_LOOK_FLAGGED)
+    assert row.target == "heidi@example.test"  # the admin
+
+
+# --- the thin tasks --------------------------------------------------------------------
+
+
+def test_each_lifecycle_task_calls_its_service_and_returns_a_summary(db, approvers):
+    assert tasks.breakglass_overdue() == {"overdue": 0}
+    summary = tasks.review_campaign_scheduled()
+    assert summary["key"].startswith("scheduled:")
+    assert tasks.review_campaign_scheduled() == summary
+    assert tasks.review_due() == {"items": 0, "campaigns_closed": 1}  # the empty campaign
+    assert tasks.review_reminders() == {"reminded": 0}
+    assert tasks.unused_scan() == {"flagged": 0}
+    assert tasks.trend_snapshot()["total"] == 0
+    assert tasks.second_look_sample() == {"sampled": 0}
+    assert tasks.expiring_notices() == {"notified": 0}
+    assert tasks.notifications_sweep() == {"queued": 0}
