@@ -178,3 +178,23 @@ def test_a_review_narrows_a_grant_and_never_widens_it() -> None:
     world.grant.refresh_from_db()
     assert world.grant.actions == ["read"] and world.grant.status == "active"
     assert AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=world.grant.pk).exists()
+
+
+def test_a_second_look_is_confirmed_or_flagged_by_another_approver_with_a_comment() -> None:
+    from governance.models import SecondLook
+
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    admin = ui_world.signed_in("admin")
+    inbox = admin.get("/ui/inbox/second-look/").content.decode()
+    assert f'id="look-{extra.second_look_id}"' in inbox and "bob" in inbox
+    url = f"/ui/inbox/second-look/{extra.second_look_id}/decide"
+    assert ui_world.post(admin, url, {"verdict": "flag", "comment": ""}).status_code == 400
+    done = ui_world.post(admin, url, {"verdict": "flag", "comment": "scope too wide"})
+    assert done.status_code == 302
+    look = SecondLook.objects.get(pk=extra.second_look_id)
+    assert look.status == "flagged" and look.decided_by.username == "dave"
+    event = last_event()
+    assert event.event_type == "second_look.decided" and event.actor == "user:dave"
+    again = ui_world.post(admin, url, {"verdict": "confirm", "comment": "again"})
+    assert again.status_code == 409

@@ -27,6 +27,7 @@ from governance.models import (
     BreakGlass,
     Grant,
     ReviewItem,
+    SecondLook,
     Tool,
 )
 from governance.services import tools
@@ -36,7 +37,7 @@ from tests.ui_world import World
 ROLES = ("anon", "auditor", "approver", "admin")
 BREAK_GLASS = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:acme/hot/*",
                "ticket": "INC-2", "reason": "db down", "ttl_minutes": "30"}  # fmt: skip
-LIFECYCLE = ("/ui/break-glass/", "/ui/reviews/")
+LIFECYCLE = ("/ui/break-glass/", "/ui/reviews/", "/ui/inbox/second-look/")
 
 # fmt: off
 TABLE: list[tuple[str, str, Any, str]] = [
@@ -87,6 +88,10 @@ TABLE: list[tuple[str, str, Any, str]] = [
     # The item is dave's; bob approved the grant, so he may not re-certify it.
     ("POST", "/ui/reviews/items/{item}/decide",         {"decision": "revoke", "comment": "unused"},
                                                                                  "302 403 403 302"),
+    # dave's second look at bob's approval; bob may not second-look his own.
+    ("GET",  "/ui/inbox/second-look/",                  None,                    "302 200 200 200"),
+    ("POST", "/ui/inbox/second-look/{look}/decide",     {"verdict": "confirm", "comment": "ok"},
+                                                                                 "302 403 403 302"),
     ("POST", "/ui/logout/",                             {},                      "302 302 302 302"),
     ("GET",  "/ui/login/",                              None,                    "200 302 302 302"),
 ]
@@ -105,6 +110,7 @@ def _fill(path: str, world: World, extra: ui_world.Lifecycle | None = None) -> s
         bg=extra.breakglass_id if extra else 0,
         campaign=extra.campaign_id if extra else 0,
         item=extra.item_id if extra else 0,
+        look=extra.second_look_id if extra else 0,
         grant=world.grant.pk,
         request=world.request.pk,
         approval=world.approval.pk,
@@ -123,6 +129,7 @@ def _state(world: World) -> tuple[Any, ...]:
         tuple(Tool.objects.values_list("name", "approved_hash")),
         tuple(BreakGlass.objects.order_by("pk").values_list("pk", "closed_at", "review_status")),
         tuple(ReviewItem.objects.order_by("pk").values_list("pk", "status")),
+        tuple(SecondLook.objects.order_by("pk").values_list("pk", "status")),
     )
 
 

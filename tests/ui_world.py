@@ -157,6 +157,7 @@ class Lifecycle:
     breakglass_id: int
     campaign_id: int
     item_id: int
+    second_look_id: int
 
 
 def build_lifecycle(world: World) -> Lifecycle:
@@ -180,4 +181,16 @@ def build_lifecycle(world: World) -> Lifecycle:
         at=timezone.now(),
     )
     item = ReviewItem.objects.get(grant=world.grant)
-    return Lifecycle(breakglass_id=bg.pk, campaign_id=item.campaign_id, item_id=item.pk)
+    # Every approval of the last day sampled: the main grant's second look goes to
+    # dave (bob approved it, alice asked for it).
+    from governance.models import SecondLook
+    from governance.services import second_look
+
+    second_look.second_looks_sample(actor=Actor.system("test"), at=timezone.now(), fraction=1.0)
+    look = SecondLook.objects.get(kind="grant", grant=world.grant)
+    return Lifecycle(
+        breakglass_id=bg.pk,
+        campaign_id=item.campaign_id,
+        item_id=item.pk,
+        second_look_id=look.pk,
+    )

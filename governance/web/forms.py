@@ -206,3 +206,8 @@ class ReviewDecideForm(StrictForm):
         if data.get("expires_at"):
             out["expires_at"] = data["expires_at"]
         return out
+
+
+class SecondLookForm(StrictForm):
+    verdict = forms.ChoiceField(choices=[("confirm", "confirm"), ("flag", "flag")])
+    comment = forms.CharField(max_length=2000, strip=True)

@@ -19,9 +19,18 @@ from django.views.decorators.http import require_GET, require_POST
 
 from governance import audit, selectors
 from governance.errors import GovernanceError
-from governance.models import Agent, BreakGlass, ReviewCampaign, ReviewItem, Task, Tool
+from governance.models import (
+    Agent,
+    BreakGlass,
+    ReviewCampaign,
+    ReviewItem,
+    SecondLook,
+    Task,
+    Tool,
+)
 from governance.services import breakglass as bg_services
 from governance.services import reviews as review_services
+from governance.services import second_look as second_look_services
 from governance.web import forms
 from governance.web.access import require
 
@@ -45,6 +54,10 @@ def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
         "my_review_items": selectors.review_items_for(user, now),
         "overdue_items": overdue_items[:20],
         "overdue_items_count": overdue_items.count(),
+        "trend": selectors.grant_trend(days=14),
+        "second_looks_mine": SecondLook.objects.filter(
+            status=SecondLook.Status.PENDING, reviewer=user
+        ).count(),
         "lifecycle": True,
     }
 
@@ -258,3 +271,60 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
         return _failed(request, exc)
     messages.success(request, f"Grant #{item.grant_id}: {decision}.")
     return redirect("ui:reviews-mine")
+
+
+# --- Second look -------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def second_look_inbox(request: HttpRequest) -> HttpResponse:
+    """Sampled approvals waiting for a different approver's second look: mine first,
+    then the unassigned ones (admins decide those), then everyone's for readers."""
+    pending = SecondLook.objects.filter(status=SecondLook.Status.PENDING).select_related(
+        "grant__agent",
+        "grant__tool",
+        "grant__task",
+        "grant__requested_by",
+        "approval__agent",
+        "approval__tool",
+        "approval__task",
+        "original_approver",
+        "reviewer",
+    )
+    mine = [look for look in pending if look.reviewer_id == request.user.pk]
+    others = [look for look in pending if look.reviewer_id != request.user.pk]
+    recent = (
+        SecondLook.objects.exclude(status=SecondLook.Status.PENDING)
+        .select_related(
+            "grant__agent", "grant__tool", "approval__agent", "approval__tool", "decided_by"
+        )
+        .order_by("-decided_at")[:30]
+    )
+    return render(
+        request,
+        "ui/inbox_second_look.html",
+        {"mine": mine, "others": others, "recent": recent, "now": timezone.now()},
+    )
+
+
+@require("decide")
+@require_POST
+def second_look_decide(request: HttpRequest, pk: int) -> HttpResponse:
+    look = _get(SecondLook.objects.all(), pk=pk)
+    form = forms.SecondLookForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, form)
+    try:
+        second_look_services.second_look_decide(
+            second_look_id=look.pk,
+            reviewer=request.user,
+            verdict=form.cleaned_data["verdict"],
+            comment=form.cleaned_data["comment"],
+            actor=_actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return _failed(request, exc)
+    messages.success(request, f"Second look #{look.pk}: {form.cleaned_data['verdict']}.")
+    return redirect("ui:inbox-second-look")

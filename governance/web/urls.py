@@ -48,6 +48,12 @@ urlpatterns = [
         lifecycle.breakglass_confirm,
         name="break-glass-confirm",
     ),
+    path("inbox/second-look/", lifecycle.second_look_inbox, name="inbox-second-look"),
+    path(
+        "inbox/second-look/<int:pk>/decide",
+        lifecycle.second_look_decide,
+        name="second-look-decide",
+    ),
     path("reviews/", lifecycle.review_campaigns, name="reviews"),
     path("reviews/mine/", lifecycle.review_mine, name="reviews-mine"),
     path("reviews/<int:pk>/", lifecycle.review_campaign, name="review-campaign"),
