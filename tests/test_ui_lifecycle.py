@@ -198,3 +198,20 @@ def test_a_second_look_is_confirmed_or_flagged_by_another_approver_with_a_commen
     assert event.event_type == "second_look.decided" and event.actor == "user:dave"
     again = ui_world.post(admin, url, {"verdict": "confirm", "comment": "again"})
     assert again.status_code == 409
+
+
+def test_the_access_report_names_who_reviewed_each_grant() -> None:
+    import csv
+    import io
+
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    admin = ui_world.signed_in("admin")
+    url = f"/ui/reviews/items/{extra.item_id}/decide"
+    assert ui_world.post(admin, url, {"decision": "keep", "comment": "needed"}).status_code == 302
+    text = ui_world.signed_in("auditor").get("/ui/exports/access?format=csv").content.decode()
+    rows = {int(r["grant"]): r for r in csv.DictReader(io.StringIO(text))}
+    assert rows[world.grant.pk]["reviews"].startswith("kept by dave ")
+    assert rows[world.grant.pk]["approver"] == "bob"
+    body = ui_world.signed_in("auditor").get("/ui/reports/print").content.decode()
+    assert "kept by dave" in body

@@ -49,7 +49,10 @@ PERIOD_COLUMNS = (
     "break_glass",
     "use_count",
     "last_used_at",
+    "reviews",
 )
+# The point-in-time access report's columns (reports.ACCESS_COLUMNS) plus its reviews.
+ACCESS_COLUMNS = (*reports.ACCESS_COLUMNS, "reviews")
 
 DECISION_COLUMNS = (
     "seq",
@@ -110,6 +113,28 @@ def _check_period(start: datetime, end: datetime) -> None:
 # --- Rows ------------------------------------------------------------------------------
 
 
+def with_reviews(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add each grant's re-certification record: who kept, narrowed or revoked it, when.
+
+    An auditor asks "who said so": the approver is in the row, and so is every
+    reviewer who looked at the grant since.
+    """
+    from governance.models import ReviewItem
+
+    found: dict[int, list[str]] = {}
+    items = (
+        ReviewItem.objects.filter(grant_id__in=[r["grant"] for r in rows])
+        .exclude(status=ReviewItem.Status.PENDING)
+        .select_related("decided_by")
+        .order_by("decided_at", "pk")
+    )
+    for item in items:
+        who = item.decided_by.get_username() if item.decided_by else "rule"
+        when = item.decided_at.isoformat(timespec="minutes") if item.decided_at else ""
+        found.setdefault(item.grant_id, []).append(f"{item.status} by {who} {when}".strip())
+    return [{**row, "reviews": "; ".join(found.get(row["grant"], []))} for row in rows]
+
+
 def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
     """Every grant that was live at some moment in [start, end)."""
     _check_period(start, end)
@@ -123,28 +148,30 @@ def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
     rows = sorted(
         grants, key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.pk)
     )
-    return [
-        {
-            "grant": g.pk,
-            "agent": g.agent.name,
-            "owner": g.agent.owner.get_username(),
-            "tool": g.tool.name,
-            "actions": list(g.actions),
-            "scope": g.scope,
-            "task": g.task.key if g.task else None,
-            "status": g.status,
-            "starts_at": g.starts_at,
-            "expires_at": g.expires_at,
-            "revoked_at": g.revoked_at,
-            "requester": reports._requester(g),
-            "approver": g.approved_by.get_username() if g.approved_by else None,
-            "delegated_from": g.delegated_from_id,
-            "break_glass": g.break_glass,
-            "use_count": g.use_count,
-            "last_used_at": g.last_used_at,
-        }
-        for g in rows[:MAX_ROWS]
-    ]
+    return with_reviews(
+        [
+            {
+                "grant": g.pk,
+                "agent": g.agent.name,
+                "owner": g.agent.owner.get_username(),
+                "tool": g.tool.name,
+                "actions": list(g.actions),
+                "scope": g.scope,
+                "task": g.task.key if g.task else None,
+                "status": g.status,
+                "starts_at": g.starts_at,
+                "expires_at": g.expires_at,
+                "revoked_at": g.revoked_at,
+                "requester": reports._requester(g),
+                "approver": g.approved_by.get_username() if g.approved_by else None,
+                "delegated_from": g.delegated_from_id,
+                "break_glass": g.break_glass,
+                "use_count": g.use_count,
+                "last_used_at": g.last_used_at,
+            }
+            for g in rows[:MAX_ROWS]
+        ]
+    )
 
 
 def audit_filter(

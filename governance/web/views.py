@@ -729,13 +729,13 @@ def export_access(request: HttpRequest) -> HttpResponse:
         at = data.get("at") or now
         rows = exports.export(
             report="access",
-            rows_of=lambda: reports.access_rows(at),
+            rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
             params={"at": at},
             fmt=fmt,
             actor=_actor(request),
             now=now,
         )
-        return _file(rows, reports.ACCESS_COLUMNS, fmt, "access", now, {"at": at})
+        return _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, {"at": at})
     except GovernanceError as exc:
         return _failed(request, exc)
 
@@ -774,7 +774,7 @@ def report_print(request: HttpRequest) -> HttpResponse:
     chain = queries.chain_status(now)
     rows = exports.export(
         report="access",
-        rows_of=lambda: reports.access_rows(at),
+        rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
         params={
             "at": at,
             "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
