@@ -159,6 +159,8 @@ def test_check_deploy_reports_no_warnings_with_production_settings(tmp_path: Pat
         "SQLITE_PATH": str(tmp_path / "db.sqlite3"),
     }
     env.pop("DATABASE_URL", None)
+    # A test-harness switch (the browser tests set it), never a deployment's.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT,
