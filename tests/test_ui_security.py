@@ -187,3 +187,10 @@ def test_production_settings_refuse_the_development_secrets(tmp_path: Path) -> N
     )
     assert result.returncode != 0
     assert "SECRET_KEY must be set" in result.stderr
+
+
+@pytest.mark.django_db
+def test_the_admin_sites_sign_in_goes_through_the_rate_limited_door() -> None:
+    response = Client().get("/admin/login/?next=/admin/")
+    assert response.status_code == 302
+    assert response["Location"] == "/ui/login/?next=/admin/"
