@@ -427,3 +427,17 @@ def test_the_printable_report_names_its_checkpoint_and_is_recorded() -> None:
     assert "repo:acme/*" in body
     data = json.loads(last_event().data)
     assert data["format"] == "print" and data["checkpoint"] == written["file"]
+
+
+def test_malformed_or_unknown_ids_are_404_never_500() -> None:
+    ui_world.build()
+    client = ui_world.signed_in("admin")
+    for path in ("/ui/explain/not-a-uuid/", "/ui/agents/nobody/", "/ui/tools/nothing/",
+                 "/ui/grants/999999/", "/ui/audit/999999/",
+                 "/ui/matrix/cell/?agent=x&tool=y"):  # fmt: skip
+        assert client.get(path).status_code == 404, path
+    before = AuditEvent.objects.count()
+    for path in ("/ui/inbox/approvals/not-a-uuid/approve", "/ui/grants/999999/revoke",
+                 "/ui/tokens/nope/revoke"):  # fmt: skip
+        assert ui_world.post(client, path, {"reason": "x"}).status_code == 404, path
+    assert AuditEvent.objects.count() == before

@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from governance import audit, selectors
+from governance import selectors
 from governance.errors import GovernanceError
 from governance.models import (
     Agent,
@@ -31,7 +31,7 @@ from governance.models import (
 from governance.services import breakglass as bg_services
 from governance.services import reviews as review_services
 from governance.services import second_look as second_look_services
-from governance.web import forms
+from governance.web import common, forms
 from governance.web.access import require
 
 
@@ -60,25 +60,6 @@ def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
         ).count(),
         "lifecycle": True,
     }
-
-
-def _actor(request: HttpRequest) -> audit.Actor:
-    return audit.Actor.user(request.user)
-
-
-def _failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
-    return render(request, "ui/error.html", {"error": exc}, status=exc.status)
-
-
-def _invalid(request: HttpRequest, form: Any) -> HttpResponse:
-    error = GovernanceError("invalid_request", "The form is not valid.")
-    return render(request, "ui/error.html", {"error": error, "form": form}, status=400)
-
-
-def _get(qs: Any, **lookup: Any) -> Any:
-    from governance.web.views import _one
-
-    return _one(qs, **lookup)
 
 
 # --- Break-glass -------------------------------------------------------------------------
@@ -127,11 +108,11 @@ def _default_ttl_minutes() -> int:
 def breakglass_open(request: HttpRequest) -> HttpResponse:
     form = forms.BreakGlassOpenForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     data = form.cleaned_data
-    agent = _get(Agent.objects.all(), name=data["agent"])
-    tool = _get(Tool.objects.all(), name=data["tool"])
-    task = _get(Task.objects.all(), key=data["task"]) if data.get("task") else None
+    agent = common.one(Agent.objects.all(), name=data["agent"])
+    tool = common.one(Tool.objects.all(), name=data["tool"])
+    task = common.one(Task.objects.all(), key=data["task"]) if data.get("task") else None
     try:
         bg = bg_services.breakglass_open(
             opener=request.user,
@@ -143,22 +124,22 @@ def breakglass_open(request: HttpRequest) -> HttpResponse:
             ticket=data["ticket"],
             reason=data["reason"],
             ttl=timedelta(minutes=data["ttl_minutes"]),
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     until = f"{bg.expires_at:%H:%M} UTC"
     messages.warning(request, f"Break-glass {bg.ticket} is open for {agent.name} until {until}.")
     return redirect("ui:break-glass")
 
 
 def _bg_action(request: HttpRequest, pk: int, what: str) -> HttpResponse:
-    bg = _get(BreakGlass.objects.all(), pk=pk)
+    bg = common.one(BreakGlass.objects.all(), pk=pk)
     form = forms.CommentForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
-    comment, actor, now = form.cleaned_data["comment"], _actor(request), timezone.now()
+        return common.invalid(request, form)
+    comment, actor, now = form.cleaned_data["comment"], common.actor(request), timezone.now()
     try:
         if what == "close":
             bg_services.breakglass_close(
@@ -173,7 +154,7 @@ def _bg_action(request: HttpRequest, pk: int, what: str) -> HttpResponse:
                 breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
             )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     done = {"close": "closed early", "ratify": "ratified", "confirm": "confirmed closed"}[what]
     messages.success(request, f"Break-glass {bg.ticket} {done}.")
     return redirect("ui:break-glass")
@@ -225,7 +206,7 @@ def review_campaigns(request: HttpRequest) -> HttpResponse:
 @require("read")
 @require_GET
 def review_campaign(request: HttpRequest, pk: int) -> HttpResponse:
-    campaign = _get(ReviewCampaign.objects.select_related("agent", "opened_by"), pk=pk)
+    campaign = common.one(ReviewCampaign.objects.select_related("agent", "opened_by"), pk=pk)
     items = campaign.items.select_related(
         "grant__agent", "grant__tool", "grant__task", "reviewer", "decided_by"
     ).order_by("status", "due_at", "pk")
@@ -249,10 +230,10 @@ def review_mine(request: HttpRequest) -> HttpResponse:
 @require("decide")
 @require_POST
 def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
-    item = _get(ReviewItem.objects.select_related("grant"), pk=pk)
+    item = common.one(ReviewItem.objects.select_related("grant"), pk=pk)
     form = forms.ReviewDecideForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     decision = form.cleaned_data["decision"]
     narrowing = (
         form.narrowing(item.grant.scope, list(item.grant.actions)) if decision == "narrow" else {}
@@ -263,12 +244,12 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
             reviewer=request.user,
             decision=decision,
             comment=form.cleaned_data["comment"],
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
             **narrowing,
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"Grant #{item.grant_id}: {decision}.")
     return redirect("ui:reviews-mine")
 
@@ -311,20 +292,20 @@ def second_look_inbox(request: HttpRequest) -> HttpResponse:
 @require("decide")
 @require_POST
 def second_look_decide(request: HttpRequest, pk: int) -> HttpResponse:
-    look = _get(SecondLook.objects.all(), pk=pk)
+    look = common.one(SecondLook.objects.all(), pk=pk)
     form = forms.SecondLookForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     try:
         second_look_services.second_look_decide(
             second_look_id=look.pk,
             reviewer=request.user,
             verdict=form.cleaned_data["verdict"],
             comment=form.cleaned_data["comment"],
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"Second look #{look.pk}: {form.cleaned_data['verdict']}.")
     return redirect("ui:inbox-second-look")

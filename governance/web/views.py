@@ -16,12 +16,12 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.db.models import Count
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from governance import audit, policy, ratelimit, selectors
+from governance import policy, ratelimit, selectors
 from governance.errors import GovernanceError
 from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task, Tool
 from governance.services import agents as agent_services
@@ -30,38 +30,10 @@ from governance.services import exports, reports
 from governance.services import grants as grant_services
 from governance.services import tools as tool_services
 from governance.services.outcomes import DECISION_EVENTS
-from governance.web import charts, forms, queries, reveal
+from governance.web import charts, common, forms, lifecycle, queries, reveal
 from governance.web.access import require
 
 PAGE = 100
-
-
-def _actor(request: HttpRequest) -> audit.Actor:
-    return audit.Actor.user(request.user)
-
-
-def _failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
-    """A service said no: the person sees its sentence, the status says what kind."""
-    return render(request, "ui/error.html", {"error": exc}, status=exc.status)
-
-
-def _invalid(request: HttpRequest, form: Any) -> HttpResponse:
-    error = GovernanceError("invalid_request", "The form is not valid.")
-    return render(request, "ui/error.html", {"error": error, "form": form}, status=400)
-
-
-def _one(qs: Any, **lookup: Any) -> Any:
-    try:
-        found = qs.filter(**lookup).first()
-    except (ValueError, TypeError) as exc:
-        raise Http404("No such object.") from exc
-    except Exception as exc:  # a malformed UUID raises Django's ValidationError
-        if exc.__class__.__name__ == "ValidationError":
-            raise Http404("No such object.") from exc
-        raise
-    if found is None:
-        raise Http404("No such object.")
-    return found
 
 
 # --- Sign-in -----------------------------------------------------------------------------
@@ -134,15 +106,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "Decisions per day",
         ),
     }
-    context.update(_lifecycle_dashboard(request, now))
+    context.update(lifecycle.dashboard_context(request.user, now))
     return render(request, "ui/dashboard.html", context)
-
-
-def _lifecycle_dashboard(request: HttpRequest, now: datetime) -> dict[str, Any]:
-    """Break-glass and reviews, once the lifecycle services exist (see lifecycle.py)."""
-    from governance.web import lifecycle
-
-    return lifecycle.dashboard_context(request.user, now)
 
 
 # --- Matrix and grants -------------------------------------------------------------------
@@ -154,7 +119,7 @@ def matrix(request: HttpRequest) -> HttpResponse:
     form = forms.MatrixFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
     if form.is_bound and not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     agents, tools, cells = queries.matrix(timezone.now(), **filters)
     rows = [
         (agent, [(tool, cells.get((agent.pk, tool.pk), [])) for tool in tools]) for agent in agents
@@ -174,8 +139,8 @@ def matrix(request: HttpRequest) -> HttpResponse:
 @require("read")
 @require_GET
 def matrix_cell(request: HttpRequest) -> HttpResponse:
-    agent = _one(Agent.objects.all(), name=request.GET.get("agent", ""))
-    tool = _one(Tool.objects.all(), name=request.GET.get("tool", ""))
+    agent = common.one(Agent.objects.all(), name=request.GET.get("agent", ""))
+    tool = common.one(Tool.objects.all(), name=request.GET.get("tool", ""))
     now = timezone.now()
     live = list(selectors.live_grants(now).filter(agent=agent, tool=tool).order_by("pk"))
     for grant in live:
@@ -200,7 +165,7 @@ def _grants() -> Any:
 @require("read")
 @require_GET
 def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
-    grant = _one(_grants(), pk=grant_id)
+    grant = common.one(_grants(), pk=grant_id)
     now = timezone.now()
     return render(
         request,
@@ -219,20 +184,20 @@ def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
 @require("admin")
 @require_POST
 def grant_revoke(request: HttpRequest, grant_id: int) -> HttpResponse:
-    grant = _one(Grant.objects.all(), pk=grant_id)
+    grant = common.one(Grant.objects.all(), pk=grant_id)
     form = forms.RequiredReasonForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     try:
         ended = grant_services.grant_revoke(
             grant_id=grant.pk,
             reason=form.cleaned_data["reason"],
             revoked_by=request.user,
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"Revoked {len(ended)} grant(s).")
     return redirect("ui:grant", grant_id=grant.pk)
 
@@ -260,20 +225,20 @@ def inbox_requests(request: HttpRequest) -> HttpResponse:
 @require("decide")
 @require_POST
 def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
-    grant = _one(Grant.objects.all(), pk=grant_id)
+    grant = common.one(Grant.objects.all(), pk=grant_id)
     form = forms.ApproveRequestForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     try:
         grant = grant_services.grant_approve(
             grant_id=grant.pk,
             approver=request.user,
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
             **form.narrowing(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"Approved grant #{grant.pk} for {grant.agent.name}.")
     return redirect("ui:inbox-requests")
 
@@ -281,20 +246,20 @@ def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
 @require("decide")
 @require_POST
 def request_deny(request: HttpRequest, grant_id: int) -> HttpResponse:
-    grant = _one(Grant.objects.all(), pk=grant_id)
+    grant = common.one(Grant.objects.all(), pk=grant_id)
     form = forms.RequiredReasonForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     try:
         grant_services.grant_deny(
             grant_id=grant.pk,
             approver=request.user,
             reason=form.cleaned_data["reason"],
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"Denied request #{grant.pk}.")
     return redirect("ui:inbox-requests")
 
@@ -311,10 +276,10 @@ def inbox_approvals(request: HttpRequest) -> HttpResponse:
 
 
 def _decide_approval(request: HttpRequest, approval_id: str, approve: bool) -> HttpResponse:
-    approval = _one(Approval.objects.all(), pk=approval_id)
+    approval = common.one(Approval.objects.all(), pk=approval_id)
     form = (forms.ReasonForm if approve else forms.RequiredReasonForm)(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     decide: Callable[..., Approval] = (
         approval_services.approval_approve if approve else approval_services.approval_deny
     )
@@ -323,11 +288,11 @@ def _decide_approval(request: HttpRequest, approval_id: str, approve: bool) -> H
             approval_id=approval.pk,
             approver=request.user,
             reason=form.cleaned_data["reason"],
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"{'Approved' if approve else 'Denied'} the {approval.action} call.")
     return redirect("ui:inbox-approvals")
 
@@ -395,7 +360,9 @@ def _agent_page(
 @require("read")
 @require_GET
 def agent_detail(request: HttpRequest, name: str) -> HttpResponse:
-    return _agent_page(request, _one(Agent.objects.select_related("owner", "parent"), name=name))
+    return _agent_page(
+        request, common.one(Agent.objects.select_related("owner", "parent"), name=name)
+    )
 
 
 @require("admin")
@@ -403,12 +370,15 @@ def agent_detail(request: HttpRequest, name: str) -> HttpResponse:
 def agent_suspend(request: HttpRequest, name: str) -> HttpResponse:
     """The kill switch: agent_suspend denies every decision from now and voids
     the agent's open approvals, in one transaction with its event."""
-    agent = _one(Agent.objects.all(), name=name)
+    agent = common.one(Agent.objects.all(), name=name)
     form = forms.RequiredReasonForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     agent_services.agent_suspend(
-        agent=agent, reason=form.cleaned_data["reason"], actor=_actor(request), at=timezone.now()
+        agent=agent,
+        reason=form.cleaned_data["reason"],
+        actor=common.actor(request),
+        at=timezone.now(),
     )
     messages.success(request, f"{agent.name} is suspended: every decision for it is denied.")
     return redirect("ui:agent", name=agent.name)
@@ -417,20 +387,20 @@ def agent_suspend(request: HttpRequest, name: str) -> HttpResponse:
 @require("admin")
 @require_POST
 def token_issue(request: HttpRequest, name: str) -> HttpResponse:
-    agent = _one(Agent.objects.select_related("owner", "parent"), name=name)
+    agent = common.one(Agent.objects.select_related("owner", "parent"), name=name)
     form = forms.TokenForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     try:
         _token, plaintext = agent_services.token_issue(
             created_by=request.user,
             agent=agent,
             days=form.cleaned_data["days"],
-            actor=_actor(request),
+            actor=common.actor(request),
             at=timezone.now(),
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     # Rendered, not redirected: the plaintext must never travel through a URL or session.
     return _agent_page(request, agent, new_token=plaintext, status=201)
 
@@ -438,11 +408,11 @@ def token_issue(request: HttpRequest, name: str) -> HttpResponse:
 @require("admin")
 @require_POST
 def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
-    token = _one(AgentToken.objects.select_related("agent"), prefix=prefix)
+    token = common.one(AgentToken.objects.select_related("agent"), prefix=prefix)
     form = forms.StrictForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
-    agent_services.token_revoke(token=token, actor=_actor(request), at=timezone.now())
+        return common.invalid(request, form)
+    agent_services.token_revoke(token=token, actor=common.actor(request), at=timezone.now())
     messages.success(request, f"Token {token.prefix}… revoked.")
     if token.agent is not None:
         return redirect("ui:agent", name=token.agent.name)
@@ -463,7 +433,7 @@ def tool_list(request: HttpRequest) -> HttpResponse:
 @require("read")
 @require_GET
 def tool_detail(request: HttpRequest, name: str) -> HttpResponse:
-    tool = _one(Tool.objects.select_related("definition_updated_by"), name=name)
+    tool = common.one(Tool.objects.select_related("definition_updated_by"), name=name)
     approved = tool.approved_definition or {}
     current = {
         "name": tool.name,
@@ -486,16 +456,16 @@ def tool_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require("admin")
 @require_POST
 def tool_approve(request: HttpRequest, name: str) -> HttpResponse:
-    tool = _one(Tool.objects.all(), name=name)
+    tool = common.one(Tool.objects.all(), name=name)
     form = forms.StrictForm(request.POST)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     try:
         tool_services.tool_approve_definition(
-            tool=tool, approver=request.user, actor=_actor(request), at=timezone.now()
+            tool=tool, approver=request.user, actor=common.actor(request), at=timezone.now()
         )
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
     messages.success(request, f"{tool.name}'s definition is approved; it left quarantine.")
     return redirect("ui:tool", name=tool.name)
 
@@ -508,13 +478,13 @@ def tool_approve(request: HttpRequest, name: str) -> HttpResponse:
 def audit_log(request: HttpRequest) -> HttpResponse:
     form = forms.AuditFilterForm(request.GET or None)
     if form.is_bound and not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     filters = form.filters() if form.is_bound else {}
     before = form.cleaned_data.get("before") if form.is_bound else None
     now = timezone.now()
     # The look itself is recorded first, so the page shows its own event.
     exports.audit_viewed(
-        actor=_actor(request), at=now, what="log", params={**filters, "before": before}
+        actor=common.actor(request), at=now, what="log", params={**filters, "before": before}
     )
     qs = exports.audit_filter(AuditEvent.objects.all(), **filters)
     if before:
@@ -545,9 +515,9 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 @require("read")
 @require_GET
 def audit_event(request: HttpRequest, seq: int) -> HttpResponse:
-    event = _one(AuditEvent.objects.all(), seq=seq)
+    event = common.one(AuditEvent.objects.all(), seq=seq)
     exports.audit_viewed(
-        actor=_actor(request), at=timezone.now(), what="event", params={"seq": seq}
+        actor=common.actor(request), at=timezone.now(), what="event", params={"seq": seq}
     )
     return render(
         request,
@@ -566,7 +536,7 @@ def audit_event(request: HttpRequest, seq: int) -> HttpResponse:
 def audit_export(request: HttpRequest) -> HttpResponse:
     form = forms.AuditFilterForm(request.GET)
     if not form.is_valid() or not form.cleaned_data.get("format"):
-        return _invalid(request, form)
+        return common.invalid(request, form)
     filters = form.filters()
     fmt = form.cleaned_data["format"]
     now = timezone.now()
@@ -575,7 +545,7 @@ def audit_export(request: HttpRequest) -> HttpResponse:
         rows_of=lambda: exports.audit_rows(**filters),
         params=filters,
         fmt=fmt,
-        actor=_actor(request),
+        actor=common.actor(request),
         now=now,
     )
     return _file(rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters})
@@ -601,7 +571,7 @@ def _explanation(reason: str, scope: str) -> list[dict[str, str]]:
 @require("read")
 @require_GET
 def explain(request: HttpRequest, uid: str) -> HttpResponse:
-    event = _one(AuditEvent.objects.filter(event_type__in=DECISION_EVENTS), uid=uid)
+    event = common.one(AuditEvent.objects.filter(event_type__in=DECISION_EVENTS), uid=uid)
     grant = _grants().filter(pk=event.grant_id).first() if event.grant_id else None
     return render(
         request,
@@ -711,7 +681,7 @@ def exports_page(request: HttpRequest) -> HttpResponse:
 def export_access(request: HttpRequest) -> HttpResponse:
     form = forms.AccessExportForm(request.GET)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     data, now = form.cleaned_data, timezone.now()
     fmt = data["format"]
     try:
@@ -722,7 +692,7 @@ def export_access(request: HttpRequest) -> HttpResponse:
                 rows_of=lambda: exports.access_period_rows(data["start"], data["end"]),
                 params=params,
                 fmt=fmt,
-                actor=_actor(request),
+                actor=common.actor(request),
                 now=now,
             )
             return _file(rows, exports.PERIOD_COLUMNS, fmt, "access-period", now, params)
@@ -732,12 +702,12 @@ def export_access(request: HttpRequest) -> HttpResponse:
             rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
             params={"at": at},
             fmt=fmt,
-            actor=_actor(request),
+            actor=common.actor(request),
             now=now,
         )
         return _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, {"at": at})
     except GovernanceError as exc:
-        return _failed(request, exc)
+        return common.failed(request, exc)
 
 
 @require("export")
@@ -745,7 +715,7 @@ def export_access(request: HttpRequest) -> HttpResponse:
 def export_decisions(request: HttpRequest) -> HttpResponse:
     form = forms.DecisionExportForm(request.GET)
     if not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     data, now = form.cleaned_data, timezone.now()
     params = {k: data[k] for k in ("start", "end", "agent", "task", "tool") if data.get(k)}
     rows = exports.export(
@@ -755,7 +725,7 @@ def export_decisions(request: HttpRequest) -> HttpResponse:
         ),
         params=params,
         fmt=data["format"],
-        actor=_actor(request),
+        actor=common.actor(request),
         now=now,
     )
     return _file(rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params)
@@ -768,7 +738,7 @@ def report_print(request: HttpRequest) -> HttpResponse:
     checkpoint and chain state it was produced against."""
     form = forms.ReportForm(request.GET or None)
     if form.is_bound and not form.is_valid():
-        return _invalid(request, form)
+        return common.invalid(request, form)
     now = timezone.now()
     at = (form.cleaned_data.get("at") if form.is_bound else None) or now
     chain = queries.chain_status(now)
@@ -780,7 +750,7 @@ def report_print(request: HttpRequest) -> HttpResponse:
             "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
         },
         fmt="print",
-        actor=_actor(request),
+        actor=common.actor(request),
         now=now,
     )
     return render(request, "ui/report.html", {"rows": rows, "at": at, "now": now, "chain": chain})

@@ -1,0 +1,38 @@
+"""Small helpers every UI view uses: who acts, how a refusal is shown, lookups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from governance import audit
+from governance.errors import GovernanceError
+
+
+def actor(request: HttpRequest) -> audit.Actor:
+    return audit.Actor.user(request.user)
+
+
+def failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
+    """A service said no: the person sees its code and sentence, the status says
+    what kind of no (400, 403, 409, 429); nothing was written."""
+    return render(request, "ui/error.html", {"error": exc}, status=exc.status)
+
+
+def invalid(request: HttpRequest, form: Any) -> HttpResponse:
+    error = GovernanceError("invalid_request", "The form is not valid.")
+    return render(request, "ui/error.html", {"error": error, "form": form}, status=400)
+
+
+def one(qs: Any, **lookup: Any) -> Any:
+    """The object, or 404 (also for a malformed id)."""
+    try:
+        found = qs.filter(**lookup).first()
+    except (ValueError, TypeError, ValidationError) as exc:
+        raise Http404("No such object.") from exc
+    if found is None:
+        raise Http404("No such object.")
+    return found
