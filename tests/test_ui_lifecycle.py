@@ -159,7 +159,7 @@ def test_a_review_revokes_a_grant_with_a_comment() -> None:
     )
     assert decision.decision == "deny"
     campaigns = client.get("/ui/reviews/").content.decode()
-    assert "1/2" in campaigns  # progress: one of the campaign's two items decided
+    assert "1/3" in campaigns  # progress: one of the campaign's three items decided
 
 
 def test_a_review_narrows_a_grant_and_never_widens_it() -> None:

@@ -59,6 +59,8 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("POST", "/ui/agents/bot-a/suspend",                {"reason": "incident"},  "302 403 403 302"),
     ("POST", "/ui/agents/bot-a/tokens",                 {"days": "7"},           "302 403 403 201"),
     ("POST", "/ui/tokens/{token}/revoke",               {},                      "302 403 403 302"),
+    ("GET",  "/ui/tasks/",                              None,                    "302 200 200 200"),
+    ("POST", "/ui/tasks/TICKET-9/close",                {},                      "302 403 403 302"),
     ("GET",  "/ui/tools/",                              None,                    "302 200 200 200"),
     ("GET",  "/ui/tools/repo/",                         None,                    "302 200 200 200"),
     ("POST", "/ui/tools/repo/approve",                  {},                      "302 403 403 302"),

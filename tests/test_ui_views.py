@@ -316,7 +316,7 @@ def test_the_dashboard_draws_svg_charts_and_lists_work_waiting() -> None:
     assert body.count("<svg") == 2 and "<polyline" in body and "<rect" in body
     assert f"#req-{world.request.pk}" in body  # bob may approve alice's request
     assert "repo:acme/old" in body  # the destructive call waiting
-    assert "Grants expiring in the next 24 h <small>(2)" in body
+    assert "Grants expiring in the next 24 h <small>(3)" in body
 
 
 def test_the_matrix_marks_destructive_actions_and_filters() -> None:
@@ -402,7 +402,7 @@ def test_exports_neutralise_formulas_in_csv_and_xlsx_and_are_recorded() -> None:
     assert decisions["count"] == 3
     assert {r["decision"] for r in decisions["rows"]} == {"allow", "approval_required"}
     period = _download(client, f"/ui/exports/access?format=json&start={start}&end={end}")
-    assert json.loads(period.content)["count"] == 3
+    assert json.loads(period.content)["count"] == 4
     assert json.loads(last_event().data)["report"] == "access_period"
 
 
@@ -441,3 +441,26 @@ def test_malformed_or_unknown_ids_are_404_never_500() -> None:
                  "/ui/tokens/nope/revoke"):  # fmt: skip
         assert ui_world.post(client, path, {"reason": "x"}).status_code == 404, path
     assert AuditEvent.objects.count() == before
+
+
+def test_closing_a_task_revokes_its_grants() -> None:
+    ui_world.build()
+    bound = Grant.objects.get(task__key="TICKET-9")
+    assert policy.grant_dead_reason(bound.pk, timezone.now()) is None
+    client = ui_world.signed_in("admin")
+    assert "TICKET-9" in client.get("/ui/tasks/").content.decode()
+    assert ui_world.post(client, "/ui/tasks/TICKET-9/close").status_code == 302
+    bound.refresh_from_db()
+    assert bound.status == "revoked"
+    assert AuditEvent.objects.filter(event_type="task.closed", task="TICKET-9").exists()
+    revoked = AuditEvent.objects.filter(event_type="grant.revoked", grant_id=bound.pk).get()
+    assert revoked.actor == "user:dave"
+    decision = access.access_check(
+        agent="bot-a",
+        tool="repo",
+        action="update",
+        scope="repo:acme/docs/x",
+        task="TICKET-9",
+        at=timezone.now(),
+    )
+    assert decision.decision == "deny" and decision.reason == "task_closed"

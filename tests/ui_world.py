@@ -13,7 +13,7 @@ from django.utils import timezone
 from governance import roles
 from governance.audit import Actor
 from governance.models import Agent, Approval, Grant, Tool
-from governance.services import access, agents, grants, tools
+from governance.services import access, agents, grants, tasks, tools
 
 PASSWORD = "pw-ui-test-123"
 ROLE_USERS = {"admin": "dave", "approver": "bob", "auditor": "carol"}
@@ -90,6 +90,20 @@ def build() -> World:
         scope="mail:customers/*",
         duration=timedelta(hours=8),
         justification="notify",
+        requested_by=alice,
+        approved_by=users["approver"],
+        actor=system,
+        at=now - timedelta(minutes=5),
+    )
+    task = tasks.task_open(key="TICKET-9", owner=alice, title="docs", actor=system, at=earlier)
+    grants.grant_issue(
+        agent=agent,
+        tool=tool,
+        actions=["update"],
+        scope="repo:acme/docs/*",
+        task=task,
+        duration=timedelta(hours=2),
+        justification="edit docs for the ticket",
         requested_by=alice,
         approved_by=users["approver"],
         actor=system,

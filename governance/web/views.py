@@ -28,6 +28,7 @@ from governance.services import agents as agent_services
 from governance.services import approvals as approval_services
 from governance.services import exports, reports
 from governance.services import grants as grant_services
+from governance.services import tasks as task_services
 from governance.services import tools as tool_services
 from governance.services.outcomes import DECISION_EVENTS
 from governance.web import charts, common, forms, lifecycle, queries, reveal
@@ -417,6 +418,41 @@ def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
     if token.agent is not None:
         return redirect("ui:agent", name=token.agent.name)
     return redirect("ui:agents")
+
+
+# --- Tasks -------------------------------------------------------------------------------
+
+
+@require("read")
+@require_GET
+def task_list(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    tasks = list(Task.objects.select_related("owner").order_by("-starts_at", "key")[:500])
+    live = dict(
+        selectors.live_grants(now)
+        .filter(task__isnull=False)
+        .values_list("task_id")
+        .annotate(n=Count("id"))
+    )
+    for task in tasks:
+        task.live_count = live.get(task.pk, 0)  # type: ignore[attr-defined]
+        task.open_now = task.is_open_at(now)  # type: ignore[attr-defined]
+    return render(request, "ui/tasks.html", {"tasks": tasks})
+
+
+@require("admin")
+@require_POST
+def task_close(request: HttpRequest, key: str) -> HttpResponse:
+    """Closing a task ends every grant bound to it, in the service's one transaction."""
+    task = common.one(Task.objects.all(), key=key)
+    form = forms.StrictForm(request.POST)
+    if not form.is_valid():
+        return common.invalid(request, form)
+    task_services.task_close(
+        task=task, closed_by=request.user, actor=common.actor(request), at=timezone.now()
+    )
+    messages.success(request, f"Task {task.key} is closed; its grants are revoked.")
+    return redirect("ui:tasks")
 
 
 # --- Tools -------------------------------------------------------------------------------
