@@ -29,13 +29,15 @@ from django.utils import timezone
 from governance import roles
 from governance.api import urls as api_urls
 from governance.audit import Actor
-from governance.models import Agent, AgentToken, DecisionOutcome, Grant
-from governance.services import access, agents, grants
+from governance.models import Agent, AgentToken, DecisionOutcome, Grant, ReviewItem
+from governance.services import access, agents, breakglass, grants
 
 API = "/api/v1/"
 CALLERS = ("A", "B", "admin", "approver", "auditor", "user", "anon")
 
 ASK = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
+BREAKGLASS = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:bg/*",
+              "ticket": "INC-2", "reason": "outage"}  # fmt: skip
 REQUEST = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:new/*",
            "duration_seconds": 600, "justification": "needed"}  # fmt: skip
 
@@ -99,6 +101,17 @@ TABLE: list[tuple[str, str, Any, str]] = [
                                                                  "403 403 200 403 403 403 401"),
     ("GET",   "reports/access",                   None,          "403 403 200 403 200 403 401"),
     # The OpenAPI schema and its viewer are public.
+    # Break-glass (opened by alice, the agent's owner, in the world) and reviews.
+    ("POST",  "breakglass",                       BREAKGLASS,    "403 403 201 201 403 403 401"),
+    ("POST",  "breakglass/{breakglass}/close",    {"comment": "x"},
+                                                                 "403 403 200 200 403 403 401"),
+    ("POST",  "breakglass/{breakglass}/ratify",   {"comment": "x"},
+                                                                 "403 403 200 200 403 403 401"),
+    ("POST",  "breakglass/{breakglass}/confirm-closed", {"comment": "x"},
+                                                                 "403 403 200 200 403 403 401"),
+    # bob (approver) approved A's grant, so only the admin may re-certify it.
+    ("POST",  "reviews/items/{item}/decide",      {"decision": "keep", "comment": "x"},
+                                                                 "403 403 200 403 403 403 401"),
     ("GET",   "schema/",                          None,          "200 200 200 200 200 200 200"),
     ("GET",   "docs/",                            None,          "200 200 200 200 200 200 200"),
 ]
@@ -136,9 +149,16 @@ def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]
     )  # fmt: skip
     spare, _ = agents.token_issue(created_by=alice, agent=bot_a, actor=system, at=now)
     assert decision.allowed and gated.approval_id
+    # Opening break-glass also opens an incident campaign with an item for A's grant.
+    opened = breakglass.breakglass_open(
+        opener=alice, agent=bot_a, tool=repo, actions=["read"], scope="repo:acme/bg/*",
+        ticket="INC-1", reason="outage", actor=Actor.user(alice), at=now,
+    )  # fmt: skip
+    item = ReviewItem.objects.get(grant=grant)
     return {"decision": decision.decision_id, "approval": gated.approval_id,
             "request": request.pk, "grant": grant.pk, "token": spare.prefix,
-            "bot_a": bot_a, "bot_b": bot_b}  # fmt: skip
+            "bot_a": bot_a, "bot_b": bot_b, "breakglass": opened.pk,
+            "item": item.pk}  # fmt: skip
 
 
 @pytest.fixture
@@ -184,6 +204,7 @@ def test_the_table_covers_every_endpoint_and_method():
             if hasattr(view, method):
                 served.add((method.upper(), "api/v1/" + str(pattern.pattern)))
     fake = {"decision": "d", "approval": "a", "request": 1, "grant": 1, "token": "t"}
+    fake.update(breakglass=1, item=1)
     tabled = {(m, resolve(API + p.format(**fake)).route) for m, p, _, _ in TABLE}
     assert served == tabled
 

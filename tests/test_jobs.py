@@ -292,3 +292,79 @@ def test_a_real_worker_and_beat_mark_an_expired_grant_within_seconds(
                 _stop(process)
         broker.flushdb()
         broker.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_retries_a_failing_webhook_until_it_is_delivered(
+    postgres_only, make_agent, make_tool, alice, tmp_path, settings
+):
+    """The whole path for real: commit -> on_commit -> Redis -> worker -> webhook on
+    127.0.0.1 answers 500 -> the worker records the failure and retries after its backoff
+    -> 200. The grant request stands throughout."""
+    import redis
+
+    from governance.models import Notification
+    from governance.services import grants as grant_services
+    from tests.lifecycle_fixtures import Webhook
+
+    hook = Webhook()
+    hook.script = [500]
+    settings.NOTIFY_WEBHOOK_URLS = [hook.url]
+    broker = redis.Redis.from_url(REDIS_TEST_URL)
+    broker.flushdb()
+    env = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "governance.settings",
+        "DATABASE_URL": _database_url(),
+        "DATABASE_CONN_MAX_AGE": "0",
+        "REDIS_URL": REDIS_TEST_URL,
+        "NOTIFY_WEBHOOK_URLS": hook.url,
+        "NOTIFY_RETRY_BASE_SECONDS": "1",
+        "AUDIT_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+    }
+    worker_log = tmp_path / "worker.log"
+    node = f"notify-test-{uuid.uuid4().hex[:8]}@%h"
+    worker = _start(
+        ["worker", "--pool=solo", "-l", "INFO", "-n", node, "--without-gossip", "--without-mingle"],
+        env,
+        worker_log,
+    )
+    # This process sends to the same Redis, not eagerly: the production path.
+    saved = (app.conf.task_always_eager, app.conf.broker_url)
+    app.conf.task_always_eager, app.conf.broker_url = False, REDIS_TEST_URL
+    try:
+        deadline = time.monotonic() + 60
+        while "ready." not in worker_log.read_text():
+            assert worker.poll() is None, worker_log.read_text()
+            assert time.monotonic() < deadline, "worker not ready:\n" + worker_log.read_text()
+            time.sleep(0.1)
+        grant = grant_services.grant_request(
+            agent=make_agent(),
+            tool=make_tool(),
+            actions=["read"],
+            scope="repo:acme/api/*",
+            duration=timedelta(hours=1),
+            justification="worker test",
+            requested_by=alice,
+            actor=audit.Actor.system("test"),
+            at=timezone.now(),
+        )
+        (row,) = Notification.objects.filter(channel="webhook")
+        deadline = time.monotonic() + 30
+        while Notification.objects.get(pk=row.pk).status != Notification.Status.SENT:
+            assert worker.poll() is None, worker_log.read_text()
+            assert time.monotonic() < deadline, "not delivered:\n" + worker_log.read_text()
+            time.sleep(0.2)
+        row.refresh_from_db()
+        assert row.attempts == 2 and row.last_error == ""
+        assert [r["body"]["data"]["grant_id"] for r in hook.requests] == [grant.pk, grant.pk]
+        # Both attempts ran in the worker, the second after the task's own retry.
+        log = worker_log.read_text()
+        assert "notification_deliver" in log and "retry: Retry in 1.0s" in log, log
+        assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
+    finally:
+        app.conf.task_always_eager, app.conf.broker_url = saved
+        app.close()  # drop the producer pool bound to the test's Redis
+        _stop(worker)
+        hook.close()
+        broker.flushdb()
+        broker.close()

@@ -617,3 +617,70 @@ class AccessReportOut(serializers.Serializer):
     at = serializers.DateTimeField()
     count = serializers.IntegerField()
     rows = AccessRowOut(many=True)
+
+
+# --- Lifecycle: break-glass and reviews (issue #5) ------------------------------------------
+
+
+class BreakGlassIn(StrictSerializer):
+    agent = exact_char(max_length=100)
+    tool = exact_char(max_length=100)
+    actions = _actions()
+    scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
+    # The format is a setting (BREAKGLASS_TICKET_PATTERN) the service enforces.
+    ticket = exact_char(max_length=100)
+    reason = _free_text(max_length=2000)
+    # Longer than BREAKGLASS_MAX_TTL is refused by the service (breakglass_ttl_too_long).
+    ttl_minutes = StrictIntegerField(
+        min_value=1,
+        max_value=7 * 24 * 60,
+        required=False,
+        declared={"maximum": int(settings.BREAKGLASS_MAX_TTL.total_seconds() // 60)},
+    )
+    task = exact_char(max_length=100, required=False, allow_null=True)
+
+
+class BreakGlassOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    grant = GrantOut()
+    ticket = serializers.CharField()
+    reason = serializers.CharField()
+    opened_by = serializers.CharField(source="opened_by.username")
+    opened_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    closed_at = serializers.DateTimeField(allow_null=True)
+    review_status = serializers.CharField()
+    review_due_at = serializers.DateTimeField()
+    reviewed_by = serializers.CharField(
+        source="reviewed_by.username", allow_null=True, default=None
+    )
+    review_comment = serializers.CharField()
+    ratified_request = serializers.IntegerField(
+        source="ratified_request_id", allow_null=True, default=None
+    )
+
+
+class CommentIn(StrictSerializer):
+    comment = _free_text(max_length=2000)
+
+
+class ReviewDecideIn(StrictSerializer):
+    decision = serializers.ChoiceField(choices=["keep", "narrow", "revoke"])
+    comment = _free_text(max_length=2000)
+    # Narrowing only; each optional, never wider than the grant (the service checks).
+    actions = _actions(required=False)
+    scope = exact_char(max_length=500, required=False, declared={"pattern": SCOPE_PATTERN})
+    expires_at = serializers.DateTimeField(required=False)
+
+
+class ReviewItemOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    campaign = serializers.IntegerField(source="campaign_id")
+    grant = GrantOut()
+    reviewer = serializers.CharField(source="reviewer.username", allow_null=True, default=None)
+    proposal = serializers.CharField()
+    status = serializers.CharField()
+    due_at = serializers.DateTimeField()
+    decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)
+    decided_at = serializers.DateTimeField(allow_null=True)
+    comment = serializers.CharField()

@@ -2,6 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from governance.api import admin_views as admin
+from governance.api import lifecycle_views as lifecycle
 from governance.api import views
 
 app_name = "api"
@@ -56,6 +57,28 @@ urlpatterns = [
     path("grants/<int:grant_id>", admin.GrantDetailView.as_view(), name="grant"),
     path("grants/<int:grant_id>/revoke", admin.GrantRevokeView.as_view(), name="grant-revoke"),
     path("reports/access", admin.AccessReportView.as_view(), name="report-access"),
+    # Break-glass and reviews (issue #5).
+    path("breakglass", lifecycle.BreakGlassOpenView.as_view(), name="breakglass-open"),
+    path(
+        "breakglass/<int:breakglass_id>/close",
+        lifecycle.BreakGlassActView.as_view(act="close"),
+        name="breakglass-close",
+    ),
+    path(
+        "breakglass/<int:breakglass_id>/ratify",
+        lifecycle.BreakGlassActView.as_view(act="ratify"),
+        name="breakglass-ratify",
+    ),
+    path(
+        "breakglass/<int:breakglass_id>/confirm-closed",
+        lifecycle.BreakGlassActView.as_view(act="confirm-closed"),
+        name="breakglass-confirm-closed",
+    ),
+    path(
+        "reviews/items/<int:item_id>/decide",
+        lifecycle.ReviewItemDecideView.as_view(),
+        name="review-item-decide",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]

@@ -1,0 +1,144 @@
+"""The break-glass and review endpoints: who may call them (an agent's token never opens
+break-glass), clear 4xx errors with codes, no partial writes, and the audit events."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from governance.audit import Actor
+from governance.codes import EventType
+from governance.models import AuditEvent, BreakGlass, Grant, ReviewItem
+from governance.services import reviews
+
+BODY = {
+    "agent": "bot",
+    "tool": "repo",
+    "actions": ["read"],
+    "scope": "repo:acme/api/*",
+    "ticket": "INC-1",
+    "reason": "outage",
+}
+
+
+@pytest.fixture
+def world(make_agent, make_tool, settings):
+    settings.BREAKGLASS_OPENS_CAMPAIGN = False
+    return make_agent("bot"), make_tool("repo")
+
+
+def test_an_agents_token_never_opens_break_glass(world, agent_client):
+    agent, _ = world
+    response = agent_client(agent).post("/api/v1/breakglass", BODY, format="json")
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] in ("permission_denied", "forbidden")
+    assert BreakGlass.objects.count() == 0 and Grant.objects.count() == 0
+    assert not AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_OPENED).exists()
+
+
+@pytest.mark.parametrize(
+    ("who", "roles", "expected", "code"),
+    [
+        ("approver", ("approvers",), 201, None),
+        ("admin", ("admins",), 201, None),
+        ("owner", (), 201, None),  # alice owns the agent
+        ("stranger", (), 403, "not_allowed"),
+        ("auditor", ("auditors",), 403, "not_allowed"),
+    ],
+)
+def test_who_may_open_break_glass(world, human_client, person, alice, who, roles, expected, code):
+    user = alice if who == "owner" else person(who)
+    response = human_client(user, *roles).post("/api/v1/breakglass", BODY, format="json")
+    assert response.status_code == expected, response.json()
+    if code:
+        assert response.json()["error"]["code"] == code
+        assert BreakGlass.objects.count() == 0
+        return
+    body = response.json()
+    assert body["grant"]["status"] == "active" and body["opened_by"] == user.username
+    (event,) = AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_OPENED)
+    assert event.break_glass and event.actor == f"user:{user.username}"
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "code"),
+    [
+        ({"ticket": "whatever"}, 400, "invalid_ticket"),
+        ({"ttl_minutes": 241}, 400, "breakglass_ttl_too_long"),
+        ({"ttl_minutes": "60"}, 400, "invalid_request"),
+        ({"agent": "nobody"}, 400, "unknown_agent"),
+        ({"scope": "repo:acme/../x"}, 400, "invalid_grant"),
+        ({"reason": "   "}, 400, "invalid_request"),
+        ({"extra": 1}, 400, "invalid_request"),
+    ],
+)
+def test_bad_break_glass_input_is_a_clear_4xx_and_writes_nothing(
+    world, human_client, person, change, status, code
+):
+    client = human_client(person("erin"), "approvers")
+    response = client.post("/api/v1/breakglass", {**BODY, **change}, format="json")
+    assert response.status_code == status, response.json()
+    assert response.json()["error"]["code"] == code
+    assert BreakGlass.objects.count() == 0 and Grant.objects.count() == 0
+
+
+def test_the_hourly_limit_is_a_429(world, human_client, person, settings):
+    settings.BREAKGLASS_MAX_PER_HOUR = 1
+    client = human_client(person("erin"), "approvers")
+    assert client.post("/api/v1/breakglass", BODY, format="json").status_code == 201
+    second = client.post("/api/v1/breakglass", {**BODY, "ticket": "INC-2"}, format="json")
+    assert second.status_code == 429
+    assert second.json()["error"]["code"] == "breakglass_rate_limited"
+
+
+def test_break_glass_review_over_the_api(world, human_client, person, agent_client):
+    erin, frank = person("erin"), person("frank")
+    opened = human_client(erin, "approvers").post("/api/v1/breakglass", BODY, format="json")
+    bg_id = opened.json()["id"]
+    url = f"/api/v1/breakglass/{bg_id}/ratify"
+    own = human_client(erin).post(url, {"comment": "mine"}, format="json")
+    assert (own.status_code, own.json()["error"]["code"]) == (403, "self_review")
+    assert agent_client(world[0]).post(url, {"comment": "x"}, format="json").status_code == 403
+    frank_client = human_client(frank, "approvers")
+    done = frank_client.post(url, {"comment": "needed"}, format="json")
+    assert done.status_code == 200 and done.json()["review_status"] == "ratified"
+    assert done.json()["ratified_request"] is not None
+    again = frank_client.post(
+        f"/api/v1/breakglass/{bg_id}/confirm-closed", {"comment": "x"}, format="json"
+    )
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "already_reviewed")
+    assert AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_RATIFIED).count() == 1
+    missing = frank_client.post("/api/v1/breakglass/999999/close", {"comment": "x"}, format="json")
+    assert missing.status_code == 404
+
+
+def test_a_review_item_is_decided_over_the_api(world, make_grant, human_client, person):
+    agent, tool = world
+    grant = make_grant(agent, tool, actions=("read", "update"), starts_at=timezone.now())
+    erin = person("erin", "approvers")
+    campaign = reviews.review_campaign_open(
+        kind="on_demand", reason="api", actor=Actor.system("test"), at=timezone.now()
+    )
+    item = campaign.items.get()
+    assert item.reviewer == erin
+    client = human_client(erin)
+    url = f"/api/v1/reviews/items/{item.pk}/decide"
+    wider = client.post(
+        url, {"decision": "narrow", "comment": "x", "scope": "repo:*"}, format="json"
+    )
+    assert wider.status_code in (400, 403) and "error" in wider.json()
+    response = client.post(
+        url,
+        {"decision": "narrow", "comment": "read is enough", "actions": ["read"]},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    assert response.json()["status"] == "narrowed"
+    assert Grant.objects.get(pk=grant.pk).actions == ["read"]
+    assert ReviewItem.objects.get(pk=item.pk).decided_by == erin
+    assert AuditEvent.objects.filter(event_type=EventType.GRANT_NARROWED).count() == 1
+    again = client.post(url, {"decision": "keep", "comment": "x"}, format="json")
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "already_decided")
+    assert grant.expires_at - timezone.now() < timedelta(hours=2)
