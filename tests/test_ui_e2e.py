@@ -272,6 +272,9 @@ def test_break_glass_is_opened_and_the_banner_appears_on_every_page(
         assert banner.count() == 1, href
         assert "INC-900" in banner.inner_text(), href
     shot(page, "banner-on-tool-page")
+    page.goto(f"{live_server.url}/ui/")
+    assert "INC-900" in page.inner_text("main")  # the dashboard lists it too
+    shot(page, "dashboard-break-glass")
 
 
 def test_a_review_revokes_a_grant(live_server: Any, page: Any) -> None:
