@@ -323,3 +323,16 @@ def test_grant_narrow_twice_narrows_once(world, system):
     with pytest.raises(GovernanceError) as caught:
         grant_services.grant_narrow(grant_id=g1.pk, reason=" ", actor=system, at=NOW)
     assert caught.value.code == "reason_required"
+
+
+def test_selectors_for_the_ui(world, system):
+    campaign = open_campaign()
+    item = campaign.items.order_by("id").first()
+    (listed,) = selectors.review_campaigns(open_only=True)
+    assert (listed.pk, listed.total, listed.pending) == (campaign.pk, 3, 3)
+    mine = selectors.review_items_for(item.reviewer, NOW)
+    assert item.pk in [i.pk for i in mine] and not any(i.is_overdue for i in mine)
+    assert all(i.is_overdue for i in selectors.review_items_for(item.reviewer, campaign.due_at))
+    decide(item, "keep")
+    assert selectors.review_campaigns(open_only=True).get().pending == 2
+    assert list(selectors.second_looks_for(item.reviewer)) == []
