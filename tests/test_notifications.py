@@ -272,7 +272,7 @@ def test_a_destructive_call_asks_the_approvers_once(
     assert len(mail.outbox) == len(approvers)
 
 
-def test_a_failing_alert_never_undoes_the_verify_failed_event(system, monkeypatch):
+def test_a_failing_alert_never_undoes_the_verify_failed_event(db, system, monkeypatch):
     bad = audit.Verdict(ok=False, count=3, head="x", bad_seq=2, problem="edited")
     monkeypatch.setattr(audit, "verify_chain", lambda: bad)
 
