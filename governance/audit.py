@@ -399,9 +399,13 @@ def verify_and_record(*, actor: Actor, at: datetime) -> Verdict:
             )
             from governance import notifications  # local: notifications imports models
 
-            notifications.audit_verify_failed(
-                bad_seq=verdict.bad_seq, problem=verdict.problem, at=at
-            )
+            try:
+                with transaction.atomic():  # a savepoint: the alert never undoes the event
+                    notifications.audit_verify_failed(
+                        bad_seq=verdict.bad_seq, problem=verdict.problem, at=at
+                    )
+            except Exception:
+                log.exception("could not queue the audit verification alert")
     return verdict
 
 

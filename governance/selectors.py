@@ -248,3 +248,27 @@ def grant_trend(*, days: int = 30) -> dict[str, Any]:
             name for name, count in last.per_agent.items() if count > prev.per_agent.get(name, 0)
         )
     return {"series": series, "rise": rise, "rising_agents": rising}
+
+
+def second_looks_for(user: Any) -> QuerySet[Any]:
+    """A reviewer's pending second looks, oldest first."""
+    from governance.models import SecondLook
+
+    return (
+        SecondLook.objects.filter(reviewer=user, status=SecondLook.Status.PENDING)
+        .select_related("grant__agent", "grant__tool", "approval__agent", "approval__tool")
+        .select_related("original_approver")
+        .order_by("sampled_at", "id")
+    )
+
+
+def review_campaigns(*, open_only: bool = False) -> QuerySet[Any]:
+    """Campaigns, newest first, each with `pending` and `total` item counts."""
+    from django.db.models import Count
+
+    from governance.models import ReviewCampaign
+
+    found = ReviewCampaign.objects.annotate(
+        total=Count("items"), pending=Count("items", filter=Q(items__status="pending"))
+    ).order_by("-opened_at", "-id")
+    return found.filter(status=ReviewCampaign.Status.OPEN) if open_only else found

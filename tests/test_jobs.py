@@ -294,6 +294,13 @@ def test_a_real_worker_and_beat_mark_an_expired_grant_within_seconds(
         broker.close()
 
 
+def _drop_producer_pool() -> None:
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_real_worker_retries_a_failing_webhook_until_it_is_delivered(
     postgres_only, make_agent, make_tool, alice, tmp_path, settings
@@ -329,8 +336,12 @@ def test_a_real_worker_retries_a_failing_webhook_until_it_is_delivered(
         worker_log,
     )
     # This process sends to the same Redis, not eagerly: the production path.
-    saved = (app.conf.task_always_eager, app.conf.broker_url)
-    app.conf.task_always_eager, app.conf.broker_url = False, REDIS_TEST_URL
+    # Eager apply_async still acquires a producer, so a pool bound to the embedded broker
+    # may exist from earlier tests: drop it, and drop ours afterwards.
+    saved = (app.conf.task_always_eager, app.conf.broker_url, app.conf.broker_write_url)
+    _drop_producer_pool()
+    app.conf.task_always_eager = False
+    app.conf.broker_url = app.conf.broker_write_url = REDIS_TEST_URL
     try:
         deadline = time.monotonic() + 60
         while "ready." not in worker_log.read_text():
@@ -362,8 +373,8 @@ def test_a_real_worker_retries_a_failing_webhook_until_it_is_delivered(
         assert "notification_deliver" in log and "retry: Retry in 1.0s" in log, log
         assert Grant.objects.get(pk=grant.pk).status == Grant.Status.PENDING
     finally:
-        app.conf.task_always_eager, app.conf.broker_url = saved
-        app.close()  # drop the producer pool bound to the test's Redis
+        app.conf.task_always_eager, app.conf.broker_url, app.conf.broker_write_url = saved
+        _drop_producer_pool()
         _stop(worker)
         hook.close()
         broker.flushdb()

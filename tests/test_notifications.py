@@ -270,3 +270,16 @@ def test_a_destructive_call_asks_the_approvers_once(
     assert rows.count() == len(approvers)
     assert {r.data["approval_id"] for r in rows} == {first.approval_id}
     assert len(mail.outbox) == len(approvers)
+
+
+def test_a_failing_alert_never_undoes_the_verify_failed_event(db, system, monkeypatch):
+    bad = audit.Verdict(ok=False, count=3, head="x", bad_seq=2, problem="edited")
+    monkeypatch.setattr(audit, "verify_chain", lambda: bad)
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("outbox unavailable")
+
+    monkeypatch.setattr(notifications, "audit_verify_failed", broken)
+    assert audit.verify_and_record(actor=system, at=NOW) == bad
+    assert AuditEvent.objects.filter(event_type=EventType.AUDIT_VERIFY_FAILED).count() == 1
+    assert Notification.objects.count() == 0

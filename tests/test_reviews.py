@@ -301,3 +301,38 @@ def test_the_review_open_command(world):
     assert campaign.items.count() == 2 and campaign.agent.name == "bot"
     assert "2 item(s)" in out.getvalue()
     assert events(EventType.REVIEW_CAMPAIGN_OPENED)[0].actor == "system:command:review_open"
+
+
+def test_grant_narrow_twice_narrows_once(world, system):
+    g1 = world["grants"][0]
+    for _ in range(2):
+        narrowed = grant_services.grant_narrow(
+            grant_id=g1.pk,
+            actions=["update", "read"][1:],
+            reason="least privilege",
+            actor=system,
+            at=NOW,
+        )
+    assert narrowed.actions == ["read"]
+    assert len(events(EventType.GRANT_NARROWED)) == 1
+    # The same set in another order is no change either.
+    grant_services.grant_narrow(
+        grant_id=g1.pk, actions=["read"], scope="repo:acme/api/*", reason="x", actor=system, at=NOW
+    )
+    assert len(events(EventType.GRANT_NARROWED)) == 1
+    with pytest.raises(GovernanceError) as caught:
+        grant_services.grant_narrow(grant_id=g1.pk, reason=" ", actor=system, at=NOW)
+    assert caught.value.code == "reason_required"
+
+
+def test_selectors_for_the_ui(world, system):
+    campaign = open_campaign()
+    item = campaign.items.order_by("id").first()
+    (listed,) = selectors.review_campaigns(open_only=True)
+    assert (listed.pk, listed.total, listed.pending) == (campaign.pk, 3, 3)
+    mine = selectors.review_items_for(item.reviewer, NOW)
+    assert item.pk in [i.pk for i in mine] and not any(i.is_overdue for i in mine)
+    assert all(i.is_overdue for i in selectors.review_items_for(item.reviewer, campaign.due_at))
+    decide(item, "keep")
+    assert selectors.review_campaigns(open_only=True).get().pending == 2
+    assert list(selectors.second_looks_for(item.reviewer)) == []

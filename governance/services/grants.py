@@ -534,9 +534,10 @@ def grant_narrow(
             )
         before = {"actions": list(grant.actions), "scope": grant.scope}
         before["expires_at"] = grant.expires_at.isoformat()
+        new_actions = [a for a in grant.actions if a in new_actions]  # the grant's order
         if (new_actions, new_scope, new_expiry) == (grant.actions, grant.scope, grant.expires_at):
             return grant
-        grant.actions = [a for a in grant.actions if a in new_actions]
+        grant.actions = new_actions
         grant.scope = new_scope
         grant.expires_at = new_expiry
         grant.save(update_fields=["actions", "scope", "expires_at"])
