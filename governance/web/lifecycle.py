@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -55,9 +54,7 @@ def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
         "overdue_items": overdue_items[:20],
         "overdue_items_count": overdue_items.count(),
         "trend": selectors.grant_trend(days=14),
-        "second_looks_mine": SecondLook.objects.filter(
-            status=SecondLook.Status.PENDING, reviewer=user
-        ).count(),
+        "second_looks_mine": selectors.second_looks_for(user).count(),
         "lifecycle": True,
     }
 
@@ -185,17 +182,10 @@ def breakglass_confirm(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def review_campaigns(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    campaigns = ReviewCampaign.objects.select_related("agent", "opened_by").annotate(
-        total=Count("items"),
-        open_items=Count("items", filter=Q(items__status=ReviewItem.Status.PENDING)),
-    )[:100]
-    rows = []
-    for c in campaigns:
-        decided = c.total - c.open_items
-        c.decided = decided  # type: ignore[attr-defined]
-        c.percent = round(100 * decided / c.total) if c.total else 100  # type: ignore[attr-defined]
-        c.overdue = c.status == "open" and c.due_at <= now and c.open_items  # type: ignore[attr-defined]
-        rows.append(c)
+    rows = list(selectors.review_campaigns().select_related("agent", "opened_by")[:100])
+    for c in rows:
+        c.decided = c.total - c.pending  # type: ignore[attr-defined]
+        c.overdue = c.status == "open" and c.due_at <= now and c.pending  # type: ignore[attr-defined]
     return render(
         request,
         "ui/reviews.html",
