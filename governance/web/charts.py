@@ -47,7 +47,9 @@ def _frame(labels: Sequence[str], ceiling: int, title: str) -> list[str]:
     n = len(labels)
     every = max(1, n // 7)
     for i, label in enumerate(labels):
-        if i % every and i != n - 1:
+        last = i == n - 1
+        # Every `every`-th day and the last one, but not one crowding the last.
+        if not last and (i % every or n - 1 - i < every):
             continue
         x = LEFT + (plot_w * (i + 0.5) / n if n else 0)
         parts.append(
