@@ -81,6 +81,36 @@ def test_sign_in_is_rate_limited_per_address_across_accounts(settings: object) -
 
 
 @pytest.mark.django_db
+def test_sign_in_is_counted_in_redis_across_web_processes(settings: object) -> None:
+    """With REDIS_URL the count lives in Redis (real, on 127.0.0.1), so every web
+    process sees the same attempts; this test's keys carry a prefix of its own."""
+    import uuid
+
+    import redis
+
+    ui_world.build()
+    url = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_DB', '15')}"
+    prefix = f"rl-ui-test-{uuid.uuid4().hex}"
+    settings.REDIS_URL = url  # type: ignore[attr-defined]
+    settings.RATE_LIMIT_KEY_PREFIX = prefix  # type: ignore[attr-defined]
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_account": 2}  # type: ignore[attr-defined]
+    ratelimit.reset_memory()
+    client = redis.Redis.from_url(url)
+    try:
+        assert _login(Client(), "carol", "wrong").status_code == 200
+        assert _login(Client(), "carol", "wrong").status_code == 200
+        assert _login(Client(), "carol", ui_world.PASSWORD).status_code == 429
+        keys = sorted(k.decode() for k in client.scan_iter(match=f"{prefix}:*"))
+        assert [k.split(":")[1] for k in keys] == ["login_account", "login_address"]
+        assert int(client.get(keys[0])) == 3  # the refused attempt counts too
+    finally:
+        stale = list(client.scan_iter(match=f"{prefix}:*"))
+        if stale:
+            client.delete(*stale)
+        client.close()
+
+
+@pytest.mark.django_db
 def test_sign_in_fails_closed_when_the_limiter_is_unreachable(settings: object) -> None:
     ui_world.build()
     # A port nothing listens on, on this machine: the limiter cannot be reached.

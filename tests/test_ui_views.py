@@ -464,3 +464,35 @@ def test_closing_a_task_revokes_its_grants() -> None:
         at=timezone.now(),
     )
     assert decision.decision == "deny" and decision.reason == "task_closed"
+
+
+def test_what_if_answers_for_field_limited_grants_as_authorize_does() -> None:
+    world = ui_world.build()
+    grants.grant_issue(
+        agent=world.agent,
+        tool=world.tool,
+        actions=["update"],
+        scope="repo:acme/crm/*",
+        fields=["email"],
+        duration=timedelta(hours=1),
+        justification="fix addresses",
+        requested_by=world.alice,
+        approved_by=world.users["approver"],
+        actor=Actor.system("test"),
+        at=timezone.now() - timedelta(minutes=1),
+    )
+    client = ui_world.signed_in("auditor")
+    base = "/ui/what-if/?agent=bot-a&tool=repo&action=update&scope=repo:acme/crm/x"
+    for extra, expected in (("", "scope_mismatch"), ("&fields=email", "allowed"),
+                            ("&fields=email,ssn", "scope_mismatch")):  # fmt: skip
+        body = client.get(base + extra).content.decode()
+        assert f'id="what-if-reason">{expected}<' in body, extra
+        live = access.access_check(
+            agent="bot-a",
+            tool="repo",
+            action="update",
+            scope="repo:acme/crm/x",
+            arguments={"fields": extra.removeprefix("&fields=").split(",")} if extra else None,
+            at=timezone.now(),
+        )
+        assert live.reason == expected

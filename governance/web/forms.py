@@ -112,7 +112,14 @@ class WhatIfForm(StrictForm):
     action = forms.ChoiceField(choices=ACTION_CHOICES)
     scope = forms.CharField(max_length=500)
     task = forms.CharField(max_length=100, required=False)
+    # For field-limited grants: the call names the fields it touches (arguments.fields).
+    fields = forms.CharField(max_length=500, required=False, help_text="comma-separated")
     at = forms.DateTimeField(required=False, help_text="UTC; empty means now")
+
+    def arguments(self) -> dict[str, Any] | None:
+        raw = self.cleaned_data.get("fields") or ""
+        names = [name.strip() for name in raw.split(",") if name.strip()]
+        return {"fields": names} if names else None
 
 
 class AccessExportForm(StrictForm):

@@ -641,6 +641,7 @@ def what_if(request: HttpRequest) -> HttpResponse:
                 action=data["action"],
                 scope=data["scope"],
                 task=data.get("task") or None,
+                arguments=form.arguments(),
                 at=at,
             )
             answer_steps = _explanation(answer.reason, data["scope"])
