@@ -41,6 +41,9 @@ BEYOND_THE_SCHEMA: dict[str, Callable[[dict[str, Any]], bool]] = {
     "invalid_expiry": lambda fields: not fields,
     # The named tool does not support the action (the form itself is declared).
     "invalid_grant": lambda fields: set(fields) == {"actions"},
+    # A review decision "narrow" must name what it narrows: a rule across fields that
+    # depends on the value of `decision` (reviews.review_item_decide).
+    "invalid_decision": _always,
 }
 
 

@@ -33,7 +33,8 @@ def test_an_agents_token_never_opens_break_glass(world, agent_client):
     agent, _ = world
     response = agent_client(agent).post("/api/v1/breakglass", BODY, format="json")
     assert response.status_code == 403
-    assert response.json()["error"]["code"] in ("permission_denied", "forbidden")
+    error = response.json()["error"]
+    assert error["code"] == "permission_denied" and "never by an agent" in error["message"]
     assert BreakGlass.objects.count() == 0 and Grant.objects.count() == 0
     assert not AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_OPENED).exists()
 

@@ -23,8 +23,7 @@ from governance import roles
 from governance.api import serializers as s
 from governance.api.admin_views import CONFLICT, _parse
 from governance.api.auth import IsApprover
-from governance.api.views import ERRORS, _get, actor_for
-from governance.errors import GovernanceError
+from governance.api.views import ERRORS, _by_name, _get, actor_for
 from governance.models import Agent, BreakGlass, ReviewItem, Task, Tool
 from governance.services import breakglass, reviews
 
@@ -34,17 +33,6 @@ class HumanOnly(BasePermission):
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return roles.is_human(request.user)
-
-
-def _named(model: Any, field: str, **lookup: Any) -> Any:
-    found = model.objects.filter(**lookup).first()
-    if found is None:
-        raise GovernanceError(
-            f"unknown_{field}",
-            f"No {field} {next(iter(lookup.values()))!r}.",
-            fields={field: "unknown"},
-        )
-    return found
 
 
 def _breakglass(pk: int) -> BreakGlass:
@@ -82,9 +70,9 @@ class BreakGlassOpenView(APIView):
         ttl = data.get("ttl_minutes")
         bg = breakglass.breakglass_open(
             opener=request.user,
-            agent=_named(Agent, "agent", name=data["agent"]),
-            tool=_named(Tool, "tool", name=data["tool"]),
-            task=_named(Task, "task", key=data["task"]) if data.get("task") else None,
+            agent=_by_name(Agent, "agent", name=data["agent"]),
+            tool=_by_name(Tool, "tool", name=data["tool"]),
+            task=_by_name(Task, "task", key=data["task"]) if data.get("task") else None,
             actions=data["actions"],
             scope=data["scope"],
             ticket=data["ticket"],

@@ -627,8 +627,10 @@ class BreakGlassIn(StrictSerializer):
     tool = exact_char(max_length=100)
     actions = _actions()
     scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
-    # The format is a setting (BREAKGLASS_TICKET_PATTERN) the service enforces.
-    ticket = exact_char(max_length=100)
+    # The format is a setting (BREAKGLASS_TICKET_PATTERN) the service enforces (full match).
+    ticket = exact_char(
+        max_length=100, declared={"pattern": f"^(?:{settings.BREAKGLASS_TICKET_PATTERN})$"}
+    )
     reason = _free_text(max_length=2000)
     # Longer than BREAKGLASS_MAX_TTL is refused by the service (breakglass_ttl_too_long).
     ttl_minutes = StrictIntegerField(
