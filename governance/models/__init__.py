@@ -5,6 +5,7 @@ from governance.models.approvals import Approval
 from governance.models.audit import AuditEvent
 from governance.models.grants import Grant
 from governance.models.outcomes import DecisionOutcome
+from governance.models.sandbox import SandboxRun
 from governance.models.tasks import Task
 from governance.models.tools import Tool
 
@@ -15,6 +16,7 @@ __all__ = [
     "AuditEvent",
     "DecisionOutcome",
     "Grant",
+    "SandboxRun",
     "Task",
     "Tool",
 ]
