@@ -154,7 +154,11 @@ class DockerBackend(Backend):
             volumes[str(workdir / "in" / "script")] = {"bind": SCRIPT_PATH, "mode": "ro"}
         if spec.input is not None:
             volumes[str(workdir / "in" / "input")] = {"bind": INPUT_PATH, "mode": "ro"}
-        environment = {"HOME": "/workspace", "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own tmpfs "SANDBOX_RUN_ID": spec.run_id}
+        environment = {
+            "HOME": "/workspace",
+            "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own noexec tmpfs
+            "SANDBOX_RUN_ID": spec.run_id,
+        }
         if spec.input is not None:
             environment["SANDBOX_INPUT"] = INPUT_PATH
         holder = None
