@@ -26,9 +26,10 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# --variant=apt: essential + apt only; python3-minimal is all a script needs.
+# --variant=apt: essential + apt only; python3-minimal is all a script needs (and
+# `mount`, so the probes can show that mounting is refused).
 # The customize hook adds uid 1000 only if the root has no such user already.
-mmdebstrap --quiet --variant=apt --include=python3-minimal "$SUITE" "$work/root.tar" "$MIRROR" \
+mmdebstrap --quiet --variant=apt --include=python3-minimal,mount "$SUITE" "$work/root.tar" "$MIRROR" \
     --customize-hook='chroot "$1" sh -c "getent passwd 1000 >/dev/null || (groupadd -g 1000 sandbox && useradd -u 1000 -g 1000 -M -d /workspace -s /bin/sh sandbox)"' \
     --customize-hook='mkdir -p "$1/workspace" "$1/sandbox" && chown 1000:1000 "$1/workspace"' \
     --customize-hook='rm -rf "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/*'

@@ -32,6 +32,10 @@ from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import Authorization, OverCeiling, RunResult, RunSpec, effective
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
+# The record keeps a masked excerpt of each stream (the runner captures up to
+# 1 MiB and hashes all of it). Masking is regex work that grows faster than
+# linearly on long unbroken runs, so the stored excerpt stays small.
+EXCERPT_CHARS = 4096
 
 
 def _event(
@@ -201,10 +205,10 @@ def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun 
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "oom_killed": result.oom_killed,
-        "stdout_excerpt": audit.mask(out["excerpt"]),
+        "stdout_excerpt": audit.mask(out["excerpt"][:EXCERPT_CHARS]),
         "stdout_sha256": out["sha256"],
         "stdout_bytes": out["bytes"],
-        "stderr_excerpt": audit.mask(err["excerpt"]),
+        "stderr_excerpt": audit.mask(err["excerpt"][:EXCERPT_CHARS]),
         "stderr_sha256": err["sha256"],
         "stderr_bytes": err["bytes"],
         "error": result.error[:2000],
