@@ -43,3 +43,21 @@ def audit_verify() -> dict[str, Any]:
         actor=audit.Actor.system("celery:audit_verify"), at=timezone.now()
     )
     return {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}
+
+
+@shared_task(name="governance.tasks.sandbox_reap")
+def sandbox_reap() -> dict[str, Any]:
+    """Kill and record sandboxes past their deadline or whose grant died.
+
+    A worker on a host without a Docker engine has nothing to reap: it says so.
+    """
+    from governance.services.sandbox import reap_all
+
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:
+        return {"skipped": f"no Docker engine: {type(exc).__name__}"}
+    return {"reaped": [f"{run_id}:{why}" for run_id, why in reap_all(client)]}

@@ -143,7 +143,7 @@ def execute(
         if on_started is not None:
             on_started(spec, handle)
 
-        status: dict[str, int] = {}
+        status: dict[str, int | None] = {}
         done = threading.Event()
 
         def waiter() -> None:
@@ -161,6 +161,8 @@ def execute(
                 result.timed_out = True
             done.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
         result.exit_code = status.get("code")
+        if result.exit_code is None:
+            result.error = "the sandbox vanished before reporting an exit (reaped?)"
         result.oom_killed = handle.oom_killed()
     except BackendUnavailable as exc:
         result.error = str(exc)

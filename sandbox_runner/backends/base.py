@@ -34,8 +34,9 @@ class Handle:
     image_digest: str = ""
     enforcement: dict[str, str]
 
-    def wait(self) -> int:
-        """Block until the sandbox exits; its exit status. Runs in a thread."""
+    def wait(self) -> int | None:
+        """Block until the sandbox exits; its exit status (None if it vanished,
+        e.g. removed by the reaper). Runs in a thread."""
         raise NotImplementedError("Handle.wait() must be implemented by the backend")
 
     def kill(self) -> None:

@@ -73,8 +73,13 @@ class DockerHandle(Handle):
         self.enforcement = enforcement
         self.reader: threading.Thread | None = None
 
-    def wait(self) -> int:
-        status = self.container.wait()
+    def wait(self) -> int | None:
+        import docker.errors
+
+        try:
+            status = self.container.wait()
+        except docker.errors.NotFound:
+            return None  # removed under us (the reaper): no exit status to report
         if self.reader is not None:
             # The attach stream ends with the container; join so no output is lost.
             self.reader.join(timeout=5)
@@ -87,7 +92,12 @@ class DockerHandle(Handle):
             pass
 
     def oom_killed(self) -> bool:
-        self.container.reload()
+        import docker.errors
+
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return False  # removed by the reaper; it records why
         return bool(self.container.attrs["State"].get("OOMKilled"))
 
     def cleanup(self) -> None:

@@ -1,0 +1,117 @@
+"""The reaper against a real engine: a runner killed with SIGKILL leaves its
+container behind, and the reaper kills it at its deadline and marks the run;
+a suspended agent's sandbox dies at the next pass (the kill switch)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+
+from governance.audit import Actor
+from governance.models import AuditEvent, SandboxRun
+from governance.services.agents import agent_suspend
+from governance.services.sandbox import reap_all
+from governance.tasks import sandbox_reap
+from sandbox_runner.authorizers import DatabaseAuthorizer
+from sandbox_runner.backends.base import LABEL_AGENT
+from sandbox_runner.runner import EXIT_BACKEND, execute
+from tests.sandbox_runner.conftest import containers_of, events_of, run_record
+
+
+def _sandboxes_of(client, agent):
+    return client.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={agent}"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigkilled_runners_container_is_reaped_at_its_deadline(
+    docker_client, code_exec, tmp_path
+):
+    if connection.vendor != "postgresql":
+        # The runner is a real second process: it must reach the test's database.
+        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
+    code_exec.grant()
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
+    env = {**os.environ, "DATABASE_URL": url}
+    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
+    runner = subprocess.Popen(
+        [*argv, "--timeout", "4", "--script", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert runner.stdout.readline() == b"up\n"  # the sandbox is running
+        for _ in range(100):  # the runner records the start right after starting it
+            run = SandboxRun.objects.get()
+            if run.status == "running":
+                break
+            time.sleep(0.1)
+        assert run.status == "running"
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=10)
+    finally:
+        runner.kill()
+    run_id = str(run.run_id)
+    assert len(containers_of(docker_client, run_id)) == 1  # orphaned, still running
+    assert reap_all(docker_client) == []  # before the deadline: left alone
+    time.sleep(max(0.0, run.deadline_at.timestamp() - time.time()) + 0.2)
+    assert sandbox_reap() == {"reaped": [f"{run_id}:deadline"]}  # the scheduled task
+    assert containers_of(docker_client, run_id) == []
+    run.refresh_from_db()
+    assert run.status == "reaped" and run.timed_out
+    assert run.error == "killed by the reaper: deadline"
+    assert events_of(run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.reaped",
+    ]
+    reaped = AuditEvent.objects.get(event_type="sandbox.run.reaped")
+    assert reaped.actor == "system:sandbox_reaper"
+    assert reap_all(docker_client) == []  # nothing left; a second pass does nothing
+
+
+@pytest.mark.django_db
+def test_suspending_the_agent_gets_its_running_sandbox_reaped(docker_client, code_exec, spec_for):
+    code_exec.grant()
+    spec = spec_for("import time; time.sleep(60)", limits={"wall_seconds": 50})
+    reaped = []
+
+    def kill_switch(spec, handle):
+        agent_suspend(
+            agent=code_exec.agent,
+            reason="incident",
+            actor=Actor.system("test"),
+            at=datetime.now(UTC),
+        )
+        reaped.extend(reap_all(docker_client))
+
+    started = time.monotonic()
+    outcome = execute(spec, DatabaseAuthorizer(), stdout=io.BytesIO(), on_started=kill_switch)
+    assert time.monotonic() - started < 20  # not left to run to its 50 s deadline
+    assert (spec.run_id, "agent_suspended") in reaped
+    # SIGKILLed: 137 when the engine reported the kill before the removal, otherwise
+    # the runner has no exit status and says so (EXIT_BACKEND).
+    assert outcome.exit_code in (137, EXIT_BACKEND)
+    record = run_record(spec.run_id)
+    # The reaper won the claim: the runner's own finish does not overwrite it.
+    assert record.status == "reaped" and not record.timed_out
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.reaped",
+    ]
+    assert json.loads(AuditEvent.objects.get(event_type="sandbox.run.reaped").data)["why"] == (
+        "agent_suspended"
+    )
+    assert _sandboxes_of(docker_client, "coder") == []
