@@ -99,3 +99,22 @@ def run_record(run_id: str) -> SandboxRun:
 
 def containers_of(client: Any, run_id: str) -> list[Any]:
     return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+@pytest.fixture(params=["docker", "bubblewrap"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The probes that apply to both backends run once per backend."""
+    request.getfixturevalue("docker_client" if request.param == "docker" else "bwrap_available")
+    return request.param
+
+
+def leftovers(backend: str, run_id: str) -> list[Any]:
+    """What a finished run left behind: containers (Docker) or cgroups (bubblewrap)."""
+    if backend == "docker":
+        import docker
+
+        return containers_of(docker.from_env(), run_id)
+
+    from sandbox_runner.backends.bubblewrap import CGROUP_NAME, CGROUP_ROOT
+
+    return [p for p in CGROUP_ROOT.glob(f"*/{CGROUP_NAME}/{run_id}") if p.exists()]

@@ -1,4 +1,4 @@
-"""Egress through the per-run proxy, against a real engine. The only servers
+"""Egress through the per-run proxy, against a real engine and under bubblewrap. The only servers
 are the test's own on 127.0.0.1; the grant names 127.0.0.1:PORT exactly (an
 internal address is allowed only when the grant names it)."""
 
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from governance.models import AuditEvent
-from tests.sandbox_runner.conftest import containers_of, events_of, run_record
+from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 
 pytestmark = pytest.mark.django_db
@@ -98,11 +98,11 @@ except OSError as exc:
 
 
 def test_only_the_granted_destination_is_reachable_and_every_attempt_is_logged(
-    docker_client, code_exec, spec_for, servers
+    backend, code_exec, spec_for, servers
 ):
     a, b = servers
     code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
-    spec = spec_for(SCRIPT.format(a=a.port, b=b.port))
+    spec = spec_for(SCRIPT.format(a=a.port, b=b.port), backend=backend)
     outcome, out, err = run(spec)
     assert outcome.exit_code == 0, err
     assert out.splitlines() == [
@@ -130,11 +130,11 @@ def test_only_the_granted_destination_is_reachable_and_every_attempt_is_logged(
     record = run_record(spec.run_id)
     assert record.egress == [f"127.0.0.1:{a.port}"] and record.status == "finished"
     assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
-    assert containers_of(docker_client, spec.run_id) == []  # sandbox and holder both gone
+    assert leftovers(backend, spec.run_id) == []  # sandbox (and Docker's holder) gone
 
 
 def test_a_name_that_resolves_to_loopback_is_refused_unless_the_address_is_named(
-    docker_client, code_exec, spec_for, servers
+    backend, code_exec, spec_for, servers
 ):
     a, _ = servers
     # `localhost` resolves (from /etc/hosts, no DNS) to 127.0.0.1: internal, and the
@@ -143,7 +143,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_unless_the_address_is_named
     script = SCRIPT.format(a=a.port, b=0).split("print(")[0] + (
         f"print(get('localhost', {a.port}, '/'))"
     )
-    spec = spec_for(script)
+    spec = spec_for(script, backend=backend)
     outcome, out, _ = run(spec)
     assert (outcome.exit_code, out.strip()) == (0, "403 egress refused: internal_address")
     assert a.hits == []
