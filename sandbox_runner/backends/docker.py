@@ -110,6 +110,21 @@ class DockerHandle(Handle):
                 pass
 
 
+_shared: dict[str, Any] = {}
+
+
+def shared_client() -> Any:
+    """One engine client (and its connection pool) per process: a long-lived runner
+    or a benchmark does not pay a new connection and a ping for every run."""
+    if "client" not in _shared:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+        _shared["client"] = client
+    return _shared["client"]
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -119,14 +134,12 @@ class DockerBackend(Backend):
     @property
     def client(self) -> Any:
         if self._client is None:
-            import docker
-
-            self._client = docker.from_env(timeout=30)
+            self._client = shared_client()
         return self._client
 
     def unavailable(self) -> str | None:
         try:
-            self.client.ping()
+            self.client  # noqa: B018 - connects and pings once per process
         except Exception as exc:
             return f"no Docker engine answers ({type(exc).__name__}: {exc})"
         return None
