@@ -140,8 +140,11 @@ class HttpAuthorizer:
         grant = next((g for g in me.get("grants", []) if g.get("id") == decision.grant), None)
         if not isinstance(grant, dict):
             return _refusal(spec, "malformed", "error", "the allowing grant is not in /me")
-        # A server that does not show a grant's limits gets the runner's floor.
-        ceiling = grant.get("limits") if isinstance(grant.get("limits"), dict) else {}
+        # Without the grant's limits there is no ceiling to hold the request to: refuse
+        # (the runner's floor could be above a grant's own limits).
+        ceiling = grant.get("limits")
+        if not isinstance(ceiling, dict):
+            return _refusal(spec, "malformed", "error", "the server does not show the limits")
         try:
             limits, egress = effective(spec, ceiling, grant.get("egress") or [])
         except (OverCeiling, ValueError) as exc:
