@@ -82,7 +82,8 @@ def mount_noexec_tmp(path: Path) -> bool:
     """A noexec tmpfs for /tmp (root only; mount(2) directly, no mount(8) process).
     False when it cannot be mounted: /tmp is then a plain directory, and the run
     record says so."""
-    path.mkdir(mode=0o1777, exist_ok=True)
+    path.mkdir(exist_ok=True)
+    os.chmod(path, 0o1777)  # noqa: S103 - the sandbox's /tmp, like any /tmp
     if os.geteuid() != 0:
         return False
     options = f"mode=1777,size={TMP_SIZE}".encode()
@@ -112,6 +113,10 @@ class Cgroups:
         v2 = CGROUP_ROOT / "cgroup.controllers"
         with contextlib.suppress(OSError):
             if v2.exists():
+                # Untested here (this host is cgroup v1): delegate the controllers down.
+                for parent in (CGROUP_ROOT, CGROUP_ROOT / CGROUP_NAME):
+                    parent.mkdir(exist_ok=True)
+                    self._write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
                 d = self._make("unified", CGROUP_ROOT)
                 self._write(d / "memory.max", memory)
                 self._write(d / "memory.swap.max", "0")
@@ -272,11 +277,14 @@ class BubblewrapBackend(Backend):
             argv += ["--setenv", key, value]
         argv += ["--info-fd", str(info_w), "--block-fd", str(block_r), "--", *spec.command]
 
+        as_root = os.geteuid() == 0
+
         def preexec() -> None:
             _rlimits(limits, missing)
-            os.setgroups([])
-            os.setgid(GID)
-            os.setuid(UID)
+            if as_root:  # never run bwrap as root: uid 1000 outside the sandbox too
+                os.setgroups([])
+                os.setgid(GID)
+                os.setuid(UID)
 
         proc = subprocess.Popen(  # noqa: S603 - argv built here, no shell
             argv,
@@ -284,7 +292,7 @@ class BubblewrapBackend(Backend):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(info_w, block_r),
-            preexec_fn=preexec if os.geteuid() == 0 else None,  # noqa: PLW1509
+            preexec_fn=preexec,  # noqa: PLW1509
             env={"PATH": "/usr/bin:/bin"},
         )
         os.close(info_w)
