@@ -90,7 +90,13 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             egress=arguments["egress"] or [],
             requested_at=at,
         )
-        _event(run, EventType.SANDBOX_RUN_REQUESTED, _actor(run.agent), at, arguments=arguments)
+        _event(
+            run,
+            EventType.SANDBOX_RUN_REQUESTED,
+            _actor(run.agent),
+            at,
+            arguments=audit.mask(arguments),  # a command line can carry a secret
+        )
         decision = access_check(
             agent=spec.agent,
             tool=spec.tool,

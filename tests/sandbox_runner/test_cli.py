@@ -114,3 +114,13 @@ def test_over_http_a_request_above_the_grant_is_denied(
     assert {c.id for c in docker_client.containers.list(all=True)} == before
     aborted = AuditEvent.objects.get(event_type="access.outcome")
     assert json.loads(aborted.data)["outcome"] == "aborted"
+
+
+@pytest.mark.django_db
+def test_a_secret_on_the_command_line_is_masked_in_the_audit_log(code_exec, capfd):
+    argv = ["run", "--agent", "coder", "--task", "SBX-1", "--"]
+    code = main([*argv, "curl", "-H", "Authorization: Bearer sekrit-token-123"])
+    assert code == EXIT_DENIED
+    requested = AuditEvent.objects.get(event_type="sandbox.run.requested")
+    assert "sekrit-token-123" not in requested.data
+    assert "[secret]" in json.loads(requested.data)["arguments"]["command"][2]
