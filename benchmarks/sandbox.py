@@ -114,6 +114,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--true",
+        action="store_true",
+        help="run /usr/bin/true instead of a one-line Python script (no interpreter start-up)",
+    )
     args = parser.parse_args()
 
     _setup_django()
@@ -126,7 +131,8 @@ def main() -> int:
     agent, task = _world(str(os.getpid()))
     db = DatabaseAuthorizer()
     limits = DEFAULT_LIMITS
-    probe = RunSpec(agent=agent, task=task, command=("true",), script=SCRIPT)
+    command = ("/usr/bin/true",) if args.true else ("python3", SCRIPT_PATH)
+    probe = RunSpec(agent=agent, task=task, command=command, script=SCRIPT)
     bare_dir = prepare_workdir(probe)
     (bare_dir / "tmp").mkdir(mode=0o1777)
     os.chmod(bare_dir / "tmp", 0o1777)  # noqa: S103 - bare bwrap's /tmp (uid 1000)
@@ -139,9 +145,9 @@ def main() -> int:
         "--security-opt", "no-new-privileges", "--ipc", "private",
         "-v", f"{bare_dir / 'scratch'}:/workspace",
         "-v", f"{bare_dir / 'in' / 'script'}:{SCRIPT_PATH}:ro",
-        "-w", "/workspace", DEFAULT_IMAGE, "python3", SCRIPT_PATH,
+        "-w", "/workspace", DEFAULT_IMAGE, *command,
     ]  # fmt: skip
-    bwrap_cmd = [*bwrap_argv(bare_dir, True, False), "--", "python3", SCRIPT_PATH]
+    bwrap_cmd = [*bwrap_argv(bare_dir, True, False), "--", *command]
     script_file = bare_dir / "in" / "script"
     clean_env = {"PATH": "/usr/bin:/bin", "HOME": str(bare_dir / "scratch")}
 
@@ -156,7 +162,7 @@ def main() -> int:
     def runner(backend: str) -> float:
         timed = Timed(db)
         spec = RunSpec(
-            agent=agent, task=task, command=("python3", SCRIPT_PATH), script=SCRIPT,
+            agent=agent, task=task, command=command, script=SCRIPT,
             backend=backend,
         )  # fmt: skip
         t0 = time.perf_counter()
@@ -188,7 +194,10 @@ def main() -> int:
         "runner/bubblewrap": lambda: runner("bubblewrap"),
         "bwrap": lambda: bare(bwrap_cmd, preexec_fn=as_sandbox_user),  # noqa: PLW1509
         # The same interpreter bwrap runs (/usr/bin/python3), with the same bare environment.
-        "process": lambda: bare(["/usr/bin/python3", str(script_file)], env=clean_env),
+        "process": lambda: bare(
+            ["/usr/bin/true"] if args.true else ["/usr/bin/python3", str(script_file)],
+            env=clean_env,
+        ),
     }  # fmt: skip
     for i in range(args.warmup + args.runs):
         for name, way in ways.items():
@@ -203,7 +212,8 @@ def main() -> int:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
-    print(f"\nstart-to-exit of a one-line script (`pass`), {args.runs} runs each, interleaved")
+    what = "/usr/bin/true" if args.true else "a one-line Python script (`pass`)"
+    print(f"\nstart-to-exit of {what}, {args.runs} runs each, interleaved")
     print(f"{'':20} {'p50 ms':>8} {'p90 ms':>8}")
     for name in ways:
         print(f"{name:20} {p(samples[name], 0.5):8.1f} {p(samples[name], 0.9):8.1f}")
