@@ -47,7 +47,9 @@ def test_run_with_a_command_after_the_double_dash(docker_client, code_exec, capf
 
 
 @pytest.mark.django_db
-def test_a_denial_prints_the_reason_and_exits_with_its_own_status(code_exec, capfd):
+def test_a_denial_prints_the_reason_and_exits_with_its_own_status(docker_client, code_exec, capfd):
+    # docker_client: the backend is checked before governance is asked (an allow is
+    # never spent on a host that cannot run the sandbox).
     code = main(["run", "--agent", "coder", "--task", "SBX-1", "--", "true"])
     assert code == EXIT_DENIED
     assert "not started: deny (no_grant)" in capfd.readouterr().err
@@ -117,7 +119,7 @@ def test_over_http_a_request_above_the_grant_is_denied(
 
 
 @pytest.mark.django_db
-def test_a_secret_on_the_command_line_is_masked_in_the_audit_log(code_exec, capfd):
+def test_a_secret_on_the_command_line_is_masked_in_the_audit_log(docker_client, code_exec, capfd):
     argv = ["run", "--agent", "coder", "--task", "SBX-1", "--"]
     code = main([*argv, "curl", "-H", "Authorization: Bearer sekrit-token-123"])
     assert code == EXIT_DENIED
