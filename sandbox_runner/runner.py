@@ -171,18 +171,20 @@ def execute(
         result.error = f"{type(exc).__name__}: {exc}"
         _say(f"the run failed: {result.error}")
     finally:
-        if handle is not None:
-            handle.kill()
-            handle.cleanup()
+        # Removal (tens of ms on the engine) overlaps with recording the outcome;
+        # execute() returns only once both are done.
+        teardown = threading.Thread(target=_teardown, args=(handle, workdir), daemon=True)
+        teardown.start()
         if proxy is not None:
             proxy.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    _flush(events, authorizer, spec)
     try:
+        _flush(events, authorizer, spec)
         authorizer.finished(spec, auth, result)
     except Exception as exc:
         _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
         return Outcome(EXIT_ERROR, auth, result)
+    finally:
+        teardown.join()
     if result.error and result.exit_code is None:
         return Outcome(EXIT_BACKEND, auth, result)
     if result.timed_out:
@@ -191,6 +193,13 @@ def execute(
     if result.oom_killed:
         _say(f"killed: out of memory (limit {auth.limits.memory_mb} MiB)")
     return Outcome(result.exit_code if result.exit_code is not None else EXIT_ERROR, auth, result)
+
+
+def _teardown(handle: object, workdir: Path) -> None:
+    if handle is not None:
+        handle.kill()  # type: ignore[attr-defined]
+        handle.cleanup()  # type: ignore[attr-defined]
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _flush(
