@@ -253,15 +253,17 @@ def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun 
 
 def run_reaped(*, run_id: str, why: str, actor: audit.Actor, at: datetime) -> SandboxRun | None:
     """The reaper killed the run's container. None if the run was already closed."""
+    changes = {
+        "status": SandboxRun.Status.REAPED,
+        "finished_at": at,
+        "timed_out": why == "deadline",
+        "error": f"killed by the reaper: {why}",
+    }
     with transaction.atomic():
-        run = _claim(
-            run_id,
-            SandboxRun.Status.RUNNING,
-            status=SandboxRun.Status.REAPED,
-            finished_at=at,
-            timed_out=why == "deadline",
-            error=f"killed by the reaper: {why}",
-        )
+        run = _claim(run_id, SandboxRun.Status.RUNNING, **changes)
+        if run is None:
+            # The runner died between starting the container and recording the start.
+            run = _claim(run_id, SandboxRun.Status.REQUESTED, **changes)
         if run is None:
             return None
         _event(run, EventType.SANDBOX_RUN_REAPED, actor, at, why=why)

@@ -115,3 +115,18 @@ def test_suspending_the_agent_gets_its_running_sandbox_reaped(docker_client, cod
         "agent_suspended"
     )
     assert _sandboxes_of(docker_client, "coder") == []
+
+
+@pytest.mark.django_db
+def test_a_run_reaped_before_its_start_was_recorded_is_still_marked(code_exec, spec_for):
+    from governance.services.sandbox import run_reaped, run_request
+
+    code_exec.grant()
+    spec = spec_for("print(1)")
+    assert run_request(spec=spec, at=datetime.now(UTC)).allowed
+    actor = Actor.system("sandbox_reaper")
+    assert run_reaped(run_id=spec.run_id, why="deadline", actor=actor, at=datetime.now(UTC))
+    assert run_record(spec.run_id).status == "reaped"
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.reaped"]
+    # Once only: a second reaper (or the runner) finds nothing left to claim.
+    assert run_reaped(run_id=spec.run_id, why="deadline", actor=actor, at=datetime.now(UTC)) is None
