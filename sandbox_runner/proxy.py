@@ -100,16 +100,21 @@ def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
-    socks = [a, b]
-    while True:
-        readable, _, _ = select.select(socks, [], [], IDLE_TIMEOUT)
+    """Copy both ways until both sides are done; a half-close is passed on."""
+    peer = {a: b, b: a}
+    reading = [a, b]
+    while reading:
+        readable, _, _ = select.select(reading, [], [], IDLE_TIMEOUT)
         if not readable:
             return
         for s in readable:
             data = s.recv(65536)
-            if not data:
-                return
-            (b if s is a else a).sendall(data)
+            if data:
+                peer[s].sendall(data)
+                continue
+            reading.remove(s)
+            with contextlib.suppress(OSError):
+                peer[s].shutdown(socket.SHUT_WR)
 
 
 class EgressProxy:
@@ -157,10 +162,13 @@ class EgressProxy:
             head = _read_head(conn)
             if head is None:
                 return
-            line, _, rest = head.partition(b"\r\n")
+            head, _, early = head.partition(b"\r\n\r\n")  # early: bytes sent after it
+            line, _, rest = (head + b"\r\n\r\n").partition(b"\r\n")
             parts = line.decode("latin-1").split(" ")
-            if len(parts) != 3:
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+            if len(parts) != 3:  # not a request line: still an attempt, logged as one
+                self._refuse(
+                    conn, EgressDecision(False, "bad_destination", line[:100].decode("latin-1"), 0)
+                )
                 return
             method, target, version = parts
             if method == "CONNECT":
@@ -193,9 +201,11 @@ class EgressProxy:
             self.report(decision)
             if method == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                upstream.sendall(early)
             else:
                 # Origin-form to the server; the rest of the request passes as is.
-                upstream.sendall(f"{method} {path or '/'} {version}\r\n".encode("latin-1") + rest)
+                request_line = f"{method} {path or '/'} {version}\r\n".encode("latin-1")
+                upstream.sendall(request_line + rest + early)
             conn.settimeout(None)
             upstream.settimeout(None)
             _pipe(conn, upstream)
