@@ -130,3 +130,40 @@ def test_a_run_reaped_before_its_start_was_recorded_is_still_marked(code_exec, s
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.reaped"]
     # Once only: a second reaper (or the runner) finds nothing left to claim.
     assert run_reaped(run_id=spec.run_id, why="deadline", actor=actor, at=datetime.now(UTC)) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigkilled_runner_takes_its_bubblewrap_sandbox_with_it(
+    bwrap_available, code_exec, tmp_path
+):
+    """No daemon keeps a bwrap sandbox alive: --die-with-parent kills it with the runner."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
+    from sandbox_runner.backends.bubblewrap import CGROUP_NAME, CGROUP_ROOT
+
+    code_exec.grant()
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
+    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
+    runner = subprocess.Popen(
+        [*argv, "--backend", "bubblewrap", "--script", str(script)],
+        env={**os.environ, "DATABASE_URL": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert runner.stdout.readline() == b"up\n"
+        run_id = str(SandboxRun.objects.get().run_id)
+        v1 = CGROUP_ROOT / "pids" / CGROUP_NAME / run_id / "cgroup.procs"
+        procs = v1 if v1.exists() else CGROUP_ROOT / CGROUP_NAME / run_id / "cgroup.procs"
+        assert procs.read_text().split()  # the sandbox is running in its cgroup
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=10)
+    finally:
+        runner.kill()
+    for _ in range(40):
+        if not procs.read_text().split():
+            break
+        time.sleep(0.05)
+    assert procs.read_text().split() == []  # every sandbox process died with the runner
