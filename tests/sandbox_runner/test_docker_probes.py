@@ -21,6 +21,7 @@ from governance.models import AuditEvent
 from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
 from sandbox_runner.runner import (
     EXIT_APPROVAL,
+    EXIT_BACKEND,
     EXIT_DENIED,
     EXIT_MALFORMED,
     EXIT_TIMEOUT,
@@ -408,3 +409,28 @@ def test_inspect_of_a_running_sandbox_shows_every_hardening_flag(
     assert float(config["Labels"]["governance.sandbox.deadline"]) > 0
     assert config["Labels"]["governance.sandbox.agent"] == "coder"
     assert run_record(spec.run_id).container_id == seen["Id"]
+
+
+def test_a_missing_image_fails_clearly_and_is_recorded(
+    docker_client, make_agent, make_tool, make_task, make_grant, spec_for
+):
+    agent = make_agent("coder")
+    tool = make_tool("code-exec", actions=("execute",), kind="code_exec")
+    make_grant(
+        agent,
+        tool,
+        actions=("execute",),
+        scope="sandbox:*",
+        task=make_task("SBX-1"),
+        duration=timedelta(days=3),
+    )
+    before = all_container_ids(docker_client)
+    spec = spec_for(None, "true", image="governance-sandbox:does-not-exist")
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_BACKEND
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and record.exit_code is None
+    assert "does-not-exist" in record.error
+    assert "build it with scripts/build_sandbox_image.sh" in record.error
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert all_container_ids(docker_client) == before
