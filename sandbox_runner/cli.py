@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", required=True)
     run.add_argument("--task")
     run.add_argument("--tool", default=DEFAULT_TOOL)
-    run.add_argument("--backend", default="docker", choices=["docker", "bubblewrap"])
+    run.add_argument("--backend", default="docker", choices=["docker", "bubblewrap", "gvisor"])
     run.add_argument("--image", default=DEFAULT_IMAGE)
     run.add_argument("--input", help="file mounted read-only at /sandbox/input")
     run.add_argument("--timeout", type=int, help="wall-clock seconds")

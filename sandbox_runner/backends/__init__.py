@@ -9,6 +9,7 @@ from sandbox_runner.backends.base import Backend, BackendUnavailable, Handle
 REGISTRY = {
     "docker": "sandbox_runner.backends.docker:DockerBackend",
     "bubblewrap": "sandbox_runner.backends.bubblewrap:BubblewrapBackend",
+    "gvisor": "sandbox_runner.backends.docker:GvisorBackend",
 }
 
 

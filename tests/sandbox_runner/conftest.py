@@ -101,16 +101,26 @@ def containers_of(client: Any, run_id: str) -> list[Any]:
     return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 
 
-@pytest.fixture(params=["docker", "bubblewrap"])
+@pytest.fixture(params=["docker", "bubblewrap", "gvisor"])
 def backend(request: pytest.FixtureRequest) -> str:
-    """The probes that apply to both backends run once per backend."""
-    request.getfixturevalue("docker_client" if request.param == "docker" else "bwrap_available")
+    """The probes that apply to every backend run once per backend. gVisor is
+    optional: it skips unless the engine has runsc registered, or fails when
+    SANDBOX_REQUIRE_GVISOR=1."""
+    if request.param == "bubblewrap":
+        request.getfixturevalue("bwrap_available")
+        return request.param
+    client = request.getfixturevalue("docker_client")
+    if request.param == "gvisor" and "runsc" not in client.info().get("Runtimes", {}):
+        reason = "gVisor: no runsc runtime registered with the engine (optional)"
+        if os.environ.get("SANDBOX_REQUIRE_GVISOR") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
     return request.param
 
 
 def leftovers(backend: str, run_id: str) -> list[Any]:
     """What a finished run left behind: containers (Docker) or cgroups (bubblewrap)."""
-    if backend == "docker":
+    if backend in ("docker", "gvisor"):
         import docker
 
         return containers_of(docker.from_env(), run_id)

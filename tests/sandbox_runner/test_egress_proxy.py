@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from governance.models import AuditEvent
+from sandbox_runner.runner import EXIT_BACKEND
 from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 
@@ -48,6 +49,15 @@ def servers():
     yield a, b
     a.close()
     b.close()
+
+
+def _refused_under_gvisor(spec):
+    """runsc runs with its own network off: a run with egress is refused, not weakened."""
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_BACKEND
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and "egress is not supported under runsc" in record.error
+    assert leftovers("gvisor", spec.run_id) == []
 
 
 # python3-minimal has no http or urllib.request: plain sockets speak to the proxy.
@@ -102,6 +112,9 @@ def test_only_the_granted_destination_is_reachable_and_every_attempt_is_logged(
 ):
     a, b = servers
     code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
+    if backend == "gvisor":
+        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+        return
     spec = spec_for(SCRIPT.format(a=a.port, b=b.port), backend=backend)
     outcome, out, err = run(spec)
     assert outcome.exit_code == 0, err
@@ -140,6 +153,9 @@ def test_a_name_that_resolves_to_loopback_is_refused_unless_the_address_is_named
     # `localhost` resolves (from /etc/hosts, no DNS) to 127.0.0.1: internal, and the
     # grant names the name, not the address, so the proxy refuses it.
     code_exec.grant(egress=[f"localhost:{a.port}"])
+    if backend == "gvisor":
+        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+        return
     script = SCRIPT.format(a=a.port, b=0).split("print(")[0] + (
         f"print(get('localhost', {a.port}, '/'))"
     )
