@@ -49,15 +49,21 @@ def audit_verify() -> dict[str, Any]:
 def sandbox_reap() -> dict[str, Any]:
     """Kill and record sandboxes past their deadline or whose grant died.
 
-    A worker on a host without a Docker engine has nothing to reap: it says so.
+    Bubblewrap runs whose runner is gone are closed too; a worker on a host
+    without a Docker engine skips the container part and says so.
     """
-    from governance.services.sandbox import reap_all
+    from governance.services.sandbox import reap_all, reap_orphans
 
+    summary: dict[str, Any] = {
+        "orphans": [f"{run_id}:{why}" for run_id, why in reap_orphans(at=timezone.now())]
+    }
     try:
         import docker
 
         client = docker.from_env(timeout=30)
         client.ping()
     except Exception as exc:
-        return {"skipped": f"no Docker engine: {type(exc).__name__}"}
-    return {"reaped": [f"{run_id}:{why}" for run_id, why in reap_all(client)]}
+        summary["skipped"] = f"no Docker engine: {type(exc).__name__}"
+        return summary
+    summary["reaped"] = [f"{run_id}:{why}" for run_id, why in reap_all(client)]
+    return summary

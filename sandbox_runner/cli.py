@@ -112,8 +112,11 @@ def _reap() -> int:
     from sandbox_runner.authorizers import DatabaseAuthorizer
 
     DatabaseAuthorizer()  # sets Django up
-    from governance.services.sandbox import reap_all
+    from governance.tasks import sandbox_reap
 
-    for run_id, why in reap_all():
-        print(f"reaped {run_id}: {why}")
+    summary = sandbox_reap()
+    for item in summary.get("orphans", []) + summary.get("reaped", []):
+        print(f"reaped {item}")
+    if "skipped" in summary:
+        print(f"containers: skipped ({summary['skipped']})")
     return 0

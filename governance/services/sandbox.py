@@ -17,7 +17,7 @@ the caller expects), so the runner and the reaper never both finish a run.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -308,6 +308,30 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
             address=decision.address,
             egress_reason=decision.reason,
         )
+
+
+# A daemon-less run (bubblewrap) has no container for the reaper to find; its sandbox
+# dies with its runner. One still "running" this long past its deadline has lost its
+# runner (the runner itself kills and records within a poll of the deadline).
+ORPHAN_GRACE = timedelta(seconds=5)
+
+
+def reap_orphans(*, at: datetime) -> list[tuple[str, str]]:
+    """Close bubblewrap runs whose runner is gone, and clean what it left behind."""
+    from sandbox_runner.backends.bubblewrap import clean_orphan
+    from sandbox_runner.runner import workdir_root
+
+    actor = audit.Actor.system("sandbox_reaper")
+    due = SandboxRun.objects.filter(
+        status=SandboxRun.Status.RUNNING, backend="bubblewrap", deadline_at__lt=at - ORPHAN_GRACE
+    )
+    closed = []
+    for run in due:
+        run_id = str(run.run_id)
+        clean_orphan(run_id, workdir_root())
+        if run_reaped(run_id=run_id, why="runner_gone", actor=actor, at=at):
+            closed.append((run_id, "runner_gone"))
+    return closed
 
 
 def reap_all(client: Any = None) -> list[tuple[str, str]]:

@@ -333,3 +333,21 @@ def _pump(stream: object, sink: Sink) -> None:
     read = stream.read1  # type: ignore[attr-defined]
     while chunk := read(65536):
         sink(chunk)
+
+
+def clean_orphan(run_id: str, workdir_root: Path) -> None:
+    """What a runner killed mid-run leaves behind (its sandbox died with it,
+    --die-with-parent): any process still in the run's cgroups is killed, the
+    cgroups removed, the /tmp mount undone, the work directory deleted."""
+    cgroups = Cgroups(run_id)
+    for key, parent in (
+        ("unified", CGROUP_ROOT),
+        *((c, CGROUP_ROOT / c) for c in ("memory", "pids", "cpu")),
+    ):
+        d = parent / CGROUP_NAME / run_id
+        if d.is_dir():
+            cgroups.dirs[key] = d
+    cgroups.remove()
+    for workdir in workdir_root.glob(f"run-{run_id}-*"):
+        unmount(workdir / "tmp")
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -19,11 +19,11 @@ from django.db import connection
 from governance.audit import Actor
 from governance.models import AuditEvent, SandboxRun
 from governance.services.agents import agent_suspend
-from governance.services.sandbox import reap_all
+from governance.services.sandbox import ORPHAN_GRACE, reap_all
 from governance.tasks import sandbox_reap
 from sandbox_runner.authorizers import DatabaseAuthorizer
 from sandbox_runner.backends.base import LABEL_AGENT
-from sandbox_runner.runner import EXIT_BACKEND, execute
+from sandbox_runner.runner import EXIT_BACKEND, execute, workdir_root
 from tests.sandbox_runner.conftest import containers_of, events_of, run_record
 
 
@@ -66,7 +66,7 @@ def test_a_sigkilled_runners_container_is_reaped_at_its_deadline(
     assert len(containers_of(docker_client, run_id)) == 1  # orphaned, still running
     assert reap_all(docker_client) == []  # before the deadline: left alone
     time.sleep(max(0.0, run.deadline_at.timestamp() - time.time()) + 0.2)
-    assert sandbox_reap() == {"reaped": [f"{run_id}:deadline"]}  # the scheduled task
+    assert sandbox_reap() == {"orphans": [], "reaped": [f"{run_id}:deadline"]}  # scheduled
     assert containers_of(docker_client, run_id) == []
     run.refresh_from_db()
     assert run.status == "reaped" and run.timed_out
@@ -147,13 +147,17 @@ def test_a_sigkilled_runner_takes_its_bubblewrap_sandbox_with_it(
     url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
     argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
     runner = subprocess.Popen(
-        [*argv, "--backend", "bubblewrap", "--script", str(script)],
+        [*argv, "--backend", "bubblewrap", "--timeout", "2", "--script", str(script)],
         env={**os.environ, "DATABASE_URL": url},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
         assert runner.stdout.readline() == b"up\n"
+        for _ in range(100):  # the runner records the start right after starting it
+            if SandboxRun.objects.get().status == "running":
+                break
+            time.sleep(0.1)
         run_id = str(SandboxRun.objects.get().run_id)
         v1 = CGROUP_ROOT / "pids" / CGROUP_NAME / run_id / "cgroup.procs"
         procs = v1 if v1.exists() else CGROUP_ROOT / CGROUP_NAME / run_id / "cgroup.procs"
@@ -167,3 +171,16 @@ def test_a_sigkilled_runner_takes_its_bubblewrap_sandbox_with_it(
             break
         time.sleep(0.05)
     assert procs.read_text().split() == []  # every sandbox process died with the runner
+    # The record is closed, and what the runner left (cgroups, /tmp mount, work
+    # directory) cleaned, once the run is past its deadline plus the grace.
+    run = SandboxRun.objects.get()
+    assert run.status == "running"
+    wait = run.deadline_at.timestamp() + ORPHAN_GRACE.total_seconds() - time.time()
+    assert sandbox_reap()["orphans"] == []  # still inside the grace
+    time.sleep(max(0.0, wait) + 0.3)
+    assert sandbox_reap()["orphans"] == [f"{run_id}:runner_gone"]
+    run.refresh_from_db()
+    assert run.status == "reaped" and run.error == "killed by the reaper: runner_gone"
+    assert not procs.parent.exists()
+    assert list(workdir_root().glob(f"run-{run_id}-*")) == []
+    assert events_of(run_id)[-1] == "sandbox.run.reaped"
