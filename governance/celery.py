@@ -121,6 +121,14 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "task": "governance.tasks.second_look_sample",
             "schedule": crontab(hour=5, minute=30),
         },
+        # The runner kills its sandbox at the deadline itself; this is the backstop for
+        # when the runner is gone (SIGKILL, host reboot) and for the kill switch: a
+        # sandbox whose agent was suspended (or whose grant was revoked) dies within
+        # one interval instead of running to its deadline. Cheap (one engine listing).
+        "sandbox-reap": {
+            "task": "governance.tasks.sandbox_reap",
+            "schedule": timedelta(seconds=15),
+        },
     }
 
 

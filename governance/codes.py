@@ -107,6 +107,15 @@ class EventType(models.TextChoices):
     TREND_RECORDED = "trend.recorded"
     SECOND_LOOK_SAMPLED = "second_look.sampled"
     SECOND_LOOK_DECIDED = "second_look.decided"
+    # The sandbox runner: one run from request to exit, and every egress attempt.
+    SANDBOX_RUN_REQUESTED = "sandbox.run.requested"
+    SANDBOX_RUN_DENIED = "sandbox.run.denied"
+    SANDBOX_RUN_STARTED = "sandbox.run.started"
+    SANDBOX_RUN_FINISHED = "sandbox.run.finished"
+    # Killed by the reaper: past its deadline (runner gone) or its agent suspended.
+    SANDBOX_RUN_REAPED = "sandbox.run.reaped"
+    SANDBOX_EGRESS_ALLOWED = "sandbox.egress.allowed"
+    SANDBOX_EGRESS_DENIED = "sandbox.egress.denied"
 
 
 class ActorType(models.TextChoices):

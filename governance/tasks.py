@@ -141,3 +141,27 @@ def expiring_notices() -> dict[str, int]:
 
     actor, at = _job("expiring_notices")
     return {"notified": grants_notify_expiring(actor=actor, at=at)}
+
+
+@shared_task(name="governance.tasks.sandbox_reap")
+def sandbox_reap() -> dict[str, Any]:
+    """Kill and record sandboxes past their deadline or whose grant died.
+
+    Bubblewrap runs whose runner is gone are closed too; a worker on a host
+    without a Docker engine skips the container part and says so.
+    """
+    from governance.services.sandbox import reap_all, reap_orphans
+
+    summary: dict[str, Any] = {
+        "orphans": [f"{run_id}:{why}" for run_id, why in reap_orphans(at=timezone.now())]
+    }
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:
+        summary["skipped"] = f"no Docker engine: {type(exc).__name__}"
+        return summary
+    summary["reaped"] = [f"{run_id}:{why}" for run_id, why in reap_all(client)]
+    return summary

@@ -344,6 +344,19 @@ class GrantOut(serializers.Serializer):
     break_glass = serializers.BooleanField()
     use_count = serializers.IntegerField()
     last_used_at = serializers.DateTimeField(allow_null=True)
+    # Code-execution ceilings (absent: the runner's floor). In GrantOut, not only the
+    # detail view, because a remote sandbox runner reads them from /me.
+    limits = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
+    def get_limits(self, grant: Any) -> dict[str, float]:
+        values = {
+            "cpus": grant.limit_cpus,
+            "memory_mb": grant.limit_memory_mb,
+            "pids": grant.limit_pids,
+            "wall_seconds": grant.limit_wall_seconds,
+        }
+        return {key: value for key, value in values.items() if value is not None}
 
     def get_requested_duration_seconds(self, grant: Any) -> int | None:
         duration = grant.requested_duration
@@ -561,18 +574,7 @@ class GrantDetailOut(GrantOut):
     decided_at = serializers.DateTimeField(allow_null=True)
     decision_reason = serializers.CharField()
     revoked_by = serializers.CharField(source="revoked_by.username", allow_null=True, default=None)
-    limits = serializers.SerializerMethodField()
     delegations = serializers.SerializerMethodField()
-
-    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
-    def get_limits(self, grant: Any) -> dict[str, float]:
-        values = {
-            "cpus": grant.limit_cpus,
-            "memory_mb": grant.limit_memory_mb,
-            "pids": grant.limit_pids,
-            "wall_seconds": grant.limit_wall_seconds,
-        }
-        return {key: value for key, value in values.items() if value is not None}
 
     @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
     def get_delegations(self, grant: Any) -> list[int]:

@@ -13,6 +13,7 @@ from governance.models.reviews import (
     ReviewItem,
     SecondLook,
 )
+from governance.models.sandbox import SandboxRun
 from governance.models.tasks import Task
 from governance.models.tools import Tool
 
@@ -23,6 +24,7 @@ __all__ = [
     "AuditEvent",
     "DecisionOutcome",
     "Grant",
+    "SandboxRun",
     "Task",
     "Tool",
     "BreakGlass",

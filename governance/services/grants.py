@@ -8,7 +8,6 @@ already refuse expired grants on their own).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,8 +21,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
 from governance.services.claims import claim_each
-
-_EGRESS = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})", re.ASCII)
+from sandbox_runner.egress import parse_destination
 
 
 def validate_shape(
@@ -51,8 +49,11 @@ def validate_shape(
     if any(not isinstance(f, str) or not f for f in fields):
         errors["fields"] = "Fields must be non-empty names."
     for item in egress:
-        match = _EGRESS.fullmatch(item) if isinstance(item, str) else None
-        if match is None or not 0 < int(match.group(2)) < 65536:
+        # The runner's own parser, so a grant can never hold an entry its proxy reads
+        # differently (or refuses) at run time.
+        try:
+            parse_destination(item)
+        except (ValueError, TypeError):
             errors["egress"] = f"Egress entry {item!r} is not host:port."
             break
     if duration is not None:

@@ -1,0 +1,360 @@
+"""Sandbox runs: every change to a run record, each with its audit event.
+
+run_request   decide (access_check, `execute` on the tool) and apply the grant's
+              ceiling to the requested limits and egress; record the run
+              (sandbox.run.requested, and sandbox.run.denied unless allowed)
+run_started   the container is up (sandbox.run.started)
+run_finished  exit code, timeout, OOM, output hashes (sandbox.run.finished)
+run_reaped    killed by the reaper (sandbox.run.reaped)
+egress_attempt  one event per connection attempt through the proxy
+
+The runner's core (sandbox_runner) knows nothing of Django; the in-process
+authorizer (sandbox_runner.authorizers.DatabaseAuthorizer) calls these.
+Transitions are claimed with a conditional UPDATE (status must still be what
+the caller expects), so the runner and the reaper never both finish a run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from governance import audit
+from governance.codes import ActionClass, EventType
+from governance.codes import Decision as Verdict
+from governance.models import Grant, SandboxRun
+from governance.policy import grant_dead_reason
+from governance.services.access import access_check
+from sandbox_runner.egress import EgressDecision
+from sandbox_runner.spec import Authorization, OverCeiling, RunResult, RunSpec, effective
+
+LIMIT_EXCEEDED = "limit_exceeds_grant"
+# The record keeps a masked excerpt of each stream (the runner captures up to
+# 1 MiB and hashes all of it). Masking is regex work that grows faster than
+# linearly on long unbroken runs, so the stored excerpt stays small.
+EXCERPT_CHARS = 4096
+
+
+def _event(
+    run: SandboxRun,
+    event_type: str,
+    actor: audit.Actor,
+    at: datetime,
+    verdict: tuple[str, str] | None = None,
+    **data: Any,
+) -> None:
+    decision, reason = verdict or (run.decision, run.reason)
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=run.agent,
+        task=run.task,
+        tool=run.tool,
+        action=ActionClass.EXECUTE,
+        scope=f"sandbox:{run.image}"[:500],
+        decision=decision,
+        reason=reason,
+        grant_id=run.grant_id,
+        data={"run_id": str(run.run_id), "status": run.status, **data},
+    )
+
+
+def _actor(agent: str) -> audit.Actor:
+    return audit.Actor("agent", f"agent:{agent}")
+
+
+def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
+    """Ask governance whether this run may start; record the run either way.
+
+    One transaction: the decision's event (access_check), the run record and
+    its events commit together. Raises only if nothing could be recorded; the
+    runner treats that as a denial.
+    """
+    arguments = spec.arguments()
+    with transaction.atomic():
+        run = SandboxRun.objects.create(
+            run_id=uuid.UUID(spec.run_id),
+            agent=spec.agent[:100],
+            task=(spec.task or "")[:100],
+            tool=spec.tool[:100],
+            backend=spec.backend[:20],
+            image=spec.image[:300],
+            command=list(spec.command),
+            script_sha256=spec.script_sha256,
+            input_sha256=spec.input_sha256,
+            requested_limits=arguments["limits"],
+            egress=arguments["egress"] or [],
+            requested_at=at,
+        )
+        _event(
+            run,
+            EventType.SANDBOX_RUN_REQUESTED,
+            _actor(run.agent),
+            at,
+            arguments=audit.mask(arguments),  # a command line can carry a secret
+        )
+        decision = access_check(
+            agent=spec.agent,
+            tool=spec.tool,
+            action=ActionClass.EXECUTE,
+            scope=spec.scope,
+            task=spec.task,
+            arguments=arguments,
+            at=at,
+        )
+        outcome, reason, message = decision.decision, decision.reason, decision.message
+        limits, egress = None, ()
+        if decision.allowed:
+            grant = Grant.objects.get(pk=decision.grant_id)
+            ceiling = {
+                "memory_mb": grant.limit_memory_mb,
+                "cpus": grant.limit_cpus,
+                "pids": grant.limit_pids,
+                "wall_seconds": grant.limit_wall_seconds,
+            }
+            try:
+                limits, egress = effective(spec, ceiling, grant.egress)
+            except (OverCeiling, ValueError) as exc:
+                outcome, reason, message = Verdict.DENY, LIMIT_EXCEEDED, str(exc)
+        run.grant_id = decision.grant_id
+        run.decision, run.reason, run.message = outcome, reason, message[:2000]
+        run.decision_id = decision.decision_id or ""
+        if limits is not None:
+            run.limits = {
+                "memory_mb": limits.memory_mb,
+                "cpus": limits.cpus,
+                "pids": limits.pids,
+                "wall_seconds": limits.wall_seconds,
+            }
+            run.egress = [str(d) for d in egress]
+        else:
+            run.status = SandboxRun.Status.DENIED
+        run.save()
+        if run.status == SandboxRun.Status.DENIED:
+            _event(run, EventType.SANDBOX_RUN_DENIED, _actor(run.agent), at, message=message)
+    return Authorization(
+        outcome=outcome,
+        reason=reason,
+        message=message,
+        run_id=spec.run_id,
+        limits=limits,
+        egress=tuple(egress),
+        grant_id=decision.grant_id,
+        approval_id=decision.approval_id,
+        decision_id=decision.decision_id,
+    )
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def _claim(run_id: str, expected: str, **changes: Any) -> SandboxRun | None:
+    """Move a run on from `expected`; None if someone else moved it first."""
+    if not _is_uuid(run_id):
+        return None
+    won = SandboxRun.objects.filter(run_id=run_id, status=expected).update(**changes)
+    return SandboxRun.objects.get(run_id=run_id) if won else None
+
+
+def run_started(
+    *,
+    run_id: str,
+    container_id: str,
+    image_digest: str,
+    deadline: float,
+    enforcement: dict[str, str],
+    at: datetime,
+) -> SandboxRun:
+    with transaction.atomic():
+        run = _claim(
+            run_id,
+            SandboxRun.Status.REQUESTED,
+            status=SandboxRun.Status.RUNNING,
+            started_at=at,
+            deadline_at=datetime.fromtimestamp(deadline, UTC),
+            container_id=container_id[:100],
+            image_digest=image_digest[:100],
+            enforcement=enforcement,
+        )
+        if run is None or run.decision != Verdict.ALLOW:
+            raise RuntimeError(f"run {run_id} was not authorized or already started")
+        _event(
+            run,
+            EventType.SANDBOX_RUN_STARTED,
+            _actor(run.agent),
+            at,
+            container_id=container_id,
+            image_digest=image_digest,
+            limits=run.limits,
+            enforcement=enforcement,
+            egress=run.egress,
+            deadline_at=run.deadline_at.isoformat() if run.deadline_at else None,
+        )
+    return run
+
+
+def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun | None:
+    """Record the outcome. A run the reaper already took stays reaped (None)."""
+    summary = result.summary()
+    out, err = summary["stdout"], summary["stderr"]
+    changes: dict[str, Any] = {
+        "finished_at": at,
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "oom_killed": result.oom_killed,
+        "stdout_excerpt": audit.mask(out["excerpt"][:EXCERPT_CHARS]),
+        "stdout_sha256": out["sha256"],
+        "stdout_bytes": out["bytes"],
+        "stderr_excerpt": audit.mask(err["excerpt"][:EXCERPT_CHARS]),
+        "stderr_sha256": err["sha256"],
+        "stderr_bytes": err["bytes"],
+        "error": result.error[:2000],
+    }
+    if result.enforcement:
+        changes["enforcement"] = result.enforcement
+    if result.image_digest:
+        changes["image_digest"] = result.image_digest[:100]
+    with transaction.atomic():
+        run = _claim(
+            run_id, SandboxRun.Status.RUNNING, status=SandboxRun.Status.FINISHED, **changes
+        )
+        if run is None:
+            # Never started (the backend failed): close it as failed.
+            run = _claim(
+                run_id, SandboxRun.Status.REQUESTED, status=SandboxRun.Status.FAILED, **changes
+            )
+        if run is None:
+            return None
+        _event(
+            run,
+            EventType.SANDBOX_RUN_FINISHED,
+            _actor(run.agent),
+            at,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            oom_killed=result.oom_killed,
+            stdout_sha256=out["sha256"],
+            stdout_bytes=out["bytes"],
+            stderr_sha256=err["sha256"],
+            stderr_bytes=err["bytes"],
+            error=result.error[:500],
+        )
+    return run
+
+
+def run_reaped(*, run_id: str, why: str, actor: audit.Actor, at: datetime) -> SandboxRun | None:
+    """The reaper killed the run's container. None if the run was already closed."""
+    changes = {
+        "status": SandboxRun.Status.REAPED,
+        "finished_at": at,
+        "timed_out": why == "deadline",
+        "error": f"killed by the reaper: {why}",
+    }
+    with transaction.atomic():
+        run = _claim(run_id, SandboxRun.Status.RUNNING, **changes)
+        if run is None:
+            # The runner died between starting the container and recording the start.
+            run = _claim(run_id, SandboxRun.Status.REQUESTED, **changes)
+        if run is None:
+            return None
+        _event(run, EventType.SANDBOX_RUN_REAPED, actor, at, why=why)
+    return run
+
+
+def reap_reason(*, run_id: str, deadline: float, at: datetime) -> str | None:
+    """Why a still-running sandbox must die now, or None to leave it.
+
+    Past its deadline; or its grant can no longer allow anything (agent
+    suspended: the kill switch; grant revoked or expired; tool quarantined),
+    asked of the one decision module. A container with no run record is
+    someone's leftover: it dies at its deadline like any other.
+    """
+    if deadline <= at.timestamp():
+        return "deadline"
+    if not _is_uuid(run_id):
+        return None
+    run = SandboxRun.objects.filter(run_id=run_id).only("grant_id").first()
+    if run is None or run.grant_id is None:
+        return None
+    dead = grant_dead_reason(run.grant_id, at)
+    return str(dead) if dead is not None else None
+
+
+def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> None:
+    """One audit event per connection attempt, allowed or denied."""
+    run = SandboxRun.objects.get(run_id=run_id)
+    with transaction.atomic():
+        _event(
+            run,
+            EventType.SANDBOX_EGRESS_ALLOWED
+            if decision.allowed
+            else EventType.SANDBOX_EGRESS_DENIED,
+            _actor(run.agent),
+            at,
+            verdict=(
+                Verdict.ALLOW if decision.allowed else Verdict.DENY,
+                f"egress_{decision.reason}"[:40],
+            ),
+            destination=f"{decision.host}:{decision.port}",
+            address=decision.address,
+            egress_reason=decision.reason,
+        )
+
+
+# A daemon-less run (bubblewrap) has no container for the reaper to find; its sandbox
+# dies with its runner. One still "running" this long past its deadline has lost its
+# runner (the runner itself kills and records within a poll of the deadline).
+ORPHAN_GRACE = timedelta(seconds=5)
+
+
+def reap_orphans(*, at: datetime) -> list[tuple[str, str]]:
+    """Close bubblewrap runs whose runner is gone, and clean what it left behind."""
+    from sandbox_runner.backends.bubblewrap import clean_orphan
+    from sandbox_runner.runner import workdir_root
+
+    actor = audit.Actor.system("sandbox_reaper")
+    due = SandboxRun.objects.filter(
+        status=SandboxRun.Status.RUNNING, backend="bubblewrap", deadline_at__lt=at - ORPHAN_GRACE
+    )
+    closed = []
+    for run in due:
+        run_id = str(run.run_id)
+        clean_orphan(run_id, workdir_root())
+        if run_reaped(run_id=run_id, why="runner_gone", actor=actor, at=at):
+            closed.append((run_id, "runner_gone"))
+    return closed
+
+
+def reap_all(client: Any = None) -> list[tuple[str, str]]:
+    """One reaper pass over the local Docker engine: kill and record every
+    sandbox past its deadline or whose grant can no longer allow anything."""
+    from django.utils import timezone
+
+    from sandbox_runner import reaper
+    from sandbox_runner.runner import workdir_root
+
+    if client is None:
+        import docker
+
+        client = docker.from_env(timeout=30)
+    actor = audit.Actor.system("sandbox_reaper")
+
+    def why(run_id: str, deadline: float) -> str | None:
+        return reap_reason(run_id=run_id, deadline=deadline, at=timezone.now())
+
+    def record(run_id: str, reason: str) -> None:
+        try:
+            run_reaped(run_id=run_id, why=reason, actor=actor, at=timezone.now())
+        except SandboxRun.DoesNotExist:
+            pass  # a container with a run id we never recorded: killed, nothing to mark
+
+    return reaper.reap(client, why, record, workdir_root())

@@ -1,0 +1,29 @@
+"""Backends, chosen by name from one registry (like healthchecks' TRANSPORTS)."""
+
+from __future__ import annotations
+
+import importlib
+
+from sandbox_runner.backends.base import Backend, BackendUnavailable, Handle
+
+REGISTRY = {
+    "docker": "sandbox_runner.backends.docker:DockerBackend",
+    "bubblewrap": "sandbox_runner.backends.bubblewrap:BubblewrapBackend",
+    "gvisor": "sandbox_runner.backends.docker:GvisorBackend",
+}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name`; BackendUnavailable if unknown or not usable here."""
+    target = REGISTRY.get(name)
+    if target is None:
+        raise BackendUnavailable(f"no backend is called {name!r} (known: {', '.join(REGISTRY)})")
+    module, _, cls = target.partition(":")
+    backend: Backend = getattr(importlib.import_module(module), cls)()
+    problem = backend.unavailable()
+    if problem:
+        raise BackendUnavailable(f"the {name} backend cannot run here: {problem}")
+    return backend
+
+
+__all__ = ["REGISTRY", "Backend", "BackendUnavailable", "Handle", "get_backend"]

@@ -1,0 +1,72 @@
+"""The tiny backend interface. A backend turns an authorized RunSpec into one
+throwaway sandbox; the runner (sandbox_runner.runner) owns the clock, the
+records and the egress proxy, so every backend is killed and recorded alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sandbox_runner.spec import Authorization, RunSpec
+
+Sink = Callable[[bytes], None]
+# Called with the pid of a process already inside the sandbox's network
+# namespace, before the sandboxed code runs: the runner binds its egress proxy
+# there. None when the run has no egress (the namespace stays empty).
+NetworkHook = Callable[[int], None] | None
+
+# Labels (Docker) / record fields shared by the reaper.
+LABEL_RUN = "governance.sandbox.run"
+LABEL_DEADLINE = "governance.sandbox.deadline"
+LABEL_AGENT = "governance.sandbox.agent"
+LABEL_WORKDIR = "governance.sandbox.workdir"
+LABEL_ROLE = "governance.sandbox.role"
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this host (no engine, no bwrap, no image)."""
+
+
+class Handle:
+    """One started sandbox."""
+
+    container_id: str = ""
+    image_digest: str = ""
+    enforcement: dict[str, str]
+
+    def wait(self) -> int | None:
+        """Block until the sandbox exits; its exit status (None if it vanished,
+        e.g. removed by the reaper). Runs in a thread."""
+        raise NotImplementedError("Handle.wait() must be implemented by the backend")
+
+    def kill(self) -> None:
+        """Kill at once (SIGKILL, not a polite stop). Safe to call twice."""
+        raise NotImplementedError("Handle.kill() must be implemented by the backend")
+
+    def oom_killed(self) -> bool:
+        raise NotImplementedError("Handle.oom_killed() must be implemented by the backend")
+
+    def cleanup(self) -> None:
+        """Remove the sandbox and everything it left behind."""
+        raise NotImplementedError("Handle.cleanup() must be implemented by the backend")
+
+
+class Backend:
+    name = "base"
+
+    def unavailable(self) -> str | None:
+        """None when usable here, else a sentence saying why not."""
+        raise NotImplementedError(f"{type(self).__name__}.unavailable() is not implemented")
+
+    def start(
+        self,
+        spec: RunSpec,
+        auth: Authorization,
+        workdir: Path,
+        deadline: float,
+        on_stdout: Sink,
+        on_stderr: Sink,
+        network: NetworkHook,
+    ) -> Handle:
+        """Create and start the sandbox; output goes to the sinks as it comes."""
+        raise NotImplementedError(f"{type(self).__name__}.start() is not implemented")

@@ -1,0 +1,277 @@
+"""Docker backend: one hardened container per run, through the docker SDK.
+
+The flags are the floor from DESIGN.md, not a menu: no network (or, with
+egress, only the namespace of a holder container where the runner's proxy
+listens on 127.0.0.1), read-only root, per-run scratch at /workspace, a
+noexec tmpfs /tmp, the script and input mounted read-only, memory with no
+extra swap, cpus, pids, uid 1000, every capability dropped,
+no-new-privileges and the engine's default seccomp profile (never
+`seccomp=unconfined`). No Docker socket and no host path beyond those mounts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox_runner.backends.base import (
+    LABEL_AGENT,
+    LABEL_DEADLINE,
+    LABEL_ROLE,
+    LABEL_RUN,
+    LABEL_WORKDIR,
+    Backend,
+    BackendUnavailable,
+    Handle,
+    NetworkHook,
+    Sink,
+)
+from sandbox_runner.spec import INPUT_PATH, SCRIPT_PATH, Authorization, Limits, RunSpec
+
+PROXY_PORT = 3128
+TMP_SIZE = "64m"
+
+
+def hardening(limits: Limits) -> dict[str, Any]:
+    """The container options every sandbox (and the network holder) gets.
+
+    Also used by the benchmark's bare `docker run`, so both start the same thing.
+    """
+    memory = f"{limits.memory_mb}m"
+    return {
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_SIZE}"},  # noqa: S108
+        "mem_limit": memory,
+        "memswap_limit": memory,  # swap equal to memory: no extra swap
+        "nano_cpus": int(limits.cpus * 1e9),
+        "pids_limit": limits.pids,
+        "user": "1000:1000",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "ipc_mode": "private",
+    }
+
+
+def labels(spec: RunSpec, deadline: float, workdir: Path, role: str) -> dict[str, str]:
+    return {
+        LABEL_RUN: spec.run_id,
+        LABEL_DEADLINE: f"{deadline:.3f}",
+        LABEL_AGENT: spec.agent,
+        LABEL_WORKDIR: str(workdir),
+        LABEL_ROLE: role,
+    }
+
+
+class DockerHandle(Handle):
+    def __init__(self, container: Any, holder: Any | None, enforcement: dict[str, str]) -> None:
+        self.container = container
+        self.holder = holder
+        self.container_id = container.id
+        self.image_digest = container.attrs.get("Image", "")
+        self.enforcement = enforcement
+        self.reader: threading.Thread | None = None
+
+    def wait(self) -> int | None:
+        import docker.errors
+
+        try:
+            status = self.container.wait()
+        except docker.errors.NotFound:
+            return None  # removed under us (the reaper): no exit status to report
+        if self.reader is not None:
+            # The attach stream ends with the container; join so no output is lost.
+            self.reader.join(timeout=5)
+        return int(status.get("StatusCode", -1))
+
+    def kill(self) -> None:
+        try:
+            self.container.kill()  # SIGKILL
+        except Exception:  # noqa: S110 - already gone is fine: the wait returns anyway
+            pass
+
+    def oom_killed(self) -> bool:
+        import docker.errors
+
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return False  # removed by the reaper; it records why
+        return bool(self.container.attrs["State"].get("OOMKilled"))
+
+    def cleanup(self) -> None:
+        for item in (self.container, self.holder):
+            if item is None:
+                continue
+            try:
+                item.remove(force=True, v=True)
+            except Exception:  # noqa: S110 - the reaper removes anything left behind
+                pass
+
+
+_shared: dict[str, Any] = {}
+
+
+def shared_client() -> Any:
+    """One engine client (and its connection pool) per process: a long-lived runner
+    or a benchmark does not pay a new connection and a ping for every run."""
+    if "client" not in _shared:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+        _shared["client"] = client
+    return _shared["client"]
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    runtime: str | None = None  # the engine's default (runc)
+
+    def __init__(self, client: Any = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = shared_client()
+        return self._client
+
+    def unavailable(self) -> str | None:
+        try:
+            self.client  # noqa: B018 - connects and pings once per process
+        except Exception as exc:
+            return f"no Docker engine answers ({type(exc).__name__}: {exc})"
+        if self.runtime is not None:
+            runtimes = _shared.get("runtimes")
+            if runtimes is None:
+                runtimes = _shared["runtimes"] = set(self.client.info().get("Runtimes", {}))
+            if self.runtime not in runtimes:
+                return f"the engine has no {self.runtime!r} runtime registered"
+        return None
+
+    def _holder(self, spec: RunSpec, workdir: Path, deadline: float) -> Any:
+        """A do-nothing container whose empty network namespace the sandbox
+        joins; the runner's proxy listens inside it on 127.0.0.1."""
+        tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0)
+        holder = self.client.containers.run(
+            spec.image,
+            ["sleep", "infinity"],
+            detach=True,
+            network_mode="none",
+            labels=labels(spec, deadline, workdir, "holder"),
+            **hardening(tiny),
+        )
+        holder.reload()
+        return holder
+
+    def start(
+        self,
+        spec: RunSpec,
+        auth: Authorization,
+        workdir: Path,
+        deadline: float,
+        on_stdout: Sink,
+        on_stderr: Sink,
+        network: NetworkHook,
+    ) -> Handle:
+        assert auth.limits is not None
+        import docker.errors
+
+        volumes = {str(workdir / "scratch"): {"bind": "/workspace", "mode": "rw"}}
+        if spec.script is not None:
+            volumes[str(workdir / "in" / "script")] = {"bind": SCRIPT_PATH, "mode": "ro"}
+        if spec.input is not None:
+            volumes[str(workdir / "in" / "input")] = {"bind": INPUT_PATH, "mode": "ro"}
+        environment = {
+            "HOME": "/workspace",
+            "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own noexec tmpfs
+            "SANDBOX_RUN_ID": spec.run_id,
+        }
+        if spec.input is not None:
+            environment["SANDBOX_INPUT"] = INPUT_PATH
+        holder = None
+        network_mode = "none"
+        options = hardening(auth.limits)
+        if self.runtime is not None:
+            if network is not None:
+                # runsc runs with --network=none: its own network stack cannot see the
+                # proxy in a shared namespace. Refuse rather than run with less.
+                raise BackendUnavailable(f"egress is not supported under {self.runtime}")
+            options["runtime"] = self.runtime
+        try:
+            if network is not None:
+                holder = self._holder(spec, workdir, deadline)
+                network(int(holder.attrs["State"]["Pid"]))
+                network_mode = f"container:{holder.id}"
+                proxy = f"http://127.0.0.1:{PROXY_PORT}"
+                for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                    environment[name] = proxy
+            container = self.client.containers.create(
+                spec.image,
+                list(spec.command),
+                network_mode=network_mode,
+                volumes=volumes,
+                working_dir="/workspace",
+                environment=environment,
+                labels=labels(spec, deadline, workdir, "sandbox"),
+                **options,
+            )
+        except docker.errors.ImageNotFound as exc:
+            if holder is not None:
+                holder.remove(force=True)
+            raise BackendUnavailable(
+                f"image {spec.image!r} is not on this engine; build it with "
+                "scripts/build_sandbox_image.sh"
+            ) from exc
+        except Exception:
+            if holder is not None:
+                holder.remove(force=True)
+            raise
+        handle = DockerHandle(
+            container,
+            holder,
+            {"memory": "docker", "cpus": "docker", "pids": "docker", "wall_seconds": "runner"},
+        )
+        # Attach before start so not a byte is missed; demux keeps stdout and stderr apart.
+        stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
+
+        def pump() -> None:
+            try:
+                for out, err in stream:
+                    if out:
+                        on_stdout(out)
+                    if err:
+                        on_stderr(err)
+            except Exception:  # noqa: S110 - a killed container may cut the stream
+                pass
+
+        handle.reader = threading.Thread(target=pump, name=f"out-{spec.run_id}", daemon=True)
+        handle.reader.start()
+        try:
+            container.start()
+        except Exception:
+            handle.cleanup()
+            raise
+        return handle
+
+
+class GvisorBackend(DockerBackend):
+    """The Docker backend under gVisor's runsc (a user-space kernel between the code
+    and the host's). The engine must register it, with runsc's own network off:
+    /etc/docker/daemon.json {"runtimes": {"runsc": {"path": "/usr/bin/runsc",
+    "runtimeArgs": ["--network=none"]}}}. No egress under it (refused)."""
+
+    name = "gvisor"
+    runtime = "runsc"
+
+
+def wait_gone(client: Any, run_id: str, timeout: float = 10.0) -> bool:
+    """True once no container labelled with run_id exists (tests and reaper)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,244 @@
+"""The per-run egress proxy (HTTP and CONNECT), listening inside the sandbox.
+
+The sandbox has no network of its own: its namespace holds only a loopback
+interface. The runner binds this proxy's listening socket on 127.0.0.1:3128
+*inside that namespace* (a thread enters it with setns(2), binds, and comes
+back), while every outbound connection the proxy makes comes from the
+runner's own namespace. So the only path out is this proxy, and there is no
+DNS inside: names are resolved here, by egress.decide(), which also refuses
+internal addresses unless the grant names them exactly.
+
+Every attempt, allowed or denied, is reported (destination, resolved address,
+reason) to `report`, which the runner turns into one audit event each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable, Iterable
+
+from sandbox_runner.egress import Destination, EgressDecision, Resolver, decide, system_resolver
+
+CLONE_NEWNET = 0x40000000
+LISTEN_PORT = 3128
+MAX_HEADER = 16 * 1024
+CONNECT_TIMEOUT = 10.0
+IDLE_TIMEOUT = 120.0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def listen_in_netns(pid: int, port: int = LISTEN_PORT) -> socket.socket:
+    """A TCP socket listening on 127.0.0.1:port in the network namespace of `pid`.
+
+    Runs in a throwaway thread: setns() changes only the calling thread, and a
+    thread that fails to come back must not go on serving anything else.
+    """
+    box: dict[str, object] = {}
+
+    def work() -> None:
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        try:
+            _setns(target)
+            try:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+                sock.listen(64)
+                box["sock"] = sock
+            finally:
+                _setns(home)
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            os.close(home)
+            os.close(target)
+
+    thread = threading.Thread(target=work, name="netns-bind")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["sock"]  # type: ignore[return-value]
+
+
+def _read_head(conn: socket.socket) -> bytes | None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return None
+        data += chunk
+        if len(data) > MAX_HEADER:
+            return None
+    return data
+
+
+def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None:
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else str(default_port)
+    elif authority.count(":") == 1:
+        host, _, port = authority.partition(":")
+    else:
+        host, port = authority, str(default_port)
+    if not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Copy both ways until both sides are done; a half-close is passed on."""
+    peer = {a: b, b: a}
+    reading = [a, b]
+    while reading:
+        readable, _, _ = select.select(reading, [], [], IDLE_TIMEOUT)
+        if not readable:
+            return
+        for s in readable:
+            data = s.recv(65536)
+            if data:
+                peer[s].sendall(data)
+                continue
+            reading.remove(s)
+            with contextlib.suppress(OSError):
+                peer[s].shutdown(socket.SHUT_WR)
+
+
+class EgressProxy:
+    """Allows exactly the grant's destinations; reports every attempt."""
+
+    def __init__(
+        self,
+        allowlist: Iterable[Destination],
+        report: Callable[[EgressDecision], None],
+        resolve: Resolver = system_resolver,
+    ) -> None:
+        self.allowlist = tuple(allowlist)
+        self.report = report
+        self.resolve = resolve
+        self.sock: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def bind_in(self, pid: int) -> None:
+        """The backend's network hook: listen inside the sandbox's namespace, serve."""
+        self.sock = listen_in_netns(pid)
+        thread = threading.Thread(target=self._serve, name="egress-proxy", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _serve(self) -> None:
+        assert self.sock is not None
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            with self._lock:
+                self._open.add(conn)
+                self._threads.append(thread)
+            thread.start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        try:
+            conn.settimeout(CONNECT_TIMEOUT)
+            head = _read_head(conn)
+            if head is None:
+                return
+            head, _, early = head.partition(b"\r\n\r\n")  # early: bytes sent after it
+            line, _, rest = (head + b"\r\n\r\n").partition(b"\r\n")
+            parts = line.decode("latin-1").split(" ")
+            if len(parts) != 3:  # not a request line: still an attempt, logged as one
+                self._refuse(
+                    conn, EgressDecision(False, "bad_destination", line[:100].decode("latin-1"), 0)
+                )
+                return
+            method, target, version = parts
+            if method == "CONNECT":
+                where, path = _split_hostport(target, 443), ""
+            elif target.startswith("http://"):
+                authority, slash, path = target[len("http://") :].partition("/")
+                where, path = _split_hostport(authority, 80), slash + path
+            else:
+                where, path = None, ""
+            if where is None:
+                self._refuse(conn, EgressDecision(False, "bad_destination", target, 0))
+                return
+            decision = decide(where[0], where[1], self.allowlist, self.resolve)
+            if not decision.allowed:
+                self._refuse(conn, decision)
+                return
+            assert decision.address is not None
+            try:
+                upstream = socket.create_connection(
+                    (decision.address, decision.port), timeout=CONNECT_TIMEOUT
+                )
+            except OSError:
+                self.report(
+                    EgressDecision(
+                        False, "connect_failed", decision.host, decision.port, decision.address
+                    )
+                )
+                conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n")
+                return
+            self.report(decision)
+            if method == "CONNECT":
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                upstream.sendall(early)
+            else:
+                # Origin-form to the server; the rest of the request passes as is.
+                request_line = f"{method} {path or '/'} {version}\r\n".encode("latin-1")
+                upstream.sendall(request_line + rest + early)
+            conn.settimeout(None)
+            upstream.settimeout(None)
+            _pipe(conn, upstream)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+            for s in (conn, upstream):
+                if s is not None:
+                    with contextlib.suppress(OSError):
+                        s.close()
+
+    def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
+        self.report(decision)
+        body = f"egress refused: {decision.reason}\n".encode()
+        conn.sendall(
+            b"HTTP/1.1 403 Forbidden\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+
+    def stop(self) -> None:
+        """Stop listening, cut open tunnels, wait for every handler to report."""
+        self._stopped.set()
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+        with self._lock:
+            for conn in list(self._open):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout=5)

@@ -1,0 +1,213 @@
+"""The runner: authorize, then run in a throwaway sandbox, then record.
+
+Nothing starts unless governance says allow. The runner owns the wall clock
+(kill at the deadline, whatever the backend), the egress proxy, the output
+capture and every call to the authorizer. All authorizer calls happen on this
+(the calling) thread: output readers and proxy threads only hand their data
+over, so the in-process adapter uses one database connection in order.
+
+Exit status: the code's own status when it ran to an exit; otherwise one of
+the EXIT_* codes below (documented in the README).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sandbox_runner.authorizers import Authorizer
+from sandbox_runner.backends import BackendUnavailable, get_backend
+from sandbox_runner.egress import EgressDecision
+from sandbox_runner.proxy import EgressProxy
+from sandbox_runner.spec import Authorization, RunResult, RunSpec
+
+# Distinct statuses for "the code never ran" (sysexits.h where one fits).
+EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: governance did not answer
+EXIT_ERROR = 70  # EX_SOFTWARE: the runner itself failed (nothing was left running)
+EXIT_BACKEND = 71  # EX_OSERR: the backend is unavailable or could not start the sandbox
+EXIT_APPROVAL = 75  # EX_TEMPFAIL: approval required; retry once a human approved
+EXIT_MALFORMED = 76  # EX_PROTOCOL: governance answered something that is not a decision
+EXIT_DENIED = 77  # EX_NOPERM: denied (no grant, expired, suspended, over the grant's limits)
+EXIT_TIMEOUT = 124  # killed at the wall-clock timeout (as timeout(1) does)
+
+EXIT_FOR_OUTCOME = {
+    "deny": EXIT_DENIED,
+    "approval_required": EXIT_APPROVAL,
+    "unreachable": EXIT_UNREACHABLE,
+    "malformed": EXIT_MALFORMED,
+}
+POLL = 0.05  # seconds between deadline checks and egress-record flushes
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    auth: Authorization | None
+    result: RunResult | None
+
+
+def _say(message: str) -> None:
+    print(f"sandbox_runner: {message}", file=sys.stderr, flush=True)
+
+
+def workdir_root() -> Path:
+    return Path(os.environ.get("SANDBOX_WORKDIR") or tempfile.gettempdir()) / "governance-sandbox"
+
+
+def prepare_workdir(spec: RunSpec) -> Path:
+    """A fresh directory per run: scratch (rw for uid 1000) and in/ (read-only copies).
+
+    The script and input are copied, so what runs is exactly what was hashed.
+    """
+    root = workdir_root()
+    root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    workdir = Path(tempfile.mkdtemp(prefix=f"run-{spec.run_id}-", dir=root))
+    # Traversable, not listable: the engine (and bwrap as uid 1000) reach the mounts.
+    os.chmod(workdir, 0o711)  # noqa: S103
+    scratch = workdir / "scratch"
+    scratch.mkdir(mode=0o700)
+    inputs = workdir / "in"
+    inputs.mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        os.chown(scratch, 1000, 1000)
+    for name, data in (("script", spec.script), ("input", spec.input)):
+        if data is not None:
+            path = inputs / name
+            path.write_bytes(data)
+            path.chmod(0o444)
+    return workdir
+
+
+def _tee(sink: BinaryIO | None, captured: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    def feed(chunk: bytes) -> None:
+        captured(chunk)
+        if sink is not None:
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except (OSError, ValueError):
+                pass  # the caller went away; capture goes on
+
+    return feed
+
+
+def execute(
+    spec: RunSpec,
+    authorizer: Authorizer,
+    *,
+    stdout: BinaryIO | None = None,
+    stderr: BinaryIO | None = None,
+    on_started: Callable[[RunSpec, object], None] | None = None,
+) -> Outcome:
+    """Authorize and run one spec. Never raises for the sandboxed code's sake."""
+    try:
+        backend = get_backend(spec.backend)
+    except BackendUnavailable as exc:
+        _say(str(exc))
+        return Outcome(EXIT_BACKEND, None, None)
+    auth = authorizer.authorize(spec)
+    if not auth.allowed:
+        _say(f"not started: {auth.outcome} ({auth.reason}): {auth.message}")
+        return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
+    assert auth.limits is not None
+
+    result = RunResult(run_id=spec.run_id, backend=spec.backend)
+    events: queue.SimpleQueue[EgressDecision] = queue.SimpleQueue()
+    proxy = EgressProxy(auth.egress, report=events.put) if auth.egress else None
+    workdir = prepare_workdir(spec)
+    deadline = time.time() + auth.limits.wall_seconds
+    handle = None
+    try:
+        handle = backend.start(
+            spec,
+            auth,
+            workdir,
+            deadline,
+            _tee(stdout, result.stdout.feed),
+            _tee(stderr, result.stderr.feed),
+            proxy.bind_in if proxy else None,
+        )
+        result.container_id = handle.container_id
+        result.image_digest = handle.image_digest
+        result.enforcement = dict(handle.enforcement)
+        authorizer.started(spec, auth, result, deadline)
+        if on_started is not None:
+            on_started(spec, handle)
+
+        status: dict[str, int | None] = {}
+        done = threading.Event()
+
+        def waiter() -> None:
+            try:
+                status["code"] = handle.wait()
+            finally:
+                done.set()
+
+        threading.Thread(target=waiter, name=f"wait-{spec.run_id}", daemon=True).start()
+        while not done.is_set():
+            _flush(events, authorizer, spec)
+            remaining = deadline - time.time()
+            if remaining <= 0 and not result.timed_out:
+                handle.kill()  # SIGKILL at the deadline, not a polite stop
+                result.timed_out = True
+            done.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
+        result.exit_code = status.get("code")
+        if result.exit_code is None:
+            result.error = "the sandbox vanished before reporting an exit (reaped?)"
+        result.oom_killed = handle.oom_killed()
+    except BackendUnavailable as exc:
+        result.error = str(exc)
+        _say(result.error)
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        _say(f"the run failed: {result.error}")
+    finally:
+        # Removal (tens of ms on the engine) overlaps with recording the outcome;
+        # execute() returns only once both are done.
+        teardown = threading.Thread(target=_teardown, args=(handle, workdir), daemon=True)
+        teardown.start()
+        if proxy is not None:
+            proxy.stop()
+    try:
+        _flush(events, authorizer, spec)
+        authorizer.finished(spec, auth, result)
+    except Exception as exc:
+        _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
+        return Outcome(EXIT_ERROR, auth, result)
+    finally:
+        teardown.join()
+    if result.error and result.exit_code is None:
+        return Outcome(EXIT_BACKEND, auth, result)
+    if result.timed_out:
+        _say(f"killed at the {auth.limits.wall_seconds}s timeout")
+        return Outcome(EXIT_TIMEOUT, auth, result)
+    if result.oom_killed:
+        _say(f"killed: out of memory (limit {auth.limits.memory_mb} MiB)")
+    return Outcome(result.exit_code if result.exit_code is not None else EXIT_ERROR, auth, result)
+
+
+def _teardown(handle: object, workdir: Path) -> None:
+    if handle is not None:
+        handle.kill()  # type: ignore[attr-defined]
+        handle.cleanup()  # type: ignore[attr-defined]
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _flush(
+    events: queue.SimpleQueue[EgressDecision], authorizer: Authorizer, spec: RunSpec
+) -> None:
+    while True:
+        try:
+            decision = events.get_nowait()
+        except queue.Empty:
+            return
+        authorizer.egress(spec, decision)

@@ -1,0 +1,220 @@
+"""The runner's contract: what to run (RunSpec), what governance allowed
+(Authorization), and what happened (RunResult). No Django here.
+
+Limits and egress follow one rule, `effective()`: the grant's values are the
+ceiling. A request above a ceiling is refused (never silently lowered), a
+request below it is honoured, and what is left unsaid takes the ceiling. A
+grant without a value for a limit gets the runner's floor (DEFAULT_LIMITS),
+never "unlimited".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sandbox_runner.egress import Destination, parse_destination
+
+DEFAULT_TOOL = "code-exec"
+DEFAULT_IMAGE = "governance-sandbox:bookworm"
+# Where the script and input appear inside the sandbox (read-only).
+SCRIPT_PATH = "/sandbox/script"
+INPUT_PATH = "/sandbox/input"
+OUTPUT_CAP = 1024 * 1024  # bytes kept per stream; the hash covers all of it
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one run. Every field is a hard ceiling inside the sandbox."""
+
+    memory_mb: int
+    cpus: float
+    pids: int
+    wall_seconds: int
+
+
+# The runner's floor: what a grant without explicit limits gets.
+DEFAULT_LIMITS = Limits(memory_mb=256, cpus=1.0, pids=64, wall_seconds=60)
+LIMIT_NAMES = ("memory_mb", "cpus", "pids", "wall_seconds")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One execution as the caller asked for it (before governance answers).
+
+    `limits` holds only what the caller asked for (None = take the ceiling);
+    `egress` is None when the caller did not narrow the grant's list.
+    """
+
+    agent: str
+    task: str | None
+    command: tuple[str, ...]
+    tool: str = DEFAULT_TOOL
+    backend: str = "docker"
+    image: str = DEFAULT_IMAGE
+    script: bytes | None = None
+    input: bytes | None = None
+    limits: Mapping[str, float | int | None] = field(default_factory=dict)
+    egress: tuple[str, ...] | None = None
+    run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    @property
+    def script_sha256(self) -> str:
+        return hashlib.sha256(self.script).hexdigest() if self.script is not None else ""
+
+    @property
+    def input_sha256(self) -> str:
+        return hashlib.sha256(self.input).hexdigest() if self.input is not None else ""
+
+    @property
+    def scope(self) -> str:
+        """The resource an `execute` grant must cover: the image, e.g. `sandbox:*`."""
+        return "sandbox:" + re.sub(r"[^A-Za-z0-9._~:@/-]", "_", self.image)
+
+    def arguments(self) -> dict[str, Any]:
+        """What governance sees (and hashes) for the decision."""
+        return {
+            "run_id": self.run_id,
+            "backend": self.backend,
+            "image": self.image,
+            "command": list(self.command),
+            "script_sha256": self.script_sha256,
+            "input_sha256": self.input_sha256,
+            "limits": {name: self.limits.get(name) for name in LIMIT_NAMES},
+            "egress": list(self.egress) if self.egress is not None else None,
+        }
+
+
+class OverCeiling(ValueError):
+    """A request above what the grant allows; the message says which part."""
+
+
+def effective(
+    spec: RunSpec,
+    ceiling: Mapping[str, float | int | None],
+    granted_egress: Sequence[str],
+) -> tuple[Limits, tuple[Destination, ...]]:
+    """The limits and egress a run gets under a grant, or OverCeiling.
+
+    `ceiling` is the grant's limits (None = the runner's floor). Egress: the
+    grant's list unless the caller named a subset; naming anything the grant
+    does not list is refused.
+    """
+    values: dict[str, Any] = {}
+    for name in LIMIT_NAMES:
+        cap = ceiling.get(name)
+        cap = getattr(DEFAULT_LIMITS, name) if cap is None else cap
+        asked = spec.limits.get(name)
+        if asked is None:
+            values[name] = cap
+        elif not asked > 0:
+            raise OverCeiling(f"{name} must be positive (asked {asked})")
+        elif asked > cap:
+            raise OverCeiling(f"{name} {asked} is above the grant's {cap}")
+        else:
+            values[name] = asked
+    limits = Limits(
+        memory_mb=int(values["memory_mb"]),
+        cpus=float(values["cpus"]),
+        pids=int(values["pids"]),
+        wall_seconds=int(values["wall_seconds"]),
+    )
+    granted = tuple(parse_destination(e) for e in granted_egress)
+    if spec.egress is None:
+        return limits, granted
+    wanted = tuple(parse_destination(e) for e in spec.egress)
+    extra = [str(d) for d in wanted if d not in granted]
+    if extra:
+        raise OverCeiling(f"egress to {', '.join(extra)} is not in the grant")
+    return limits, wanted
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """Governance's answer for one run. Only `allowed` starts anything.
+
+    `outcome` is allow | deny | approval_required | unreachable | malformed.
+    """
+
+    outcome: str
+    reason: str
+    message: str
+    run_id: str
+    limits: Limits | None = None
+    egress: tuple[Destination, ...] = ()
+    grant_id: int | None = None
+    approval_id: str | None = None
+    decision_id: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome == "allow" and self.limits is not None
+
+
+@dataclass
+class Captured:
+    """One output stream: the first OUTPUT_CAP bytes and the hash of all of it."""
+
+    cap: int = OUTPUT_CAP
+    head: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    _hash: Any = field(default_factory=hashlib.sha256)
+
+    def feed(self, chunk: bytes) -> None:
+        self._hash.update(chunk)
+        self.total += len(chunk)
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head)
+
+
+@dataclass
+class RunResult:
+    """What happened. exit_code None means the code never ran to an exit."""
+
+    run_id: str
+    backend: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout: Captured = field(default_factory=Captured)
+    stderr: Captured = field(default_factory=Captured)
+    image_digest: str = ""
+    container_id: str = ""
+    # How the limits were enforced: docker (cgroups via the engine), cgroup, rlimit.
+    enforcement: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-safe record of the result (for the run record and audit event)."""
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("stdout", "stderr")
+        }
+        for name in ("stdout", "stderr"):
+            stream: Captured = getattr(self, name)
+            out[name] = {
+                "excerpt": bytes(stream.head).decode("utf-8", "replace"),
+                "sha256": stream.sha256,
+                "bytes": stream.total,
+                "truncated": stream.truncated,
+            }
+        return out
+
+
+def read_file(path: str | Path) -> bytes:
+    return Path(path).read_bytes()

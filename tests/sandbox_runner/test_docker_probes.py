@@ -1,0 +1,446 @@
+"""Adversarial probes against a real Docker engine, and bubblewrap where they
+apply. Each probe checks the
+outcome AND the run record and its audit events. The code under test is
+hostile on purpose. Network rule: traffic only to 127.0.0.1 or to namespaces
+the test itself made (a container with --network none has only its own
+loopback, so nothing it tries can leave it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import subprocess
+import threading
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from governance.models import AuditEvent
+from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
+from sandbox_runner.runner import (
+    EXIT_APPROVAL,
+    EXIT_BACKEND,
+    EXIT_DENIED,
+    EXIT_MALFORMED,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    execute,
+)
+from tests.sandbox_runner.conftest import events_of, leftovers, run_record
+
+pytestmark = pytest.mark.django_db
+
+
+def run(spec, authorizer=None, **kw):
+    out, err = io.BytesIO(), io.BytesIO()
+    outcome = execute(spec, authorizer or DatabaseAuthorizer(), stdout=out, stderr=err, **kw)
+    return outcome, out.getvalue().decode(), err.getvalue().decode()
+
+
+def all_container_ids(client) -> set[str]:
+    return {c.id for c in client.containers.list(all=True)}
+
+
+def test_a_trivial_script_runs_and_is_recorded(backend, code_exec, spec_for):
+    code_exec.grant()
+    spec = spec_for(
+        "import sys; print('hello'); print('oops', file=sys.stderr); raise SystemExit(3)",
+        backend=backend,
+    )
+    outcome, out, err = run(spec)
+    assert outcome.exit_code == 3
+    assert out == "hello\n" and "oops" in err
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.exit_code == 3 and not record.timed_out
+    assert record.stdout_excerpt == "hello\n" and record.stderr_excerpt == "oops\n"
+    assert record.image_digest.startswith("host:" if backend == "bubblewrap" else "sha256:")
+    assert record.backend == backend
+    assert record.script_sha256 == spec.script_sha256
+    assert record.limits == {"memory_mb": 256, "cpus": 1.0, "pids": 64, "wall_seconds": 60}
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.finished",
+    ]
+    assert leftovers(backend, spec.run_id) == []
+
+
+def test_output_past_the_cap_is_truncated_but_hashed_whole(docker_client, code_exec, spec_for):
+    import hashlib
+
+    code_exec.grant()
+    spec = spec_for("import sys; sys.stdout.write('x' * (2 * 1024 * 1024))")
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0 and len(out) == 2 * 1024 * 1024  # streamed in full
+    record = run_record(spec.run_id)
+    assert record.stdout_bytes == 2 * 1024 * 1024
+    assert record.stdout_sha256 == hashlib.sha256(b"x" * (2 * 1024 * 1024)).hexdigest()
+    assert len(outcome.result.stdout.head) == 1024 * 1024
+
+
+# --- Refusals: no container is ever created --------------------------------------------
+
+
+def test_no_grant_starts_no_container(docker_client, code_exec, spec_for):
+    before = all_container_ids(docker_client)
+    spec = spec_for("print('never')")
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == EXIT_DENIED and out == ""
+    assert run_record(spec.run_id).reason == "no_grant"
+    assert run_record(spec.run_id).status == "denied"
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    assert all_container_ids(docker_client) == before
+
+
+def test_an_expired_grant_starts_no_container(docker_client, code_exec, spec_for):
+    real_now = datetime.now(UTC)
+    code_exec.grant(starts_at=real_now - timedelta(hours=2), duration=timedelta(hours=1))
+    before = all_container_ids(docker_client)
+    spec = spec_for("print('never')")
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_DENIED
+    assert run_record(spec.run_id).reason == "grant_expired"
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    assert all_container_ids(docker_client) == before
+
+
+def test_approval_pending_starts_no_container(
+    docker_client, make_agent, make_tool, make_grant, make_task, spec_for
+):
+    agent = make_agent("coder")
+    tool = make_tool("code-exec", actions=("execute",), irreversible=True, kind="code_exec")
+    make_grant(
+        agent,
+        tool,
+        actions=("execute",),
+        scope="sandbox:*",
+        task=make_task("SBX-1"),
+        duration=timedelta(days=3),
+    )
+    before = all_container_ids(docker_client)
+    spec = spec_for("print('never')")
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_APPROVAL
+    assert outcome.auth.approval_id
+    record = run_record(spec.run_id)
+    assert (record.decision, record.status) == ("approval_required", "denied")
+    assert "access.approval_required" in set(
+        AuditEvent.objects.values_list("event_type", flat=True)
+    )
+    assert all_container_ids(docker_client) == before
+
+
+@pytest.mark.parametrize(
+    ("limits", "egress", "message"),
+    [
+        ({"memory_mb": 512}, None, "memory_mb 512 is above the grant's 128"),
+        ({"pids": 1000}, None, "pids 1000 is above the grant's 64"),
+        ({"wall_seconds": 61}, None, "wall_seconds 61 is above the grant's 60"),
+        ({}, ("127.0.0.1:9",), "egress to 127.0.0.1:9 is not in the grant"),
+    ],
+)
+def test_a_request_above_the_grant_is_denied_not_lowered(
+    docker_client, code_exec, spec_for, limits, egress, message
+):
+    code_exec.grant(limits={"memory_mb": 128})
+    before = all_container_ids(docker_client)
+    spec = spec_for("print('never')", limits=limits, egress=egress)
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_DENIED
+    record = run_record(spec.run_id)
+    assert (record.reason, record.message) == ("limit_exceeds_grant", message)
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    assert all_container_ids(docker_client) == before
+
+
+def test_a_request_below_the_grant_is_honoured(docker_client, code_exec, spec_for):
+    code_exec.grant(limits={"memory_mb": 128, "pids": 32, "wall_seconds": 20, "cpus": 1.0})
+    spec = spec_for(
+        "print(open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read())",
+        limits={"memory_mb": 64, "wall_seconds": 10},
+    )
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0
+    assert int(out) == 64 * 1024 * 1024
+    assert run_record(spec.run_id).limits == {
+        "memory_mb": 64,
+        "cpus": 1.0,
+        "pids": 32,
+        "wall_seconds": 10,
+    }
+
+
+class _Garbage(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"decision": "allow", "reason": 7}')
+
+    def log_message(self, *args):
+        pass
+
+
+def test_garbage_from_the_authorizer_starts_no_container(docker_client, spec_for):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        before = all_container_ids(docker_client)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        outcome, _, _ = run(spec_for("print('never')"), HttpAuthorizer(url, "agt_x"))
+        assert outcome.exit_code == EXIT_MALFORMED
+        assert outcome.auth.outcome == "malformed"
+        assert all_container_ids(docker_client) == before
+    finally:
+        server.shutdown()
+
+
+def test_an_unreachable_authorizer_starts_no_container(docker_client, spec_for):
+    with socket.socket() as sock:  # a port that was free a moment ago: nobody listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    before = all_container_ids(docker_client)
+    outcome, _, _ = run(spec_for("print('never')"), HttpAuthorizer(f"http://127.0.0.1:{port}", "t"))
+    assert outcome.exit_code == EXIT_UNREACHABLE
+    assert all_container_ids(docker_client) == before
+
+
+# --- Confinement -------------------------------------------------------------------------
+
+WRITES = """
+import os, subprocess
+for path in ("/etc/pwned", "/usr/pwned", "/pwned", "/sandbox/pwned"):
+    try:
+        open(path, "w").write("x")
+        print(path, "WRITTEN")
+    except OSError as exc:
+        print(path, exc.errno)
+open("/workspace/ok", "w").write("fine")
+print("/workspace ok")
+with open("/tmp/run.sh", "w") as f:
+    f.write("#!/bin/sh\\necho EXECUTED\\n")
+os.chmod("/tmp/run.sh", 0o755)
+try:
+    subprocess.run(["/tmp/run.sh"], check=False)
+    print("/tmp EXEC-ALLOWED")
+except PermissionError:
+    print("/tmp noexec")
+raise SystemExit(5)
+"""
+
+
+def test_writes_outside_scratch_fail_and_tmp_is_not_executable(backend, code_exec, spec_for):
+    code_exec.grant()
+    spec = spec_for(WRITES, backend=backend)
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 5
+    lines = out.splitlines()
+    # 30 = EROFS: the root file system is read-only (gVisor's kernel answers 13, EACCES)
+    errno = "13" if backend == "gvisor" else "30"
+    assert lines[:4] == [
+        f"{p} {errno}" for p in ("/etc/pwned", "/usr/pwned", "/pwned", "/sandbox/pwned")
+    ]
+    assert lines[4:] == ["/workspace ok", "/tmp noexec"]
+    record = run_record(spec.run_id)
+    assert (record.status, record.exit_code) == ("finished", 5)
+
+
+FORK = """
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError as exc:
+    print("stopped after", n, type(exc).__name__, flush=True)
+"""
+
+
+def test_a_fork_bomb_is_stopped_by_the_pids_limit(backend, code_exec, spec_for):
+    if backend == "gvisor":
+        pytest.skip("gVisor: the pids limit counts the sentry's host threads, not guest forks")
+    code_exec.grant()
+    spec = spec_for(FORK, limits={"pids": 16, "wall_seconds": 20}, backend=backend)
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0
+    words = out.split()
+    assert words[:2] == ["stopped", "after"] and int(words[2]) < 16
+    assert words[3] == "BlockingIOError"  # EAGAIN from fork(): the cgroup's pids.max
+    # The host and this process are unaffected.
+    assert subprocess.run(["true"], check=False).returncode == 0
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.limits["pids"] == 16
+    assert record.enforcement["pids"] == ("cgroup" if backend == "bubblewrap" else "docker")
+
+
+def test_a_memory_balloon_is_oom_killed_and_recorded(backend, code_exec, spec_for):
+    if backend == "gvisor":
+        # Seen both ways here: killed (137) with the engine's OOMKilled flag set, and not.
+        pytest.skip("gVisor: the engine does not reliably report OOMKilled under runsc")
+    code_exec.grant()
+    spec = spec_for(
+        "b = []\nwhile True: b.append(bytearray(8 * 1024 * 1024))",
+        limits={"memory_mb": 64, "wall_seconds": 30},
+        backend=backend,
+    )
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == 137
+    record = run_record(spec.run_id)
+    assert record.oom_killed and record.exit_code == 137 and not record.timed_out
+    finished = AuditEvent.objects.filter(event_type="sandbox.run.finished").last()
+    assert json.loads(finished.data)["oom_killed"] is True
+    assert leftovers(backend, spec.run_id) == []
+
+
+def test_sleep_past_the_timeout_is_killed_within_two_seconds(backend, code_exec, spec_for):
+    code_exec.grant()
+    spec = spec_for("import time; time.sleep(30)", limits={"wall_seconds": 2}, backend=backend)
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_TIMEOUT
+    record = run_record(spec.run_id)
+    assert record.timed_out and record.status == "finished"
+    assert (record.finished_at - record.deadline_at).total_seconds() < 2
+    assert leftovers(backend, spec.run_id) == []
+
+
+PRIVILEGES = """
+import os, subprocess
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+print("uid", os.getuid(), os.getgid())
+print("CapEff", status["CapEff"].strip())
+print("CapPrm", status["CapPrm"].strip())
+print("NoNewPrivs", status["NoNewPrivs"].strip())
+print("Seccomp", status["Seccomp"].strip())
+def attempt(*argv):
+    done = subprocess.run(argv, capture_output=True, text=True)
+    return "refused" if done.returncode != 0 else "SUCCEEDED"
+print("mount", attempt("mount", "-t", "tmpfs", "none", "/workspace"))
+print("unshare-user", attempt("unshare", "--user", "--map-root-user", "true"))
+print("unshare-mount", attempt("unshare", "--mount", "true"))
+print("docker.sock", any(os.path.exists(p) for p in ("/var/run/docker.sock", "/run/docker.sock")))
+"""
+
+
+def test_privileges_are_gone(backend, code_exec, spec_for):
+    if backend == "gvisor":
+        pytest.skip("gVisor: its /proc/self/status has no NoNewPrivs/Seccomp lines to probe")
+    code_exec.grant()
+    spec = spec_for(PRIVILEGES, backend=backend)
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0, out
+    seen = dict(line.split(" ", 1) for line in out.splitlines())
+    assert seen["uid"] == "1000 1000"
+    assert seen["CapEff"] == seen["CapPrm"] == "0000000000000000"
+    assert seen["NoNewPrivs"] == "1"
+    if backend == "docker":
+        assert seen["Seccomp"] == "2"  # filter mode: the engine's default profile
+    else:
+        assert seen["Seccomp"] == "0"  # known gap: no seccomp filter under bubblewrap
+    assert seen["mount"] == "refused"
+    assert seen["unshare-user"] == seen["unshare-mount"] == "refused"
+    assert seen["docker.sock"] == "False"
+    assert run_record(spec.run_id).exit_code == 0
+
+
+# --- Network ----------------------------------------------------------------------------
+
+
+def test_without_egress_nothing_is_reachable(backend, code_exec, spec_for):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    script = f"""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=3)
+    print("connect OK")
+except OSError as exc:
+    print("connect", type(exc).__name__)
+try:
+    socket.getaddrinfo("sandbox-probe.invalid", 80)
+    print("dns OK")
+except OSError as exc:
+    print("dns", type(exc).__name__)
+print("interfaces", sorted(name for _, name in socket.if_nameindex()))
+"""
+    try:
+        code_exec.grant()
+        spec = spec_for(script, backend=backend)
+        outcome, out, _ = run(spec)
+        server.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing reached the test's server
+    finally:
+        server.close()
+    assert outcome.exit_code == 0
+    assert out.splitlines() == [
+        "connect ConnectionRefusedError",
+        "dns gaierror",
+        "interfaces ['lo']",
+    ]
+    assert run_record(spec.run_id).egress == []
+    assert not AuditEvent.objects.filter(event_type__startswith="sandbox.egress").exists()
+
+
+def test_inspect_of_a_running_sandbox_shows_every_hardening_flag(
+    docker_client, code_exec, spec_for
+):
+    code_exec.grant(limits={"memory_mb": 96, "cpus": 0.5, "pids": 20})
+    seen = {}
+
+    def inspect(spec, handle):
+        seen.update(docker_client.api.inspect_container(handle.container_id))
+
+    spec = spec_for("import time; time.sleep(1)")
+    outcome, _, _ = run(spec, on_started=inspect)
+    assert outcome.exit_code == 0
+    host, config = seen["HostConfig"], seen["Config"]
+    assert seen["State"]["Running"] is True
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]  # and no seccomp=unconfined
+    assert host["Privileged"] is False
+    assert host["PidsLimit"] == 20
+    assert host["Memory"] == host["MemorySwap"] == 96 * 1024 * 1024
+    assert host["NanoCpus"] == 500_000_000
+    assert host["NetworkMode"] == "none"
+    assert config["User"] == "1000:1000"
+    assert "noexec" in host["Tmpfs"]["/tmp"]
+    mounts = {m["Destination"]: (m["RW"], m["Source"]) for m in seen["Mounts"]}
+    assert set(mounts) == {"/workspace", "/sandbox/script"}
+    assert mounts["/workspace"][0] is True and mounts["/sandbox/script"][0] is False
+    assert config["Labels"]["governance.sandbox.run"] == spec.run_id
+    assert float(config["Labels"]["governance.sandbox.deadline"]) > 0
+    assert config["Labels"]["governance.sandbox.agent"] == "coder"
+    assert run_record(spec.run_id).container_id == seen["Id"]
+
+
+def test_a_missing_image_fails_clearly_and_is_recorded(
+    docker_client, make_agent, make_tool, make_task, make_grant, spec_for
+):
+    agent = make_agent("coder")
+    tool = make_tool("code-exec", actions=("execute",), kind="code_exec")
+    make_grant(
+        agent,
+        tool,
+        actions=("execute",),
+        scope="sandbox:*",
+        task=make_task("SBX-1"),
+        duration=timedelta(days=3),
+    )
+    before = all_container_ids(docker_client)
+    spec = spec_for(None, "true", image="governance-sandbox:does-not-exist")
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_BACKEND
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and record.exit_code is None
+    assert "does-not-exist" in record.error
+    assert "build it with scripts/build_sandbox_image.sh" in record.error
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert all_container_ids(docker_client) == before

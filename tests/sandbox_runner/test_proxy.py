@@ -1,0 +1,84 @@
+"""The proxy's request handling on its own (a socketpair stands in for the
+sandbox's side; the only server is the test's, on 127.0.0.1). The container
+tests in test_egress_proxy.py cover it bound inside a real sandbox."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from sandbox_runner.egress import parse_destination
+from sandbox_runner.proxy import EgressProxy
+
+
+@pytest.fixture
+def upstream():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = conn.recv(4096)
+                conn.sendall(b"echo:" + data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def ask(proxy: EgressProxy, payload: bytes) -> bytes:
+    mine, theirs = socket.socketpair()
+    handler = threading.Thread(target=proxy._handle, args=(theirs,))
+    handler.start()
+    mine.sendall(payload)
+    mine.shutdown(socket.SHUT_WR)
+    answer = b""
+    while chunk := mine.recv(4096):
+        answer += chunk
+    handler.join(timeout=5)
+    mine.close()
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"garbage\r\n\r\n", "bad_destination"),
+        (b"GET /relative HTTP/1.1\r\nHost: x\r\n\r\n", "bad_destination"),
+        (b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n\r\n", "not_allowlisted"),
+        (b"GET http://127.0.0.2:80/ HTTP/1.1\r\n\r\n", "not_allowlisted"),
+    ],
+)
+def test_every_refused_attempt_is_reported_once(upstream, payload, reason):
+    reports = []
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
+    answer = ask(proxy, payload)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert [r.reason for r in reports] == [reason]
+    assert not reports[0].allowed
+
+
+def test_an_allowed_connect_tunnels_to_the_resolved_address(upstream):
+    reports = []
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
+    answer = ask(proxy, f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n\r\nhello".encode())
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\necho:hello"
+    assert [(r.allowed, r.address, r.port) for r in reports] == [(True, "127.0.0.1", upstream)]
+
+
+def test_an_allowed_plain_request_goes_out_in_origin_form(upstream):
+    reports = []
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
+    answer = ask(
+        proxy, f"GET http://127.0.0.1:{upstream}/p?q=1 HTTP/1.1\r\nHost: h\r\n\r\n".encode()
+    )
+    assert answer == b"echo:GET /p?q=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+    assert len(reports) == 1 and reports[0].allowed

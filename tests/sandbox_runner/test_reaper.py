@@ -1,0 +1,186 @@
+"""The reaper against a real engine: a runner killed with SIGKILL leaves its
+container behind, and the reaper kills it at its deadline and marks the run;
+a suspended agent's sandbox dies at the next pass (the kill switch)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+
+from governance.audit import Actor
+from governance.models import AuditEvent, SandboxRun
+from governance.services.agents import agent_suspend
+from governance.services.sandbox import ORPHAN_GRACE, reap_all
+from governance.tasks import sandbox_reap
+from sandbox_runner.authorizers import DatabaseAuthorizer
+from sandbox_runner.backends.base import LABEL_AGENT
+from sandbox_runner.runner import EXIT_BACKEND, execute, workdir_root
+from tests.sandbox_runner.conftest import containers_of, events_of, run_record
+
+
+def _sandboxes_of(client, agent):
+    return client.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={agent}"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigkilled_runners_container_is_reaped_at_its_deadline(
+    docker_client, code_exec, tmp_path
+):
+    if connection.vendor != "postgresql":
+        # The runner is a real second process: it must reach the test's database.
+        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
+    code_exec.grant()
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
+    env = {**os.environ, "DATABASE_URL": url}
+    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
+    runner = subprocess.Popen(
+        [*argv, "--timeout", "4", "--script", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert runner.stdout.readline() == b"up\n"  # the sandbox is running
+        for _ in range(100):  # the runner records the start right after starting it
+            run = SandboxRun.objects.get()
+            if run.status == "running":
+                break
+            time.sleep(0.1)
+        assert run.status == "running"
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=10)
+    finally:
+        runner.kill()
+    run_id = str(run.run_id)
+    assert len(containers_of(docker_client, run_id)) == 1  # orphaned, still running
+    assert reap_all(docker_client) == []  # before the deadline: left alone
+    time.sleep(max(0.0, run.deadline_at.timestamp() - time.time()) + 0.2)
+    assert sandbox_reap() == {"orphans": [], "reaped": [f"{run_id}:deadline"]}  # scheduled
+    assert containers_of(docker_client, run_id) == []
+    run.refresh_from_db()
+    assert run.status == "reaped" and run.timed_out
+    assert run.error == "killed by the reaper: deadline"
+    assert events_of(run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.reaped",
+    ]
+    reaped = AuditEvent.objects.get(event_type="sandbox.run.reaped")
+    assert reaped.actor == "system:sandbox_reaper"
+    assert reap_all(docker_client) == []  # nothing left; a second pass does nothing
+
+
+@pytest.mark.django_db
+def test_suspending_the_agent_gets_its_running_sandbox_reaped(docker_client, code_exec, spec_for):
+    code_exec.grant()
+    spec = spec_for("import time; time.sleep(60)", limits={"wall_seconds": 50})
+    reaped = []
+
+    def kill_switch(spec, handle):
+        agent_suspend(
+            agent=code_exec.agent,
+            reason="incident",
+            actor=Actor.system("test"),
+            at=datetime.now(UTC),
+        )
+        reaped.extend(reap_all(docker_client))
+
+    started = time.monotonic()
+    outcome = execute(spec, DatabaseAuthorizer(), stdout=io.BytesIO(), on_started=kill_switch)
+    assert time.monotonic() - started < 20  # not left to run to its 50 s deadline
+    assert (spec.run_id, "agent_suspended") in reaped
+    # SIGKILLed: 137 when the engine reported the kill before the removal, otherwise
+    # the runner has no exit status and says so (EXIT_BACKEND).
+    assert outcome.exit_code in (137, EXIT_BACKEND)
+    record = run_record(spec.run_id)
+    # The reaper won the claim: the runner's own finish does not overwrite it.
+    assert record.status == "reaped" and not record.timed_out
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.reaped",
+    ]
+    assert json.loads(AuditEvent.objects.get(event_type="sandbox.run.reaped").data)["why"] == (
+        "agent_suspended"
+    )
+    assert _sandboxes_of(docker_client, "coder") == []
+
+
+@pytest.mark.django_db
+def test_a_run_reaped_before_its_start_was_recorded_is_still_marked(code_exec, spec_for):
+    from governance.services.sandbox import run_reaped, run_request
+
+    code_exec.grant()
+    spec = spec_for("print(1)")
+    assert run_request(spec=spec, at=datetime.now(UTC)).allowed
+    actor = Actor.system("sandbox_reaper")
+    assert run_reaped(run_id=spec.run_id, why="deadline", actor=actor, at=datetime.now(UTC))
+    assert run_record(spec.run_id).status == "reaped"
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.reaped"]
+    # Once only: a second reaper (or the runner) finds nothing left to claim.
+    assert run_reaped(run_id=spec.run_id, why="deadline", actor=actor, at=datetime.now(UTC)) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigkilled_runner_takes_its_bubblewrap_sandbox_with_it(
+    bwrap_available, code_exec, tmp_path
+):
+    """No daemon keeps a bwrap sandbox alive: --die-with-parent kills it with the runner."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
+    from sandbox_runner.backends.bubblewrap import CGROUP_NAME, CGROUP_ROOT
+
+    code_exec.grant()
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
+    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
+    runner = subprocess.Popen(
+        [*argv, "--backend", "bubblewrap", "--timeout", "2", "--script", str(script)],
+        env={**os.environ, "DATABASE_URL": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert runner.stdout.readline() == b"up\n"
+        for _ in range(100):  # the runner records the start right after starting it
+            if SandboxRun.objects.get().status == "running":
+                break
+            time.sleep(0.1)
+        run_id = str(SandboxRun.objects.get().run_id)
+        v1 = CGROUP_ROOT / "pids" / CGROUP_NAME / run_id / "cgroup.procs"
+        procs = v1 if v1.exists() else CGROUP_ROOT / CGROUP_NAME / run_id / "cgroup.procs"
+        assert procs.read_text().split()  # the sandbox is running in its cgroup
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=10)
+    finally:
+        runner.kill()
+    for _ in range(40):
+        if not procs.read_text().split():
+            break
+        time.sleep(0.05)
+    assert procs.read_text().split() == []  # every sandbox process died with the runner
+    # The record is closed, and what the runner left (cgroups, /tmp mount, work
+    # directory) cleaned, once the run is past its deadline plus the grace.
+    run = SandboxRun.objects.get()
+    assert run.status == "running"
+    wait = run.deadline_at.timestamp() + ORPHAN_GRACE.total_seconds() - time.time()
+    assert sandbox_reap()["orphans"] == []  # still inside the grace
+    time.sleep(max(0.0, wait) + 0.3)
+    assert sandbox_reap()["orphans"] == [f"{run_id}:runner_gone"]
+    run.refresh_from_db()
+    assert run.status == "reaped" and run.error == "killed by the reaper: runner_gone"
+    assert not procs.parent.exists()
+    assert list(workdir_root().glob(f"run-{run_id}-*")) == []
+    assert events_of(run_id)[-1] == "sandbox.run.reaped"
