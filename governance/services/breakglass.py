@@ -48,22 +48,15 @@ from governance.errors import Conflict, Forbidden, GovernanceError, RateLimited
 from governance.models import Agent, BreakGlass, Grant, Task, Tool
 from governance.selectors import approver_users
 from governance.services.claims import claim_each
-from governance.services.grants import grant_request, grant_revoke, validate_shape
+from governance.services.grants import grant_event, grant_request, grant_revoke, validate_shape
 
 
 def _event(bg: BreakGlass, event_type: str, actor: audit.Actor, at: datetime, **data: Any) -> None:
-    grant = bg.grant
-    audit.append(
-        event_type=event_type,
+    grant_event(
+        bg.grant,
+        event_type,
         actor=actor,
         at=at,
-        agent=grant.agent.name,
-        task=grant.task.key if grant.task else "",
-        tool=grant.tool.name,
-        action=",".join(grant.actions),
-        scope=grant.scope,
-        grant_id=grant.pk,
-        break_glass=True,
         data={"breakglass_id": bg.pk, "ticket": bg.ticket, **data},
     )
 

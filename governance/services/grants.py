@@ -71,7 +71,12 @@ def validate_shape(
         )
 
 
-def _event(grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **data: Any) -> None:
+def grant_event(
+    grant: Grant, event_type: str, *, actor: audit.Actor, at: datetime, data: dict[str, Any]
+) -> None:
+    """The one shape of an audit event about a grant: its subject fields, then `data`.
+    Every service that changes a grant (issue, revoke, narrow, break-glass, reviews,
+    unused flags) writes through here."""
     audit.append(
         event_type=event_type,
         actor=actor,
@@ -83,6 +88,16 @@ def _event(grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **da
         scope=grant.scope,
         grant_id=grant.pk,
         break_glass=grant.break_glass,
+        data=data,
+    )
+
+
+def _event(grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **data: Any) -> None:
+    grant_event(
+        grant,
+        event_type,
+        actor=actor,
+        at=at,
         data={
             "status": grant.status,
             "starts_at": grant.starts_at.isoformat() if grant.starts_at else None,

@@ -25,6 +25,7 @@ from governance.codes import EventType
 from governance.models import AgentToken, Grant, LiveGrantSnapshot
 from governance.selectors import live_grants, unused_grants
 from governance.services.claims import claim_each
+from governance.services.grants import grant_event
 
 
 def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
@@ -38,17 +39,11 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
     def announce(pk: int) -> None:
         grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
         idle_since = grant.last_used_at or grant.starts_at
-        audit.append(
-            event_type=EventType.GRANT_UNUSED_FLAGGED,
+        grant_event(
+            grant,
+            EventType.GRANT_UNUSED_FLAGGED,
             actor=actor,
             at=at,
-            agent=grant.agent.name,
-            task=grant.task.key if grant.task else "",
-            tool=grant.tool.name,
-            action=",".join(grant.actions),
-            scope=grant.scope,
-            grant_id=grant.pk,
-            break_glass=grant.break_glass,
             data={
                 "proposal": proposals[pk],
                 "idle_since": idle_since.isoformat() if idle_since else None,

@@ -46,7 +46,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
 from governance.selectors import approver_users, live_grants, unused_grants
 from governance.services.claims import claim_each
-from governance.services.grants import grant_narrow, grant_revoke
+from governance.services.grants import grant_event, grant_narrow, grant_revoke
 
 DECISIONS = ("keep", "narrow", "revoke")
 
@@ -54,19 +54,7 @@ DECISIONS = ("keep", "narrow", "revoke")
 def _grant_event(
     grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **data: Any
 ) -> None:
-    audit.append(
-        event_type=event_type,
-        actor=actor,
-        at=at,
-        agent=grant.agent.name,
-        task=grant.task.key if grant.task else "",
-        tool=grant.tool.name,
-        action=",".join(grant.actions),
-        scope=grant.scope,
-        grant_id=grant.pk,
-        break_glass=grant.break_glass,
-        data=data,
-    )
+    grant_event(grant, event_type, actor=actor, at=at, data=data)
 
 
 def _rotation(campaign_pk: int) -> Any:
