@@ -45,7 +45,18 @@ _PORT = (
     r"|0(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
     r"|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 )
-EGRESS_PATTERN = rf"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):{_PORT}$"
+# The host as sandbox_runner.egress.parse_destination reads it: DNS labels (1-63
+# characters, no leading or trailing hyphen) or a bracketed IPv6 address. (Names over
+# 253 characters are refused too; a pattern cannot say that without a lookahead.)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_IPV6 = (
+    rf"(?:(?:{_H16}:){{7}}{_H16}|(?:{_H16}:){{1,7}}:|(?:{_H16}:){{1,6}}:{_H16}"
+    rf"|(?:{_H16}:){{1,5}}(?::{_H16}){{1,2}}|(?:{_H16}:){{1,4}}(?::{_H16}){{1,3}}"
+    rf"|(?:{_H16}:){{1,3}}(?::{_H16}){{1,4}}|(?:{_H16}:){{1,2}}(?::{_H16}){{1,5}}"
+    rf"|{_H16}:(?::{_H16}){{1,6}}|:(?:(?::{_H16}){{1,7}}|:))"
+)
+EGRESS_PATTERN = rf"^(?:\[{_IPV6}\]|{_LABEL}(?:\.{_LABEL})*):{_PORT}$"
 # What Python's str.strip() removes, spelled out: regex engines disagree about `\s`
 # (ECMA's has U+FEFF but not U+001C-U+001F), and the services strip with Python.
 _SPACE = (
