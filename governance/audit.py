@@ -1,13 +1,16 @@
 """The only writer of audit events: masking, the HMAC chain, checkpoints, verify.
 
-Chain: hash_n = HMAC-SHA256(AUDIT_HMAC_KEY, hash_{n-1} || canonical(event_n)),
-with a gapless `seq`. Appending takes the chain lock (an advisory transaction
-lock on PostgreSQL; SQLite's IMMEDIATE transactions already serialise
-writers), reads the head and inserts. On PostgreSQL the head read travels
-with the lock request in one round trip, so once the lock is granted the
-critical section is the head read, one INSERT and the commit. Callers must
-already be inside the transaction that makes the change: an event that
-cannot be written rolls the change back.
+Chain, with a gapless `seq`:
+    row_mac_n = HMAC-SHA256(K_row, canonical(event_n without seq/prev_hash/hash))
+    hash_n    = HMAC-SHA256(K_link, hash_{n-1} || ":" || seq_n || ":" || row_mac_n)
+with K_row and K_link derived from AUDIT_HMAC_KEY. The client computes
+row_mac; on PostgreSQL one call of governance_audit_append() (migration 0007)
+takes the chain lock (an advisory transaction lock, held until COMMIT), reads
+the head, computes the link with pgcrypto and inserts, all in one round trip,
+so the critical section is that server-side work plus the COMMIT. SQLite's
+write transactions already serialise writers; there Python computes the same
+formula. Callers must already be inside the transaction that makes the
+change: an event that cannot be written rolls the change back.
 
 Checkpoints live outside the database (AUDIT_CHECKPOINT_DIR). Each one signs
 (last seq, head hash, count, time, previous checkpoint's signature), so
@@ -204,8 +207,43 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
+# The link is split in two so that PostgreSQL can finish it under the chain
+# lock without the client ever knowing the head:
+#   row_mac = HMAC(K_row, canonical(every column but seq, prev_hash, hash))
+#   hash    = HMAC(K_link, prev_hash || ":" || seq || ":" || row_mac)
+# K_row and K_link are derived from AUDIT_HMAC_KEY; only K_link is sent to the
+# database (as a bind parameter), and row_mac is not stored, so K_link alone
+# cannot re-chain edited rows.
+_ROW_EXCLUDED = frozenset(("seq", "prev_hash", "hash"))
+_ROW_FIELDS = tuple(name for name in FIELDS if name not in _ROW_EXCLUDED)
+
+
+def row_mac(row: Mapping[str, Any]) -> str:
+    """The keyed digest of an event's content (everything but its place in the chain)."""
+    body = {name: row[name] for name in _ROW_FIELDS}
+    body["uid"] = str(body["uid"])
+    body["created_at"] = _iso(body["created_at"])
+    body["break_glass"] = bool(body["break_glass"])
+    message = canonical_json(body).encode()
+    return hmac.digest(_derived_key(b"audit-row"), message, "sha256").hex()
+
+
+def link_hash(prev_hash: str, seq: int, mac: str) -> str:
+    """What governance_audit_append() (migration 0007) computes on PostgreSQL."""
+    message = f"{prev_hash}:{seq}:{mac}".encode()
+    return hmac.digest(_derived_key(b"audit-link"), message, "sha256").hex()
+
+
 def event_hash(prev_hash: str, row: Mapping[str, Any]) -> str:
     """The chain link. Covers every column but `hash` itself."""
+    return link_hash(prev_hash, row["seq"], row_mac(row))
+
+
+def legacy_event_hash(prev_hash: str, row: Mapping[str, Any]) -> str:
+    """The link of events written before migration 0007 (one HMAC over
+    canonical JSON of every column, raw key). Verify still accepts it so an
+    existing log keeps verifying; both forms need AUDIT_HMAC_KEY, and their
+    messages cannot collide (JSON object vs. "hex:digits:hex")."""
     body = {name: row[name] for name in FIELDS if name != "hash"}
     body["uid"] = str(body["uid"])
     body["created_at"] = _iso(body["created_at"])
@@ -242,6 +280,19 @@ def _lock_and_read_head() -> tuple[int, str]:
 _INSERT = (
     f"INSERT INTO {EVENT_TABLE} ({', '.join(FIELDS)}) VALUES ({', '.join(['%s'] * len(FIELDS))})"
 )
+# PostgreSQL: lock, head, link and insert in one round trip (migration 0007).
+# The arguments follow _ROW_FIELDS after the link key and row_mac.
+_PG_TYPES = {
+    "uid": "uuid",
+    "created_at": "timestamptz",
+    "grant_id": "bigint",
+    "break_glass": "boolean",
+}
+_PG_APPEND = (
+    "SELECT out_seq, out_hash FROM governance_audit_append(%s::bytea, %s::text, "
+    + ", ".join(f"%s::{_PG_TYPES.get(name, 'text')}" for name in _ROW_FIELDS)
+    + ")"
+)
 
 
 def append(
@@ -268,8 +319,9 @@ def append(
         # An event outside the change's transaction could survive a rollback
         # of the change, or the change could survive a failed event.
         raise RuntimeError("audit.append must run inside transaction.atomic()")
+    uid = uuid.uuid4()
     row: dict[str, Any] = {
-        "uid": uuid.uuid4(),
+        "uid": uid,
         "created_at": at,
         "event_type": event_type,
         "actor_type": actor.type,
@@ -286,17 +338,25 @@ def append(
         "grant_id": grant_id,
         "approval_id": approval_id,
         "break_glass": break_glass,
-        "data": canonical_json(dict(data or {})),
+        "data": canonical_json(dict(data or {})) if data else "{}",
     }
-    last_seq, prev_hash = _lock_and_read_head()
+    mac = row_mac(row)
+    if connection.vendor == "postgresql":
+        # The server takes the lock, reads the head, links and inserts; the
+        # lock is then held only for the rest of this call and the COMMIT.
+        params: list[Any] = [_derived_key(b"audit-link"), mac]
+        params += [row[name] for name in _ROW_FIELDS]
+        seq, link = db.execute(_PG_APPEND, params)[0]
+        return Written(seq=seq, uid=uid, hash=link)
+    last_seq, prev_hash = _lock_and_read_head()  # SQLite: the write transaction serialises
     row["seq"] = last_seq + 1
     row["prev_hash"] = prev_hash
-    row["hash"] = event_hash(prev_hash, row)
-    params = [row[name] for name in FIELDS]
-    params[FIELDS.index("uid")] = db.param_uuid(row["uid"])
-    params[FIELDS.index("created_at")] = db.param_dt(at)
-    db.execute(_INSERT, params)
-    return Written(seq=row["seq"], uid=row["uid"], hash=row["hash"])
+    row["hash"] = link_hash(prev_hash, row["seq"], mac)
+    values = [row[name] for name in FIELDS]
+    values[FIELDS.index("uid")] = db.param_uuid(uid)
+    values[FIELDS.index("created_at")] = db.param_dt(at)
+    db.execute(_INSERT, values)
+    return Written(seq=row["seq"], uid=uid, hash=row["hash"])
 
 
 # --- Verifying ---------------------------------------------------------------
@@ -344,7 +404,10 @@ def verify_chain() -> Verdict:
                 seq,
                 "prev_hash does not link to the previous event (inserted, deleted or reordered)",
             )
-        if not hmac.compare_digest(event_hash(prev_hash, row), row["hash"]):
+        if not (
+            hmac.compare_digest(event_hash(prev_hash, row), row["hash"])
+            or hmac.compare_digest(legacy_event_hash(prev_hash, row), row["hash"])
+        ):
             return Verdict(
                 False,
                 count,

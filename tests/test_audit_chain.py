@@ -12,11 +12,13 @@ import hashlib
 import hmac
 import importlib
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
@@ -261,6 +263,94 @@ def test_events_after_a_checkpoint_still_verify(chain, capsys):
     code, text = verify_output(capsys)
     assert code == 0
     assert f"ok: {chain + 1} events" in text
+
+
+# --- Concurrent writers ----------------------------------------------------------
+
+WRITERS = 6
+APPENDS_EACH = 15
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_appends_make_one_gapless_verifying_chain(postgres_only):
+    """Writers in parallel transactions (threads, each with its own connection)
+    append at once. Each holds the chain lock a little while before COMMIT, so
+    the others queue on it inside governance_audit_append(); the head each
+    then reads must be the previous holder's committed event, or the chain
+    forks (a duplicate seq fails the primary key, a stale prev_hash fails verify)."""
+    start = threading.Barrier(WRITERS)
+    failures: list[BaseException] = []
+    written: list[int] = []
+    lock = threading.Lock()
+
+    def writer(index: int) -> None:
+        try:
+            start.wait()
+            for i in range(APPENDS_EACH):
+                with transaction.atomic():
+                    event = audit.append(
+                        event_type="test.concurrent",
+                        actor=Actor.system(f"writer-{index}"),
+                        at=NOW,
+                        scope=f"w{index}/{i}",
+                    )
+                    sql("SELECT pg_sleep(0.002)")  # hold the lock until COMMIT
+                with lock:
+                    written.append(event.seq)
+        except BaseException as exc:  # reported below, not lost in the thread
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures
+    total = WRITERS * APPENDS_EACH
+    assert sorted(written) == list(range(1, total + 1))
+    assert list(AuditEvent.objects.order_by("seq").values_list("seq", flat=True)) == sorted(written)
+    verdict = audit.verify_chain()
+    assert verdict.ok, verdict.render()
+    assert verdict.count == total
+
+
+def test_the_link_the_database_computes_is_the_documented_formula(chain):
+    """hash = HMAC(K_link, prev || ":" || seq || ":" || HMAC(K_row, content)),
+    whichever side (PostgreSQL function or Python) computed it."""
+    rows = list(AuditEvent.objects.order_by("seq").values(*audit.FIELDS))
+    prev = audit.GENESIS
+    for row in rows:
+        content = {k: row[k] for k in audit.FIELDS if k not in ("seq", "prev_hash", "hash")}
+        content["uid"] = str(content["uid"])
+        content["created_at"] = audit._iso(content["created_at"])
+        row_key = hmac.new(settings.AUDIT_HMAC_KEY.encode(), b"audit-row", "sha256").digest()
+        link_key = hmac.new(settings.AUDIT_HMAC_KEY.encode(), b"audit-link", "sha256").digest()
+        mac = hmac.new(row_key, audit.canonical_json(content).encode(), "sha256").hexdigest()
+        expected = hmac.new(link_key, f"{prev}:{row['seq']}:{mac}".encode(), "sha256")
+        assert (row["prev_hash"], row["hash"]) == (prev, expected.hexdigest()), row["seq"]
+        prev = row["hash"]
+
+
+def test_events_written_before_the_split_link_still_verify(chain, capsys):
+    """A log written with the pre-0007 link (one HMAC over the whole row) keeps
+    verifying, and new events chain onto it."""
+    rows = list(AuditEvent.objects.order_by("seq").values(*audit.FIELDS))
+    prev = audit.GENESIS
+    with triggers_bypassed():
+        for row in rows:
+            new = audit.legacy_event_hash(prev, row)
+            sql(
+                "UPDATE governance_auditevent SET prev_hash = %s, hash = %s WHERE seq = %s",
+                [prev, new, row["seq"]],
+            )
+            prev = new
+    access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/x", at=NOW + timedelta(seconds=1)
+    )
+    code, text = verify_output(capsys)
+    assert (code, text.strip().split(",")[0]) == (0, f"ok: {chain + 1} events")
 
 
 # --- Masking -------------------------------------------------------------------
