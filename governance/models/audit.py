@@ -8,8 +8,9 @@ from django.db import models
 class AuditEvent(models.Model):
     """One append-only event per decision and per state change.
 
-    `seq` is gapless and assigned under the chain lock; `hash` is
-    HMAC-SHA256(AUDIT_HMAC_KEY, prev_hash + canonical(event)). Editing,
+    `seq` is gapless and assigned under the chain lock; `hash` links the event
+    to `prev_hash` with two HMACs keyed from AUDIT_HMAC_KEY (governance.audit:
+    row_mac over the content, then the link over prev_hash, seq and row_mac). Editing,
     deleting, inserting or reordering any row breaks the chain, and the
     database refuses UPDATE and DELETE outright (triggers in migration 0002).
     Names are stored as text, not foreign keys, so the log stands on its own.
