@@ -29,13 +29,16 @@ from governance.models import Grant, SandboxRun
 from governance.policy import grant_dead_reason
 from governance.services.access import access_check
 from sandbox_runner.egress import EgressDecision
-from sandbox_runner.spec import Authorization, OverCeiling, RunResult, RunSpec, effective
+from sandbox_runner.spec import (
+    EXCERPT_CHARS,
+    Authorization,
+    OverCeiling,
+    RunResult,
+    RunSpec,
+    effective,
+)
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
-# The record keeps a masked excerpt of each stream (the runner captures up to
-# 1 MiB and hashes all of it). Masking is regex work that grows faster than
-# linearly on long unbroken runs, so the stored excerpt stays small.
-EXCERPT_CHARS = 4096
 
 
 def _event(
@@ -204,25 +207,32 @@ def run_started(
 
 def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun | None:
     """Record the outcome. A run the reaper already took stays reaped (None)."""
-    summary = result.summary()
+    return run_finished_summary(run_id=run_id, summary=result.summary(), at=at)
+
+
+def run_finished_summary(
+    *, run_id: str, summary: dict[str, Any], at: datetime
+) -> SandboxRun | None:
+    """run_finished from RunResult.summary() (what a remote runner sends)."""
     out, err = summary["stdout"], summary["stderr"]
+    error = summary.get("error") or ""
     changes: dict[str, Any] = {
         "finished_at": at,
-        "exit_code": result.exit_code,
-        "timed_out": result.timed_out,
-        "oom_killed": result.oom_killed,
+        "exit_code": summary["exit_code"],
+        "timed_out": summary["timed_out"],
+        "oom_killed": summary["oom_killed"],
         "stdout_excerpt": audit.mask(out["excerpt"][:EXCERPT_CHARS]),
         "stdout_sha256": out["sha256"],
         "stdout_bytes": out["bytes"],
         "stderr_excerpt": audit.mask(err["excerpt"][:EXCERPT_CHARS]),
         "stderr_sha256": err["sha256"],
         "stderr_bytes": err["bytes"],
-        "error": result.error[:2000],
+        "error": error[:2000],
     }
-    if result.enforcement:
-        changes["enforcement"] = result.enforcement
-    if result.image_digest:
-        changes["image_digest"] = result.image_digest[:100]
+    if summary.get("enforcement"):
+        changes["enforcement"] = summary["enforcement"]
+    if summary.get("image_digest"):
+        changes["image_digest"] = summary["image_digest"][:100]
     with transaction.atomic():
         run = _claim(
             run_id, SandboxRun.Status.RUNNING, status=SandboxRun.Status.FINISHED, **changes
@@ -239,14 +249,14 @@ def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun 
             EventType.SANDBOX_RUN_FINISHED,
             _actor(run.agent),
             at,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            oom_killed=result.oom_killed,
+            exit_code=summary["exit_code"],
+            timed_out=summary["timed_out"],
+            oom_killed=summary["oom_killed"],
             stdout_sha256=out["sha256"],
             stdout_bytes=out["bytes"],
             stderr_sha256=err["sha256"],
             stderr_bytes=err["bytes"],
-            error=result.error[:500],
+            error=error[:500],
         )
     return run
 
