@@ -13,6 +13,7 @@ escapes authorize(). Django is imported only inside DatabaseAuthorizer.
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -195,6 +196,17 @@ class HttpAuthorizer:
             },
             expect=200,
         )
+        # And the decision's own outcome, as any agent reports one (best effort: the
+        # run record above is the record of the run).
+        if auth.decision_id:
+            try:
+                self.client.report_outcome(
+                    auth.decision_id,
+                    "succeeded" if result.exit_code == 0 else "failed",
+                    result_digest=result.stdout.sha256,
+                )
+            except Exception as exc:
+                print(f"sandbox_runner: outcome not reported: {exc}", file=sys.stderr)
 
     def egress(self, spec: RunSpec, decision: EgressDecision) -> None:
         self._post(

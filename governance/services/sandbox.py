@@ -31,6 +31,7 @@ from governance.services.access import access_check
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
+    LIMIT_NAMES,
     Authorization,
     OverCeiling,
     RunResult,
@@ -39,6 +40,7 @@ from sandbox_runner.spec import (
 )
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
+GRANT_CEILING = ("limit_memory_mb", "limit_cpus", "limit_pids", "limit_wall_seconds", "egress")
 
 
 def _event(
@@ -79,7 +81,9 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
     """
     arguments = spec.arguments()
     with transaction.atomic():
-        run = SandboxRun.objects.create(
+        # Written once, at the end (one INSERT, no UPDATE): the requested event and
+        # the decision come first, in this transaction.
+        run = SandboxRun(
             run_id=uuid.UUID(spec.run_id),
             agent=spec.agent[:100],
             task=(spec.task or "")[:100],
@@ -112,15 +116,10 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()
         if decision.allowed:
-            grant = Grant.objects.get(pk=decision.grant_id)
-            ceiling = {
-                "memory_mb": grant.limit_memory_mb,
-                "cpus": grant.limit_cpus,
-                "pids": grant.limit_pids,
-                "wall_seconds": grant.limit_wall_seconds,
-            }
+            grant = Grant.objects.filter(pk=decision.grant_id).values(*GRANT_CEILING).get()
+            ceiling = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
             try:
-                limits, egress = effective(spec, ceiling, grant.egress)
+                limits, egress = effective(spec, ceiling, grant["egress"])
             except (OverCeiling, ValueError) as exc:
                 outcome, reason, message = Verdict.DENY, LIMIT_EXCEEDED, str(exc)
         run.grant_id = decision.grant_id
@@ -136,7 +135,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             run.egress = [str(d) for d in egress]
         else:
             run.status = SandboxRun.Status.DENIED
-        run.save()
+        run.save(force_insert=True)
         if run.status == SandboxRun.Status.DENIED:
             _event(run, EventType.SANDBOX_RUN_DENIED, _actor(run.agent), at, message=message)
     return Authorization(

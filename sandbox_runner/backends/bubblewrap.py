@@ -278,6 +278,7 @@ class BubblewrapBackend(Backend):
         argv += ["--info-fd", str(info_w), "--block-fd", str(block_r), "--", *spec.command]
 
         as_root = os.geteuid() == 0
+        setpriv = shutil.which("setpriv")
 
         def preexec() -> None:
             _rlimits(limits, missing)
@@ -286,13 +287,23 @@ class BubblewrapBackend(Backend):
                 os.setgid(GID)
                 os.setuid(UID)
 
+        launcher: list[str] = []
+        child_setup: object = preexec
+        if not missing and (setpriv or not as_root):
+            # Nothing to set in the child but the uid: setpriv(1) drops root before it
+            # execs bwrap, so Popen needs no preexec_fn and can vfork the runner's (large)
+            # process instead of copying it with fork (~15 ms under load).
+            if as_root:
+                launcher = [setpriv, "--reuid", str(UID), "--regid", str(GID), "--clear-groups"]
+                launcher.append("--")
+            child_setup = None
         proc = subprocess.Popen(  # noqa: S603 - argv built here, no shell
-            argv,
+            [*launcher, *argv],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(info_w, block_r),
-            preexec_fn=preexec,  # noqa: PLW1509
+            preexec_fn=child_setup,  # type: ignore[arg-type]  # noqa: PLW1509
             env={"PATH": "/usr/bin:/bin"},
         )
         os.close(info_w)
