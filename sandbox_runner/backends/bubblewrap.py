@@ -247,6 +247,24 @@ class BubblewrapBackend(Backend):
             return "bwrap is not installed (apt-get install bubblewrap)"
         return None
 
+    def prewarm(self) -> None:
+        """The first move of a process into a cgroup after a quiet spell waits for an
+        RCU grace period (cgroup v1 here: ~10 ms under load, and fork/clone stall
+        behind it). Moving the runner into the cgroup it is already in pays that
+        wait in a thread while the runner prepares and bwrap builds its namespaces;
+        the sandbox's own move, right after, is then cheap. Nothing else changes: the runner stays where it was."""
+        if os.geteuid() != 0:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                if controllers in ("pids", ""):  # v1 pids, or the v2 unified hierarchy
+                    base = CGROUP_ROOT / "pids" if controllers else CGROUP_ROOT
+                    procs = base / path.lstrip("/") / "cgroup.procs"
+                    if procs.exists():
+                        procs.write_text(str(os.getpid()))
+                        return
+
     def start(
         self,
         spec: RunSpec,
