@@ -214,7 +214,6 @@ class HttpAuthorizer:
             "egress",
             {
                 "decision_id": self._decisions.get(spec.run_id),
-                "allowed": decision.allowed,
                 "reason": decision.reason,
                 "host": decision.host[:300],
                 "port": decision.port,

@@ -61,7 +61,7 @@ def sandbox_started(world: dict[str, Any]) -> dict[str, Any]:
 
 
 def sandbox_egress(world: dict[str, Any]) -> dict[str, Any]:
-    return {"decision_id": world["running_decision"], "allowed": True, "reason": "allowed",
+    return {"decision_id": world["running_decision"], "reason": "allowed",
             "host": "127.0.0.1", "port": 80}  # fmt: skip
 
 

@@ -28,11 +28,13 @@ from rest_framework.views import APIView
 
 from governance.api.auth import IsAgent
 from governance.api.serializers import (
+    Declared,
     JSONObjectField,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
     StrictSerializer,
+    _is_text,
     exact_char,
 )
 from governance.api.views import ERRORS, limit
@@ -124,15 +126,22 @@ class ReportIn(StrictSerializer):
     decision_id = exact_char(max_length=36, min_length=1)
 
 
+class DeclaredDictField(Declared, serializers.DictField):
+    pass
+
+
 def _enforcement(value: dict[str, str]) -> None:
-    if len(value) > 16 or any(len(k) > 40 for k in value):
-        raise serializers.ValidationError("At most 16 entries, names of at most 40 chars.")
+    if len(value) > 16 or not all(_is_text(k) for k in value):
+        raise serializers.ValidationError("At most 16 entries, named in storable text.")
 
 
 def _enforcement_field() -> serializers.DictField:
     """How each limit was enforced, e.g. {"memory_mb": "cgroup"}."""
-    return serializers.DictField(
-        child=exact_char(max_length=40), required=False, validators=[_enforcement]
+    return DeclaredDictField(
+        child=exact_char(max_length=40),
+        required=False,
+        validators=[_enforcement],
+        declared={"maxProperties": 16},
     )
 
 
@@ -163,18 +172,11 @@ class FinishedIn(ReportIn):
 
 
 class EgressIn(ReportIn):
-    allowed = StrictBooleanField()
+    # Allowed exactly when the reason is `allowed`: one field, so they cannot disagree.
     reason = serializers.ChoiceField(choices=EGRESS_REASONS)
     host = exact_char(max_length=300, min_length=1)
     port = StrictIntegerField(min_value=0, max_value=65535)
     address = exact_char(max_length=64, required=False, allow_null=True, default=None)
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        if data["allowed"] != (data["reason"] == "allowed"):
-            raise serializers.ValidationError(
-                {"reason": "An allowed attempt has the reason `allowed`, a denied one another."}
-            )
-        return data
 
 
 class ReportOut(serializers.Serializer):
@@ -347,7 +349,7 @@ class SandboxEgressView(APIView):
         if run.status != SandboxRun.Status.RUNNING:
             raise _conflict(run, "reporting egress")
         decision = EgressDecision(
-            allowed=data["allowed"],
+            allowed=data["reason"] == "allowed",
             reason=data["reason"],
             host=data["host"],
             port=data["port"],

@@ -123,7 +123,7 @@ def _finished(decision_id: str) -> dict[str, Any]:
 
 
 def _egress(decision_id: str) -> dict[str, Any]:
-    return {"decision_id": decision_id, "allowed": False, "reason": "not_allowlisted",
+    return {"decision_id": decision_id, "reason": "not_allowlisted",
             "host": "127.0.0.1", "port": 9, "address": "127.0.0.1"}  # fmt: skip
 
 
@@ -232,8 +232,9 @@ BAD_REPORTS = [
     ("started", lambda d: {**_started(d), "deadline": "soon"}),
     ("started", lambda d: {**_started(d), "status": "finished"}),
     ("started", lambda d: {**_started(d), "enforcement": {"pids": 3}}),
+    ("started", lambda d: {**_started(d), "enforcement": {str(i): "cgroup" for i in range(17)}}),
     ("started", lambda d: {**_started(d), "decision_id": 7}),
-    ("egress", lambda d: {**_egress(d), "allowed": True}),  # allowed with a denial's reason
+    ("egress", lambda d: {**_egress(d), "allowed": True}),  # not a field: the reason says
     ("egress", lambda d: {**_egress(d), "port": 70000}),
     ("egress", lambda d: {**_egress(d), "reason": "whatever"}),
     ("egress", lambda d: {**_egress(d), "host": ""}),
