@@ -88,8 +88,17 @@ class LimitsIn(StrictSerializer):
     )
 
 
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID in a JSON string (DRF would also take an integer, even `false`)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 class SandboxRunIn(StrictSerializer):
-    run_id = serializers.UUIDField()
+    run_id = StrictUUIDField()
     task = exact_char(max_length=100, required=False, allow_null=True)
     tool = exact_char(max_length=100, required=False, default=DEFAULT_TOOL)
     backend = serializers.ChoiceField(choices=sorted(REGISTRY))
@@ -262,11 +271,15 @@ class SandboxRunView(APIView):
 
 
 def _own_run(request: Request, run_id: Any, decision_id: str) -> SandboxRun:
-    run = SandboxRun.objects.filter(
-        run_id=run_id, agent=request.user.agent.name, decision_id=decision_id
-    ).first()
+    """The caller's run (another agent's is a 404), reported under its decision id."""
+    run = SandboxRun.objects.filter(run_id=run_id, agent=request.user.agent.name).first()
     if run is None:
-        raise NotFound("not_found", "No such sandbox run (for this decision).")
+        raise NotFound("not_found", "No such sandbox run.")
+    if not run.decision_id or run.decision_id != decision_id:
+        raise Conflict(
+            "decision_mismatch",
+            "This run was decided under another decision id; report it under that one.",
+        )
     return run
 
 

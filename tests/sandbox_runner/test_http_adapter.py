@@ -178,9 +178,10 @@ def test_agent_b_cannot_report_on_agent_as_run(two_agents, what):
     body = {"started": _started, "egress": _egress, "finished": _finished}[what](decision_id)
     answer = b.post(f"{RUNS}/{run_id}/{what}", body, format="json")
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
-    # A itself, naming another decision id, is refused the same way.
+    # A itself, naming another decision id, is refused (its own run: a conflict).
     wrong = {**body, "decision_id": str(uuid.uuid4())}
-    assert a.post(f"{RUNS}/{run_id}/{what}", wrong, format="json").status_code == 404
+    refused = a.post(f"{RUNS}/{run_id}/{what}", wrong, format="json")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "decision_mismatch"
     assert _snapshot() == before
 
 
@@ -203,6 +204,8 @@ BAD_ASKS = [
     "run",
     _ask(RUN_ID, agent="someone-else"),  # the agent is the token's, never the body's
     _ask("not-a-uuid"),
+    _ask(False),  # DRF's UUIDField alone would read this as UUID(int=0)
+    _ask(7),
     _ask(RUN_ID, backend="chroot"),
     _ask(RUN_ID, command=[]),
     _ask(RUN_ID, command="python3 -c 1"),
