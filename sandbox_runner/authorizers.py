@@ -3,9 +3,9 @@
 - DatabaseAuthorizer (in-process): Django settings are available; calls
   governance.services.sandbox directly (access_check, run record, audit
   events, all through the services and their transactions).
-- HttpAuthorizer: a runner on another host; POST /api/v1/authorize with a
-  bearer token (governance.client), the grant's ceiling from GET /api/v1/me,
-  and the outcome reported to POST /api/v1/decisions/{id}/outcome.
+- HttpAuthorizer: a runner on another host; the sandbox endpoints of the REST
+  API with an agent token (POST /api/v1/sandbox/runs, then started, egress and
+  finished reports): the server keeps the same run record and audit events.
 
 Both fail closed: anything but a clean allow is a refusal, and no exception
 escapes authorize(). Django is imported only inside DatabaseAuthorizer.
@@ -13,13 +13,19 @@ escapes authorize(). Django is imported only inside DatabaseAuthorizer.
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sandbox_runner.egress import EgressDecision
-from sandbox_runner.spec import Authorization, OverCeiling, RunResult, RunSpec, effective
+from sandbox_runner.egress import EgressDecision, parse_destination
+from sandbox_runner.spec import (
+    EXCERPT_CHARS,
+    LIMIT_NAMES,
+    Authorization,
+    Limits,
+    RunResult,
+    RunSpec,
+)
 
 
 class Authorizer(Protocol):
@@ -98,99 +104,171 @@ class DatabaseAuthorizer:
 
 
 class HttpAuthorizer:
-    """Over the REST API. Until the API records sandbox runs, the run record
-    lives only as the decision's outcome (digest and excerpt) on the server,
-    and egress attempts are logged locally (stderr, one JSON line each)."""
+    """Over the REST API (governance/api/sandbox_views.py): the server decides,
+    applies the grant's ceiling and keeps the run record and every audit event,
+    through the same services as DatabaseAuthorizer. Each report names the run
+    and the decision id the server gave for it.
+
+    authorize() fails closed; started/finished/egress raise when the server did
+    not record them (the runner then kills the sandbox, as with a database error
+    in-process)."""
 
     def __init__(self, url: str, token: str, timeout: float = 5.0) -> None:
         from governance.client import GovernanceClient
 
         self.client = GovernanceClient(url, token, timeout=timeout)
+        self._decisions: dict[str, str | None] = {}  # run id -> the server's decision id
 
     def authorize(self, spec: RunSpec) -> Authorization:
         try:
-            return self._authorize(spec)
+            auth = self._authorize(spec)
+            self._decisions[spec.run_id] = auth.decision_id
+            return auth
         except Exception as exc:  # fail closed, whatever the shape of the failure
             return _refusal(spec, "malformed", "error", f"{type(exc).__name__}: {exc}")
 
     def _authorize(self, spec: RunSpec) -> Authorization:
-        decision = self.client.authorize(
-            spec.tool, "execute", spec.scope, task=spec.task, arguments=spec.arguments()
-        )
-        if decision.reason == "unreachable":
-            return _refusal(spec, "unreachable", decision.reason, decision.message)
-        if (
-            decision.reason == "error"
-            and decision.message.startswith("HTTP ")
-            and (decision.status != 503)
-        ):
-            # The client's words for "an answer that is not a decision".
-            return _refusal(spec, "malformed", decision.reason, decision.message)
-        if not decision.allowed:
-            return Authorization(
-                outcome=decision.decision,
-                reason=decision.reason,
-                message=decision.message,
-                run_id=spec.run_id,
-                grant_id=decision.grant,
-                approval_id=decision.approval,
-                decision_id=decision.decision_id,
-            )
-        me = self.client._checked(self.client._call("GET", "/me"), expect=200)
-        grant = next((g for g in me.get("grants", []) if g.get("id") == decision.grant), None)
-        if not isinstance(grant, dict):
-            return _refusal(spec, "malformed", "error", "the allowing grant is not in /me")
-        # Without the grant's limits there is no ceiling to hold the request to: refuse
-        # (the runner's floor could be above a grant's own limits).
-        ceiling = grant.get("limits")
-        if not isinstance(ceiling, dict):
-            return _refusal(spec, "malformed", "error", "the server does not show the limits")
-        try:
-            limits, egress = effective(spec, ceiling, grant.get("egress") or [])
-        except (OverCeiling, ValueError) as exc:
-            self._report(decision.decision_id, "aborted", excerpt=f"limit_exceeds_grant: {exc}")
-            return _refusal(spec, "deny", "limit_exceeds_grant", str(exc))
-        return Authorization(
-            outcome="allow",
-            reason=decision.reason,
-            message=decision.message,
-            run_id=spec.run_id,
-            limits=limits,
-            egress=egress,
-            grant_id=decision.grant,
-            decision_id=decision.decision_id,
-        )
+        from governance.client import GovernanceClientError
 
-    def _report(self, decision_id: str | None, outcome: str, **kw: Any) -> None:
-        if not decision_id:
-            return
+        asked = spec.arguments()
+        payload: dict[str, Any] = {
+            key: asked[key]
+            for key in ("run_id", "backend", "image", "command", "script_sha256", "input_sha256")
+        }
+        payload["tool"] = spec.tool
+        payload["limits"] = {k: v for k, v in asked["limits"].items() if v is not None}
+        if spec.task is not None:
+            payload["task"] = spec.task
+        if spec.egress is not None:
+            payload["egress"] = list(spec.egress)
+        answer = self.client._call("POST", "/sandbox/runs", payload)
+        if answer.status is None or answer.status == 503:
+            why = answer.problem or "the service is unavailable (503)"
+            return _refusal(spec, "unreachable", "unreachable", f"governance: {why}")
         try:
-            self.client.report_outcome(decision_id, outcome, **kw)
-        except Exception as exc:
-            print(f"sandbox_runner: outcome not reported: {exc}", file=sys.stderr)
+            body = self.client._checked(answer, expect=201)
+        except GovernanceClientError as exc:
+            outcome = "deny" if exc.status in (400, 401, 403, 404, 409, 429) else "malformed"
+            return _refusal(spec, outcome, exc.code, exc.message)
+        return _parse_run(spec, body)
+
+    def _post(self, spec: RunSpec, what: str, payload: dict[str, Any], expect: int) -> None:
+        path = f"/sandbox/runs/{spec.run_id}/{what}"
+        self.client._checked(self.client._call("POST", path, payload), expect=expect)
 
     def started(
         self, spec: RunSpec, auth: Authorization, result: RunResult, deadline: float
     ) -> None:
-        return None
+        self._post(
+            spec,
+            "started",
+            {
+                "decision_id": auth.decision_id,
+                "container_id": result.container_id[:100],
+                "image_digest": result.image_digest[:100],
+                "deadline": deadline,
+                "enforcement": dict(result.enforcement),
+            },
+            expect=200,
+        )
 
     def finished(self, spec: RunSpec, auth: Authorization, result: RunResult) -> None:
         summary = result.summary()
-        self._report(
-            auth.decision_id,
-            "succeeded" if result.exit_code == 0 else "failed",
-            result_digest=summary["stdout"]["sha256"],
-            excerpt=json.dumps(
-                {k: summary[k] for k in ("run_id", "exit_code", "timed_out", "oom_killed")}
-            ),
+        streams = {}
+        for name in ("stdout", "stderr"):
+            stream = dict(summary[name])
+            # The record keeps a short excerpt; NUL is not storable text.
+            stream["excerpt"] = stream["excerpt"][:EXCERPT_CHARS].replace("\x00", "\ufffd")
+            streams[name] = stream
+        self._post(
+            spec,
+            "finished",
+            {
+                "decision_id": auth.decision_id,
+                "container_id": result.container_id[:100],
+                "image_digest": result.image_digest[:100],
+                "enforcement": dict(result.enforcement),
+                "exit_code": result.exit_code,
+                "timed_out": result.timed_out,
+                "oom_killed": result.oom_killed,
+                "error": result.error[:2000],
+                **streams,
+            },
+            expect=200,
         )
+        # And the decision's own outcome, as any agent reports one (best effort: the
+        # run record above is the record of the run).
+        if auth.decision_id:
+            try:
+                self.client.report_outcome(
+                    auth.decision_id,
+                    "succeeded" if result.exit_code == 0 else "failed",
+                    result_digest=result.stdout.sha256,
+                )
+            except Exception as exc:
+                print(f"sandbox_runner: outcome not reported: {exc}", file=sys.stderr)
 
     def egress(self, spec: RunSpec, decision: EgressDecision) -> None:
-        line = {
-            "event": "sandbox.egress." + ("allowed" if decision.allowed else "denied"),
-            "run_id": spec.run_id,
-            "destination": f"{decision.host}:{decision.port}",
-            "address": decision.address,
-            "reason": decision.reason,
-        }
-        print(json.dumps(line), file=sys.stderr, flush=True)
+        self._post(
+            spec,
+            "egress",
+            {
+                "decision_id": self._decisions.get(spec.run_id),
+                "reason": decision.reason,
+                "host": decision.host[:300],
+                "port": decision.port,
+                "address": decision.address,
+            },
+            expect=201,
+        )
+
+
+def _parse_run(spec: RunSpec, body: dict[str, Any]) -> Authorization:
+    """The server's answer to POST /sandbox/runs, checked; "malformed" unless it is
+    a well-formed decision about this run that honours what was asked."""
+
+    def malformed(why: str) -> Authorization:
+        return _refusal(spec, "malformed", "error", f"not a decision about this run: {why}")
+
+    outcome, decision_id = body.get("decision"), body.get("decision_id")
+    if body.get("run_id") != spec.run_id:
+        return malformed("another run_id")
+    if outcome not in ("allow", "deny", "approval_required"):
+        return malformed(f"decision {outcome!r}")
+    if not isinstance(decision_id, str | None):
+        return malformed("decision_id")
+    common = {
+        "reason": str(body.get("reason", "")),
+        "message": str(body.get("message", "")),
+        "run_id": spec.run_id,
+        "grant_id": body.get("grant") if isinstance(body.get("grant"), int) else None,
+        "approval_id": body.get("approval") if isinstance(body.get("approval"), str) else None,
+        "decision_id": decision_id,
+    }
+    if outcome != "allow":
+        return Authorization(outcome=outcome, **common)
+    raw = body.get("limits")
+    if not decision_id or not isinstance(raw, dict):
+        return malformed("an allow without a decision id or limits")
+    values = {}
+    for name in LIMIT_NAMES:
+        value = raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            return malformed(f"limit {name}")
+        asked = spec.limits.get(name)
+        if asked is not None and value != asked:
+            return malformed(f"limit {name} {value} is not the {asked} asked for")
+        values[name] = value
+    try:
+        egress = tuple(parse_destination(e) for e in body.get("egress") or [])
+    except ValueError as exc:
+        return malformed(f"egress: {exc}")
+    if spec.egress is not None and {str(d) for d in egress} - set(spec.egress):
+        return malformed("egress beyond what was asked for")
+    limits = Limits(
+        memory_mb=int(values["memory_mb"]),
+        cpus=float(values["cpus"]),
+        pids=int(values["pids"]),
+        wall_seconds=int(values["wall_seconds"]),
+    )
+    return Authorization(outcome="allow", limits=limits, egress=egress, **common)

@@ -119,6 +119,8 @@ def execute(
         _say(f"not started: {auth.outcome} ({auth.reason}): {auth.message}")
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
     assert auth.limits is not None
+    # Host-side warm-up (bubblewrap: the cgroup move's grace period) overlaps the set-up.
+    threading.Thread(target=backend.prewarm, name=f"prewarm-{spec.run_id}", daemon=True).start()
 
     result = RunResult(run_id=spec.run_id, backend=spec.backend)
     events: queue.SimpleQueue[EgressDecision] = queue.SimpleQueue()

@@ -26,6 +26,9 @@ DEFAULT_IMAGE = "governance-sandbox:bookworm"
 SCRIPT_PATH = "/sandbox/script"
 INPUT_PATH = "/sandbox/input"
 OUTPUT_CAP = 1024 * 1024  # bytes kept per stream; the hash covers all of it
+# The run record keeps a masked excerpt of each stream. Masking is regex work
+# that grows faster than linearly on long unbroken runs, so it stays small.
+EXCERPT_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,21 @@ class RunSpec:
     limits: Mapping[str, float | int | None] = field(default_factory=dict)
     egress: tuple[str, ...] | None = None
     run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    # A server that never sees the bytes (the REST API) gets their hashes instead.
+    script_hash: str = ""
+    input_hash: str = ""
 
     @property
     def script_sha256(self) -> str:
-        return hashlib.sha256(self.script).hexdigest() if self.script is not None else ""
+        if self.script is None:
+            return self.script_hash
+        return hashlib.sha256(self.script).hexdigest()
 
     @property
     def input_sha256(self) -> str:
-        return hashlib.sha256(self.input).hexdigest() if self.input is not None else ""
+        if self.input is None:
+            return self.input_hash
+        return hashlib.sha256(self.input).hexdigest()
 
     @property
     def scope(self) -> str:

@@ -30,7 +30,8 @@ from governance import roles
 from governance.api import urls as api_urls
 from governance.audit import Actor
 from governance.models import Agent, AgentToken, DecisionOutcome, Grant, ReviewItem
-from governance.services import access, agents, breakglass, grants
+from governance.services import access, agents, breakglass, grants, sandbox
+from sandbox_runner.spec import RunSpec
 
 API = "/api/v1/"
 CALLERS = ("A", "B", "admin", "approver", "auditor", "user", "anon")
@@ -47,6 +48,26 @@ def delegation(world: dict[str, Any]) -> dict[str, Any]:
     return {"grant": world["grant"], "agent": "bot-a-sub", "actions": ["read"],
             "scope": "repo:acme/api/*", "expires_at": expires.isoformat(),
             "justification": "sub-task"}  # fmt: skip
+
+
+SANDBOX_ASK = {"run_id": "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11", "backend": "docker",
+               "image": "governance-sandbox:bookworm", "command": ["true"]}  # fmt: skip
+STREAM = {"excerpt": "", "sha256": "0" * 64, "bytes": 0, "truncated": False}
+
+
+def sandbox_started(world: dict[str, Any]) -> dict[str, Any]:
+    return {"decision_id": world["run_decision"], "container_id": "c", "image_digest": "",
+            "deadline": timezone.now().timestamp() + 60}  # fmt: skip
+
+
+def sandbox_egress(world: dict[str, Any]) -> dict[str, Any]:
+    return {"decision_id": world["running_decision"], "reason": "allowed",
+            "host": "127.0.0.1", "port": 80}  # fmt: skip
+
+
+def sandbox_finished(world: dict[str, Any]) -> dict[str, Any]:
+    return {"decision_id": world["running_decision"], "exit_code": 0, "timed_out": False,
+            "oom_killed": False, "stdout": STREAM, "stderr": STREAM}  # fmt: skip
 
 
 # Placeholders in braces are filled from the world: {decision}, {approval},
@@ -112,6 +133,15 @@ TABLE: list[tuple[str, str, Any, str]] = [
     # bob (approver) approved A's grant, so only the admin may re-certify it.
     ("POST",  "reviews/items/{item}/decide",      {"decision": "keep", "comment": "x"},
                                                                  "403 403 200 403 403 403 401"),
+    # The sandbox runner's HTTP adapter: agents only; {run} is A's allowed run, {running}
+    # A's started one. B asking to run gets its own (denied) run recorded: 201.
+    ("POST",  "sandbox/runs",                     SANDBOX_ASK,   "201 201 403 403 403 403 401"),
+    ("POST",  "sandbox/runs/{run}/started",       sandbox_started,
+                                                                 "200 404 403 403 403 403 401"),
+    ("POST",  "sandbox/runs/{running}/egress",    sandbox_egress,
+                                                                 "201 404 403 403 403 403 401"),
+    ("POST",  "sandbox/runs/{running}/finished",  sandbox_finished,
+                                                                 "200 404 403 403 403 403 401"),
     ("GET",   "schema/",                          None,          "200 200 200 200 200 200 200"),
     ("GET",   "docs/",                            None,          "200 200 200 200 200 200 200"),
 ]
@@ -155,7 +185,17 @@ def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]
         ticket="INC-1", reason="outage", actor=Actor.user(alice), at=now,
     )  # fmt: skip
     item = ReviewItem.objects.get(grant=grant)
-    return {"decision": decision.decision_id, "approval": gated.approval_id,
+    # Two sandbox runs of A's (issue #4): one allowed, one started.
+    code_exec = make_tool("code-exec", actions=("execute",), kind="code_exec")
+    make_grant(bot_a, code_exec, ("execute",), "sandbox:*", starts_at=started)
+    runs = [sandbox.run_request(spec=RunSpec(agent="bot-a", task=None, command=("true",)), at=now)
+            for _ in range(2)]  # fmt: skip
+    assert all(run.allowed for run in runs)
+    sandbox.run_started(run_id=runs[1].run_id, container_id="c", image_digest="",
+                        deadline=now.timestamp() + 60, enforcement={}, at=now)  # fmt: skip
+    return {"run": runs[0].run_id, "run_decision": runs[0].decision_id,
+            "running": runs[1].run_id, "running_decision": runs[1].decision_id,
+            "decision": decision.decision_id, "approval": gated.approval_id,
             "request": request.pk, "grant": grant.pk, "token": spare.prefix,
             "bot_a": bot_a, "bot_b": bot_b, "breakglass": opened.pk,
             "item": item.pk}  # fmt: skip
@@ -204,7 +244,7 @@ def test_the_table_covers_every_endpoint_and_method():
             if hasattr(view, method):
                 served.add((method.upper(), "api/v1/" + str(pattern.pattern)))
     fake = {"decision": "d", "approval": "a", "request": 1, "grant": 1, "token": "t"}
-    fake.update(breakglass=1, item=1)
+    fake.update(breakglass=1, item=1, run=SANDBOX_ASK["run_id"], running=SANDBOX_ASK["run_id"])
     tabled = {(m, resolve(API + p.format(**fake)).route) for m, p, _, _ in TABLE}
     assert served == tabled
 

@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from governance.api import admin_views as admin
 from governance.api import lifecycle_views as lifecycle
+from governance.api import sandbox_views as sandbox
 from governance.api import views
 
 app_name = "api"
@@ -78,6 +79,23 @@ urlpatterns = [
         "reviews/items/<int:item_id>/decide",
         lifecycle.ReviewItemDecideView.as_view(),
         name="review-item-decide",
+    ),
+    # The sandbox runner's HTTP adapter (issue #4).
+    path("sandbox/runs", sandbox.SandboxRunView.as_view(), name="sandbox-runs"),
+    path(
+        "sandbox/runs/<uuid:run_id>/started",
+        sandbox.SandboxStartedView.as_view(),
+        name="sandbox-run-started",
+    ),
+    path(
+        "sandbox/runs/<uuid:run_id>/egress",
+        sandbox.SandboxEgressView.as_view(),
+        name="sandbox-run-egress",
+    ),
+    path(
+        "sandbox/runs/<uuid:run_id>/finished",
+        sandbox.SandboxFinishedView.as_view(),
+        name="sandbox-run-finished",
     ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),

@@ -29,13 +29,18 @@ from governance.models import Grant, SandboxRun
 from governance.policy import grant_dead_reason
 from governance.services.access import access_check
 from sandbox_runner.egress import EgressDecision
-from sandbox_runner.spec import Authorization, OverCeiling, RunResult, RunSpec, effective
+from sandbox_runner.spec import (
+    EXCERPT_CHARS,
+    LIMIT_NAMES,
+    Authorization,
+    OverCeiling,
+    RunResult,
+    RunSpec,
+    effective,
+)
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
-# The record keeps a masked excerpt of each stream (the runner captures up to
-# 1 MiB and hashes all of it). Masking is regex work that grows faster than
-# linearly on long unbroken runs, so the stored excerpt stays small.
-EXCERPT_CHARS = 4096
+GRANT_CEILING = ("limit_memory_mb", "limit_cpus", "limit_pids", "limit_wall_seconds", "egress")
 
 
 def _event(
@@ -76,7 +81,9 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
     """
     arguments = spec.arguments()
     with transaction.atomic():
-        run = SandboxRun.objects.create(
+        # Written once, at the end (one INSERT, no UPDATE): the requested event and
+        # the decision come first, in this transaction.
+        run = SandboxRun(
             run_id=uuid.UUID(spec.run_id),
             agent=spec.agent[:100],
             task=(spec.task or "")[:100],
@@ -109,15 +116,10 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()
         if decision.allowed:
-            grant = Grant.objects.get(pk=decision.grant_id)
-            ceiling = {
-                "memory_mb": grant.limit_memory_mb,
-                "cpus": grant.limit_cpus,
-                "pids": grant.limit_pids,
-                "wall_seconds": grant.limit_wall_seconds,
-            }
+            grant = Grant.objects.filter(pk=decision.grant_id).values(*GRANT_CEILING).get()
+            ceiling = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
             try:
-                limits, egress = effective(spec, ceiling, grant.egress)
+                limits, egress = effective(spec, ceiling, grant["egress"])
             except (OverCeiling, ValueError) as exc:
                 outcome, reason, message = Verdict.DENY, LIMIT_EXCEEDED, str(exc)
         run.grant_id = decision.grant_id
@@ -133,7 +135,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             run.egress = [str(d) for d in egress]
         else:
             run.status = SandboxRun.Status.DENIED
-        run.save()
+        run.save(force_insert=True)
         if run.status == SandboxRun.Status.DENIED:
             _event(run, EventType.SANDBOX_RUN_DENIED, _actor(run.agent), at, message=message)
     return Authorization(
@@ -204,25 +206,32 @@ def run_started(
 
 def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun | None:
     """Record the outcome. A run the reaper already took stays reaped (None)."""
-    summary = result.summary()
+    return run_finished_summary(run_id=run_id, summary=result.summary(), at=at)
+
+
+def run_finished_summary(
+    *, run_id: str, summary: dict[str, Any], at: datetime
+) -> SandboxRun | None:
+    """run_finished from RunResult.summary() (what a remote runner sends)."""
     out, err = summary["stdout"], summary["stderr"]
+    error = summary.get("error") or ""
     changes: dict[str, Any] = {
         "finished_at": at,
-        "exit_code": result.exit_code,
-        "timed_out": result.timed_out,
-        "oom_killed": result.oom_killed,
+        "exit_code": summary["exit_code"],
+        "timed_out": summary["timed_out"],
+        "oom_killed": summary["oom_killed"],
         "stdout_excerpt": audit.mask(out["excerpt"][:EXCERPT_CHARS]),
         "stdout_sha256": out["sha256"],
         "stdout_bytes": out["bytes"],
         "stderr_excerpt": audit.mask(err["excerpt"][:EXCERPT_CHARS]),
         "stderr_sha256": err["sha256"],
         "stderr_bytes": err["bytes"],
-        "error": result.error[:2000],
+        "error": error[:2000],
     }
-    if result.enforcement:
-        changes["enforcement"] = result.enforcement
-    if result.image_digest:
-        changes["image_digest"] = result.image_digest[:100]
+    if summary.get("enforcement"):
+        changes["enforcement"] = summary["enforcement"]
+    if summary.get("image_digest"):
+        changes["image_digest"] = summary["image_digest"][:100]
     with transaction.atomic():
         run = _claim(
             run_id, SandboxRun.Status.RUNNING, status=SandboxRun.Status.FINISHED, **changes
@@ -239,14 +248,14 @@ def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun 
             EventType.SANDBOX_RUN_FINISHED,
             _actor(run.agent),
             at,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            oom_killed=result.oom_killed,
+            exit_code=summary["exit_code"],
+            timed_out=summary["timed_out"],
+            oom_killed=summary["oom_killed"],
             stdout_sha256=out["sha256"],
             stdout_bytes=out["bytes"],
             stderr_sha256=err["sha256"],
             stderr_bytes=err["bytes"],
-            error=result.error[:500],
+            error=error[:500],
         )
     return run
 

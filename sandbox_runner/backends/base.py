@@ -58,6 +58,11 @@ class Backend:
         """None when usable here, else a sentence saying why not."""
         raise NotImplementedError(f"{type(self).__name__}.unavailable() is not implemented")
 
+    def prewarm(self) -> None:
+        """Optional host-side work that makes start() faster, run in a thread once the
+        run is allowed, alongside start(). It starts nothing and touches no sandbox."""
+        return None
+
     def start(
         self,
         spec: RunSpec,

@@ -90,8 +90,10 @@ def test_the_http_adapter_runs_an_allowed_script_and_reports_the_outcome(
     )
     outcome = execute(spec, HttpAuthorizer(live_server.url, token))
     assert outcome.exit_code == 0
-    # The grant's ceiling, read from /me, applies over HTTP too.
+    # The grant's ceiling, applied by the server, holds over HTTP too.
     assert outcome.auth.limits.memory_mb == 96
+    record = SandboxRun.objects.get(run_id=spec.run_id)
+    assert record.status == "finished" and record.limits["memory_mb"] == 96
     allowed = AuditEvent.objects.get(event_type="access.allowed")
     assert allowed.tool == "code-exec" and allowed.action == "execute"
     reported = AuditEvent.objects.get(event_type="access.outcome")
@@ -114,8 +116,9 @@ def test_over_http_a_request_above_the_grant_is_denied(
     assert outcome.exit_code == EXIT_DENIED
     assert outcome.auth.reason == "limit_exceeds_grant"
     assert {c.id for c in docker_client.containers.list(all=True)} == before
-    aborted = AuditEvent.objects.get(event_type="access.outcome")
-    assert json.loads(aborted.data)["outcome"] == "aborted"
+    record = SandboxRun.objects.get(run_id=spec.run_id)
+    assert (record.status, record.reason) == ("denied", "limit_exceeds_grant")
+    assert not AuditEvent.objects.filter(event_type="sandbox.run.started").exists()
 
 
 @pytest.mark.django_db

@@ -337,14 +337,45 @@ def test_privileges_are_gone(backend, code_exec, spec_for):
     assert seen["uid"] == "1000 1000"
     assert seen["CapEff"] == seen["CapPrm"] == "0000000000000000"
     assert seen["NoNewPrivs"] == "1"
-    if backend == "docker":
-        assert seen["Seccomp"] == "2"  # filter mode: the engine's default profile
-    else:
-        assert seen["Seccomp"] == "0"  # known gap: no seccomp filter under bubblewrap
+    # Filter mode: the engine's default profile; under bubblewrap the runner's own filter.
+    assert seen["Seccomp"] == "2"
     assert seen["mount"] == "refused"
     assert seen["unshare-user"] == seen["unshare-mount"] == "refused"
     assert seen["docker.sock"] == "False"
     assert run_record(spec.run_id).exit_code == 0
+
+
+# Calls the bubblewrap filter blocks (x86-64 numbers), made directly so no other check
+# (capabilities, --disable-userns) can be what refuses them.
+SYSCALLS = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr, args in (("keyctl", 250, (0, 0, 0, 0)), ("ptrace", 101, (16, os.getppid(), 0, 0)),
+                       ("unshare", 272, (0x00020000,)), ("bpf", 321, (0, 0, 0)),
+                       ("getpid", 39, ())):
+    ctypes.set_errno(0)
+    result = libc.syscall(nr, *args)
+    print(name, result if result >= 0 else -ctypes.get_errno())
+"""
+
+
+def test_the_bubblewrap_seccomp_filter_refuses_kernel_surface_calls(
+    bwrap_available, code_exec, spec_for
+):
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the probe uses x86-64 system call numbers")
+    code_exec.grant()
+    # The host's own python3 (ctypes is not in the Docker image's python3-minimal).
+    spec = spec_for(SYSCALLS, backend="bubblewrap")
+    outcome, out, err = run(spec)
+    assert outcome.exit_code == 0, err
+    seen = dict(line.split(" ", 1) for line in out.splitlines())
+    eperm = str(-1)  # -EPERM
+    assert seen["keyctl"] == seen["ptrace"] == seen["unshare"] == seen["bpf"] == eperm
+    assert int(seen["getpid"]) > 0  # everything else is allowed
+    assert run_record(spec.run_id).enforcement["seccomp"] == "filter"
 
 
 # --- Network ----------------------------------------------------------------------------

@@ -1,0 +1,376 @@
+"""The sandbox runner's REST door (the HTTP authorizer adapter, issue #4).
+
+A runner on another host holds an agent's token and reports through these:
+
+    POST sandbox/runs                      ask to run: decision + run record (run_request)
+    POST sandbox/runs/{run_id}/started     the sandbox is up (run_started)
+    POST sandbox/runs/{run_id}/egress      one connection attempt (egress_attempt)
+    POST sandbox/runs/{run_id}/finished    how it ended (run_finished_summary)
+
+Each writes through governance.services.sandbox, the same functions the
+in-process adapter calls. The agent is always the token's agent; a report names
+the run and the decision id the agent received for it, and a run of another
+agent (or a mismatched decision id) answers exactly like a missing one (404).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.db import IntegrityError
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from governance.api.auth import IsAgent
+from governance.api.serializers import (
+    Declared,
+    JSONObjectField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    _is_text,
+    exact_char,
+)
+from governance.api.views import ERRORS, limit
+from governance.errors import Conflict, NotFound
+from governance.models import SandboxRun
+from governance.services import sandbox
+from sandbox_runner.backends import REGISTRY
+from sandbox_runner.egress import EgressDecision
+from sandbox_runner.spec import DEFAULT_TOOL, EXCERPT_CHARS, LIMIT_NAMES, RunSpec
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+EGRESS_REASONS = (
+    "allowed",
+    "not_allowlisted",
+    "bad_destination",
+    "unresolvable",
+    "internal_address",
+)
+
+
+class StrictNumberField(serializers.FloatField):
+    """A JSON number, not a string of digits or a boolean."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def _sha256(**kw: Any) -> StrictCharField:
+    return StrictCharField(
+        max_length=64,
+        allow_blank=True,
+        validators=[_is_sha256],
+        declared={"pattern": "^([0-9a-f]{64})?$"},
+        **kw,
+    )
+
+
+def _is_sha256(value: str) -> None:
+    if value and not SHA256.fullmatch(value):
+        raise serializers.ValidationError("Not a lower-case hex SHA-256.")
+
+
+class LimitsIn(StrictSerializer):
+    memory_mb = StrictIntegerField(min_value=1, max_value=1 << 20, required=False, allow_null=True)
+    cpus = StrictNumberField(min_value=0.01, max_value=1024, required=False, allow_null=True)
+    pids = StrictIntegerField(min_value=1, max_value=1 << 22, required=False, allow_null=True)
+    wall_seconds = StrictIntegerField(
+        min_value=1, max_value=7 * 86400, required=False, allow_null=True
+    )
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID in a JSON string (DRF would also take an integer, even `false`)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class SandboxRunIn(StrictSerializer):
+    run_id = StrictUUIDField()
+    task = exact_char(max_length=100, required=False, allow_null=True)
+    tool = exact_char(max_length=100, required=False, default=DEFAULT_TOOL)
+    backend = serializers.ChoiceField(choices=sorted(REGISTRY))
+    image = exact_char(max_length=300)
+    command = serializers.ListField(child=exact_char(max_length=4096), min_length=1, max_length=256)
+    script_sha256 = _sha256(required=False, default="")
+    input_sha256 = _sha256(required=False, default="")
+    limits = LimitsIn(required=False)
+    egress = serializers.ListField(
+        child=exact_char(max_length=300), max_length=64, required=False, allow_null=True
+    )
+
+
+class SandboxLimitsOut(serializers.Serializer):
+    memory_mb = serializers.IntegerField()
+    cpus = serializers.FloatField()
+    pids = serializers.IntegerField()
+    wall_seconds = serializers.IntegerField()
+
+
+class SandboxRunOut(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    decision = serializers.CharField()
+    reason = serializers.CharField()
+    message = serializers.CharField(allow_blank=True)
+    decision_id = serializers.CharField(allow_null=True)
+    grant = serializers.IntegerField(allow_null=True)
+    approval = serializers.CharField(allow_null=True)
+    limits = SandboxLimitsOut(allow_null=True)
+    egress = serializers.ListField(child=serializers.CharField())
+
+
+class ReportIn(StrictSerializer):
+    decision_id = exact_char(max_length=36, min_length=1)
+
+
+class DeclaredDictField(Declared, serializers.DictField):
+    pass
+
+
+def _enforcement(value: dict[str, str]) -> None:
+    if len(value) > 16 or not all(_is_text(k) for k in value):
+        raise serializers.ValidationError("At most 16 entries, named in storable text.")
+
+
+def _enforcement_field() -> serializers.DictField:
+    """How each limit was enforced, e.g. {"memory_mb": "cgroup"}."""
+    return DeclaredDictField(
+        child=exact_char(max_length=40),
+        required=False,
+        validators=[_enforcement],
+        declared={"maxProperties": 16},
+    )
+
+
+class StartedIn(ReportIn):
+    container_id = exact_char(max_length=100, allow_blank=True)
+    image_digest = exact_char(max_length=100, allow_blank=True)
+    deadline = StrictNumberField(min_value=0, max_value=1e11)
+    enforcement = _enforcement_field()
+
+
+class StreamIn(StrictSerializer):
+    excerpt = exact_char(max_length=EXCERPT_CHARS, allow_blank=True)
+    sha256 = _sha256()
+    bytes = StrictIntegerField(min_value=0, max_value=1 << 62)
+    truncated = StrictBooleanField()
+
+
+class FinishedIn(ReportIn):
+    container_id = exact_char(max_length=100, allow_blank=True, required=False, default="")
+    image_digest = exact_char(max_length=100, allow_blank=True, required=False, default="")
+    enforcement = _enforcement_field()
+    exit_code = StrictIntegerField(min_value=-1024, max_value=1024, allow_null=True)
+    timed_out = StrictBooleanField()
+    oom_killed = StrictBooleanField()
+    stdout = StreamIn()
+    stderr = StreamIn()
+    error = exact_char(max_length=2000, allow_blank=True, required=False, default="")
+
+
+class EgressIn(ReportIn):
+    # Allowed exactly when the reason is `allowed`: one field, so they cannot disagree.
+    reason = serializers.ChoiceField(choices=EGRESS_REASONS)
+    host = exact_char(max_length=300, min_length=1)
+    port = StrictIntegerField(min_value=0, max_value=65535)
+    address = exact_char(max_length=64, required=False, allow_null=True, default=None)
+
+
+class ReportOut(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    status = serializers.CharField()
+
+
+class EgressOut(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    logged = JSONObjectField()
+
+
+def _run_body(run_id: str, auth: Any) -> dict[str, Any]:
+    limits = auth.limits
+    return {
+        "run_id": run_id,
+        "decision": auth.outcome,
+        "reason": auth.reason,
+        "message": auth.message,
+        "decision_id": auth.decision_id,
+        "grant": auth.grant_id,
+        "approval": auth.approval_id,
+        "limits": {n: getattr(limits, n) for n in LIMIT_NAMES} if limits else None,
+        "egress": [str(d) for d in auth.egress],
+    }
+
+
+class SandboxRunView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="sandbox_run_request",
+        request=SandboxRunIn,
+        responses={201: SandboxRunOut, 409: ERRORS[400], **ERRORS},
+        description=(
+            "Ask to run code in a sandbox: an `execute` decision on the tool for the token's "
+            "agent, with the grant's limits and egress as the ceiling. The run is recorded "
+            "whatever the answer; only `decision: allow` (with limits) may start anything."
+        ),
+        examples=[
+            OpenApiExample(
+                "A Python script in the default image",
+                value={
+                    "run_id": "0b5f2c1e-8f43-4c59-9e0f-3b7c2a1d9e10",
+                    "task": "SBX-1",
+                    "backend": "docker",
+                    "image": "governance-sandbox:bookworm",
+                    "command": ["python3", "/sandbox/script"],
+                    "script_sha256": "a" * 64,
+                    "limits": {"memory_mb": 128},
+                },
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        limit(request, "authorize", fail_closed=False)
+        body = SandboxRunIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        run_id = str(data["run_id"])
+        if SandboxRun.objects.filter(run_id=run_id).exists():
+            raise Conflict("run_exists", "A run with this run_id is already recorded.")
+        limits = data.get("limits") or {}
+        spec = RunSpec(
+            agent=request.user.agent.name,
+            task=data.get("task"),
+            command=tuple(data["command"]),
+            tool=data["tool"],
+            backend=data["backend"],
+            image=data["image"],
+            limits={n: limits.get(n) for n in LIMIT_NAMES},
+            egress=tuple(data["egress"]) if data.get("egress") is not None else None,
+            run_id=run_id,
+            script_hash=data["script_sha256"],
+            input_hash=data["input_sha256"],
+        )
+        try:
+            auth = sandbox.run_request(spec=spec, at=timezone.now())
+        except IntegrityError:  # the same run_id, sent twice at once
+            raise Conflict("run_exists", "A run with this run_id is already recorded.") from None
+        return Response(SandboxRunOut(_run_body(run_id, auth)).data, status=201)
+
+
+def _own_run(request: Request, run_id: Any, decision_id: str) -> SandboxRun:
+    """The caller's run (another agent's is a 404), reported under its decision id."""
+    run = SandboxRun.objects.filter(run_id=run_id, agent=request.user.agent.name).first()
+    if run is None:
+        raise NotFound("not_found", "No such sandbox run.")
+    if not run.decision_id or run.decision_id != decision_id:
+        raise Conflict(
+            "decision_mismatch",
+            "This run was decided under another decision id; report it under that one.",
+        )
+    return run
+
+
+def _conflict(run: SandboxRun, what: str) -> Conflict:
+    return Conflict("run_state", f"The run is {run.status}; it cannot be {what} now.")
+
+
+class SandboxStartedView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="sandbox_run_started",
+        request=StartedIn,
+        responses={200: ReportOut, 409: ERRORS[400], **ERRORS},
+        description="The allowed run's sandbox is up. Once per run, yours only.",
+    )
+    def post(self, request: Request, run_id: Any) -> Response:
+        limit(request, "authorize", fail_closed=False)
+        body = StartedIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        run = _own_run(request, run_id, data["decision_id"])
+        try:
+            run = sandbox.run_started(
+                run_id=str(run.run_id),
+                container_id=data["container_id"],
+                image_digest=data["image_digest"],
+                deadline=data["deadline"],
+                enforcement=data.get("enforcement") or {},
+                at=timezone.now(),
+            )
+        except RuntimeError:
+            run.refresh_from_db()
+            raise _conflict(run, "started") from None
+        return Response(ReportOut({"run_id": run.run_id, "status": run.status}).data)
+
+
+class SandboxFinishedView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="sandbox_run_finished",
+        request=FinishedIn,
+        responses={200: ReportOut, 409: ERRORS[400], **ERRORS},
+        description=(
+            "How the run ended (exit code, timeout, OOM, output hashes and excerpts). "
+            "A run never started is closed as failed; a run already closed is a conflict."
+        ),
+    )
+    def post(self, request: Request, run_id: Any) -> Response:
+        limit(request, "authorize", fail_closed=False)
+        body = FinishedIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        run = _own_run(request, run_id, data.pop("decision_id"))
+        closed = sandbox.run_finished_summary(
+            run_id=str(run.run_id), summary=data, at=timezone.now()
+        )
+        if closed is None:
+            run.refresh_from_db()
+            raise _conflict(run, "finished")
+        return Response(ReportOut({"run_id": closed.run_id, "status": closed.status}).data)
+
+
+class SandboxEgressView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="sandbox_run_egress",
+        request=EgressIn,
+        responses={201: EgressOut, 409: ERRORS[400], **ERRORS},
+        description="One connection attempt through the run's egress proxy, allowed or denied.",
+    )
+    def post(self, request: Request, run_id: Any) -> Response:
+        limit(request, "authorize", fail_closed=False)
+        body = EgressIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        run = _own_run(request, run_id, data["decision_id"])
+        if run.status != SandboxRun.Status.RUNNING:
+            raise _conflict(run, "reporting egress")
+        decision = EgressDecision(
+            allowed=data["reason"] == "allowed",
+            reason=data["reason"],
+            host=data["host"],
+            port=data["port"],
+            address=data["address"],
+        )
+        sandbox.egress_attempt(run_id=str(run.run_id), decision=decision, at=timezone.now())
+        logged = {"destination": f"{decision.host}:{decision.port}", "allowed": decision.allowed}
+        return Response(
+            EgressOut({"run_id": run.run_id, "logged": logged}).data,
+            status=status.HTTP_201_CREATED,
+        )

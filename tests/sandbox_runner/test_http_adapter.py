@@ -1,0 +1,262 @@
+"""The HTTP authorizer adapter and the sandbox endpoints it reports through.
+
+The end-to-end test runs a real container (Docker) whose runner talks to the
+app served by the live_server fixture on 127.0.0.1: the run record and every
+audit event, one per egress attempt, are on the server. The others call the
+endpoints with real tokens: another agent's run is a 404, malformed bodies are
+400s that write nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from governance.audit import Actor
+from governance.models import AuditEvent, SandboxRun
+from governance.services import agents
+from sandbox_runner.authorizers import HttpAuthorizer
+from sandbox_runner.runner import EXIT_DENIED
+from tests.sandbox_runner.conftest import events_of, leftovers, run_record
+from tests.sandbox_runner.test_docker_probes import run
+from tests.sandbox_runner.test_egress_proxy import SCRIPT
+from tests.sandbox_runner.test_egress_proxy import servers as egress_servers
+
+servers = egress_servers  # the two local HTTP servers fixture, shared
+
+RUNS = "/api/v1/sandbox/runs"
+
+
+def _token(agent: Any, alice: Any) -> str:
+    _, plaintext = agents.token_issue(
+        created_by=alice, agent=agent, actor=Actor.system("test"), at=timezone.now()
+    )
+    return plaintext
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_docker_run_over_http_is_recorded_on_the_server_with_every_egress_attempt(
+    live_server,
+    docker_client,
+    code_exec,
+    spec_for,
+    servers,
+    alice,
+):
+    a, b = servers
+    code_exec.grant(egress=[f"127.0.0.1:{a.port}"], limits={"memory_mb": 200})
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    spec = spec_for(SCRIPT.format(a=a.port, b=b.port), backend="docker", limits={"pids": 32})
+    outcome, out, err = run(spec, authorizer)
+
+    assert outcome.exit_code == 0, err
+    assert out.splitlines()[:3] == ["A 200 server-a", "B 403", "GET 200 server-a"]
+    assert a.hits == ["/tunnel", "/plain"] and b.hits == []
+    # The server holds the run record, tied to the decision the runner received.
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.exit_code == 0
+    assert record.decision == "allow" and record.decision_id == outcome.auth.decision_id
+    assert record.agent == "coder" and record.backend == "docker"
+    assert record.script_sha256 == spec.script_sha256 and record.container_id
+    assert record.image_digest.startswith("sha256:")
+    assert record.limits == {"memory_mb": 200, "cpus": 1.0, "pids": 32, "wall_seconds": 60}
+    assert record.stdout_excerpt.startswith("A 200 server-a")
+    assert record.enforcement and record.deadline_at is not None
+    # Three attempts were made through the proxy: three events, in order, on the server.
+    egress = [e for e in events_of(spec.run_id) if e.startswith("sandbox.egress")]
+    assert egress == ["sandbox.egress.allowed", "sandbox.egress.denied", "sandbox.egress.allowed"]
+    destinations = [
+        json.loads(e.data)["destination"]
+        for e in AuditEvent.objects.order_by("seq")
+        if e.event_type.startswith("sandbox.egress")
+    ]
+    assert destinations == [f"127.0.0.1:{p}" for p in (a.port, b.port, a.port)]
+    assert [e for e in events_of(spec.run_id) if not e.startswith("sandbox.egress")] == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.finished",
+    ]
+    assert leftovers("docker", spec.run_id) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_above_the_grant_is_denied_over_http_and_nothing_starts(
+    live_server, docker_client, code_exec, spec_for, alice
+):
+    code_exec.grant(limits={"memory_mb": 128})
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    before = {c.id for c in docker_client.containers.list(all=True)}
+    spec = spec_for("print(1)", backend="docker", limits={"memory_mb": 512})
+    outcome, _, _ = run(spec, authorizer)
+    assert outcome.exit_code == EXIT_DENIED and outcome.auth.reason == "limit_exceeds_grant"
+    assert {c.id for c in docker_client.containers.list(all=True)} == before
+    record = run_record(spec.run_id)
+    assert record.status == "denied" and record.reason == "limit_exceeds_grant"
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+
+
+# --- The endpoints, with real tokens (no engine needed) ----------------------------------
+
+
+def _ask(run_id: str, **kw: Any) -> dict[str, Any]:
+    body = {"run_id": run_id, "task": "SBX-1", "backend": "bubblewrap",
+            "image": "governance-sandbox:bookworm", "command": ["python3", "-c", "1"]}  # fmt: skip
+    return {**body, **kw}
+
+
+STREAM = {"excerpt": "", "sha256": "0" * 64, "bytes": 0, "truncated": False}
+
+
+def _started(decision_id: str) -> dict[str, Any]:
+    return {"decision_id": decision_id, "container_id": "c1", "image_digest": "sha256:" + "1" * 64,
+            "deadline": timezone.now().timestamp() + 60,
+            "enforcement": {"pids": "cgroup"}}  # fmt: skip
+
+
+def _finished(decision_id: str) -> dict[str, Any]:
+    return {"decision_id": decision_id, "exit_code": 0, "timed_out": False, "oom_killed": False,
+            "stdout": STREAM, "stderr": STREAM}  # fmt: skip
+
+
+def _egress(decision_id: str) -> dict[str, Any]:
+    return {"decision_id": decision_id, "reason": "not_allowlisted",
+            "host": "127.0.0.1", "port": 9, "address": "127.0.0.1"}  # fmt: skip
+
+
+@pytest.fixture
+def two_agents(code_exec, make_agent, make_grant, agent_client):
+    """A (coder) has a live execute grant and a run it was allowed; B has its own grant."""
+    code_exec.grant()
+    bot_b = make_agent("other")
+    make_grant(bot_b, code_exec.tool, actions=("execute",), scope="sandbox:*", starts_at=None)
+    a, b = agent_client(code_exec.agent), agent_client(bot_b)
+    run_id = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(run_id), format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["decision"] == "allow"
+    return a, b, run_id, answer.json()["decision_id"]
+
+
+def _snapshot() -> tuple[Any, ...]:
+    runs = tuple(SandboxRun.objects.order_by("id").values_list("status", "exit_code", "error"))
+    return AuditEvent.objects.count(), runs
+
+
+@pytest.mark.django_db
+def test_the_endpoints_walk_a_run_through_its_life(two_agents):
+    a, _, run_id, decision_id = two_agents
+    assert events_of(run_id) == ["sandbox.run.requested"]
+    assert a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json").json() == {
+        "run_id": run_id, "status": "running"}  # fmt: skip
+    assert a.post(f"{RUNS}/{run_id}/egress", _egress(decision_id), format="json").status_code == 201
+    done = a.post(f"{RUNS}/{run_id}/finished", _finished(decision_id), format="json")
+    assert done.json()["status"] == "finished"
+    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started",
+                                 "sandbox.egress.denied", "sandbox.run.finished"]  # fmt: skip
+    record = run_record(run_id)
+    assert record.enforcement == {"pids": "cgroup"} and record.exit_code == 0
+    # Once closed, nothing more: started again, egress after the end, finished twice.
+    before = _snapshot()
+    for what, body in (("started", _started), ("egress", _egress), ("finished", _finished)):
+        again = a.post(f"{RUNS}/{run_id}/{what}", body(decision_id), format="json")
+        assert again.status_code == 409 and again.json()["error"]["code"] == "run_state"
+    assert a.post(RUNS, _ask(run_id), format="json").json()["error"]["code"] == "run_exists"
+    assert _snapshot() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("what", ["started", "egress", "finished"])
+def test_agent_b_cannot_report_on_agent_as_run(two_agents, what):
+    a, b, run_id, decision_id = two_agents
+    if what != "started":
+        a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json")
+    before = _snapshot()
+    body = {"started": _started, "egress": _egress, "finished": _finished}[what](decision_id)
+    answer = b.post(f"{RUNS}/{run_id}/{what}", body, format="json")
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+    # A itself, naming another decision id, is refused (its own run: a conflict).
+    wrong = {**body, "decision_id": str(uuid.uuid4())}
+    refused = a.post(f"{RUNS}/{run_id}/{what}", wrong, format="json")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "decision_mismatch"
+    assert _snapshot() == before
+
+
+@pytest.mark.django_db
+def test_a_denied_run_cannot_be_started(code_exec, agent_client):
+    a = agent_client(code_exec.agent)  # no grant at all
+    run_id = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(run_id), format="json").json()
+    assert (answer["decision"], answer["limits"]) == ("deny", None)
+    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    before = _snapshot()
+    started = a.post(f"{RUNS}/{run_id}/started", _started(answer["decision_id"]), format="json")
+    assert started.status_code == 409
+    assert _snapshot() == before
+
+
+RUN_ID = "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11"
+BAD_ASKS = [
+    [],
+    "run",
+    _ask(RUN_ID, agent="someone-else"),  # the agent is the token's, never the body's
+    _ask("not-a-uuid"),
+    _ask(False),  # DRF's UUIDField alone would read this as UUID(int=0)
+    _ask(7),
+    _ask(RUN_ID, backend="chroot"),
+    _ask(RUN_ID, command=[]),
+    _ask(RUN_ID, command="python3 -c 1"),
+    _ask(RUN_ID, command=["a\x00b"]),
+    _ask(RUN_ID, script_sha256="ABC"),
+    _ask(RUN_ID, limits={"memory_mb": "128"}),
+    _ask(RUN_ID, limits={"memory_mb": 0}),
+    _ask(RUN_ID, limits={"cpus": True}),
+    _ask(RUN_ID, limits={"swap": 1}),
+    _ask(RUN_ID, egress="127.0.0.1:80"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("body", BAD_ASKS)
+def test_a_malformed_run_request_is_400_and_writes_nothing(two_agents, body):
+    a, *_ = two_agents
+    before = _snapshot()
+    answer = a.post(RUNS, body, format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert _snapshot() == before
+
+
+BAD_REPORTS = [
+    ("started", lambda d: {k: v for k, v in _started(d).items() if k != "deadline"}),
+    ("started", lambda d: {**_started(d), "deadline": "soon"}),
+    ("started", lambda d: {**_started(d), "status": "finished"}),
+    ("started", lambda d: {**_started(d), "enforcement": {"pids": 3}}),
+    ("started", lambda d: {**_started(d), "enforcement": {str(i): "cgroup" for i in range(17)}}),
+    ("started", lambda d: {**_started(d), "decision_id": 7}),
+    ("egress", lambda d: {**_egress(d), "allowed": True}),  # not a field: the reason says
+    ("egress", lambda d: {**_egress(d), "port": 70000}),
+    ("egress", lambda d: {**_egress(d), "reason": "whatever"}),
+    ("egress", lambda d: {**_egress(d), "host": ""}),
+    ("finished", lambda d: {**_finished(d), "exit_code": "0"}),
+    ("finished", lambda d: {**_finished(d), "stdout": {**STREAM, "sha256": "x"}}),
+    ("finished", lambda d: {**_finished(d), "stdout": {**STREAM, "extra": 1}}),
+    ("finished", lambda d: {**_finished(d), "stderr": {**STREAM, "excerpt": "x" * 5000}}),
+    ("finished", lambda d: {k: v for k, v in _finished(d).items() if k != "timed_out"}),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("what", "make"), BAD_REPORTS)
+def test_a_malformed_report_is_400_and_writes_nothing(two_agents, what, make):
+    a, _, run_id, decision_id = two_agents
+    if what != "started":
+        a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json")
+    before = _snapshot()
+    answer = a.post(f"{RUNS}/{run_id}/{what}", make(decision_id), format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert _snapshot() == before
