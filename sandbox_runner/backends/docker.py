@@ -234,8 +234,10 @@ class DockerBackend(Backend):
             holder,
             {"memory": "docker", "cpus": "docker", "pids": "docker", "wall_seconds": "runner"},
         )
-        # Attach before start so not a byte is missed; demux keeps stdout and stderr apart.
-        stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
+        # Attach before start so not a byte is missed (what `docker run` does); demux keeps
+        # stdout and stderr apart. No logs=True: replaying the log while also streaming can
+        # deliver the same bytes twice, and before start there is no log to replay.
+        stream = container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
 
         def pump() -> None:
             try:
