@@ -155,8 +155,15 @@ def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
     without the log storing X, and binds approvals to exact arguments.
     Raises TypeError/ValueError on arguments that are not plain JSON.
     """
-    payload = canonical_json(dict(arguments or {}))
+    if not arguments:  # most calls: the digest of {} under this key, computed once
+        return _empty_digest(settings.AUDIT_HMAC_KEY)
+    payload = canonical_json(dict(arguments))
     return hmac.digest(_derived_key(b"arguments"), payload.encode(), "sha256").hex()
+
+
+@functools.lru_cache(maxsize=4)
+def _empty_digest(secret: str) -> str:
+    return hmac.digest(_derive(secret, b"arguments"), b"{}", "sha256").hex()
 
 
 def masked_arguments_json(arguments: Mapping[str, Any] | None) -> str:
@@ -346,7 +353,7 @@ def append(
         # lock is then held only for the rest of this call and the COMMIT.
         params: list[Any] = [_derived_key(b"audit-link"), mac]
         params += [row[name] for name in _ROW_FIELDS]
-        seq, link = db.execute(_PG_APPEND, params)[0]
+        seq, link = db.query(_PG_APPEND, params, "is")[0]
         return Written(seq=seq, uid=uid, hash=link)
     last_seq, prev_hash = _lock_and_read_head()  # SQLite: the write transaction serialises
     row["seq"] = last_seq + 1

@@ -1,81 +1,69 @@
-"""The hot-path cursor: server-side prepared statements on PostgreSQL.
+"""The hot path's statements: named prepared statements through libpq on PostgreSQL.
 
-Django's psycopg 3 backend binds parameters client-side, so every decision
-would re-plan its query. The decision and the audit append run a handful of
-fixed statements, so on PostgreSQL they go through a plain psycopg cursor on
-Django's own connection (same transaction, same atomic block) with
-prepare=True. On SQLite they go through Django's cursor.
+A decision runs a handful of fixed statements (the decision's read, the audit
+append, a token lookup). Django's psycopg 3 backend binds parameters
+client-side and plans every statement again, and psycopg's cursor machinery
+costs about as much as the round trip itself. So on PostgreSQL `query()` and
+`change()` run each statement as a named prepared statement directly through
+libpq (PQprepare once per connection, then PQexecPrepared with binary
+results decoded here), on Django's own connection: same session, same
+transaction, same atomic block. On SQLite they go through Django's cursor and
+decode to the same Python values.
+
+Column kinds (one letter per column): i = integer, b = boolean, s = text,
+t = timestamp as integer microseconds since the Unix epoch (to_us()), so the
+decision compares times as integers and never parses them.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import uuid
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils.dateparse import parse_datetime
-from psycopg.pq import ExecStatus
+from psycopg.errors import error_from_result
+from psycopg.pq import ExecStatus, TransactionStatus
 
-_TUPLES_OK = ExecStatus.TUPLES_OK
-
-
-# Only statements run here with prepare=True are prepared: a threshold this
-# high never auto-prepares Django's own queries.
-_EXPLICIT_ONLY = 1 << 62
+_OK = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
+_IDLE = TransactionStatus.IDLE
+_MISSING_STATEMENT = b"26000"  # invalid_sql_statement_name
+_NAMES = itertools.count()  # statement names, unique in the process
 
 
 def _pg() -> psycopg.Connection[Any]:
-    """Django's open psycopg connection, with server-side preparation enabled.
-
-    Django opens it with prepare_threshold=None, which makes psycopg ignore
-    prepare=True, so every decision would be parsed and planned again. Unless
-    the settings choose a threshold (OPTIONS["prepare_threshold"], e.g. None
-    behind a pooler that cannot hold prepared statements), only the
-    statements that ask for it are prepared.
-    """
+    """Django's open psycopg connection (replaced first if the server dropped it)."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     # What Django's own cursor() does first: once per request, replace a
     # connection the server dropped (restart, failover) instead of failing
     # every decision on it until CONN_MAX_AGE runs out.
     wrapper.close_if_health_check_failed()
-    conn = wrapper.connection
-    if conn is None:
+    if wrapper.connection is None:
         wrapper.ensure_connection()
-        conn = wrapper.connection
-    if conn.prepare_threshold is None and "prepare_threshold" not in wrapper.settings_dict.get(
-        "OPTIONS", {}
-    ):
-        conn.prepare_threshold = _EXPLICIT_ONLY
-    return conn
+    return wrapper.connection
 
 
 def _rows(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
     result = cur.pgresult
-    return cur.fetchall() if result is not None and result.status == _TUPLES_OK else []
-
-
-def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-    """One reusable cursor per connection (it lives and dies with it)."""
-    cur = conn.__dict__.get("_governance_cursor")
-    if cur is None or cur.closed:
-        cur = conn.__dict__["_governance_cursor"] = psycopg.Cursor(conn)
-    return cur
+    return cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else []
 
 
 def execute(sql: str, params: Sequence[Any] = (), *, binary: bool = False) -> list[tuple[Any, ...]]:
-    """Run one statement with %s placeholders; return its rows (or []).
+    """Run one statement with %s placeholders through Django's connection; return
+    its rows (or []). For statements off the hot path (no preparation).
 
     binary=True asks PostgreSQL for binary results: the same Python values,
-    decoded in C (aware datetimes, uuids), except that json/jsonb columns
-    arrive parsed instead of as text. Ignored on SQLite.
+    except that json/jsonb columns arrive parsed instead of as text.
     """
     if connection.vendor == "postgresql":
-        cur = _cursor(_pg())
-        cur.execute(sql, params, prepare=True, binary=binary)
-        return _rows(cur)
+        with psycopg.Cursor(_pg()) as cur:
+            cur.execute(sql, params, binary=binary)
+            return _rows(cur)
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
@@ -90,22 +78,11 @@ def execute_script(script: str) -> list[tuple[Any, ...]]:
     statement sees what committed while an earlier one waited for a lock. The
     first error stops the script and is raised.
     """
-    cur = _cursor(_pg())
-    cur.execute(script, prepare=False)
-    while cur.nextset():
-        pass
-    return _rows(cur)
-
-
-def execute_rowcount(sql: str, params: Sequence[Any] = ()) -> int:
-    """Run one data-changing statement and return how many rows it touched."""
-    if connection.vendor == "postgresql":
-        cur = _cursor(_pg())
-        cur.execute(sql, params, prepare=True)
-        return cur.rowcount
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.rowcount
+    with psycopg.Cursor(_pg()) as cur:
+        cur.execute(script, prepare=False)
+        while cur.nextset():
+            pass
+        return _rows(cur)
 
 
 def param_dt(value: datetime | None) -> Any:
@@ -133,3 +110,166 @@ def read_dt(value: Any) -> datetime | None:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+# --- Times as integers -------------------------------------------------------------
+
+UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_PG_EPOCH_US = 946_684_800 * 1_000_000  # 2000-01-01, PostgreSQL's timestamp origin
+
+
+def to_us(value: datetime) -> int:
+    """An aware datetime as integer microseconds since the Unix epoch (exact)."""
+    delta = value - UNIX_EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(value: int) -> datetime:
+    return UNIX_EPOCH + timedelta(microseconds=value)
+
+
+# --- The hot path: query() and change() ------------------------------------------------
+
+
+def _int(raw: bytes) -> int:
+    return int.from_bytes(raw, "big", signed=True)
+
+
+_PG_DECODE: dict[str, Callable[[bytes], Any]] = {
+    "i": _int,
+    "b": lambda raw: raw == b"\x01",
+    "s": lambda raw: raw.decode(),
+    "t": lambda raw: _int(raw) + _PG_EPOCH_US,  # binary timestamptz: microseconds since 2000
+}
+
+
+def _sqlite_time(value: Any) -> int:
+    parsed = read_dt(value)
+    assert parsed is not None
+    return to_us(parsed)
+
+
+_SQLITE_DECODE: dict[str, Callable[[Any], Any]] = {"i": int, "b": bool, "s": str, "t": _sqlite_time}
+_PLACEHOLDER = re.compile(r"%s")
+
+
+def _pg_param(value: Any) -> bytes | None:
+    """A parameter in PostgreSQL's text input format."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return b"\\x" + value.hex().encode()  # bytea
+    if isinstance(value, bool):
+        return b"true" if value else b"false"
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("naive datetime passed to the database")
+        text = value.isoformat()
+    else:
+        text = str(value)
+    if "\x00" in text:  # libpq would cut the value at the NUL: refuse, as psycopg does
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return text.encode()
+
+
+def _prepared_mode(wrapper: Any) -> bool:
+    """Server-side prepared statements, unless the settings say the connection
+    goes through a pooler that cannot keep them (OPTIONS prepare_threshold None)."""
+    options = wrapper.settings_dict.get("OPTIONS", {})
+    return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+def _exec_pg(sql: str, params: Sequence[Any]) -> Any:
+    conn = _pg()
+    pgconn = conn.pgconn
+    args = [_pg_param(v) for v in params]
+    registry: dict[str, bytes] = conn.__dict__.setdefault("_governance_prepared", {})
+    with conn.lock:
+        if not conn.autocommit and pgconn.transaction_status == _IDLE:
+            # Django opened a transaction that psycopg has not begun yet (it
+            # sends BEGIN before its next statement): begin it, as psycopg would.
+            _check(pgconn.exec_(conn._get_tx_start_command()), conn)
+        in_transaction = pgconn.transaction_status != _IDLE
+        if not _prepared_mode(connections[DEFAULT_DB_ALIAS]):
+            result = pgconn.exec_params(_numbered(sql, len(args)), args, None, None, 1)
+        else:
+            result = _exec_named(pgconn, registry, sql, args)
+            if (
+                result.status not in _OK
+                and result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == _MISSING_STATEMENT
+            ):
+                # Something deallocated every prepared statement (DEALLOCATE ALL,
+                # DISCARD ALL): prepare again. Outside a transaction nothing was
+                # lost, so run it again; inside one the transaction is already
+                # aborted, and the error stands.
+                registry.clear()
+                if not in_transaction:
+                    result = _exec_named(pgconn, registry, sql, args)
+    _check(result, conn)
+    return result
+
+
+def _numbered(sql: str, count: int) -> bytes:
+    counter = iter(range(1, count + 1))
+    return _PLACEHOLDER.sub(lambda _m: f"${next(counter)}", sql).encode()
+
+
+def _exec_named(pgconn: Any, registry: dict[str, bytes], sql: str, args: list[Any]) -> Any:
+    name = registry.get(sql)
+    if name is None:
+        name = f"_gov_{next(_NAMES)}".encode()
+        prepared = pgconn.prepare(name, _numbered(sql, len(args)))
+        if prepared.status not in _OK:
+            return prepared
+        registry[sql] = name
+    return pgconn.exec_prepared(name, args, None, 1)
+
+
+def _check(result: Any, conn: psycopg.Connection[Any]) -> None:
+    if result.status not in _OK:
+        raise error_from_result(result, encoding=conn.info.encoding)
+
+
+def query(sql: str, params: Sequence[Any], kinds: str) -> list[tuple[Any, ...]]:
+    """Run one statement (%s placeholders) and return its rows, column k decoded
+    as kinds[k]. It may write: inside an atomic block it is part of the block's
+    transaction, outside one it commits on its own (autocommit)."""
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cur:
+            cur.execute(sql, [_sqlite_param(v) for v in params])
+            rows = cur.fetchall() if cur.description else []
+        decode = [_SQLITE_DECODE[k] for k in kinds]
+        return [
+            tuple(None if v is None else f(v) for f, v in zip(decode, row, strict=True))
+            for row in rows
+        ]
+    result = _exec_pg(sql, params)
+    if result.nfields != len(kinds):
+        raise ValueError(f"{result.nfields} columns, {len(kinds)} kinds")
+    decode = [_PG_DECODE[k] for k in kinds]
+    get = result.get_value
+    out = []
+    for r in range(result.ntuples):
+        row = []
+        for c, f in enumerate(decode):
+            raw = get(r, c)
+            row.append(None if raw is None else f(raw))
+        out.append(tuple(row))
+    return out
+
+
+def change(sql: str, params: Sequence[Any]) -> int:
+    """Run one data-changing statement; return how many rows it touched."""
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cur:
+            cur.execute(sql, [_sqlite_param(v) for v in params])
+            return cur.rowcount
+    return int(_exec_pg(sql, params).command_tuples or 0)
+
+
+def _sqlite_param(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return param_dt(value)
+    if isinstance(value, uuid.UUID):
+        return value.hex
+    return value

@@ -16,6 +16,7 @@ walk) and approvals cost one more query each, only when present.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -73,6 +74,10 @@ def pattern_is_valid(pattern: str) -> bool:
     if "*" in kind:
         return False
     return _segments_ok(segments) and all(seg == "*" or "*" not in seg for seg in segments)
+
+
+# Grant patterns are few and fixed: their validity is remembered, not re-parsed.
+_pattern_ok = functools.lru_cache(maxsize=8192)(pattern_is_valid)
 
 
 def scope_matches(pattern: str, resource: str) -> bool:
@@ -159,11 +164,14 @@ def _deny(reason: Reason, message: str, **kwargs: Any) -> Decision:
     return Decision(decision=Verdict.DENY, reason=reason, message=message, **kwargs)
 
 
-_MAIN_QUERY = """
+# The candidate grants are this agent's on this tool that hold the action; the
+# tool's support for the action and its approval state come back as booleans.
+# Times arrive as integer microseconds (db.query): compared, never parsed.
+_MAIN_COLUMNS = """
 SELECT a.id, a.status,
-       t.id, t.actions, t.irreversible, t.definition_hash, t.approved_hash,
-       k.id, k.status, k.starts_at, k.ends_at, k.closed_at,
-       g.id, g.task_id, g.actions, g.scope, g.fields, g.status, g.starts_at, g.expires_at,
+       t.id, {t_action}, t.irreversible, t.definition_hash = t.approved_hash,
+       k.id, k.starts_at, k.ends_at, k.closed_at,
+       g.id, g.task_id, g.scope, {g_fields}, g.status, g.starts_at, g.expires_at,
        g.revoked_at, g.delegated_from_id, g.break_glass
 FROM (SELECT 1 AS one) AS o
 LEFT JOIN governance_agent a ON a.name = %s
@@ -171,8 +179,23 @@ LEFT JOIN governance_tool t ON t.name = %s
 LEFT JOIN governance_task k ON k.key = %s
 LEFT JOIN governance_grant g
        ON g.agent_id = a.id AND g.tool_id = t.id AND g.status NOT IN ('pending', 'denied')
+      AND {g_action}
 ORDER BY g.id
 """
+_MAIN_KINDS = "isibbbittt" + "iisssttti" + "b"  # one letter per column (db.query)
+_MAIN_QUERY = {
+    # jsonb: `?` is "has this string element"; fields only when the list is not empty.
+    "postgresql": _MAIN_COLUMNS.format(
+        t_action="t.actions ? %s",
+        g_action="g.actions ? %s",
+        g_fields="CASE WHEN jsonb_array_length(g.fields) = 0 THEN NULL ELSE g.fields::text END",
+    ),
+    "sqlite": _MAIN_COLUMNS.format(
+        t_action="EXISTS (SELECT 1 FROM json_each(t.actions) AS j WHERE j.value = %s)",
+        g_action="EXISTS (SELECT 1 FROM json_each(g.actions) AS j WHERE j.value = %s)",
+        g_fields="CASE WHEN json_array_length(g.fields) = 0 THEN NULL ELSE g.fields END",
+    ),
+}
 
 # Every ancestor of a delegated grant, nearest first. Depth-capped so a
 # corrupted cycle cannot loop forever.
@@ -186,7 +209,7 @@ WITH RECURSIVE chain(id, parent_id, status, starts_at, expires_at, revoked_at, d
     FROM governance_grant p JOIN chain ON p.id = chain.parent_id
     WHERE chain.depth < 32
 )
-SELECT id, status, starts_at, expires_at, revoked_at, depth FROM chain ORDER BY depth
+SELECT status, starts_at, expires_at, revoked_at FROM chain ORDER BY depth
 """
 
 _APPROVAL_QUERY = """
@@ -195,22 +218,14 @@ FROM governance_approval WHERE id = %s AND agent_id = %s
 """
 
 
-def _json_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = json.loads(value)
-    return list(value)
-
-
 def _window_reason(
     status: str,
-    starts_at: datetime | None,
-    expires_at: datetime | None,
-    revoked_at: datetime | None,
-    at: datetime,
+    starts_at: int | None,
+    expires_at: int | None,
+    revoked_at: int | None,
+    at: int,
 ) -> Reason | None:
-    """None when the grant's own window is live at `at`, else why not."""
+    """None when the grant's own window is live at `at`, else why not (times: db.to_us)."""
     if status in ("pending", "denied") or starts_at is None or expires_at is None:
         return Reason.NO_GRANT
     if revoked_at is not None and revoked_at <= at:
@@ -226,11 +241,9 @@ def _window_reason(
 _DEAD_PRECEDENCE = (Reason.GRANT_REVOKED, Reason.GRANT_EXPIRED, Reason.GRANT_NOT_STARTED)
 
 
-def _ancestors_reason(parent_id: int, at: datetime) -> Reason | None:
-    for _id, status, starts, expires, revoked, _depth in db.execute(_ANCESTORS_QUERY, [parent_id]):
-        reason = _window_reason(
-            status, db.read_dt(starts), db.read_dt(expires), db.read_dt(revoked), at
-        )
+def _ancestors_reason(parent_id: int, at: int) -> Reason | None:
+    for status, starts, expires, revoked in db.query(_ANCESTORS_QUERY, [parent_id], "stt" + "t"):
+        reason = _window_reason(status, starts, expires, revoked, at)
         if reason is not None:
             return Reason.GRANT_REVOKED if reason == Reason.NO_GRANT else reason
     return None
@@ -238,7 +251,7 @@ def _ancestors_reason(parent_id: int, at: datetime) -> Reason | None:
 
 _GRANT_QUERY = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
-       a.status, t.definition_hash, t.approved_hash
+       a.status, t.definition_hash = t.approved_hash
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
@@ -252,20 +265,27 @@ def grant_dead_reason(grant_id: int, at: datetime) -> Reason | None:
     Used where the question is about a grant rather than a call (delegation):
     the same window and ancestor rules as authorize(), in the same module.
     """
-    rows = db.execute(_GRANT_QUERY, [grant_id])
+    rows = db.query(_GRANT_QUERY, [grant_id], "stttisb")
     if not rows:
         return Reason.NO_GRANT
-    status, starts, expires, revoked, parent_id, agent_status, def_hash, approved = rows[0]
+    status, starts, expires, revoked, parent_id, agent_status, approved = rows[0]
     if agent_status != "active":
         return Reason.AGENT_SUSPENDED
-    if def_hash != approved:
+    if not approved:
         return Reason.TOOL_QUARANTINED
-    reason = _window_reason(
-        status, db.read_dt(starts), db.read_dt(expires), db.read_dt(revoked), at
-    )
+    at_us = db.to_us(at)
+    reason = _window_reason(status, starts, expires, revoked, at_us)
     if reason is None and parent_id is not None:
-        reason = _ancestors_reason(parent_id, at)
+        reason = _ancestors_reason(parent_id, at_us)
     return reason
+
+
+def _json_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = json.loads(value)
+    return list(value)
 
 
 def _fields_ok(granted: list[str], arguments: Mapping[str, Any] | None) -> bool:
@@ -348,12 +368,13 @@ def _authorize(
     except (TypeError, ValueError):
         return _deny(Reason.INVALID_REQUEST, "arguments must be plain JSON values")
 
-    # Binary results: datetimes decoded in C, jsonb arrives as lists.
-    rows = db.execute(_MAIN_QUERY, [agent, tool, task or ""], binary=True)
+    at_us = db.to_us(at)
+    rows = db.query(
+        _MAIN_QUERY[db.connection.vendor], [action, agent, tool, task or "", action], _MAIN_KINDS
+    )
     first = rows[0]
-    agent_id, agent_status = first[0], first[1]
-    tool_id, tool_actions, irreversible, def_hash, approved_hash = first[2:7]
-    task_id, task_status, task_starts, task_ends, task_closed = first[7:12]
+    agent_id, agent_status, tool_id, tool_has_action, irreversible, approved = first[:6]
+    task_id, task_starts, task_ends, task_closed = first[6:10]
     ctx: dict[str, Any] = {"agent_id": agent_id, "tool_id": tool_id, "arguments_hash": args_hash}
 
     # 1. The agent exists and is not suspended (the kill switch).
@@ -364,21 +385,23 @@ def _authorize(
     # 2. The tool is in the inventory, byte for byte, and its definition is approved.
     if tool_id is None:
         return _deny(Reason.UNKNOWN_TOOL, "The tool is not in the inventory.", **ctx)
-    if def_hash != approved_hash:
+    if not approved:
         return _deny(
             Reason.TOOL_QUARANTINED,
             "The tool's definition changed and awaits re-approval by an admin.",
             **ctx,
         )
     # 3. The tool can do this kind of thing at all.
-    if action not in _json_list(tool_actions):
+    if not tool_has_action:
         return _deny(Reason.ACTION_NOT_SUPPORTED, f"The tool does not support {action!r}.", **ctx)
     # 4. The task, when named, exists and is open at `at`.
     if task is not None:
         if task_id is None:
             return _deny(Reason.TASK_UNKNOWN, f"No task has the key {task!r}.", **ctx)
         ctx["task_id"] = task_id
-        starts, ends, closed = (db.read_dt(v) for v in (task_starts, task_ends, task_closed))
+        starts, ends, closed = (
+            None if v is None else db.from_us(v) for v in (task_starts, task_ends, task_closed)
+        )
         if not window_open_at(starts, ends, closed, at):
             return _deny(Reason.TASK_CLOSED, "The task is not open.", **ctx)
     # 5. The resource is canonical: one spelling per resource.
@@ -391,31 +414,31 @@ def _authorize(
         )
 
     # 6. A grant for this agent, tool, action and task covers the resource and
-    #    is live at `at` (own window and every delegation ancestor's).
+    #    is live at `at` (own window and every delegation ancestor's). The rows
+    #    are the agent's grants on this tool that hold the action.
     applicable = False
     in_scope_dead: list[Reason] = []
     live: tuple[Any, ...] | None = None
     for row in rows:
-        g_id, g_task, g_actions, g_scope, g_fields, g_status = row[12:18]
-        if g_id is None or action not in _json_list(g_actions):
+        g_id, g_task, g_scope, g_fields, g_status, g_starts, g_expires, g_revoked = row[10:18]
+        if g_id is None:
             continue
         if g_task is not None and g_task != ctx.get("task_id"):
             continue
         applicable = True
         # `scope` was found canonical above: only the pattern needs checking.
-        covered = pattern_is_valid(g_scope) and _covers(g_scope, scope)
-        if not covered or not _fields_ok(_json_list(g_fields), arguments):
+        covered = _pattern_ok(g_scope) and _covers(g_scope, scope)
+        if not covered or (g_fields and not _fields_ok(_json_list(g_fields), arguments)):
             continue
-        g_starts, g_expires, g_revoked = (db.read_dt(v) for v in row[18:21])
-        reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at)
-        if reason is None and row[21] is not None:
-            reason = _ancestors_reason(row[21], at)
+        reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at_us)
+        if reason is None and row[18] is not None:
+            reason = _ancestors_reason(row[18], at_us)
         if reason is None:
             live = row
             break
         in_scope_dead.append(reason)
         # A denial because a break-glass grant ended still touches break-glass: say so.
-        ctx["break_glass"] = ctx.get("break_glass", False) or bool(row[22])
+        ctx["break_glass"] = ctx.get("break_glass", False) or bool(row[19])
 
     if live is None:
         if not applicable:
@@ -425,11 +448,7 @@ def _authorize(
         reason = next(r for r in _DEAD_PRECEDENCE if r in in_scope_dead)
         return _deny(reason, f"The matching grant is not live ({reason}).", **ctx)
 
-    ctx.update(
-        grant_id=live[12],
-        expires_at=db.read_dt(live[19]),
-        break_glass=bool(live[22]),
-    )
+    ctx.update(grant_id=live[10], expires_at=db.from_us(live[16]), break_glass=bool(live[19]))
     # 7. Destructive actions pass the confirmation gate, even with a grant.
     destructive = bool(irreversible) or action == ActionClass.DELETE
     if not destructive:

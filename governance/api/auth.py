@@ -53,31 +53,42 @@ class Unauthenticated(exceptions.AuthenticationFailed):
     default_code = "unauthenticated"
 
 
+def _kind(field: Any) -> str:
+    if isinstance(field, models.DateTimeField):
+        return "t"
+    if isinstance(field, models.BooleanField):
+        return "b"
+    if isinstance(field, models.IntegerField | models.ForeignKey | models.AutoField):
+        return "i"
+    return "s"
+
+
 def _columns(model: type[models.Model], alias: str) -> tuple[str, list[Any]]:
     fields = list(model._meta.concrete_fields)
     return ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in fields), fields
 
 
 def _instance(model: type[models.Model], fields: list[Any], values: Sequence[Any]) -> Any:
-    """A model instance from a raw row, as the ORM would build it. These models
-    hold only integers, text and datetimes; raw cursors return datetimes as text
-    on SQLite, so those are parsed."""
+    """A model instance from a db.query() row, as the ORM would build it. These
+    models hold only integers, booleans, text and datetimes (read as integer
+    microseconds, turned back into datetimes here)."""
     values = [
-        db.read_dt(v) if isinstance(f, models.DateTimeField) else v
+        db.from_us(v) if v is not None and isinstance(f, models.DateTimeField) else v
         for f, v in zip(fields, values, strict=True)
     ]
     return model.from_db(connection.alias, [f.attname for f in fields], values)
 
 
 @functools.cache
-def _token_query() -> tuple[str, list[Any], list[Any]]:
+def _token_query() -> tuple[str, str, list[Any], list[Any]]:
     token_cols, token_fields = _columns(AgentToken, "t")
     agent_cols, agent_fields = _columns(Agent, "a")
     sql = (
         f"SELECT {token_cols}, {agent_cols} FROM {AgentToken._meta.db_table} t "
         f"LEFT JOIN {Agent._meta.db_table} a ON a.id = t.agent_id WHERE t.prefix = %s"
     )
-    return sql, token_fields, agent_fields
+    kinds = "".join(_kind(f) for f in token_fields + agent_fields)
+    return sql, kinds, token_fields, agent_fields
 
 
 def _token_by_prefix(prefix: str) -> AgentToken | None:
@@ -87,8 +98,8 @@ def _token_by_prefix(prefix: str) -> AgentToken | None:
     and compiling the query on every request (most of a request's cost before
     this). A personal token's user is loaded when it is first read.
     """
-    sql, token_fields, agent_fields = _token_query()
-    rows = db.execute(sql, [prefix])
+    sql, kinds, token_fields, agent_fields = _token_query()
+    rows = db.query(sql, [prefix], kinds)
     if not rows:
         return None
     row = rows[0]

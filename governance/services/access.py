@@ -122,10 +122,7 @@ def access_check(
                 approval=approval,
             )
             if decision.allowed and decision.approval_id:
-                consumed = db.execute_rowcount(
-                    _CONSUME,
-                    [db.param_dt(at), db.param_uuid(decision.approval_id), db.param_dt(at)],
-                )
+                consumed = db.change(_CONSUME, [at, db.param_uuid(decision.approval_id), at])
                 if consumed != 1:
                     decision = replace(
                         decision,
@@ -139,7 +136,7 @@ def access_check(
                 )
                 decision = replace(decision, approval_id=str(pending.id))
             if decision.allowed and decision.grant_id is not None:
-                db.execute_rowcount(_USE, [db.param_dt(at), db.param_dt(at), decision.grant_id])
+                db.change(_USE, [at, at, decision.grant_id])
             written = audit.append(
                 event_type=_EVENT_FOR[Verdict(decision.decision)],
                 actor=actor,
