@@ -320,9 +320,18 @@ def append(
     approval_id: str = "",
     break_glass: bool = False,
     data: Mapping[str, Any] | None = None,
+    standalone: bool = False,
 ) -> Written:
-    """Append one event to the chain inside the caller's transaction."""
-    if not connection.in_atomic_block:
+    """Append one event to the chain inside the caller's transaction.
+
+    standalone=True (PostgreSQL, outside any transaction): the event is the
+    whole change, written and committed by its one statement (a decision that
+    changed nothing else).
+    """
+    if standalone:
+        if connection.vendor != "postgresql" or connection.in_atomic_block:
+            raise RuntimeError("a standalone event is one PostgreSQL statement, outside atomic()")
+    elif not connection.in_atomic_block:
         # An event outside the change's transaction could survive a rollback
         # of the change, or the change could survive a failed event.
         raise RuntimeError("audit.append must run inside transaction.atomic()")

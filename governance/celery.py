@@ -103,6 +103,14 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "task": "governance.tasks.review_reminders",
             "schedule": crontab(hour=8, minute=0),
         },
+        # A decision records a grant's use only as its audit event (no UPDATE of the
+        # grant row per call); this adds those events to use_count / last_used_at, so
+        # the pages and reports lag by at most a minute. Jobs that act on usage (the
+        # unused scan, campaigns) fold first themselves.
+        "usage-fold": {
+            "task": "governance.tasks.usage_fold",
+            "schedule": timedelta(minutes=1),
+        },
         # Grants unused for UNUSED_GRANT_DAYS are flagged for the dashboard and the next
         # campaign. Usage is counted per decision; a day's granularity is plenty.
         "unused-scan": {

@@ -165,3 +165,10 @@ def sandbox_reap() -> dict[str, Any]:
         return summary
     summary["reaped"] = [f"{run_id}:{why}" for run_id, why in reap_all(client)]
     return summary
+
+
+@shared_task(name="governance.tasks.usage_fold")
+def usage_fold() -> dict[str, int]:
+    from governance.services.usage import usage_fold as fold
+
+    return {"uses": fold(at=timezone.now())}

@@ -10,6 +10,7 @@ from django.utils import timezone
 from governance.audit import Actor
 from governance.models import AgentToken, AuditEvent, DecisionOutcome, Grant
 from governance.services import agents
+from governance.services.usage import usage_fold
 from tests.conftest import last_event
 
 URL = "/api/v1/authorize"
@@ -46,6 +47,7 @@ def test_an_allowed_call(setup):
     event = last_event()
     assert str(event.uid) == data["decision_id"]
     assert (event.event_type, event.agent, event.actor) == ("access.allowed", "bot", "agent:bot")
+    usage_fold()
     assert Grant.objects.get(pk=setup["grant"].pk).use_count == 1
 
 

@@ -20,6 +20,7 @@ from governance.audit import Actor
 from governance.client import Decision, GovernanceClient
 from governance.models import Approval, AuditEvent, Grant
 from governance.services import agents, approvals
+from governance.services.usage import usage_fold
 
 PARALLEL = 10
 DECISION_EVENTS = ("access.allowed", "access.denied", "access.approval_required")
@@ -92,6 +93,7 @@ def test_one_approval_used_by_ten_parallel_calls_allows_exactly_one(setup, bob, 
     assert {e.approval_id for e in events} == {asked.approval}
     approval = Approval.objects.get(pk=asked.approval)
     assert approval.status == "consumed" and approval.consumed_at is not None
+    assert usage_fold() == 1  # the one allowed event is the one use
     assert Grant.objects.get(pk=setup["grant"].pk).use_count == 1
 
     out = io.StringIO()
@@ -109,6 +111,7 @@ def test_ten_parallel_allows_are_each_counted_and_chained(setup):
     assert [a.decision for a in answers] == ["allow"] * PARALLEL
     assert len({a.decision_id for a in answers}) == PARALLEL
     assert AuditEvent.objects.filter(seq__gt=mark, event_type="access.allowed").count() == PARALLEL
+    usage_fold()
     assert Grant.objects.get(pk=setup["grant"].pk).use_count == PARALLEL
     out = io.StringIO()
     call_command("audit_verify", stdout=out)

@@ -32,6 +32,7 @@ from governance.client import (
 )
 from governance.models import Approval, AuditEvent, DecisionOutcome, Grant
 from governance.services import agents, approvals
+from governance.services.usage import usage_fold
 
 
 def token_for(agent: Any, creator: Any) -> str:
@@ -91,6 +92,7 @@ def test_an_allowed_call_runs_once_and_its_outcome_is_reported(world):
     assert data["decision_id"] == str(allowed.uid) and data["outcome"] == "succeeded"
     assert data["result_digest"] == hashlib.sha256(repr(result).encode()).hexdigest()
     assert DecisionOutcome.objects.get(decision_id=allowed.uid).outcome == "succeeded"
+    usage_fold()
     assert Grant.objects.get(pk=world["grant"].pk).use_count == 1
 
 

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from governance.models import Approval, AuditEvent, Grant
 from governance.policy import authorize
 from governance.services import access
+from governance.services.usage import usage_fold
 from tests.conftest import NOW, last_event
 
 
@@ -71,8 +72,9 @@ def test_it_denies_when_the_audit_event_cannot_be_written(granted):
     assert (result.decision, result.reason) == ("deny", "error")
     assert not result.allowed and result.decision_id is None
     assert AuditEvent.objects.count() == before, "nothing could be logged"
+    usage_fold()
     granted.refresh_from_db()
-    assert granted.use_count == 0, "the usage update rolled back with the failed event"
+    assert granted.use_count == 0, "no event, so no use counted"
 
 
 def test_a_destructive_call_opens_no_approval_when_the_audit_write_fails(granted):
@@ -82,15 +84,37 @@ def test_a_destructive_call_opens_no_approval_when_the_audit_write_fails(granted
     assert not Approval.objects.exists()
 
 
-def test_it_denies_and_logs_when_the_usage_update_fails(granted):
-    before = AuditEvent.objects.count()
+def test_a_decision_never_updates_the_grant_row(granted):
+    """The allowed event is the record of the use: a grant row that refuses every
+    UPDATE does not stop a decision (no hot row per call); the fold counts it."""
     with refusing("governance_grant", "UPDATE"):
         result = access.access_check(**ask())
-    assert (result.decision, result.reason) == ("deny", "error")
+    assert result.allowed
     event = last_event()
-    assert AuditEvent.objects.count() == before + 1
-    assert (event.event_type, event.decision, event.reason) == ("access.denied", "deny", "error")
+    assert (event.event_type, event.grant_id) == ("access.allowed", granted.pk)
     assert str(event.uid) == result.decision_id
+    assert usage_fold() == 1
+    granted.refresh_from_db()
+    assert (granted.use_count, granted.last_used_at) == (1, NOW)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("action", ["read", "delete"])
+def test_outside_a_transaction_a_failed_event_is_still_a_denial(postgres_only, granted, action):
+    """PostgreSQL's two-round-trip path (no transaction around the decision): the
+    event that cannot be written is a deny with `error`, and a destructive call's
+    pending approval is not left behind without its event."""
+    assert not connection.in_atomic_block
+    with refusing("governance_auditevent", "INSERT"):
+        result = access.access_check(**ask(action))
+    assert (result.decision, result.reason, result.decision_id) == ("deny", "error", None)
+    assert not AuditEvent.objects.filter(event_type__startswith="access.").exists()
+    assert not Approval.objects.exists()
+    # And once the database accepts events again, the same call is recorded.
+    result = access.access_check(**ask(action))
+    assert result.decision == ("allow" if action == "read" else "approval_required")
+    assert str(last_event().uid) == result.decision_id
+    assert Approval.objects.count() == (action == "delete")
 
 
 def test_it_denies_when_the_database_fails_mid_decision(granted):

@@ -18,6 +18,7 @@ from governance.audit import Actor, arguments_digest
 from governance.models import AuditEvent, Grant
 from governance.policy import authorize, pattern_within, scope_matches
 from governance.services import access, agents, approvals, grants, tasks, tools
+from governance.services.usage import usage_fold
 from tests.conftest import MS, NOW, last_event
 
 S = NOW - timedelta(minutes=30)  # the main grant starts here
@@ -243,6 +244,7 @@ def test_authorize_table(world, question, at, decision, reason):
     assert event.actor == f"agent:{question['agent']}"
     assert event.grant_id == result.grant_id
     if decision == "allow":
+        usage_fold()
         assert Grant.objects.get(pk=result.grant_id).use_count == 1
     if decision == "approval_required":
         assert event.approval_id == result.approval_id

@@ -4,7 +4,7 @@ from governance.models.agents import Agent, AgentToken
 from governance.models.approvals import Approval
 from governance.models.audit import AuditEvent
 from governance.models.breakglass import BreakGlass
-from governance.models.grants import Grant
+from governance.models.grants import Grant, UsageFold
 from governance.models.notifications import Notification
 from governance.models.outcomes import DecisionOutcome
 from governance.models.reviews import (
@@ -27,6 +27,7 @@ __all__ = [
     "SandboxRun",
     "Task",
     "Tool",
+    "UsageFold",
     "BreakGlass",
     "Notification",
     "LiveGrantSnapshot",

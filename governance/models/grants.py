@@ -144,3 +144,19 @@ class Grant(models.Model):
         return (
             f"grant#{self.pk} {self.agent_id}:{self.tool_id} {','.join(self.actions)} {self.scope}"
         )
+
+
+class UsageFold(models.Model):
+    """How far grant usage has been folded in from the audit log (one row, pk 1).
+
+    A decision records a grant's use only as its `access.allowed` event (written
+    in the decision's one statement, never an UPDATE of the grant row per call);
+    services.usage.usage_fold() adds the events after `seq` to each grant's
+    use_count and last_used_at.
+    """
+
+    seq = models.BigIntegerField(default=0)
+    folded_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"usage folded through seq {self.seq}"

@@ -1,8 +1,16 @@
 """access_check(): authorize() plus its writes, in one transaction.
 
-The decision's audit event, the grant's usage, and creating or consuming an
-approval commit together or not at all. If any of it fails (audit write
-refused, database gone) the answer is deny with reason `error`, never allow.
+The decision's audit event (which is also the record of the grant's use:
+services.usage folds allowed events into use_count / last_used_at, so no
+grant row is updated per call), and creating or consuming an approval,
+commit together or not at all. If any of it fails (audit write refused,
+database gone) the answer is deny with reason `error`, never allow.
+
+The common case on PostgreSQL is two round trips: the decision's read, then
+the event as one statement that commits on its own (no BEGIN, no COMMIT of
+ours). authorize() reads in READ COMMITTED either way, so a transaction
+around the read would not make it any more current; a decision that creates
+or consumes an approval writes in a transaction, with its event.
 """
 
 from __future__ import annotations
@@ -10,12 +18,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from governance import audit, db, notifications
 from governance.codes import Decision as Verdict
@@ -36,14 +45,6 @@ _EVENT_FOR = {
 _CONSUME = """
 UPDATE governance_approval SET status = 'consumed', consumed_at = %s
 WHERE id = %s AND status = 'approved' AND expires_at > %s
-"""
-
-_USE = """
-UPDATE governance_grant
-SET use_count = use_count + 1,
-    last_used_at = CASE WHEN last_used_at IS NULL OR last_used_at < %s THEN %s
-                        ELSE last_used_at END
-WHERE id = %s
 """
 
 
@@ -87,6 +88,23 @@ def _pending_approval(
     return created
 
 
+def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview: str) -> Decision:
+    """The confirmation gate's writes: consume the named approval (once, atomically)
+    or open a pending one for this exact call. Inside the decision's transaction."""
+    if decision.allowed and decision.approval_id:
+        consumed = db.change(_CONSUME, [at, db.param_uuid(decision.approval_id), at])
+        if consumed != 1:
+            return replace(
+                decision,
+                decision=Verdict.DENY,
+                reason=Reason.APPROVAL_INVALID,
+                message="The approval was already used.",
+            )
+        return decision
+    pending = _pending_approval(decision, action=action, scope=scope, at=at, preview=preview)
+    return replace(decision, approval_id=str(pending.id))
+
+
 def access_check(
     *,
     agent: Any,
@@ -110,7 +128,8 @@ def access_check(
     }
     try:
         args_json = audit.masked_arguments_json(arguments if isinstance(arguments, Mapping) else {})
-        with transaction.atomic():
+        alone = connection.vendor == "postgresql" and not connection.in_atomic_block
+        with nullcontext() if alone else transaction.atomic():
             decision = authorize(
                 agent=agent_name,
                 tool=tool,
@@ -121,35 +140,26 @@ def access_check(
                 arguments=arguments,
                 approval=approval,
             )
-            if decision.allowed and decision.approval_id:
-                consumed = db.change(_CONSUME, [at, db.param_uuid(decision.approval_id), at])
-                if consumed != 1:
-                    decision = replace(
-                        decision,
-                        decision=Verdict.DENY,
-                        reason=Reason.APPROVAL_INVALID,
-                        message="The approval was already used.",
-                    )
-            if decision.decision == Verdict.APPROVAL_REQUIRED:
-                pending = _pending_approval(
-                    decision, action=action, scope=scope, at=at, preview=args_json
-                )
-                decision = replace(decision, approval_id=str(pending.id))
-            if decision.allowed and decision.grant_id is not None:
-                db.change(_USE, [at, at, decision.grant_id])
-            written = audit.append(
-                event_type=_EVENT_FOR[Verdict(decision.decision)],
-                actor=actor,
-                at=at,
-                arguments_json=args_json,
-                arguments_hash=decision.arguments_hash,
-                decision=decision.decision,
-                reason=decision.reason,
-                grant_id=decision.grant_id,
-                approval_id=decision.approval_id or "",
-                break_glass=decision.break_glass,
-                **subject,
+            gated = (decision.allowed and decision.approval_id) or (
+                decision.decision == Verdict.APPROVAL_REQUIRED
             )
+            with transaction.atomic() if alone and gated else nullcontext():
+                if gated:
+                    decision = _gate(decision, action=action, scope=scope, at=at, preview=args_json)
+                written = audit.append(
+                    event_type=_EVENT_FOR[Verdict(decision.decision)],
+                    actor=actor,
+                    at=at,
+                    arguments_json=args_json,
+                    arguments_hash=decision.arguments_hash,
+                    decision=decision.decision,
+                    reason=decision.reason,
+                    grant_id=decision.grant_id,
+                    approval_id=decision.approval_id or "",
+                    break_glass=decision.break_glass,
+                    standalone=alone and not gated,
+                    **subject,
+                )
         return replace(decision, decision_id=str(written.uid))
     except Exception:
         log.exception("access_check failed; denying")

@@ -26,12 +26,14 @@ from governance.models import AgentToken, Grant, LiveGrantSnapshot
 from governance.selectors import live_grants, unused_grants
 from governance.services.claims import claim_each
 from governance.services.grants import grant_event
+from governance.services.usage import usage_fold
 
 
 def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
     """Flag live grants idle for UNUSED_GRANT_DAYS, proposing removal (or narrowing to
     read for write/destructive grants that also hold read). The flag is what the next
     campaign's item and the dashboard show; the decision stays with a reviewer."""
+    usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
     proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
     # Not flagged yet, or flagged before its last use (a new idle spell).
     unflagged = Q(unused_flagged_at__isnull=True) | Q(unused_flagged_at__lt=F("last_used_at"))

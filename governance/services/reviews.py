@@ -47,6 +47,7 @@ from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
 from governance.selectors import approver_users, live_grants, unused_grants
 from governance.services.claims import claim_each
 from governance.services.grants import grant_event, grant_narrow, grant_revoke
+from governance.services.usage import usage_fold
 
 DECISIONS = ("keep", "narrow", "revoke")
 
@@ -142,6 +143,7 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
     grants = live_grants(at).filter(delegated_from__isnull=True, break_glass=False)
     if campaign.agent_id is not None:
         grants = grants.filter(agent_id=campaign.agent_id)
+    usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
     proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
     pick = _rotation(campaign.pk)
     items = [
