@@ -83,3 +83,19 @@ def test_two_workers_folding_at_once_count_each_use_once(postgres_only, two_gran
     assert sorted(counted) == [0, 0, 0, 20]
     repo_grant.refresh_from_db()
     assert repo_grant.use_count == 20
+
+
+def test_a_grants_own_page_counts_uses_not_folded_yet(two_grants, client, alice):
+    from governance.services.usage import grant_usage
+
+    repo_grant, _ = two_grants
+    assert grant_usage(repo_grant) == (0, None)
+    for minute in (1, 2):
+        assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=minute)).allowed
+    assert grant_usage(repo_grant) == (2, NOW + timedelta(minutes=2))
+    usage_fold()
+    repo_grant.refresh_from_db()
+    assert grant_usage(repo_grant) == (2, NOW + timedelta(minutes=2))
+    assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=3)).allowed
+    assert grant_usage(repo_grant) == (3, NOW + timedelta(minutes=3))
+    assert repo_grant.use_count == 2, "the row itself changes only when folded"

@@ -14,6 +14,7 @@ from governance import roles
 from governance.audit import Actor
 from governance.models import Agent, Approval, Grant, Tool
 from governance.services import access, agents, grants, tasks, tools
+from governance.services.usage import usage_fold
 
 PASSWORD = "pw-ui-test-123"
 ROLE_USERS = {"admin": "dave", "approver": "bob", "auditor": "carol"}
@@ -132,6 +133,7 @@ def build() -> World:
         at=now,
     )
     assert asked.approval_id
+    usage_fold(at=now)  # what the scheduled fold does within a minute: lists show the use
     token, _ = agents.token_issue(created_by=alice, agent=agent, actor=system, at=now)
     return World(
         alice=alice,

@@ -64,3 +64,14 @@ def usage_fold(*, at: datetime | None = None) -> int:
         mark.folded_at = at or timezone.now()
         mark.save(update_fields=["seq", "folded_at"])
         return total
+
+
+def grant_usage(grant: Grant) -> tuple[int, datetime | None]:
+    """One grant's usage as of now: the folded count plus its allowed events after
+    the watermark (a read; the grant page shows this, lists show the folded value)."""
+    mark = UsageFold.objects.filter(pk=1).values_list("seq", flat=True).first() or 0
+    pending = AuditEvent.objects.filter(
+        seq__gt=mark, grant_id=grant.pk, event_type=EventType.ACCESS_ALLOWED
+    ).aggregate(n=Count("seq"), last=Max("created_at"))
+    last = max((t for t in (grant.last_used_at, pending["last"]) if t is not None), default=None)
+    return grant.use_count + pending["n"], last

@@ -31,6 +31,7 @@ from governance.services import grants as grant_services
 from governance.services import tasks as task_services
 from governance.services import tools as tool_services
 from governance.services.outcomes import DECISION_EVENTS
+from governance.services.usage import grant_usage
 from governance.web import charts, common, forms, lifecycle, queries, reveal
 from governance.web.access import require
 
@@ -168,11 +169,14 @@ def _grants() -> Any:
 def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = common.one(_grants(), pk=grant_id)
     now = timezone.now()
+    uses, last_used = grant_usage(grant)
     return render(
         request,
         "ui/grant.html",
         {
             "grant": grant,
+            "uses": uses,
+            "last_used": last_used,
             "chain": queries.delegation_chain(grant),
             "delegations": _grants().filter(delegated_from=grant).order_by("pk"),
             "dead": policy.grant_dead_reason(grant.pk, now) if grant.starts_at else "pending",
