@@ -39,7 +39,7 @@ def _decide(
 ) -> Approval:
     with transaction.atomic():
         approval = (
-            Approval.objects.select_for_update(of=("self",))
+            Approval.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "grant", "task")
             .get(pk=approval_id)
         )

@@ -115,7 +115,7 @@ def breakglass_open(
     validate_shape(tool=tool, actions=actions, scope=scope)
     with transaction.atomic():
         # One opener at a time: the per-hour count below cannot be raced past.
-        get_user_model().objects.select_for_update().filter(pk=opener.pk).first()
+        get_user_model().objects.select_for_update(no_key=True).filter(pk=opener.pk).first()
         same = (
             BreakGlass.objects.select_related("grant")
             .filter(
@@ -195,7 +195,7 @@ def breakglass_open(
 
 def _locked(breakglass_id: int) -> BreakGlass:
     return (
-        BreakGlass.objects.select_for_update(of=("self",))
+        BreakGlass.objects.select_for_update(of=("self",), no_key=True)
         .select_related("grant__agent", "grant__tool", "grant__task", "opened_by")
         .get(pk=breakglass_id)
     )

@@ -178,7 +178,7 @@ def _lock_pending(grant_id: int) -> Grant:
     """The request, row-locked: two approvers (or approve and deny) at once
     decide it exactly once; the loser gets a clear Conflict."""
     grant = (
-        Grant.objects.select_for_update(of=("self",))
+        Grant.objects.select_for_update(of=("self",), no_key=True)
         .select_related("agent", "tool", "task")
         .get(pk=grant_id)
     )
@@ -337,7 +337,7 @@ def _descendants(grant_ids: list[int]) -> list[Grant]:
     frontier = grant_ids
     while frontier:
         children = list(
-            Grant.objects.select_for_update(of=("self",))
+            Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
             .filter(delegated_from_id__in=frontier)
         )
@@ -357,7 +357,7 @@ def grant_revoke(
         raise GovernanceError("reason_required", "Say why the grant is revoked.")
     with transaction.atomic():
         root = (
-            Grant.objects.select_for_update(of=("self",))
+            Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
             .get(pk=grant_id)
         )
@@ -390,7 +390,7 @@ def grant_delegate(
     """Hand a subagent a subset of a live grant. Never wider, never longer."""
     with transaction.atomic():
         parent = (
-            Grant.objects.select_for_update(of=("self",))
+            Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
             .get(pk=parent_grant_id)
         )
@@ -526,7 +526,7 @@ def grant_narrow(
         raise GovernanceError("reason_required", "Say why the grant is narrowed.")
     with transaction.atomic():
         grant = (
-            Grant.objects.select_for_update(of=("self",))
+            Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
             .get(pk=grant_id)
         )
@@ -584,7 +584,7 @@ def grant_narrow(
 
 def _descendants_of(grant_id: int) -> list[Grant]:
     return list(
-        Grant.objects.select_for_update(of=("self",)).filter(
+        Grant.objects.select_for_update(of=("self",), no_key=True).filter(
             delegated_from_id=grant_id, status=Grant.Status.ACTIVE
         )
     )

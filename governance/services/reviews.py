@@ -216,7 +216,7 @@ def review_item_decide(
         )
     with transaction.atomic():
         item = (
-            ReviewItem.objects.select_for_update(of=("self",))
+            ReviewItem.objects.select_for_update(of=("self",), no_key=True)
             .select_related("grant__agent", "grant__tool", "grant__task", "campaign")
             .get(pk=item_id)
         )

@@ -132,7 +132,7 @@ def second_look_decide(
         raise Forbidden("not_allowed", "Second looks are decided by approvers or admins.")
     with transaction.atomic():
         look = (
-            SecondLook.objects.select_for_update(of=("self",))
+            SecondLook.objects.select_for_update(of=("self",), no_key=True)
             .select_related("grant__agent", "grant__tool", "approval__agent", "approval__tool")
             .get(pk=second_look_id)
         )

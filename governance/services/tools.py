@@ -85,7 +85,7 @@ def tool_update_definition(
     until an admin re-approves: tool metadata is untrusted content."""
     digest = definition_hash(tool.name, description, input_schema or {})
     with transaction.atomic():
-        tool = Tool.objects.select_for_update().get(pk=tool.pk)
+        tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
         if digest == tool.definition_hash:
             return tool
         tool.description = description
@@ -106,7 +106,7 @@ def tool_update_definition(
 
 def tool_approve_definition(*, tool: Tool, approver: Any, actor: audit.Actor, at: datetime) -> Tool:
     with transaction.atomic():
-        tool = Tool.objects.select_for_update().get(pk=tool.pk)
+        tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
         if (
             tool.definition_updated_by_id is not None
             and tool.definition_updated_by_id == approver.pk
