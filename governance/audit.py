@@ -392,18 +392,19 @@ class Verdict:
         return f"FAILED at seq {self.bad_seq}: {self.problem}"
 
 
-def _rows() -> Iterator[dict[str, Any]]:
+def _rows(after: int = 0) -> Iterator[dict[str, Any]]:
     from governance.models import AuditEvent
 
-    for event in AuditEvent.objects.order_by("seq").values(*FIELDS).iterator(chunk_size=2000):
+    found = AuditEvent.objects.filter(seq__gt=after).order_by("seq").values(*FIELDS)
+    for event in found.iterator(chunk_size=2000):
         event["created_at"] = db.read_dt(event["created_at"])
         yield event
 
 
-def verify_chain() -> Verdict:
-    """Walk the chain from genesis, then hold it against the latest checkpoint."""
-    expected_seq, prev_hash, count = 1, GENESIS, 0
-    for row in _rows():
+def _walk(after: int, prev_hash: str) -> Verdict:
+    """Check every event after seq `after` links onto `prev_hash` and its successors."""
+    expected_seq, count = after + 1, after
+    for row in _rows(after):
         seq = row["seq"]
         if seq != expected_seq:
             problem = (
@@ -432,32 +433,63 @@ def verify_chain() -> Verdict:
                 "content does not match its HMAC (edited, or re-hashed without the key)",
             )
         prev_hash, expected_seq, count = row["hash"], seq + 1, count + 1
+    return Verdict(True, count, prev_hash)
 
+
+def verify_since(seq: int, head: str) -> Verdict | None:
+    """The events after `seq`, linked onto `head` (a link this process verified
+    itself), and the latest checkpoint held against them: work in proportion to
+    the new events only. None when the log no longer has `head` at `seq` (a
+    different database, or the row changed): only a full walk can say more."""
+    if seq and _hash_at(seq) != head:
+        return None
+    verdict = _walk(seq, head)
+    if not verdict.ok:
+        return verdict
+    checkpoints = load_checkpoints()
+    if checkpoints:
+        latest = checkpoints[-1]
+        if not hmac.compare_digest(_sign_checkpoint(latest), str(latest.get("signature", ""))):
+            return Verdict(
+                False,
+                verdict.count,
+                verdict.head,
+                latest.get("seq", 0),
+                f"checkpoint {latest['file']} has a bad signature",
+            )
+        problem = _against_checkpoint(latest, verdict.count)
+        if problem:
+            return Verdict(False, verdict.count, verdict.head, problem[0], problem[1])
+    return verdict
+
+
+def _against_checkpoint(latest: Mapping[str, Any], count: int) -> tuple[int, str] | None:
+    """Does a log of `count` events still hold what the checkpoint signed?"""
+    if latest["seq"] > count:
+        return (
+            count + 1,
+            f"checkpoint {latest['file']} covers seq {latest['seq']} but the log ends at "
+            f"seq {count}: the newest {latest['seq'] - count} event(s) were deleted",
+        )
+    if latest["seq"] > 0 and _hash_at(latest["seq"]) != latest["head"]:
+        return latest["seq"], f"event hash differs from checkpoint {latest['file']}"
+    return None
+
+
+def verify_chain() -> Verdict:
+    """Walk the chain from genesis, then hold it against the latest checkpoint."""
+    verdict = _walk(0, GENESIS)
+    if not verdict.ok:
+        return verdict
+    count, prev_hash = verdict.count, verdict.head
     checkpoints = load_checkpoints()
     problem = _check_checkpoint_chain(checkpoints)
     if problem:
         return Verdict(False, count, prev_hash, problem[0], problem[1])
     if checkpoints:
-        latest = checkpoints[-1]
-        if latest["seq"] > count:
-            return Verdict(
-                False,
-                count,
-                prev_hash,
-                count + 1,
-                f"checkpoint {latest['file']} covers seq {latest['seq']} but the log ends at "
-                f"seq {count}: the newest {latest['seq'] - count} event(s) were deleted",
-            )
-        if latest["seq"] > 0:
-            stored = _hash_at(latest["seq"])
-            if stored != latest["head"]:
-                return Verdict(
-                    False,
-                    count,
-                    prev_hash,
-                    latest["seq"],
-                    f"event hash differs from checkpoint {latest['file']}",
-                )
+        found = _against_checkpoint(checkpoints[-1], count)
+        if found:
+            return Verdict(False, count, prev_hash, found[0], found[1])
     return Verdict(True, count, prev_hash)
 
 

@@ -244,19 +244,52 @@ def test_reading_the_audit_log_is_itself_an_audit_event_and_shows_the_chain() ->
 
 def test_the_chain_status_names_the_latest_checkpoint_and_a_break() -> None:
     from governance import audit
+    from governance.web import queries
 
+    queries._FULL_WALK.clear()
     ui_world.build()
     written = audit.write_checkpoint(timezone.now())
     client = ui_world.signed_in("auditor")
     body = client.get("/ui/audit/").content.decode()
-    assert written["file"] in body
+    assert written["file"] in body and "verified</strong>" in body
     # Tamper underneath the application, the way test_audit_chain's probes do.
     from tests.test_audit_chain import sql, triggers_bypassed
 
     with triggers_bypassed():
         sql("UPDATE governance_auditevent SET scope = 'x' WHERE seq = 2")
+    # An old event, walked minutes ago: only a walk from genesis sees it. The
+    # page says when that was, and an auditor can ask for one now.
+    body = client.get("/ui/audit/").content.decode()
+    assert "verified</strong>" in body and "Last walk from genesis" in body
+    assert 'id="chain-verify"' in body
+    assert ui_world.post(client, "/ui/audit/verify").status_code == 302
+    recorded = list(AuditEvent.objects.order_by("-seq")[:2])[::-1]
+    assert [e.event_type for e in recorded] == ["audit.verify_failed", "audit.viewed"]
+    assert json.loads(recorded[1].data) == {"view": "verify", "ok": False, "count": 1,
+                                            "bad_seq": 2}  # fmt: skip
     body = client.get("/ui/audit/").content.decode()
     assert "FAILED" in body and "at seq 2" in body
+
+
+def test_an_edited_new_event_shows_on_the_next_view_without_a_full_walk() -> None:
+    from governance.web import queries
+
+    queries._FULL_WALK.clear()
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    client.get("/ui/audit/")  # the walk from genesis, remembered
+    walked = queries._FULL_WALK["last"]["at"]
+    access.access_check(  # written after the walk: checked on every view
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/z", at=timezone.now()
+    )
+    newest = last_event().seq
+    from tests.test_audit_chain import sql, triggers_bypassed
+
+    with triggers_bypassed():
+        sql(f"UPDATE governance_auditevent SET agent = 'someone-else' WHERE seq = {newest}")
+    body = client.get("/ui/audit/").content.decode()
+    assert "FAILED" in body and f"at seq {newest}" in body
+    assert queries._FULL_WALK["last"]["at"] == walked, "no second walk from genesis"
 
 
 def test_explain_lists_the_checks_and_which_one_decided() -> None:

@@ -186,14 +186,34 @@ def ancestors(agent: Agent) -> list[Agent]:
     return list(reversed(out))
 
 
-def chain_status(now: datetime) -> dict[str, Any]:
-    """The audit chain verified from genesis now, plus the latest checkpoint.
+# The last full walk this process made: {"at", "verdict"}. Process memory, not the
+# database, so nobody who can write the database can vouch for the chain here.
+_FULL_WALK: dict[str, Any] = {}
+FULL_WALK_EVERY = timedelta(minutes=10)
 
-    The walk is O(events) on every call; at this service's volumes that is a
-    fraction of a second. (A large deployment would show the nightly job's
-    result instead.)
+
+def chain_status(now: datetime, *, full: bool = False) -> dict[str, Any]:
+    """The audit chain's state for a page, in bounded work.
+
+    A full walk from genesis costs time in proportion to the log (seconds at a
+    hundred thousand events), so a page does one at most every FULL_WALK_EVERY
+    per process (or when asked: full=True). Between them only the events after
+    the last walked head are checked, linked onto it, plus the latest
+    checkpoint: any change to those events, any deleted newest event and any
+    change at the checkpoint's seq shows at once; an edit of an older event
+    shows at the next full walk (this page's button, the nightly job, or
+    `manage.py audit_verify`), and the page says when the last one was.
     """
-    verdict = audit.verify_chain()
+    last = _FULL_WALK.get("last")
+    fresh = not full and last is not None and now - last["at"] < FULL_WALK_EVERY
+    verdict = None
+    if fresh and last["verdict"].ok:  # a break is walked again every time: an incident
+        verdict = audit.verify_since(last["verdict"].count, last["verdict"].head)
+    walked_at = last["at"] if verdict is not None and last is not None else now
+    if verdict is None:  # due, asked for, or the walked head is no longer there
+        verdict = _remember(audit.verify_chain(), now)
+    elif verdict.ok:
+        _remember(verdict, walked_at)  # extended onto the new head, same walk time
     checkpoints = audit.load_checkpoints()
     return {
         "ok": verdict.ok,
@@ -202,8 +222,19 @@ def chain_status(now: datetime) -> dict[str, Any]:
         "bad_seq": verdict.bad_seq,
         "problem": verdict.problem,
         "at": now,
+        "full_walk_at": walked_at,
         "checkpoint": checkpoints[-1] if checkpoints else None,
     }
+
+
+def _remember(verdict: audit.Verdict, at: datetime) -> audit.Verdict:
+    _FULL_WALK["last"] = {"at": at, "verdict": verdict}
+    return verdict
+
+
+def chain_full_walk(*, actor: audit.Actor, at: datetime) -> audit.Verdict:
+    """A full walk now, recorded as the nightly job's is; pages then show it."""
+    return _remember(audit.verify_and_record(actor=actor, at=at), at)
 
 
 def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:

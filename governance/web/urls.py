@@ -34,6 +34,7 @@ urlpatterns = [
     path("tools/<str:name>/approve", views.tool_approve, name="tool-approve"),
     path("audit/", views.audit_log, name="audit"),
     path("audit/export", views.audit_export, name="audit-export"),
+    path("audit/verify", views.audit_verify, name="audit-verify"),
     path("audit/<int:seq>/", views.audit_event, name="audit-event"),
     path("explain/<str:uid>/", views.explain, name="explain"),
     path("what-if/", views.what_if, name="what-if"),
