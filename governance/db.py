@@ -53,16 +53,12 @@ def _rows(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
     return cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else []
 
 
-def execute(sql: str, params: Sequence[Any] = (), *, binary: bool = False) -> list[tuple[Any, ...]]:
+def execute(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     """Run one statement with %s placeholders through Django's connection; return
-    its rows (or []). For statements off the hot path (no preparation).
-
-    binary=True asks PostgreSQL for binary results: the same Python values,
-    except that json/jsonb columns arrive parsed instead of as text.
-    """
+    its rows (or []). For statements off the hot path (nothing prepared)."""
     if connection.vendor == "postgresql":
         with psycopg.Cursor(_pg()) as cur:
-            cur.execute(sql, params, binary=binary)
+            cur.execute(sql, params)
             return _rows(cur)
     with connection.cursor() as cur:
         cur.execute(sql, params)
