@@ -446,9 +446,8 @@ def verify_since(seq: int, head: str) -> Verdict | None:
     verdict = _walk(seq, head)
     if not verdict.ok:
         return verdict
-    checkpoints = load_checkpoints()
-    if checkpoints:
-        latest = checkpoints[-1]
+    latest = latest_checkpoint()
+    if latest is not None:
         if not hmac.compare_digest(_sign_checkpoint(latest), str(latest.get("signature", ""))):
             return Verdict(
                 False,
@@ -551,6 +550,17 @@ def load_checkpoints() -> list[dict[str, Any]]:
         body["file"] = path.name
         result.append(body)
     return result
+
+
+def latest_checkpoint() -> dict[str, Any] | None:
+    """The newest checkpoint alone (a page needs only that, not the whole series)."""
+    directory = _checkpoint_dir()
+    newest = max(directory.glob("checkpoint-*.json"), default=None) if directory.is_dir() else None
+    if newest is None:
+        return None
+    body = json.loads(newest.read_text())
+    body["file"] = newest.name
+    return body
 
 
 def _check_checkpoint_chain(checkpoints: list[dict[str, Any]]) -> tuple[int, str] | None:

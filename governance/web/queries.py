@@ -214,7 +214,6 @@ def chain_status(now: datetime, *, full: bool = False) -> dict[str, Any]:
         verdict = _remember(audit.verify_chain(), now)
     elif verdict.ok:
         _remember(verdict, walked_at)  # extended onto the new head, same walk time
-    checkpoints = audit.load_checkpoints()
     return {
         "ok": verdict.ok,
         "count": verdict.count,
@@ -223,7 +222,7 @@ def chain_status(now: datetime, *, full: bool = False) -> dict[str, Any]:
         "problem": verdict.problem,
         "at": now,
         "full_walk_at": walked_at,
-        "checkpoint": checkpoints[-1] if checkpoints else None,
+        "checkpoint": audit.latest_checkpoint(),
     }
 
 
