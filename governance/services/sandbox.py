@@ -16,13 +16,14 @@ the caller expects), so the runner and the reaper never both finish a run.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
-from governance import audit
+from governance import audit, db
 from governance.codes import ActionClass, EventType
 from governance.codes import Decision as Verdict
 from governance.models import Grant, SandboxRun
@@ -159,12 +160,44 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
+@functools.cache
+def _claim_sql(vendor: str, names: tuple[str, ...]) -> str:
+    """One statement per vendor and set of changed columns (so it stays prepared)."""
+    quote = connection.ops.quote_name
+    meta = SandboxRun._meta
+    sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in names)
+    columns = ", ".join(quote(field.column) for field in meta.concrete_fields)
+    return (
+        f"UPDATE {quote(meta.db_table)} SET {sets} "
+        f"WHERE {quote('run_id')} = %s AND {quote('status')} = %s RETURNING {columns}"
+    )
+
+
 def _claim(run_id: str, expected: str, **changes: Any) -> SandboxRun | None:
-    """Move a run on from `expected`; None if someone else moved it first."""
+    """Move a run on from `expected`; None if someone else moved it first.
+
+    One conditional UPDATE ... RETURNING (PostgreSQL; SQLite >= 3.35): the claim
+    and the row the event is written from in one round trip, as a prepared
+    statement on PostgreSQL, without the ORM's per-call query building (this is
+    on the runner's start and finish path). The values are prepared and the row
+    converted by the model's own fields, so the instance is what .get() returns.
+    """
     if not _is_uuid(run_id):
         return None
-    won = SandboxRun.objects.filter(run_id=run_id, status=expected).update(**changes)
-    return SandboxRun.objects.get(run_id=run_id) if won else None
+    meta = SandboxRun._meta
+    names = tuple(sorted(changes))
+    params = [meta.get_field(name).get_db_prep_save(changes[name], connection) for name in names]
+    params += [db.param_uuid(run_id), expected]
+    rows = db.execute(_claim_sql(connection.vendor, names), params)
+    if not rows:
+        return None
+    values = []
+    for field, value in zip(meta.concrete_fields, rows[0], strict=True):
+        col = field.cached_col
+        for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+            value = convert(value, col, connection)
+        values.append(value)
+    return SandboxRun.from_db(connection.alias, None, values)
 
 
 def run_started(
