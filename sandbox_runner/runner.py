@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sandbox_runner.authorizers import Authorizer
-from sandbox_runner.backends import BackendUnavailable, get_backend
+from sandbox_runner.backends import Backend, BackendUnavailable, Handle, get_backend
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.proxy import EgressProxy
 from sandbox_runner.spec import Authorization, RunResult, RunSpec
@@ -114,20 +114,27 @@ def execute(
     except BackendUnavailable as exc:
         _say(str(exc))
         return Outcome(EXIT_BACKEND, None, None)
+    # Host-side set-up that needs no decision (bubblewrap: empty cgroups and the
+    # cgroup move's grace period) overlaps the authorizer's round trips. It starts
+    # nothing; a refused run's is undone before execute() returns.
+    backend.prepare(spec)
     auth = authorizer.authorize(spec)
     if not auth.allowed:
+        backend.discard()
         _say(f"not started: {auth.outcome} ({auth.reason}): {auth.message}")
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
     assert auth.limits is not None
-    # Host-side warm-up (bubblewrap: the cgroup move's grace period) overlaps the set-up.
-    threading.Thread(target=backend.prewarm, name=f"prewarm-{spec.run_id}", daemon=True).start()
 
     result = RunResult(run_id=spec.run_id, backend=spec.backend)
     events: queue.SimpleQueue[EgressDecision] = queue.SimpleQueue()
     proxy = EgressProxy(auth.egress, report=events.put) if auth.egress else None
-    workdir = prepare_workdir(spec)
+    try:
+        workdir = prepare_workdir(spec)
+    except BaseException:
+        backend.discard()
+        raise
     deadline = time.time() + auth.limits.wall_seconds
-    handle = None
+    handle: Handle | None = None
     try:
         handle = backend.start(
             spec,
@@ -141,7 +148,11 @@ def execute(
         result.container_id = handle.container_id
         result.image_digest = handle.image_digest
         result.enforcement = dict(handle.enforcement)
+        # Recorded before the code runs where the backend holds it blocked until
+        # release() (bubblewrap: the record overlaps bwrap building its namespaces);
+        # a start that cannot be recorded is killed (the except below, then teardown).
         authorizer.started(spec, auth, result, deadline)
+        handle.release()
         if on_started is not None:
             on_started(spec, handle)
 
@@ -175,7 +186,7 @@ def execute(
     finally:
         # Removal (tens of ms on the engine) overlaps with recording the outcome;
         # execute() returns only once both are done.
-        teardown = threading.Thread(target=_teardown, args=(handle, workdir), daemon=True)
+        teardown = threading.Thread(target=_teardown, args=(backend, handle, workdir), daemon=True)
         teardown.start()
         if proxy is not None:
             proxy.stop()
@@ -197,10 +208,12 @@ def execute(
     return Outcome(result.exit_code if result.exit_code is not None else EXIT_ERROR, auth, result)
 
 
-def _teardown(handle: object, workdir: Path) -> None:
+def _teardown(backend: Backend, handle: Handle | None, workdir: Path) -> None:
     if handle is not None:
-        handle.kill()  # type: ignore[attr-defined]
-        handle.cleanup()  # type: ignore[attr-defined]
+        handle.kill()
+        handle.cleanup()
+    else:  # start() failed before there was a sandbox: undo prepare()
+        backend.discard()
     shutil.rmtree(workdir, ignore_errors=True)
 
 
