@@ -114,12 +114,15 @@ def execute(
     except BackendUnavailable as exc:
         _say(str(exc))
         return Outcome(EXIT_BACKEND, None, None)
-    # Host-side set-up that needs no decision (bubblewrap: empty cgroups and the
-    # cgroup move's grace period) overlaps the authorizer's round trips. It starts
-    # nothing; a refused run's is undone before execute() returns.
-    backend.prepare(spec)
+    # The run's one helper thread, started first: it does the backend's host-side
+    # set-up that needs no decision (bubblewrap: empty cgroups and the cgroup move's
+    # grace period) while the authorizer's round trips run here; later it follows
+    # the sandbox. prepare() starts nothing; a refused run's is undone before
+    # execute() returns.
+    watch = _Watch(backend.prepare(spec), spec.run_id)
     auth = authorizer.authorize(spec)
     if not auth.allowed:
+        watch.cancel()
         backend.discard()
         _say(f"not started: {auth.outcome} ({auth.reason}): {auth.message}")
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
@@ -131,6 +134,7 @@ def execute(
     try:
         workdir = prepare_workdir(spec)
     except BaseException:
+        watch.cancel()
         backend.discard()
         raise
     deadline = time.time() + auth.limits.wall_seconds
@@ -145,6 +149,7 @@ def execute(
             _tee(stderr, result.stderr.feed),
             proxy.bind_in if proxy else None,
         )
+        watch.follow(backend, handle, workdir)
         result.container_id = handle.container_id
         result.image_digest = handle.image_digest
         result.enforcement = dict(handle.enforcement)
@@ -155,28 +160,17 @@ def execute(
         handle.release()
         if on_started is not None:
             on_started(spec, handle)
-
-        status: dict[str, int | None] = {}
-        done = threading.Event()
-
-        def waiter() -> None:
-            try:
-                status["code"] = handle.wait()
-            finally:
-                done.set()
-
-        threading.Thread(target=waiter, name=f"wait-{spec.run_id}", daemon=True).start()
-        while not done.is_set():
+        while not watch.exited.is_set():
             _flush(events, authorizer, spec)
             remaining = deadline - time.time()
             if remaining <= 0 and not result.timed_out:
                 handle.kill()  # SIGKILL at the deadline, not a polite stop
                 result.timed_out = True
-            done.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
-        result.exit_code = status.get("code")
+            watch.exited.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
+        result.exit_code = watch.code
         if result.exit_code is None:
             result.error = "the sandbox vanished before reporting an exit (reaped?)"
-        result.oom_killed = handle.oom_killed()
+        result.oom_killed = watch.oom_killed()
     except BackendUnavailable as exc:
         result.error = str(exc)
         _say(result.error)
@@ -186,8 +180,10 @@ def execute(
     finally:
         # Removal (tens of ms on the engine) overlaps with recording the outcome;
         # execute() returns only once both are done.
-        teardown = threading.Thread(target=_teardown, args=(backend, handle, workdir), daemon=True)
-        teardown.start()
+        if handle is None:  # start() failed: the watch only undoes prepare()
+            watch.follow(backend, None, workdir)
+        elif not watch.exited.is_set():
+            handle.kill()  # an error before the exit: the watch then tears it down
         if proxy is not None:
             proxy.stop()
     try:
@@ -197,7 +193,7 @@ def execute(
         _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
         return Outcome(EXIT_ERROR, auth, result)
     finally:
-        teardown.join()
+        watch.thread.join()
     if result.error and result.exit_code is None:
         return Outcome(EXIT_BACKEND, auth, result)
     if result.timed_out:
@@ -206,6 +202,61 @@ def execute(
     if result.oom_killed:
         _say(f"killed: out of memory (limit {auth.limits.memory_mb} MiB)")
     return Outcome(result.exit_code if result.exit_code is not None else EXIT_ERROR, auth, result)
+
+
+class _Watch:
+    """The run's one helper thread, started before anything else (one thread
+    start per run, while nothing else competes for a CPU yet): first the
+    backend's prepare() work, then, once the runner hands it a sandbox, it waits
+    for the exit, reads whether it was OOM-killed, tells the runner, and tears
+    the sandbox down (overlapping the runner's record of the outcome). A refused
+    run cancels it; a failed start hands it None (tear down what is left)."""
+
+    def __init__(self, prepare: Callable[[], None] | None, run_id: str) -> None:
+        self.exited = threading.Event()
+        self.code: int | None = None
+        self._oom: bool | BaseException = False
+        self._prepare = prepare
+        self._go = threading.Event()
+        self._job: tuple[Backend, Handle | None, Path] | None = None
+        self.thread = threading.Thread(target=self._run, name=f"watch-{run_id}", daemon=True)
+        self.thread.start()
+
+    def follow(self, backend: Backend, handle: Handle | None, workdir: Path) -> None:
+        self._job = (backend, handle, workdir)
+        self._go.set()
+
+    def cancel(self) -> None:
+        self._go.set()
+
+    def _run(self) -> None:
+        if self._prepare is not None:
+            try:
+                self._prepare()
+            except Exception as exc:  # start() then does without it
+                _say(f"host-side set-up failed: {type(exc).__name__}: {exc}")
+        self._go.wait()
+        if self._job is None:
+            return
+        backend, handle, workdir = self._job
+        try:
+            if handle is not None:
+                try:
+                    self.code = handle.wait()
+                finally:
+                    try:
+                        self._oom = handle.oom_killed()
+                    except Exception as exc:
+                        self._oom = exc
+        finally:
+            self.exited.set()
+            _teardown(backend, handle, workdir)
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended it (raises what the backend raised)."""
+        if isinstance(self._oom, BaseException):
+            raise self._oom
+        return self._oom
 
 
 def _teardown(backend: Backend, handle: Handle | None, workdir: Path) -> None:

@@ -66,12 +66,12 @@ class Backend:
         """None when usable here, else a sentence saying why not."""
         raise NotImplementedError(f"{type(self).__name__}.unavailable() is not implemented")
 
-    def prepare(self, spec: RunSpec) -> None:
-        """Optional host-side set-up that makes start() faster, begun as soon as the
-        runner has the spec, while governance decides; returns at once (slow work goes
-        to a thread). It must start nothing, run nothing, and put nothing within reach
-        of any code: a refused run is as if prepare() never happened once discard()
-        has returned."""
+    def prepare(self, spec: RunSpec) -> Callable[[], None] | None:
+        """Optional host-side set-up that makes start() faster, done while governance
+        decides: returns the work, which the runner runs in a thread of its own (it
+        may block); start() waits for what it needs of it. It must start nothing,
+        run nothing, and put nothing within reach of any code: a refused run is as
+        if prepare() never happened once discard() has returned."""
         return None
 
     def discard(self) -> None:

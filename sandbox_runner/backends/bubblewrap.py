@@ -33,6 +33,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_runner import seccomp
@@ -200,16 +201,20 @@ class Cgroups:
                             return True
         return False
 
+    def kill(self) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
     def remove(self) -> None:
+        self.kill()
         for d in self.dirs.values():
-            for pid in self.pids():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
             for _ in range(50):
                 try:
                     d.rmdir()
                     break
-                except OSError:
+                except OSError:  # not empty yet: kill what is left, give it a moment
+                    self.kill()
                     threading.Event().wait(0.02)
 
 
@@ -318,9 +323,7 @@ class BubblewrapHandle(Handle):
             if child is not None:
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
-        for pid in self.cgroups.pids():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        self.cgroups.kill()
 
     def oom_killed(self) -> bool:
         return self.cgroups.oom_killed()
@@ -352,28 +355,26 @@ class BubblewrapBackend(Backend):
             return "bwrap is not installed (apt-get install bubblewrap)"
         return None
 
-    def prepare(self, spec: RunSpec) -> None:
+    def prepare(self, spec: RunSpec) -> Callable[[], None]:
         """While governance decides: make the run's cgroups, empty and without
         limits (no process enters them before start() has set every limit, and a
         refused run's are removed by discard()), then pay the cgroup-move grace
-        period (see _prewarm) in the same thread. Nothing is started.
+        period (see _prewarm). Nothing is started.
 
         The directories come first because making one takes the cgroup lock that
-        the grace period then holds for its whole length (~5-10 ms here)."""
-        self._prepared = threading.Event()
-        threading.Thread(
-            target=self._prepare, args=(spec.run_id,), name=f"prepare-{spec.run_id}", daemon=True
-        ).start()
+        the grace period then holds for its whole length (~1-10 ms here)."""
+        made = self._prepared = threading.Event()
 
-    def _prepare(self, run_id: str) -> None:
-        assert self._prepared is not None
-        try:
-            cgroups = Cgroups(run_id)
-            cgroups.make()
-            self._cgroups = cgroups
-        finally:
-            self._prepared.set()
-        _prewarm()
+        def work() -> None:
+            try:
+                cgroups = Cgroups(spec.run_id)
+                cgroups.make()
+                self._cgroups = cgroups
+            finally:
+                made.set()
+            _prewarm()
+
+        return work
 
     def discard(self) -> None:
         if self._prepared is not None:
