@@ -259,10 +259,13 @@ class BubblewrapHandle(Handle):
         self._network = network
         self._sinks = sinks
         self._child: int | None = None
+        self._admitted = False
+        self._lock = threading.Lock()  # the info pipe and the cgroup move, once
 
     def _sandbox_pid(self) -> int | None:
         """The sandbox's first process (bwrap writes it to --info-fd right after
-        clone(), before the namespace is set up); None if bwrap ended without one."""
+        clone(), before the namespace is set up); None if bwrap ended without one.
+        Called with self._lock held."""
         if self._info_fd is not None:
             raw = b""
             try:
@@ -275,11 +278,21 @@ class BubblewrapHandle(Handle):
                 self._child = int(json.loads(raw[: raw.index(b"}") + 1])["child-pid"])
         return self._child
 
+    def _admit(self) -> int:
+        """Move the sandbox into its cgroups, once, from whichever thread comes
+        first: the runner's watch (wait(), while the runner records the start) or
+        release(). The code is still blocked either way."""
+        with self._lock:
+            child = self._sandbox_pid()
+            if child is None:
+                raise RuntimeError("bwrap exited before it made the sandbox")
+            if not self._admitted:
+                self.cgroups.add(child)
+                self._admitted = True
+            return child
+
     def release(self) -> None:
-        child = self._sandbox_pid()
-        if child is None:
-            raise RuntimeError("bwrap exited before it made the sandbox")
-        self.cgroups.add(child)
+        child = self._admit()
         if self._network is not None:
             self._network(child)
         assert self._block_fd is not None
@@ -290,7 +303,14 @@ class BubblewrapHandle(Handle):
     def wait(self) -> int | None:
         """Pump stdout and stderr to their sinks until both close (the sandbox's
         processes all die with its pid namespace), then reap bwrap. One thread
-        (the runner's waiter) for both streams: no reader threads to start."""
+        (the runner's watch) for both streams: no reader threads to start. Before
+        that, while the sandbox is still held, it moves it into its cgroups (the
+        move can wait for an RCU grace period; here that overlaps the runner's
+        record of the start instead of following it). Errors there are left to
+        release(), which tries again and fails the run."""
+        if self._block_fd is not None:
+            with contextlib.suppress(Exception):
+                self._admit()
         streams = [s for s in (self.proc.stdout, self.proc.stderr) if s is not None]
         with selectors.DefaultSelector() as selector:
             for stream, sink in zip(streams, self._sinks, strict=True):
@@ -319,7 +339,8 @@ class BubblewrapHandle(Handle):
             # Never released: bwrap's sandbox process sets --die-with-parent only just
             # before it runs the code, and reads end-of-file on the block pipe as "go".
             # It dies here, by pid, before that pipe is ever closed (cleanup()).
-            child = self._sandbox_pid()  # bwrap itself is dead or dying: no wait
+            with self._lock:  # bwrap itself is dead or dying: no wait
+                child = self._sandbox_pid()
             if child is not None:
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
