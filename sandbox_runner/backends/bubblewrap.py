@@ -169,11 +169,6 @@ class Cgroups:
             enforced["cpus"] = "cgroup"
         return enforced
 
-    def create(self, limits: Limits) -> dict[str, str]:
-        """Make the groups and set limits; returns how each limit is enforced."""
-        self.make()
-        return self.limit(limits)
-
     def _make(self, key: str, root: Path) -> Path:
         if not root.is_dir():
             raise OSError(f"no cgroup hierarchy at {root}")
