@@ -120,7 +120,12 @@ def execute(
     # the sandbox. prepare() starts nothing; a refused run's is undone before
     # execute() returns.
     watch = _Watch(backend.prepare(spec), spec.run_id)
-    auth = authorizer.authorize(spec)
+    try:
+        auth = authorizer.authorize(spec)
+    except BaseException:  # authorize() never raises; still, leave nothing behind
+        watch.cancel()
+        backend.discard()
+        raise
     if not auth.allowed:
         watch.cancel()
         backend.discard()
