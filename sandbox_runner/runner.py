@@ -3,8 +3,15 @@
 Nothing starts unless governance says allow. The runner owns the wall clock
 (kill at the deadline, whatever the backend), the egress proxy, the output
 capture and every call to the authorizer. All authorizer calls happen on this
-(the calling) thread: output readers and proxy threads only hand their data
-over, so the in-process adapter uses one database connection in order.
+(the calling) thread: the run's helper thread (_Watch), output readers and
+proxy threads only hand their data over, so the in-process adapter uses one
+database connection in order.
+
+Order of a run: prepare (host-side, no decision needed) alongside authorize;
+start (a backend that can hold the sandbox blocked does); record the start;
+release; wait for the exit or the deadline; record the outcome while the
+sandbox is torn down. The start is on record before the code runs wherever
+the backend can hold it (bubblewrap); Docker starts it, then it is recorded.
 
 Exit status: the code's own status when it ran to an exit; otherwise one of
 the EXIT_* codes below (documented in the README).
