@@ -194,12 +194,13 @@ class Cgroups:
         return found
 
     def oom_killed(self) -> bool:
-        for d in self.dirs.values():
-            for name in ("memory.oom_control", "memory.events"):
+        # v1: the memory group's memory.oom_control; v2: the group's memory.events.
+        for key, name in (("memory", "memory.oom_control"), ("unified", "memory.events")):
+            if key in self.dirs:
                 with contextlib.suppress(OSError, ValueError):
-                    for line in (d / name).read_text().splitlines():
-                        key, _, value = line.partition(" ")
-                        if key == "oom_kill" and int(value) > 0:
+                    for line in (self.dirs[key] / name).read_text().splitlines():
+                        counter, _, value = line.partition(" ")
+                        if counter == "oom_kill" and int(value) > 0:
                             return True
         return False
 
