@@ -3,8 +3,15 @@
 Nothing starts unless governance says allow. The runner owns the wall clock
 (kill at the deadline, whatever the backend), the egress proxy, the output
 capture and every call to the authorizer. All authorizer calls happen on this
-(the calling) thread: output readers and proxy threads only hand their data
-over, so the in-process adapter uses one database connection in order.
+(the calling) thread: the run's helper thread (_Watch), output readers and
+proxy threads only hand their data over, so the in-process adapter uses one
+database connection in order.
+
+Order of a run: prepare (host-side, no decision needed) alongside authorize;
+start (a backend that can hold the sandbox blocked does); record the start;
+release; wait for the exit or the deadline; record the outcome while the
+sandbox is torn down. The start is on record before the code runs wherever
+the backend can hold it (bubblewrap); Docker starts it, then it is recorded.
 
 Exit status: the code's own status when it ran to an exit; otherwise one of
 the EXIT_* codes below (documented in the README).
@@ -25,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sandbox_runner.authorizers import Authorizer
-from sandbox_runner.backends import BackendUnavailable, get_backend
+from sandbox_runner.backends import Backend, BackendUnavailable, Handle, get_backend
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.proxy import EgressProxy
 from sandbox_runner.spec import Authorization, RunResult, RunSpec
@@ -114,20 +121,36 @@ def execute(
     except BackendUnavailable as exc:
         _say(str(exc))
         return Outcome(EXIT_BACKEND, None, None)
-    auth = authorizer.authorize(spec)
+    # The run's one helper thread, started first: it does the backend's host-side
+    # set-up that needs no decision (bubblewrap: empty cgroups and the cgroup move's
+    # grace period) while the authorizer's round trips run here; later it follows
+    # the sandbox. prepare() starts nothing; a refused run's is undone before
+    # execute() returns.
+    watch = _Watch(backend.prepare(spec), spec.run_id)
+    try:
+        auth = authorizer.authorize(spec)
+    except BaseException:  # authorize() never raises; still, leave nothing behind
+        watch.cancel()
+        backend.discard()
+        raise
     if not auth.allowed:
+        watch.cancel()
+        backend.discard()
         _say(f"not started: {auth.outcome} ({auth.reason}): {auth.message}")
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
     assert auth.limits is not None
-    # Host-side warm-up (bubblewrap: the cgroup move's grace period) overlaps the set-up.
-    threading.Thread(target=backend.prewarm, name=f"prewarm-{spec.run_id}", daemon=True).start()
 
     result = RunResult(run_id=spec.run_id, backend=spec.backend)
     events: queue.SimpleQueue[EgressDecision] = queue.SimpleQueue()
     proxy = EgressProxy(auth.egress, report=events.put) if auth.egress else None
-    workdir = prepare_workdir(spec)
+    try:
+        workdir = prepare_workdir(spec)
+    except BaseException:
+        watch.cancel()
+        backend.discard()
+        raise
     deadline = time.time() + auth.limits.wall_seconds
-    handle = None
+    handle: Handle | None = None
     try:
         handle = backend.start(
             spec,
@@ -138,34 +161,28 @@ def execute(
             _tee(stderr, result.stderr.feed),
             proxy.bind_in if proxy else None,
         )
+        watch.follow(backend, handle, workdir)
         result.container_id = handle.container_id
         result.image_digest = handle.image_digest
         result.enforcement = dict(handle.enforcement)
+        # Recorded before the code runs where the backend holds it blocked until
+        # release() (bubblewrap: the record overlaps bwrap building its namespaces);
+        # a start that cannot be recorded is killed (the except below, then teardown).
         authorizer.started(spec, auth, result, deadline)
+        handle.release()
         if on_started is not None:
             on_started(spec, handle)
-
-        status: dict[str, int | None] = {}
-        done = threading.Event()
-
-        def waiter() -> None:
-            try:
-                status["code"] = handle.wait()
-            finally:
-                done.set()
-
-        threading.Thread(target=waiter, name=f"wait-{spec.run_id}", daemon=True).start()
-        while not done.is_set():
+        while not watch.exited.is_set():
             _flush(events, authorizer, spec)
             remaining = deadline - time.time()
             if remaining <= 0 and not result.timed_out:
                 handle.kill()  # SIGKILL at the deadline, not a polite stop
                 result.timed_out = True
-            done.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
-        result.exit_code = status.get("code")
+            watch.exited.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
+        result.exit_code = watch.code
         if result.exit_code is None:
             result.error = "the sandbox vanished before reporting an exit (reaped?)"
-        result.oom_killed = handle.oom_killed()
+        result.oom_killed = watch.oom_killed()
     except BackendUnavailable as exc:
         result.error = str(exc)
         _say(result.error)
@@ -175,8 +192,10 @@ def execute(
     finally:
         # Removal (tens of ms on the engine) overlaps with recording the outcome;
         # execute() returns only once both are done.
-        teardown = threading.Thread(target=_teardown, args=(handle, workdir), daemon=True)
-        teardown.start()
+        if handle is None:  # start() failed: the watch only undoes prepare()
+            watch.follow(backend, None, workdir)
+        elif not watch.exited.is_set():
+            handle.kill()  # an error before the exit: the watch then tears it down
         if proxy is not None:
             proxy.stop()
     try:
@@ -186,7 +205,7 @@ def execute(
         _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
         return Outcome(EXIT_ERROR, auth, result)
     finally:
-        teardown.join()
+        watch.thread.join()
     if result.error and result.exit_code is None:
         return Outcome(EXIT_BACKEND, auth, result)
     if result.timed_out:
@@ -197,10 +216,67 @@ def execute(
     return Outcome(result.exit_code if result.exit_code is not None else EXIT_ERROR, auth, result)
 
 
-def _teardown(handle: object, workdir: Path) -> None:
+class _Watch:
+    """The run's one helper thread, started before anything else (one thread
+    start per run, while nothing else competes for a CPU yet): first the
+    backend's prepare() work, then, once the runner hands it a sandbox, it waits
+    for the exit, reads whether it was OOM-killed, tells the runner, and tears
+    the sandbox down (overlapping the runner's record of the outcome). A refused
+    run cancels it; a failed start hands it None (tear down what is left)."""
+
+    def __init__(self, prepare: Callable[[], None] | None, run_id: str) -> None:
+        self.exited = threading.Event()
+        self.code: int | None = None
+        self._oom: bool | BaseException = False
+        self._prepare = prepare
+        self._go = threading.Event()
+        self._job: tuple[Backend, Handle | None, Path] | None = None
+        self.thread = threading.Thread(target=self._run, name=f"watch-{run_id}", daemon=True)
+        self.thread.start()
+
+    def follow(self, backend: Backend, handle: Handle | None, workdir: Path) -> None:
+        self._job = (backend, handle, workdir)
+        self._go.set()
+
+    def cancel(self) -> None:
+        self._go.set()
+
+    def _run(self) -> None:
+        if self._prepare is not None:
+            try:
+                self._prepare()
+            except Exception as exc:  # start() then does without it
+                _say(f"host-side set-up failed: {type(exc).__name__}: {exc}")
+        self._go.wait()
+        if self._job is None:
+            return
+        backend, handle, workdir = self._job
+        try:
+            if handle is not None:
+                try:
+                    self.code = handle.wait()
+                finally:
+                    try:
+                        self._oom = handle.oom_killed()
+                    except Exception as exc:
+                        self._oom = exc
+        finally:
+            self.exited.set()
+            _teardown(backend, handle, workdir)
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended it (raises what the backend raised)."""
+        if isinstance(self._oom, BaseException):
+            raise self._oom
+        return self._oom
+
+
+def _teardown(backend: Backend, handle: Handle | None, workdir: Path) -> None:
     if handle is not None:
-        handle.kill()  # type: ignore[attr-defined]
-        handle.cleanup()  # type: ignore[attr-defined]
+        handle.kill()
+        handle.cleanup()
+    else:  # start() failed before there was a sandbox: undo prepare()
+        backend.discard()
     shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -16,13 +16,14 @@ the caller expects), so the runner and the reaper never both finish a run.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
-from governance import audit
+from governance import audit, db
 from governance.codes import ActionClass, EventType
 from governance.codes import Decision as Verdict
 from governance.models import Grant, SandboxRun
@@ -116,7 +117,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()
         if decision.allowed:
-            grant = Grant.objects.filter(pk=decision.grant_id).values(*GRANT_CEILING).get()
+            grant = _ceiling(decision.grant_id)
             ceiling = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
             try:
                 limits, egress = effective(spec, ceiling, grant["egress"])
@@ -135,7 +136,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             run.egress = [str(d) for d in egress]
         else:
             run.status = SandboxRun.Status.DENIED
-        run.save(force_insert=True)
+        _insert(run)
         if run.status == SandboxRun.Status.DENIED:
             _event(run, EventType.SANDBOX_RUN_DENIED, _actor(run.agent), at, message=message)
     return Authorization(
@@ -159,12 +160,93 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
+# The statements on the runner's path (request, start, finish) are fixed: written
+# once per vendor from the models' own fields and run as prepared statements
+# (governance.db), without the ORM's per-call query building.
+
+
+def _from_db(fields: Any, row: Any) -> list[Any]:
+    """A row read through governance.db, converted as the ORM converts it."""
+    values = []
+    for field, value in zip(fields, row, strict=True):
+        col = field.cached_col
+        for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+            value = convert(value, col, connection)
+        values.append(value)
+    return values
+
+
+@functools.cache
+def _ceiling_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    meta = Grant._meta
+    columns = ", ".join(quote(meta.get_field(name).column) for name in GRANT_CEILING)
+    return f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {quote('id')} = %s"
+
+
+def _ceiling(grant_id: int) -> dict[str, Any]:
+    """The grant's limits and egress list."""
+    row = db.execute(_ceiling_sql(connection.vendor), [grant_id])[0]
+    fields = [Grant._meta.get_field(name) for name in GRANT_CEILING]
+    return dict(zip(GRANT_CEILING, _from_db(fields, row), strict=True))
+
+
+def _insert_fields() -> list[Any]:
+    return [field for field in SandboxRun._meta.concrete_fields if not field.primary_key]
+
+
+@functools.cache
+def _insert_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    fields = _insert_fields()
+    columns = ", ".join(quote(field.column) for field in fields)
+    values = ", ".join(["%s"] * len(fields))
+    table = quote(SandboxRun._meta.db_table)
+    return f"INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING {quote('id')}"
+
+
+def _insert(run: SandboxRun) -> None:
+    """run.save(force_insert=True), as one prepared statement."""
+    params = [
+        field.get_db_prep_save(field.pre_save(run, True), connection) for field in _insert_fields()
+    ]
+    run.pk = db.execute(_insert_sql(connection.vendor), params)[0][0]
+    run._state.adding = False
+    run._state.db = connection.alias
+
+
+@functools.cache
+def _claim_sql(vendor: str, names: tuple[str, ...]) -> str:
+    """One statement per vendor and set of changed columns (so it stays prepared)."""
+    quote = connection.ops.quote_name
+    meta = SandboxRun._meta
+    sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in names)
+    columns = ", ".join(quote(field.column) for field in meta.concrete_fields)
+    return (
+        f"UPDATE {quote(meta.db_table)} SET {sets} "
+        f"WHERE {quote('run_id')} = %s AND {quote('status')} = %s RETURNING {columns}"
+    )
+
+
 def _claim(run_id: str, expected: str, **changes: Any) -> SandboxRun | None:
-    """Move a run on from `expected`; None if someone else moved it first."""
+    """Move a run on from `expected`; None if someone else moved it first.
+
+    One conditional UPDATE ... RETURNING (PostgreSQL; SQLite >= 3.35): the claim
+    and the row the event is written from in one round trip, as a prepared
+    statement on PostgreSQL, without the ORM's per-call query building (this is
+    on the runner's start and finish path). The values are prepared and the row
+    converted by the model's own fields, so the instance is what .get() returns.
+    """
     if not _is_uuid(run_id):
         return None
-    won = SandboxRun.objects.filter(run_id=run_id, status=expected).update(**changes)
-    return SandboxRun.objects.get(run_id=run_id) if won else None
+    meta = SandboxRun._meta
+    names = tuple(sorted(changes))
+    params = [meta.get_field(name).get_db_prep_save(changes[name], connection) for name in names]
+    params += [db.param_uuid(run_id), expected]
+    rows = db.execute(_claim_sql(connection.vendor, names), params)
+    if not rows:
+        return None
+    return SandboxRun.from_db(connection.alias, None, _from_db(meta.concrete_fields, rows[0]))
 
 
 def run_started(

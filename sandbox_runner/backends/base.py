@@ -50,6 +50,14 @@ class Handle:
         """Remove the sandbox and everything it left behind."""
         raise NotImplementedError("Handle.cleanup() must be implemented by the backend")
 
+    def release(self) -> None:
+        """Let the code run. start() of a backend that can hold the sandbox blocked
+        (bubblewrap) returns before the code runs, so that the runner records the
+        start first; release() then puts the sandbox in its limits and lets it go.
+        A backend whose start() already runs the code (Docker) does nothing here.
+        Raises if the sandbox cannot be released (the runner then kills it)."""
+        return None
+
 
 class Backend:
     name = "base"
@@ -58,9 +66,17 @@ class Backend:
         """None when usable here, else a sentence saying why not."""
         raise NotImplementedError(f"{type(self).__name__}.unavailable() is not implemented")
 
-    def prewarm(self) -> None:
-        """Optional host-side work that makes start() faster, run in a thread once the
-        run is allowed, alongside start(). It starts nothing and touches no sandbox."""
+    def prepare(self, spec: RunSpec) -> Callable[[], None] | None:
+        """Optional host-side set-up that makes start() faster, done while governance
+        decides: returns the work, which the runner runs in a thread of its own (it
+        may block); start() waits for what it needs of it. It must start nothing,
+        run nothing, and put nothing within reach of any code: a refused run is as
+        if prepare() never happened once discard() has returned."""
+        return None
+
+    def discard(self) -> None:
+        """Undo prepare() for a run that will not start (refused, or start() failed
+        before it returned a handle). Safe to call when prepare() did nothing."""
         return None
 
     def start(

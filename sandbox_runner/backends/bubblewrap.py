@@ -10,9 +10,16 @@ mounts, the script and input bound read-only.
 
 Limits: cgroups (v1 or v2) when the runner may create them, else rlimits
 (RLIMIT_AS, RLIMIT_NPROC, RLIMIT_CPU); the run record says which per limit.
-bwrap is started blocked (--block-fd): the runner moves the sandbox into its
-cgroups and binds the egress proxy in its network namespace first, so the
-code never runs a moment outside its limits.
+bwrap is started blocked (--block-fd): the runner records the start, the
+sandbox is moved into its cgroups and the egress proxy bound in its network
+namespace, and only then is it released, so the code never runs a moment
+outside its limits, nor before its start is on record.
+
+Latency (the issue's target is <= 30 ms p50 for a trivial script, authorization
+included): the run's cgroups are made, empty, while governance decides, and the
+cgroup-move grace period is paid then (prepare()); the started record overlaps
+bwrap building its namespaces; one thread (the runner's watch) moves the held
+sandbox into its cgroups, pumps both output streams and reaps bwrap.
 
 Seccomp: a small denylist filter (sandbox_runner/seccomp.py, compiled with the
 host's libseccomp) blocks mount, namespace, ptrace, keyring, BPF, perf and
@@ -27,10 +34,13 @@ import ctypes
 import json
 import os
 import resource
+import selectors
 import shutil
 import signal
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_runner import seccomp
@@ -41,6 +51,8 @@ UID = GID = 1000
 TMP_SIZE = "64m"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "governance-sandbox"
+POLL_EXIT = 0.5  # seconds: how often wait() looks whether bwrap exited while streams are open
+DRAIN_AFTER_EXIT = 5.0  # seconds of output still read after bwrap exited
 
 
 def bwrap_argv(workdir: Path, has_script: bool, has_input: bool) -> list[str]:
@@ -105,22 +117,36 @@ class Cgroups:
         self.dirs: dict[str, Path] = {}
         self.run_id = run_id
 
-    def create(self, limits: Limits) -> dict[str, str]:
-        """Make the groups and set limits; returns how each limit is enforced."""
+    def make(self) -> None:
+        """Make the run's groups, empty and without limits yet (no process is in
+        them until limit() has set every limit). Errors are not raised: a group
+        that could not be made is a limit that falls back to an rlimit."""
+        if os.geteuid() != 0:
+            return
+        with contextlib.suppress(OSError):
+            if (CGROUP_ROOT / "cgroup.controllers").exists():
+                # Untested here (this host is cgroup v1): delegate the controllers down.
+                for parent in (CGROUP_ROOT, CGROUP_ROOT / CGROUP_NAME):
+                    parent.mkdir(exist_ok=True)
+                    self._write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
+                self._make("unified", CGROUP_ROOT)
+                return
+        for key in ("memory", "pids", "cpu"):
+            with contextlib.suppress(OSError):
+                self._make(key, CGROUP_ROOT / key)
+
+    def limit(self, limits: Limits) -> dict[str, str]:
+        """Set the limits (making any group make() did not); returns how each
+        limit is enforced."""
         if os.geteuid() != 0:
             return {}
         enforced: dict[str, str] = {}
         memory = str(limits.memory_mb * 1024 * 1024)
         period = 100_000
         quota = str(max(1000, int(limits.cpus * period)))
-        v2 = CGROUP_ROOT / "cgroup.controllers"
-        with contextlib.suppress(OSError):
-            if v2.exists():
-                # Untested here (this host is cgroup v1): delegate the controllers down.
-                for parent in (CGROUP_ROOT, CGROUP_ROOT / CGROUP_NAME):
-                    parent.mkdir(exist_ok=True)
-                    self._write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
-                d = self._make("unified", CGROUP_ROOT)
+        if "unified" in self.dirs:
+            with contextlib.suppress(OSError):
+                d = self.dirs["unified"]
                 self._write(d / "memory.max", memory)
                 self._write(d / "memory.swap.max", "0")
                 self._write(d / "pids.max", str(limits.pids))
@@ -146,9 +172,10 @@ class Cgroups:
     def _make(self, key: str, root: Path) -> Path:
         if not root.is_dir():
             raise OSError(f"no cgroup hierarchy at {root}")
-        d = root / CGROUP_NAME / self.run_id
-        d.mkdir(parents=True, exist_ok=True)
-        self.dirs[key] = d
+        d = self.dirs.get(key) or root / CGROUP_NAME / self.run_id
+        if key not in self.dirs:
+            d.mkdir(parents=True, exist_ok=True)
+            self.dirs[key] = d
         return d
 
     @staticmethod
@@ -167,25 +194,30 @@ class Cgroups:
         return found
 
     def oom_killed(self) -> bool:
-        for d in self.dirs.values():
-            for name in ("memory.oom_control", "memory.events"):
+        # v1: the memory group's memory.oom_control; v2: the group's memory.events.
+        for key, name in (("memory", "memory.oom_control"), ("unified", "memory.events")):
+            if key in self.dirs:
                 with contextlib.suppress(OSError, ValueError):
-                    for line in (d / name).read_text().splitlines():
-                        key, _, value = line.partition(" ")
-                        if key == "oom_kill" and int(value) > 0:
+                    for line in (self.dirs[key] / name).read_text().splitlines():
+                        counter, _, value = line.partition(" ")
+                        if counter == "oom_kill" and int(value) > 0:
                             return True
         return False
 
+    def kill(self) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
     def remove(self) -> None:
+        self.kill()
         for d in self.dirs.values():
-            for pid in self.pids():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
             for _ in range(50):
                 try:
                     d.rmdir()
                     break
-                except OSError:
+                except OSError:  # not empty yet: kill what is left, give it a moment
+                    self.kill()
                     threading.Event().wait(0.02)
 
 
@@ -207,19 +239,98 @@ def _rlimits(limits: Limits, missing: set[str]) -> dict[str, str]:
 
 
 class BubblewrapHandle(Handle):
-    def __init__(self, proc: subprocess.Popen[bytes], cgroups: Cgroups, workdir: Path) -> None:
+    """One bwrap sandbox, started blocked (--block-fd): release() lets the code run."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        cgroups: Cgroups,
+        workdir: Path,
+        info_fd: int,
+        block_fd: int,
+        network: NetworkHook,
+        sinks: tuple[Sink, Sink],
+    ) -> None:
         self.proc = proc
         self.cgroups = cgroups
         self.workdir = workdir
         self.container_id = f"bwrap:{proc.pid}"
         self.image_digest = "host:/usr"
         self.enforcement: dict[str, str] = {}
-        self.readers: list[threading.Thread] = []
+        self._info_fd: int | None = info_fd
+        self._block_fd: int | None = block_fd
+        self._network = network
+        self._sinks = sinks
+        self._child: int | None = None
+        self._admitted = False
+        self._lock = threading.Lock()  # the info pipe and the cgroup move, once
+
+    def _sandbox_pid(self) -> int | None:
+        """The sandbox's first process (bwrap writes it to --info-fd right after
+        clone(), before the namespace is set up); None if bwrap ended without one.
+        Called with self._lock held."""
+        if self._info_fd is not None:
+            raw = b""
+            try:
+                while b"}" not in raw and (chunk := os.read(self._info_fd, 4096)):
+                    raw += chunk
+            finally:
+                os.close(self._info_fd)
+                self._info_fd = None
+            if b"}" in raw:
+                self._child = int(json.loads(raw[: raw.index(b"}") + 1])["child-pid"])
+        return self._child
+
+    def _admit(self) -> int:
+        """Move the sandbox into its cgroups, once, from whichever thread comes
+        first: the runner's watch (wait(), while the runner records the start) or
+        release(). The code is still blocked either way."""
+        with self._lock:
+            child = self._sandbox_pid()
+            if child is None:
+                raise RuntimeError("bwrap exited before it made the sandbox")
+            if not self._admitted:
+                self.cgroups.add(child)
+                self._admitted = True
+            return child
+
+    def release(self) -> None:
+        child = self._admit()
+        if self._network is not None:
+            self._network(child)
+        assert self._block_fd is not None
+        os.write(self._block_fd, b"1")  # go: limits and network are in place
+        os.close(self._block_fd)
+        self._block_fd = None
 
     def wait(self) -> int | None:
+        """Pump stdout and stderr to their sinks until both close (the sandbox's
+        processes all die with its pid namespace), then reap bwrap. One thread
+        (the runner's watch) for both streams: no reader threads to start. Before
+        that, while the sandbox is still held, it moves it into its cgroups (the
+        move can wait for an RCU grace period; here that overlaps the runner's
+        record of the start instead of following it). Errors there are left to
+        release(), which tries again and fails the run."""
+        if self._block_fd is not None:
+            with contextlib.suppress(Exception):
+                self._admit()
+        streams = [s for s in (self.proc.stdout, self.proc.stderr) if s is not None]
+        with selectors.DefaultSelector() as selector:
+            for stream, sink in zip(streams, self._sinks, strict=True):
+                selector.register(stream, selectors.EVENT_READ, sink)
+            exited_at: float | None = None
+            while selector.get_map():
+                for key, _ in selector.select(timeout=POLL_EXIT):
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        key.data(chunk)
+                    else:
+                        selector.unregister(key.fileobj)
+                if exited_at is None and self.proc.poll() is not None:
+                    exited_at = time.monotonic()
+                if exited_at is not None and time.monotonic() - exited_at > DRAIN_AFTER_EXIT:
+                    break  # bwrap is gone but something still holds a stream open
         code = self.proc.wait()
-        for reader in self.readers:
-            reader.join(timeout=5)
         return 128 - code if code < 0 else code
 
     def kill(self) -> None:
@@ -227,9 +338,16 @@ class BubblewrapHandle(Handle):
         # everything in the run's cgroups is killed too, in case it escaped that.
         with contextlib.suppress(OSError):
             self.proc.send_signal(signal.SIGKILL)
-        for pid in self.cgroups.pids():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        if self._block_fd is not None:
+            # Never released: bwrap's sandbox process sets --die-with-parent only just
+            # before it runs the code, and reads end-of-file on the block pipe as "go".
+            # It dies here, by pid, before that pipe is ever closed (cleanup()).
+            with self._lock:  # bwrap itself is dead or dying: no wait
+                child = self._sandbox_pid()
+            if child is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        self.cgroups.kill()
 
     def oom_killed(self) -> bool:
         return self.cgroups.oom_killed()
@@ -238,6 +356,12 @@ class BubblewrapHandle(Handle):
         self.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+        if self._block_fd is not None:  # killed before release(): nothing left to let go
+            os.close(self._block_fd)
+            self._block_fd = None
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
         self.cgroups.remove()
         unmount(self.workdir / "tmp")
 
@@ -245,29 +369,44 @@ class BubblewrapHandle(Handle):
 class BubblewrapBackend(Backend):
     name = "bubblewrap"
 
+    def __init__(self) -> None:
+        self._prepared: threading.Event | None = None
+        self._cgroups: Cgroups | None = None
+        self._tmp: Path | None = None
+
     def unavailable(self) -> str | None:
         if shutil.which("bwrap") is None:
             return "bwrap is not installed (apt-get install bubblewrap)"
         return None
 
-    def prewarm(self) -> None:
-        """The first move of a process into a cgroup after a quiet spell waits for an
-        RCU grace period (cgroup v1 here: ~10 ms under load, and fork/clone stall
-        behind it). Moving the runner into the cgroup it is already in pays that
-        wait in a thread while the runner prepares and bwrap builds its namespaces;
-        the sandbox's own move, right after, is then cheap. Nothing else changes:
-        the runner stays where it was."""
-        if os.geteuid() != 0:
-            return
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path("/proc/self/cgroup").read_text().splitlines():
-                _, controllers, path = line.split(":", 2)
-                if controllers in ("pids", ""):  # v1 pids, or the v2 unified hierarchy
-                    base = CGROUP_ROOT / "pids" if controllers else CGROUP_ROOT
-                    procs = base / path.lstrip("/") / "cgroup.procs"
-                    if procs.exists():
-                        procs.write_text(str(os.getpid()))
-                        return
+    def prepare(self, spec: RunSpec) -> Callable[[], None]:
+        """While governance decides: make the run's cgroups, empty and without
+        limits (no process enters them before start() has set every limit, and a
+        refused run's are removed by discard()), then pay the cgroup-move grace
+        period (see _prewarm). Nothing is started.
+
+        The directories come first because making one takes the cgroup lock that
+        the grace period then holds for its whole length (~1-10 ms here)."""
+        made = self._prepared = threading.Event()
+
+        def work() -> None:
+            try:
+                cgroups = Cgroups(spec.run_id)
+                cgroups.make()
+                self._cgroups = cgroups
+            finally:
+                made.set()
+            _prewarm()
+
+        return work
+
+    def discard(self) -> None:
+        if self._prepared is not None:
+            self._prepared.wait()
+        if self._cgroups is not None:
+            self._cgroups.remove()
+        if self._tmp is not None:
+            unmount(self._tmp)
 
     def start(
         self,
@@ -279,11 +418,19 @@ class BubblewrapBackend(Backend):
         on_stderr: Sink,
         network: NetworkHook,
     ) -> Handle:
+        """bwrap, started blocked: the returned handle's release() puts the sandbox in
+        its cgroups, binds the egress proxy in its network namespace, then lets it
+        go, so the code never runs a moment outside its limits (and the runner
+        records the start before it runs at all)."""
         assert auth.limits is not None
         limits = auth.limits
-        tmp_noexec = mount_noexec_tmp(workdir / "tmp")
-        cgroups = Cgroups(spec.run_id)
-        enforcement = cgroups.create(limits)
+        self._tmp = workdir / "tmp"
+        tmp_noexec = mount_noexec_tmp(self._tmp)
+        if self._prepared is not None:
+            self._prepared.wait()  # the directories only (not the grace period)
+        cgroups = self._cgroups or Cgroups(spec.run_id)
+        self._cgroups = cgroups
+        enforcement = cgroups.limit(limits)
         missing = {"memory", "pids", "cpus"} - set(enforcement)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
@@ -334,26 +481,17 @@ class BubblewrapBackend(Backend):
                 preexec_fn=child_setup,  # type: ignore[arg-type]  # noqa: PLW1509
                 env={"PATH": "/usr/bin:/bin"},
             )
+        except BaseException:
+            os.close(info_r)
+            os.close(block_w)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
-        handle = BubblewrapHandle(proc, cgroups, workdir)
-        try:
-            with os.fdopen(info_r, "rb") as info:
-                raw = b""
-                while b"}" not in raw:
-                    chunk = info.read1(4096)
-                    if not chunk:
-                        break
-                    raw += chunk
-            child = int(json.loads(raw[: raw.index(b"}") + 1])["child-pid"])
-            cgroups.add(child)
-            if network is not None:
-                network(child)
-        except Exception:
-            os.close(block_w)
-            handle.cleanup()
-            raise
+        handle = BubblewrapHandle(
+            proc, cgroups, workdir, info_r, block_w, network, (on_stdout, on_stderr)
+        )
+        self._cgroups = self._tmp = None  # the handle's to clean from here on
         handle.enforcement = {
             **enforcement,
             **{k: "rlimit" for k in missing},
@@ -361,19 +499,27 @@ class BubblewrapBackend(Backend):
             "seccomp": "filter" if seccomp_fd is not None else "none (no libseccomp)",
             "tmp": "noexec tmpfs" if tmp_noexec else "plain directory (exec allowed)",
         }
-        for stream, sink in ((proc.stdout, on_stdout), (proc.stderr, on_stderr)):
-            reader = threading.Thread(target=_pump, args=(stream, sink), daemon=True)
-            reader.start()
-            handle.readers.append(reader)
-        os.write(block_w, b"1")  # go: limits and network are in place
-        os.close(block_w)
         return handle
 
 
-def _pump(stream: object, sink: Sink) -> None:
-    read = stream.read1  # type: ignore[attr-defined]
-    while chunk := read(65536):
-        sink(chunk)
+def _prewarm() -> None:
+    """The first move of a process into a cgroup after a quiet spell waits for an
+    RCU grace period (cgroup v1 here: 5-10 ms, more under load, holding the cgroup
+    lock; fork/clone stall behind it). Moving the runner into the cgroup it is
+    already in pays that wait in a thread while governance decides and bwrap builds
+    its namespaces; the sandbox's own move, right after, is then cheap. Nothing
+    else changes: the runner stays where it was."""
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers in ("pids", ""):  # v1 pids, or the v2 unified hierarchy
+                base = CGROUP_ROOT / "pids" if controllers else CGROUP_ROOT
+                procs = base / path.lstrip("/") / "cgroup.procs"
+                if procs.exists():
+                    procs.write_text(str(os.getpid()))
+                    return
 
 
 def clean_orphan(run_id: str, workdir_root: Path) -> None:

@@ -155,15 +155,21 @@ class DockerBackend(Backend):
         """A do-nothing container whose empty network namespace the sandbox
         joins; the runner's proxy listens inside it on 127.0.0.1."""
         tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0)
-        holder = self.client.containers.run(
+        holder = self.client.containers.create(
             spec.image,
             ["sleep", "infinity"],
-            detach=True,
             network_mode="none",
             labels=labels(spec, deadline, workdir, "holder"),
             **hardening(tiny),
         )
-        holder.reload()
+        try:
+            holder.start()
+            holder.reload()
+        except Exception:
+            # Not left behind in "Created" (containers.run() would leave it when the
+            # start fails, and nobody would hold a reference to remove it).
+            holder.remove(force=True)
+            raise
         return holder
 
     def start(
