@@ -161,8 +161,8 @@ def _is_uuid(value: str) -> bool:
 
 
 # The statements on the runner's path (request, start, finish) are fixed: written
-# once per vendor from the models' own fields and run as prepared statements
-# (governance.db), without the ORM's per-call query building.
+# once per vendor from the models' own fields and run through governance.db,
+# without the ORM's per-call query building.
 
 
 def _from_db(fields: Any, row: Any) -> list[Any]:
@@ -206,7 +206,7 @@ def _insert_sql(vendor: str) -> str:
 
 
 def _insert(run: SandboxRun) -> None:
-    """run.save(force_insert=True), as one prepared statement."""
+    """run.save(force_insert=True), as one fixed statement."""
     params = [
         field.get_db_prep_save(field.pre_save(run, True), connection) for field in _insert_fields()
     ]
@@ -217,7 +217,7 @@ def _insert(run: SandboxRun) -> None:
 
 @functools.cache
 def _claim_sql(vendor: str, names: tuple[str, ...]) -> str:
-    """One statement per vendor and set of changed columns (so it stays prepared)."""
+    """One statement per vendor and set of changed columns (built once)."""
     quote = connection.ops.quote_name
     meta = SandboxRun._meta
     sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in names)
@@ -232,8 +232,8 @@ def _claim(run_id: str, expected: str, **changes: Any) -> SandboxRun | None:
     """Move a run on from `expected`; None if someone else moved it first.
 
     One conditional UPDATE ... RETURNING (PostgreSQL; SQLite >= 3.35): the claim
-    and the row the event is written from in one round trip, as a prepared
-    statement on PostgreSQL, without the ORM's per-call query building (this is
+    and the row the event is written from in one round trip, without the ORM's
+    per-call query building (this is
     on the runner's start and finish path). The values are prepared and the row
     converted by the model's own fields, so the instance is what .get() returns.
     """
