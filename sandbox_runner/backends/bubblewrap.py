@@ -53,6 +53,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "governance-sandbox"
 POLL_EXIT = 0.5  # seconds: how often wait() looks whether bwrap exited while streams are open
 DRAIN_AFTER_EXIT = 5.0  # seconds of output still read after bwrap exited
+# bwrap reads end-of-file on --block-fd as "go": were the runner killed while the
+# sandbox is held, the code would run outside its cgroups with nobody watching.
+# So the code is started by this gate, which runs it only on an explicit "1" on its
+# stdin (written by release()); end-of-file there is exit 125 and nothing else runs.
+GATE = 'read -r go && [ "$go" = 1 ] && exec "$@" </dev/null; exit 125'
+GATE_EXIT = 125
 
 
 def bwrap_argv(workdir: Path, has_script: bool, has_input: bool) -> list[str]:
@@ -247,7 +253,7 @@ class BubblewrapHandle(Handle):
         cgroups: Cgroups,
         workdir: Path,
         info_fd: int,
-        block_fd: int,
+        go_fds: tuple[int, int],
         network: NetworkHook,
         sinks: tuple[Sink, Sink],
     ) -> None:
@@ -258,7 +264,9 @@ class BubblewrapHandle(Handle):
         self.image_digest = "host:/usr"
         self.enforcement: dict[str, str] = {}
         self._info_fd: int | None = info_fd
-        self._block_fd: int | None = block_fd
+        # bwrap's --block-fd and the gate's stdin: both say "go" in release().
+        self._block_fd: int | None = go_fds[0]
+        self._gate_fd: int | None = go_fds[1]
         self._network = network
         self._sinks = sinks
         self._child: int | None = None
@@ -298,10 +306,12 @@ class BubblewrapHandle(Handle):
         child = self._admit()
         if self._network is not None:
             self._network(child)
-        assert self._block_fd is not None
+        assert self._block_fd is not None and self._gate_fd is not None
         os.write(self._block_fd, b"1")  # go: limits and network are in place
+        os.write(self._gate_fd, b"1\n")  # and the gate runs the code
         os.close(self._block_fd)
-        self._block_fd = None
+        os.close(self._gate_fd)
+        self._block_fd = self._gate_fd = None
 
     def wait(self) -> int | None:
         """Pump stdout and stderr to their sinks until both close (the sandbox's
@@ -359,6 +369,9 @@ class BubblewrapHandle(Handle):
         if self._block_fd is not None:  # killed before release(): nothing left to let go
             os.close(self._block_fd)
             self._block_fd = None
+        if self._gate_fd is not None:  # end-of-file: the gate exits, the code never ran
+            os.close(self._gate_fd)
+            self._gate_fd = None
             for stream in (self.proc.stdout, self.proc.stderr):
                 if stream is not None:
                     stream.close()
@@ -449,7 +462,9 @@ class BubblewrapBackend(Backend):
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
             fds.append(seccomp_fd)
-        argv += ["--info-fd", str(info_w), "--block-fd", str(block_r), "--", *spec.command]
+        argv += ["--info-fd", str(info_w), "--block-fd", str(block_r)]
+        argv += ["--", "/bin/sh", "-c", GATE, "sandbox-gate", *spec.command]
+        gate_r, gate_w = os.pipe()
 
         as_root = os.geteuid() == 0
         setpriv = shutil.which("setpriv")
@@ -474,7 +489,7 @@ class BubblewrapBackend(Backend):
         try:
             proc = subprocess.Popen(  # noqa: S603 - argv built here, no shell
                 [*launcher, *argv],
-                stdin=subprocess.DEVNULL,
+                stdin=gate_r,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=tuple(fds),
@@ -484,12 +499,13 @@ class BubblewrapBackend(Backend):
         except BaseException:
             os.close(info_r)
             os.close(block_w)
+            os.close(gate_w)
             raise
         finally:
-            for fd in fds:
+            for fd in (*fds, gate_r):
                 os.close(fd)
         handle = BubblewrapHandle(
-            proc, cgroups, workdir, info_r, block_w, network, (on_stdout, on_stderr)
+            proc, cgroups, workdir, info_r, (block_w, gate_w), network, (on_stdout, on_stderr)
         )
         self._cgroups = self._tmp = None  # the handle's to clean from here on
         handle.enforcement = {

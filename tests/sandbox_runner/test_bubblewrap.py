@@ -80,3 +80,68 @@ def test_a_start_that_cannot_be_recorded_never_runs_the_code(bwrap_available, co
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
     assert leftovers("bubblewrap", spec.run_id) == []
     assert list(workdir_root().glob(f"run-{spec.run_id}-*")) == []
+
+
+# The runner's side of held starts, in a process of its own (the runner's core
+# needs no Django): start SANDBOXES sandboxes held, then die by SIGKILL before any
+# release(). Several at once because what bwrap does then is a race (its sandbox
+# arms --die-with-parent only after the block pipe says "go", by which time its
+# parent may be dead): one held sandbox shows the unguarded code running only
+# some of the time, twenty show it nearly always.
+SANDBOXES = 20
+HELD_THEN_KILLED = r"""
+import os, signal, sys
+from sandbox_runner.backends.bubblewrap import BubblewrapBackend
+from sandbox_runner.runner import prepare_workdir
+from sandbox_runner.spec import SCRIPT_PATH, Authorization, Limits, RunSpec
+
+for _ in range(int(sys.argv[1])):
+    spec = RunSpec(
+        agent="bot", task=None, backend="bubblewrap", command=("python3", SCRIPT_PATH),
+        script=b"open('/workspace/ran', 'w').write('ran'); print('ran', flush=True)\n",
+    )
+    auth = Authorization("allow", "allowed", "", spec.run_id,
+                         limits=Limits(memory_mb=128, cpus=1.0, pids=32, wall_seconds=30))
+    workdir = prepare_workdir(spec)
+    handle = BubblewrapBackend().start(
+        spec, auth, workdir, 0.0, lambda b: None, lambda b: None, None
+    )
+    print(workdir, handle.proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # before any release(): the runner is gone
+"""
+
+
+def test_a_runner_killed_while_sandboxes_are_held_never_runs_their_code(bwrap_available):
+    """bwrap reads end-of-file on its block pipe as "go"; the gate does not: with the
+    runner dead before release(), the code is never run (outside its cgroups, with
+    nobody to kill it at the deadline)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = subprocess.run(
+        [sys.executable, "-c", HELD_THEN_KILLED, str(SANDBOXES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == -9, child.stderr[-2000:]
+    started = [line.split() for line in child.stdout.splitlines()]
+    assert len(started) == SANDBOXES
+    deadline = time.monotonic() + 15
+    for _, pid in started:  # bwrap is nobody's now: wait for each to end
+        while time.monotonic() < deadline:
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("bwrap still running 15 s after its runner died")
+    time.sleep(1.0)  # time enough for the scripts, were they running
+    ran = [w for w, _ in started if (Path(w) / "scratch" / "ran").exists()]
+    for workdir, _ in started:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert ran == [], f"{len(ran)} of {SANDBOXES} ran their code with the runner dead"
