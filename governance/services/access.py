@@ -128,6 +128,10 @@ def access_check(
     }
     try:
         args_json = audit.masked_arguments_json(arguments if isinstance(arguments, Mapping) else {})
+        # Inside a caller's transaction (and on SQLite) the whole decision runs in a
+        # savepoint, so a database error in it cannot poison the caller's work. Alone
+        # on PostgreSQL, the read needs no transaction and the event commits itself,
+        # or, with the gate's writes, commits with them.
         alone = connection.vendor == "postgresql" and not connection.in_atomic_block
         with nullcontext() if alone else transaction.atomic():
             decision = authorize(
