@@ -405,6 +405,10 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
 # dies with its runner. One still "running" this long past its deadline has lost its
 # runner (the runner itself kills and records within a poll of the deadline).
 ORPHAN_GRACE = timedelta(seconds=5)
+# An allowed run is recorded as started within milliseconds of its decision; one still
+# "requested" after this long lost its runner while the sandbox was held (the start
+# gate never let its code run; bwrap itself may be left blocked in its setup).
+HELD_GRACE = timedelta(minutes=1)
 
 
 def reap_orphans(*, at: datetime) -> list[tuple[str, str]]:
@@ -413,8 +417,11 @@ def reap_orphans(*, at: datetime) -> list[tuple[str, str]]:
     from sandbox_runner.runner import workdir_root
 
     actor = audit.Actor.system("sandbox_reaper")
-    due = SandboxRun.objects.filter(
-        status=SandboxRun.Status.RUNNING, backend="bubblewrap", deadline_at__lt=at - ORPHAN_GRACE
+    bwrap = SandboxRun.objects.filter(backend="bubblewrap")
+    due = bwrap.filter(
+        status=SandboxRun.Status.RUNNING, deadline_at__lt=at - ORPHAN_GRACE
+    ) | bwrap.filter(
+        status=SandboxRun.Status.REQUESTED, decision=Verdict.ALLOW, requested_at__lt=at - HELD_GRACE
     )
     closed = []
     for run in due:

@@ -538,10 +538,27 @@ def _prewarm() -> None:
                     return
 
 
+def _kill_processes_of(run_id: str) -> int:
+    """SIGKILL every process whose command line names this run (bwrap's own
+    `--setenv SANDBOX_RUN_ID <id>`): a sandbox its runner left before moving it into
+    its cgroups (held, or stuck in bwrap's setup) is in no cgroup to kill it by."""
+    marker = f"SANDBOX_RUN_ID\0{run_id}\0".encode()
+    killed = 0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return killed
+
+
 def clean_orphan(run_id: str, workdir_root: Path) -> None:
     """What a runner killed mid-run leaves behind (its sandbox died with it,
-    --die-with-parent): any process still in the run's cgroups is killed, the
-    cgroups removed, the /tmp mount undone, the work directory deleted."""
+    --die-with-parent): any process of the run, in its cgroups or not yet, is
+    killed, the cgroups removed, the /tmp mount undone, the work directory deleted."""
+    _kill_processes_of(run_id)
     cgroups = Cgroups(run_id)
     for key, parent in (
         ("unified", CGROUP_ROOT),

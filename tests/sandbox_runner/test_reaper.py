@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -184,3 +184,39 @@ def test_a_sigkilled_runner_takes_its_bubblewrap_sandbox_with_it(
     assert not procs.parent.exists()
     assert list(workdir_root().glob(f"run-{run_id}-*")) == []
     assert events_of(run_id)[-1] == "sandbox.run.reaped"
+
+
+@pytest.mark.django_db
+def test_a_run_its_runner_left_held_is_closed_and_its_processes_killed(code_exec, spec_for):
+    """The runner died after the decision, before recording the start: the sandbox
+    was held (its code never ran: the start gate) and is in no cgroup yet. After
+    HELD_GRACE the reaper closes the run and kills what names it."""
+    from governance.services.sandbox import HELD_GRACE, reap_orphans, run_request
+
+    code_exec.grant()
+    spec = spec_for("print(1)", backend="bubblewrap")
+    at = datetime.now(UTC)
+    assert run_request(spec=spec, at=at).allowed
+    # A process naming the run the way bwrap's command line does, in no cgroup.
+    left = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "--setenv",
+            "SANDBOX_RUN_ID",
+            spec.run_id,
+        ]
+    )
+    try:
+        # Not yet: within the grace the runner may still be recording its start.
+        assert reap_orphans(at=at + HELD_GRACE / 2) == []
+        assert left.poll() is None and run_record(spec.run_id).status == "requested"
+        closed = reap_orphans(at=at + HELD_GRACE + timedelta(seconds=1))
+        assert closed == [(spec.run_id, "runner_gone")]
+        assert left.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        left.kill()
+    assert run_record(spec.run_id).status == "reaped"
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.reaped"]
+    assert reap_orphans(at=at + HELD_GRACE * 2) == [], "closed once"
