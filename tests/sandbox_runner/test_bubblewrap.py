@@ -4,7 +4,6 @@ refusal leaves nothing behind; the start is recorded before the code runs."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
@@ -147,26 +146,10 @@ def test_a_runner_killed_while_sandboxes_are_held_never_runs_their_code(bwrap_av
 
 
 def _clean_up_after_a_dead_runner(workdirs: list[str]) -> None:
-    """What the dead runner left: a sandbox whose bwrap died mid-setup can stay
-    blocked in bwrap's own setup (it never reaches the gate, runs nothing), and the
-    runs' empty cgroups. Only this test's: matched by their work directories."""
-    import shutil
-    import signal
+    """What the dead runner left (a bwrap stuck in its own setup, cgroups, /tmp
+    mounts, work directories), cleaned the way the reaper cleans an orphan."""
     from pathlib import Path
 
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if any(w.encode() in cmdline for w in workdirs):
-            with contextlib.suppress(OSError):
-                os.kill(int(proc.name), signal.SIGKILL)
-    for workdir in workdirs:
-        run_id = Path(workdir).name.removeprefix("run-")[:36]
-        root = bubblewrap.CGROUP_ROOT
-        for group in [*root.glob(f"*/{bubblewrap.CGROUP_NAME}/{run_id}"),
-                      *root.glob(f"{bubblewrap.CGROUP_NAME}/{run_id}")]:  # fmt: skip
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        shutil.rmtree(workdir, ignore_errors=True)
+    for workdir in map(Path, workdirs):
+        run_id = workdir.name.removeprefix("run-")[:36]
+        bubblewrap.clean_orphan(run_id, workdir.parent)
