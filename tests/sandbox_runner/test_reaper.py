@@ -31,33 +31,43 @@ def _sandboxes_of(client, agent):
     return client.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={agent}"})
 
 
+def _sleeping_runner(tmp_path, *options: str) -> subprocess.Popen[bytes]:
+    """`python -m sandbox_runner run` in a process of its own (it must reach the
+    test's database, so PostgreSQL only), running a script that prints "up" and
+    sleeps two minutes."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
+    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
+    return subprocess.Popen(
+        [*argv, *options, "--script", str(script)],
+        env={**os.environ, "DATABASE_URL": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _running_run() -> SandboxRun:
+    """The one run, once the runner has recorded its start (right after starting it)."""
+    for _ in range(100):
+        run = SandboxRun.objects.get()
+        if run.status == "running":
+            return run
+        time.sleep(0.1)
+    raise AssertionError(f"the run is still {run.status}")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_sigkilled_runners_container_is_reaped_at_its_deadline(
     docker_client, code_exec, tmp_path
 ):
-    if connection.vendor != "postgresql":
-        # The runner is a real second process: it must reach the test's database.
-        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
     code_exec.grant()
-    script = tmp_path / "sleep.py"
-    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
-    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
-    env = {**os.environ, "DATABASE_URL": url}
-    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
-    runner = subprocess.Popen(
-        [*argv, "--timeout", "4", "--script", str(script)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    runner = _sleeping_runner(tmp_path, "--timeout", "4")
     try:
         assert runner.stdout.readline() == b"up\n"  # the sandbox is running
-        for _ in range(100):  # the runner records the start right after starting it
-            run = SandboxRun.objects.get()
-            if run.status == "running":
-                break
-            time.sleep(0.1)
-        assert run.status == "running"
+        run = _running_run()
         runner.send_signal(signal.SIGKILL)
         runner.wait(timeout=10)
     finally:
@@ -137,27 +147,13 @@ def test_a_sigkilled_runner_takes_its_bubblewrap_sandbox_with_it(
     bwrap_available, code_exec, tmp_path
 ):
     """No daemon keeps a bwrap sandbox alive: --die-with-parent kills it with the runner."""
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL (set DATABASE_URL): SQLite's test database is in memory")
     from sandbox_runner.backends.bubblewrap import CGROUP_NAME, CGROUP_ROOT
 
     code_exec.grant()
-    script = tmp_path / "sleep.py"
-    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
-    url = "postgresql://postgres@127.0.0.1:5432/" + connection.settings_dict["NAME"]
-    argv = [sys.executable, "-m", "sandbox_runner", "run", "--agent", "coder", "--task", "SBX-1"]
-    runner = subprocess.Popen(
-        [*argv, "--backend", "bubblewrap", "--timeout", "2", "--script", str(script)],
-        env={**os.environ, "DATABASE_URL": url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    runner = _sleeping_runner(tmp_path, "--backend", "bubblewrap", "--timeout", "2")
     try:
         assert runner.stdout.readline() == b"up\n"
-        for _ in range(100):  # the runner records the start right after starting it
-            if SandboxRun.objects.get().status == "running":
-                break
-            time.sleep(0.1)
+        _running_run()
         run_id = str(SandboxRun.objects.get().run_id)
         v1 = CGROUP_ROOT / "pids" / CGROUP_NAME / run_id / "cgroup.procs"
         procs = v1 if v1.exists() else CGROUP_ROOT / CGROUP_NAME / run_id / "cgroup.procs"
