@@ -57,8 +57,8 @@ DRAIN_AFTER_EXIT = 5.0  # seconds of output still read after bwrap exited
 # sandbox is held, the code would run outside its cgroups with nobody watching.
 # So the code is started by this gate, which runs it only on an explicit "1" on its
 # stdin (written by release()); end-of-file there is exit 125 and nothing else runs.
-GATE = 'read -r go && [ "$go" = 1 ] && exec "$@" </dev/null; exit 125'
 GATE_EXIT = 125
+GATE = f'read -r go && [ "$go" = 1 ] && exec "$@" </dev/null; exit {GATE_EXIT}'
 
 
 def bwrap_argv(workdir: Path, has_script: bool, has_input: bool) -> list[str]:
