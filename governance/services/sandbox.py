@@ -165,12 +165,27 @@ def _is_uuid(value: str) -> bool:
 # without the ORM's per-call query building.
 
 
-def _from_db(fields: Any, row: Any) -> list[Any]:
+@functools.cache
+def _converters(vendor: str, model: Any, names: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """Per column (the model's concrete fields, or those named), the ORM's own
+    converters for it: looked up once per vendor, not per row."""
+    meta = model._meta
+    fields = meta.concrete_fields if names is None else [meta.get_field(n) for n in names]
+    return tuple(
+        tuple(
+            (convert, field.cached_col)
+            for convert in connection.ops.get_db_converters(field.cached_col)
+            + field.cached_col.get_db_converters(connection)
+        )
+        for field in fields
+    )
+
+
+def _from_db(model: Any, names: tuple[str, ...] | None, row: Any) -> list[Any]:
     """A row read through governance.db, converted as the ORM converts it."""
     values = []
-    for field, value in zip(fields, row, strict=True):
-        col = field.cached_col
-        for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+    for steps, value in zip(_converters(connection.vendor, model, names), row, strict=True):
+        for convert, col in steps:
             value = convert(value, col, connection)
         values.append(value)
     return values
@@ -187,8 +202,7 @@ def _ceiling_sql(vendor: str) -> str:
 def _ceiling(grant_id: int) -> dict[str, Any]:
     """The grant's limits and egress list."""
     row = db.execute(_ceiling_sql(connection.vendor), [grant_id])[0]
-    fields = [Grant._meta.get_field(name) for name in GRANT_CEILING]
-    return dict(zip(GRANT_CEILING, _from_db(fields, row), strict=True))
+    return dict(zip(GRANT_CEILING, _from_db(Grant, GRANT_CEILING, row), strict=True))
 
 
 def _insert_fields() -> list[Any]:
@@ -246,7 +260,7 @@ def _claim(run_id: str, expected: str, **changes: Any) -> SandboxRun | None:
     rows = db.execute(_claim_sql(connection.vendor, names), params)
     if not rows:
         return None
-    return SandboxRun.from_db(connection.alias, None, _from_db(meta.concrete_fields, rows[0]))
+    return SandboxRun.from_db(connection.alias, None, _from_db(SandboxRun, None, rows[0]))
 
 
 def run_started(
