@@ -1,7 +1,7 @@
-"""Grant-matrix governance for agents with tool access."""
+"""Grant-matrix governance for agents with tool access.
 
-# The Celery-Django convention: the app is loaded whenever Django is, so
-# @shared_task binds to it and `celery -A governance` finds it.
-from governance.celery import app as celery_app
-
-__all__ = ["celery_app"]
+The Celery app (governance/celery.py) is not imported here: the tasks are bound
+to it explicitly (governance/tasks.py), `celery -A governance` finds it as the
+`governance.celery` submodule, and a process that never sends a task (the
+sandbox runner's CLI, manage.py commands) does not pay for importing Celery.
+"""

@@ -10,8 +10,8 @@ authorize() refuses an expired grant from its expires_at on whether or not a
 job has run (DESIGN.md invariant 2).
 
 Configuration is read when the app is first used (worker or beat start, first
-send), not at import: `governance/__init__.py` imports this module, and that
-must not force Django's settings to load.
+send), not at import: importing this module (governance/tasks.py does, to bind
+every task to this app) must not force Django's settings to load.
 """
 
 from __future__ import annotations

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
 from django.utils import timezone
 
 from governance import audit
+from governance.celery import app
 from governance.services.approvals import approvals_expire
 from governance.services.grants import grant_requests_expire, grants_expire
 
 
-@shared_task(name="governance.tasks.expire_due")
+@app.task(name="governance.tasks.expire_due")
 def expire_due() -> dict[str, int]:
     """Mark grants and approvals past their end as expired (bookkeeping only),
     and close grant requests left undecided past GRANT_REQUEST_TTL.
@@ -34,13 +34,13 @@ def expire_due() -> dict[str, int]:
     }
 
 
-@shared_task(name="governance.tasks.audit_checkpoint")
+@app.task(name="governance.tasks.audit_checkpoint")
 def audit_checkpoint() -> dict[str, Any]:
     body = audit.write_checkpoint(timezone.now())
     return {"file": body["file"], "seq": body["seq"]}
 
 
-@shared_task(name="governance.tasks.audit_verify")
+@app.task(name="governance.tasks.audit_verify")
 def audit_verify() -> dict[str, Any]:
     verdict = audit.verify_and_record(
         actor=audit.Actor.system("celery:audit_verify"), at=timezone.now()
@@ -51,7 +51,7 @@ def audit_verify() -> dict[str, Any]:
 # --- Lifecycle (issue #5) --------------------------------------------------------------
 
 
-@shared_task(bind=True, name="governance.tasks.notification_deliver", max_retries=None)
+@app.task(bind=True, name="governance.tasks.notification_deliver", max_retries=None)
 def notification_deliver(self: Any, notification_id: int) -> dict[str, Any]:
     """One delivery attempt; a failure is recorded on the row and retried after its
     backoff (notifications.deliver gives up after NOTIFY_MAX_ATTEMPTS)."""
@@ -63,7 +63,7 @@ def notification_deliver(self: Any, notification_id: int) -> dict[str, Any]:
     return {"id": notification_id, "outcome": outcome}
 
 
-@shared_task(name="governance.tasks.notifications_sweep")
+@app.task(name="governance.tasks.notifications_sweep")
 def notifications_sweep() -> dict[str, int]:
     from governance import notifications
 
@@ -74,7 +74,7 @@ def _job(name: str) -> tuple[audit.Actor, Any]:
     return audit.Actor.system(f"celery:{name}"), timezone.now()
 
 
-@shared_task(name="governance.tasks.breakglass_overdue")
+@app.task(name="governance.tasks.breakglass_overdue")
 def breakglass_overdue() -> dict[str, int]:
     from governance.services.breakglass import breakglass_reviews_mark_overdue
 
@@ -82,7 +82,7 @@ def breakglass_overdue() -> dict[str, int]:
     return {"overdue": breakglass_reviews_mark_overdue(actor=actor, at=at)}
 
 
-@shared_task(name="governance.tasks.review_campaign_scheduled")
+@app.task(name="governance.tasks.review_campaign_scheduled")
 def review_campaign_scheduled() -> dict[str, Any]:
     from governance.services.reviews import review_campaign_open_scheduled
 
@@ -91,7 +91,7 @@ def review_campaign_scheduled() -> dict[str, Any]:
     return {"campaign": campaign.pk, "key": campaign.key}
 
 
-@shared_task(name="governance.tasks.review_due")
+@app.task(name="governance.tasks.review_due")
 def review_due() -> dict[str, int]:
     from governance.services.reviews import review_campaigns_close, review_items_apply_due_rule
 
@@ -102,7 +102,7 @@ def review_due() -> dict[str, int]:
     }
 
 
-@shared_task(name="governance.tasks.review_reminders")
+@app.task(name="governance.tasks.review_reminders")
 def review_reminders() -> dict[str, int]:
     from governance.services.reviews import review_reminders_send
 
@@ -110,7 +110,7 @@ def review_reminders() -> dict[str, int]:
     return {"reminded": review_reminders_send(actor=actor, at=at)}
 
 
-@shared_task(name="governance.tasks.unused_scan")
+@app.task(name="governance.tasks.unused_scan")
 def unused_scan() -> dict[str, int]:
     from governance.services.hygiene import grants_flag_unused
 
@@ -118,7 +118,7 @@ def unused_scan() -> dict[str, int]:
     return {"flagged": grants_flag_unused(actor=actor, at=at)}
 
 
-@shared_task(name="governance.tasks.trend_snapshot")
+@app.task(name="governance.tasks.trend_snapshot")
 def trend_snapshot() -> dict[str, Any]:
     from governance.services.hygiene import trend_snapshot_record
 
@@ -127,7 +127,7 @@ def trend_snapshot() -> dict[str, Any]:
     return {"day": snap.day.isoformat(), "total": snap.total}
 
 
-@shared_task(name="governance.tasks.second_look_sample")
+@app.task(name="governance.tasks.second_look_sample")
 def second_look_sample() -> dict[str, int]:
     from governance.services.second_look import second_looks_sample
 
@@ -135,7 +135,7 @@ def second_look_sample() -> dict[str, int]:
     return {"sampled": second_looks_sample(actor=actor, at=at)}
 
 
-@shared_task(name="governance.tasks.expiring_notices")
+@app.task(name="governance.tasks.expiring_notices")
 def expiring_notices() -> dict[str, int]:
     from governance.services.hygiene import grants_notify_expiring
 
@@ -143,7 +143,7 @@ def expiring_notices() -> dict[str, int]:
     return {"notified": grants_notify_expiring(actor=actor, at=at)}
 
 
-@shared_task(name="governance.tasks.sandbox_reap")
+@app.task(name="governance.tasks.sandbox_reap")
 def sandbox_reap() -> dict[str, Any]:
     """Kill and record sandboxes past their deadline or whose grant died.
 
@@ -167,7 +167,7 @@ def sandbox_reap() -> dict[str, Any]:
     return summary
 
 
-@shared_task(name="governance.tasks.usage_fold")
+@app.task(name="governance.tasks.usage_fold")
 def usage_fold() -> dict[str, int]:
     from governance.services.usage import usage_fold as fold
 
