@@ -109,6 +109,25 @@ GRANT_REQUEST_TTL = timedelta(hours=env_int("GRANT_REQUEST_TTL_HOURS", 72, minim
 # Approvals for destructive actions are meant to be used right away.
 APPROVAL_TTL = timedelta(minutes=env_int("APPROVAL_TTL_MINUTES", 15, minimum=1, maximum=24 * 60))
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)
+
+
+def env_backends(name: str) -> list[str]:
+    """Sandbox backend names from sandbox_runner's registry; at least one, no repeats."""
+    from sandbox_runner.backends import REGISTRY
+
+    names = env_list(name, list(REGISTRY))
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown or len(set(names)) != len(names):
+        raise ImproperlyConfigured(
+            f"{name}={','.join(names)!r}: list each of {', '.join(REGISTRY)} at most once"
+        )
+    return names
+
+
+# The sandbox backends a run may use. SANDBOX_BACKENDS=gvisor puts every run under
+# gVisor's user-space kernel: a run that asks for another backend is denied
+# (backend_not_allowed) before anything starts, never moved to another backend.
+SANDBOX_BACKENDS = env_backends("SANDBOX_BACKENDS")
 AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1)
 
 INSTALLED_APPS = [

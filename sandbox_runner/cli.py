@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
+from sandbox_runner.backends import REGISTRY
 from sandbox_runner.spec import DEFAULT_IMAGE, DEFAULT_TOOL, SCRIPT_PATH, RunSpec, read_file
 
 EXIT_USAGE = 64
@@ -38,7 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", required=True)
     run.add_argument("--task")
     run.add_argument("--tool", default=DEFAULT_TOOL)
-    run.add_argument("--backend", default="docker", choices=["docker", "bubblewrap", "gvisor"])
+    run.add_argument(
+        "--backend",
+        default=os.environ.get("SANDBOX_BACKEND") or "docker",
+        choices=list(REGISTRY),
+        help="default: SANDBOX_BACKEND, else docker (governance's SANDBOX_BACKENDS may refuse it)",
+    )
     run.add_argument("--image", default=DEFAULT_IMAGE)
     run.add_argument("--input", help="file mounted read-only at /sandbox/input")
     run.add_argument("--timeout", type=int, help="wall-clock seconds")

@@ -21,6 +21,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from governance import audit, db
@@ -41,6 +42,7 @@ from sandbox_runner.spec import (
 )
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
+BACKEND_NOT_ALLOWED = "backend_not_allowed"
 GRANT_CEILING = ("limit_memory_mb", "limit_cpus", "limit_pids", "limit_wall_seconds", "egress")
 
 
@@ -116,7 +118,13 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         )
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()
-        if decision.allowed:
+        if decision.allowed and spec.backend not in settings.SANDBOX_BACKENDS:
+            outcome, reason = Verdict.DENY, BACKEND_NOT_ALLOWED
+            message = (
+                f"this deployment runs sandboxes only under {', '.join(settings.SANDBOX_BACKENDS)}"
+                f" (SANDBOX_BACKENDS); the run asked for {spec.backend}"
+            )
+        elif decision.allowed:
             grant = _ceiling(decision.grant_id)
             ceiling = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
             try:
