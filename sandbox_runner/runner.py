@@ -273,8 +273,7 @@ class _Watch:
 
 def _teardown(backend: Backend, handle: Handle | None, workdir: Path) -> None:
     if handle is not None:
-        handle.kill()
-        handle.cleanup()
+        handle.cleanup()  # kills first
     else:  # start() failed before there was a sandbox: undo prepare()
         backend.discard()
     shutil.rmtree(workdir, ignore_errors=True)

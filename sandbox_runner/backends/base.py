@@ -47,7 +47,8 @@ class Handle:
         raise NotImplementedError("Handle.oom_killed() must be implemented by the backend")
 
     def cleanup(self) -> None:
-        """Remove the sandbox and everything it left behind."""
+        """Kill the sandbox if it still runs, then remove it and everything it left
+        behind."""
         raise NotImplementedError("Handle.cleanup() must be implemented by the backend")
 
     def release(self) -> None:

@@ -216,15 +216,15 @@ class Cgroups:
                 os.kill(pid, signal.SIGKILL)
 
     def remove(self) -> None:
-        self.kill()
         for d in self.dirs.values():
-            for _ in range(50):
+            for attempt in range(50):
                 try:
-                    d.rmdir()
+                    d.rmdir()  # fails while any process is left in the group
                     break
                 except OSError:  # not empty yet: kill what is left, give it a moment
                     self.kill()
-                    threading.Event().wait(0.02)
+                    if attempt:
+                        threading.Event().wait(0.02)
 
 
 def _rlimits(limits: Limits, missing: set[str]) -> dict[str, str]:
