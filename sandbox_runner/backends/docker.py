@@ -128,6 +128,8 @@ def shared_client() -> Any:
 class DockerBackend(Backend):
     name = "docker"
     runtime: str | None = None  # the engine's default (runc)
+    # How each limit is enforced, as the run record says.
+    enforcement = {"memory": "docker", "cpus": "docker", "pids": "docker", "wall_seconds": "runner"}
 
     def __init__(self, client: Any = None) -> None:
         self._client = client
@@ -235,11 +237,7 @@ class DockerBackend(Backend):
             if holder is not None:
                 holder.remove(force=True)
             raise
-        handle = DockerHandle(
-            container,
-            holder,
-            {"memory": "docker", "cpus": "docker", "pids": "docker", "wall_seconds": "runner"},
-        )
+        handle = DockerHandle(container, holder, dict(self.enforcement))
         # Attach before start so not a byte is missed (what `docker run` does); demux keeps
         # stdout and stderr apart. No logs=True: replaying the log while also streaming can
         # deliver the same bytes twice, and before start there is no log to replay.
@@ -273,6 +271,9 @@ class GvisorBackend(DockerBackend):
 
     name = "gvisor"
     runtime = "runsc"
+    # The engine's pids limit counts the host threads of gVisor's kernel, not the guest's
+    # processes: a guest fork bomb does not get EAGAIN, the whole sandbox dies at the cap.
+    enforcement = {**DockerBackend.enforcement, "pids": "docker (gVisor kernel threads)"}
 
 
 def wait_gone(client: Any, run_id: str, timeout: float = 10.0) -> bool:

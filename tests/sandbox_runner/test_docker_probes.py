@@ -59,6 +59,12 @@ def test_a_trivial_script_runs_and_is_recorded(backend, code_exec, spec_for):
     assert record.backend == backend
     assert record.script_sha256 == spec.script_sha256
     assert record.limits == {"memory_mb": 256, "cpus": 1.0, "pids": 64, "wall_seconds": 60}
+    pids = {
+        "docker": "docker",
+        "gvisor": "docker (gVisor kernel threads)",
+        "bubblewrap": "cgroup",
+    }
+    assert record.enforcement["pids"] == pids[backend]
     assert events_of(spec.run_id) == [
         "sandbox.run.requested",
         "sandbox.run.started",
