@@ -109,6 +109,7 @@ GRANT_REQUEST_TTL = timedelta(hours=env_int("GRANT_REQUEST_TTL_HOURS", 72, minim
 # Approvals for destructive actions are meant to be used right away.
 APPROVAL_TTL = timedelta(minutes=env_int("APPROVAL_TTL_MINUTES", 15, minimum=1, maximum=24 * 60))
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)
+AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1)
 
 
 def env_backends(name: str) -> list[str]:
@@ -128,7 +129,6 @@ def env_backends(name: str) -> list[str]:
 # gVisor's user-space kernel: a run that asks for another backend is denied
 # (backend_not_allowed) before anything starts, never moved to another backend.
 SANDBOX_BACKENDS = env_backends("SANDBOX_BACKENDS")
-AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
