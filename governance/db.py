@@ -11,14 +11,18 @@ transaction, same atomic block. On SQLite they go through Django's cursor and
 decode to the same Python values.
 
 Column kinds (one letter per column): i = integer, b = boolean, s = text,
-t = timestamp as integer microseconds since the Unix epoch (to_us()), so the
-decision compares times as integers and never parses them.
+f = double precision, t = timestamp as integer microseconds since the Unix
+epoch (to_us()), so the decision compares times as integers and never parses
+them. Parameters go in PostgreSQL's text input format; a JSON parameter (the
+ORM's Jsonb wrapper) as its JSON text.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import re
+import struct
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -29,6 +33,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils.dateparse import parse_datetime
 from psycopg.errors import error_from_result
 from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.types.json import Json, Jsonb
 
 _OK = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
 _IDLE = TransactionStatus.IDLE
@@ -135,6 +140,7 @@ _PG_DECODE: dict[str, Callable[[bytes], Any]] = {
     "i": _int,
     "b": lambda raw: raw == b"\x01",
     "s": lambda raw: raw.decode(),
+    "f": lambda raw: struct.unpack(">d", raw)[0],  # binary float8
     "t": lambda raw: _int(raw) + _PG_EPOCH_US,  # binary timestamptz: microseconds since 2000
 }
 
@@ -145,7 +151,13 @@ def _sqlite_time(value: Any) -> int:
     return to_us(parsed)
 
 
-_SQLITE_DECODE: dict[str, Callable[[Any], Any]] = {"i": int, "b": bool, "s": str, "t": _sqlite_time}
+_SQLITE_DECODE: dict[str, Callable[[Any], Any]] = {
+    "i": int,
+    "b": bool,
+    "s": str,
+    "f": float,
+    "t": _sqlite_time,
+}
 _PLACEHOLDER = re.compile(r"%s")
 
 
@@ -161,6 +173,8 @@ def _pg_param(value: Any) -> bytes | None:
         if value.tzinfo is None:
             raise ValueError("naive datetime passed to the database")
         text = value.isoformat()
+    elif isinstance(value, Json | Jsonb):  # what JSONField.get_db_prep_save() returns
+        text = (value.dumps or json.dumps)(value.obj)
     else:
         text = str(value)
     if "\x00" in text:  # libpq would cut the value at the NUL: refuse, as psycopg does

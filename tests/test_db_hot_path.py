@@ -7,6 +7,7 @@ same values on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -43,6 +44,26 @@ def test_values_decode_alike_on_both_backends(granted):
     assert rows == [(granted.pk, "repo:acme/*", True, db.to_us(granted.expires_at))]
     assert db.from_us(db.to_us(at)) == at
     assert db.to_us(datetime(1970, 1, 1, tzinfo=UTC) - timedelta(microseconds=1)) == -1
+
+
+def test_floats_and_json_parameters_round_trip_alike_on_both_backends(granted):
+    from governance.models import Grant
+
+    field = Grant._meta.get_field("egress")
+    egress = ["api.example:443", "ünïcode:1"]
+    param = field.get_db_prep_save(egress, connection)  # Jsonb on PostgreSQL, text on SQLite
+    cast = "::text" if connection.vendor == "postgresql" else ""
+    db.query(
+        "UPDATE governance_grant SET limit_cpus = %s, egress = %s WHERE id = %s",
+        [0.25, param, granted.pk],
+        "",
+    )
+    rows = db.query(
+        f"SELECT limit_cpus, egress{cast} FROM governance_grant WHERE id = %s", [granted.pk], "fs"
+    )
+    assert rows[0][0] == 0.25 and json.loads(rows[0][1]) == egress
+    granted.refresh_from_db()
+    assert (granted.limit_cpus, granted.egress) == (0.25, egress)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -203,13 +203,18 @@ def _from_db(model: Any, names: tuple[str, ...] | None, row: Any) -> list[Any]:
 def _ceiling_sql(vendor: str) -> str:
     quote = connection.ops.quote_name
     meta = Grant._meta
-    columns = ", ".join(quote(meta.get_field(name).column) for name in GRANT_CEILING)
-    return f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {quote('id')} = %s"
+    columns = [quote(meta.get_field(name).column) for name in GRANT_CEILING]
+    if vendor == "postgresql":
+        columns[-1] += "::text"  # the egress list as JSON text (db.query's "s")
+    return f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} WHERE {quote('id')} = %s"
+
+
+_CEILING_KINDS = "ifiis"  # memory_mb, cpus, pids, wall_seconds, egress (JSON)
 
 
 def _ceiling(grant_id: int) -> dict[str, Any]:
-    """The grant's limits and egress list."""
-    row = db.execute(_ceiling_sql(connection.vendor), [grant_id])[0]
+    """The grant's limits and egress list (one prepared statement)."""
+    row = db.query(_ceiling_sql(connection.vendor), [grant_id], _CEILING_KINDS)[0]
     return dict(zip(GRANT_CEILING, _from_db(Grant, GRANT_CEILING, row), strict=True))
 
 
@@ -228,11 +233,11 @@ def _insert_sql(vendor: str) -> str:
 
 
 def _insert(run: SandboxRun) -> None:
-    """run.save(force_insert=True), as one fixed statement."""
+    """run.save(force_insert=True), as one fixed prepared statement."""
     params = [
         field.get_db_prep_save(field.pre_save(run, True), connection) for field in _insert_fields()
     ]
-    run.pk = db.execute(_insert_sql(connection.vendor), params)[0][0]
+    run.pk = db.query(_insert_sql(connection.vendor), params, "i")[0][0]
     run._state.adding = False
     run._state.db = connection.alias
 
