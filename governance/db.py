@@ -132,6 +132,22 @@ def from_us(value: int) -> datetime:
 # --- The hot path: query() and change() ------------------------------------------------
 
 
+def kind_of(field: Any) -> str:
+    """The db.query() kind that reads a model field's column (JSON columns read as
+    text: on PostgreSQL the statement casts them with ::text)."""
+    from django.db import models
+
+    if isinstance(field, models.DateTimeField):
+        return "t"
+    if isinstance(field, models.BooleanField):
+        return "b"
+    if isinstance(field, models.IntegerField | models.ForeignKey | models.AutoField):
+        return "i"
+    if isinstance(field, models.FloatField):
+        return "f"
+    return "s"
+
+
 def _int(raw: bytes) -> int:
     return int.from_bytes(raw, "big", signed=True)
 

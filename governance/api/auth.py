@@ -53,16 +53,6 @@ class Unauthenticated(exceptions.AuthenticationFailed):
     default_code = "unauthenticated"
 
 
-def _kind(field: Any) -> str:
-    if isinstance(field, models.DateTimeField):
-        return "t"
-    if isinstance(field, models.BooleanField):
-        return "b"
-    if isinstance(field, models.IntegerField | models.ForeignKey | models.AutoField):
-        return "i"
-    return "s"
-
-
 def _columns(model: type[models.Model], alias: str) -> tuple[str, list[Any]]:
     fields = list(model._meta.concrete_fields)
     return ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in fields), fields
@@ -87,7 +77,7 @@ def _token_query() -> tuple[str, str, list[Any], list[Any]]:
         f"SELECT {token_cols}, {agent_cols} FROM {AgentToken._meta.db_table} t "
         f"LEFT JOIN {Agent._meta.db_table} a ON a.id = t.agent_id WHERE t.prefix = %s"
     )
-    kinds = "".join(_kind(f) for f in token_fields + agent_fields)
+    kinds = "".join(db.kind_of(f) for f in token_fields + agent_fields)
     return sql, kinds, token_fields, agent_fields
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import JSONField
 
 from governance import audit, db
 from governance.codes import ActionClass, EventType
@@ -200,21 +201,25 @@ def _from_db(model: Any, names: tuple[str, ...] | None, row: Any) -> list[Any]:
 
 
 @functools.cache
-def _ceiling_sql(vendor: str) -> str:
+def _ceiling_query(vendor: str) -> tuple[str, str]:
+    """The statement and its db.query() kinds (built once per vendor)."""
     quote = connection.ops.quote_name
     meta = Grant._meta
-    columns = [quote(meta.get_field(name).column) for name in GRANT_CEILING]
-    if vendor == "postgresql":
-        columns[-1] += "::text"  # the egress list as JSON text (db.query's "s")
-    return f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} WHERE {quote('id')} = %s"
-
-
-_CEILING_KINDS = "ifiis"  # memory_mb, cpus, pids, wall_seconds, egress (JSON)
+    fields = [meta.get_field(name) for name in GRANT_CEILING]
+    # JSON columns as JSON text on PostgreSQL (db.query's "s"; SQLite stores text).
+    json_cast = "::text" if vendor == "postgresql" else ""
+    columns = [
+        quote(field.column) + (json_cast if isinstance(field, JSONField) else "")
+        for field in fields
+    ]
+    sql = f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} WHERE {quote('id')} = %s"
+    return sql, "".join(db.kind_of(field) for field in fields)
 
 
 def _ceiling(grant_id: int) -> dict[str, Any]:
     """The grant's limits and egress list (one prepared statement)."""
-    row = db.query(_ceiling_sql(connection.vendor), [grant_id], _CEILING_KINDS)[0]
+    sql, kinds = _ceiling_query(connection.vendor)
+    row = db.query(sql, [grant_id], kinds)[0]
     return dict(zip(GRANT_CEILING, _from_db(Grant, GRANT_CEILING, row), strict=True))
 
 
