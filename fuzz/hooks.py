@@ -18,6 +18,10 @@ from typing import Any
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from fuzz import serial_ast
+
+serial_ast.install()
+
 
 def _always(fields: dict[str, Any]) -> bool:
     return True
