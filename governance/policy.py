@@ -237,6 +237,12 @@ def _window_reason(
     return None
 
 
+def _task_open_at(starts: int | None, ends: int | None, closed: int | None, at: datetime) -> bool:
+    """models.tasks.window_open_at on a task row's raw times (db.query's microseconds)."""
+    times = (None if v is None else db.from_us(v) for v in (starts, ends, closed))
+    return window_open_at(*times, at)
+
+
 # Most specific first when several matching grants are dead for different reasons.
 _DEAD_PRECEDENCE = (Reason.GRANT_REVOKED, Reason.GRANT_EXPIRED, Reason.GRANT_NOT_STARTED)
 
@@ -251,10 +257,12 @@ def _ancestors_reason(parent_id: int, at: int) -> Reason | None:
 
 _GRANT_QUERY = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
-       a.status, t.definition_hash = t.approved_hash
+       a.status, t.definition_hash = t.approved_hash,
+       k.id, k.starts_at, k.ends_at, k.closed_at
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
+LEFT JOIN governance_task k ON k.id = g.task_id
 WHERE g.id = %s
 """
 
@@ -263,16 +271,22 @@ def grant_dead_reason(grant_id: int, at: datetime) -> Reason | None:
     """None if the grant could allow something at `at`, else the reason it cannot.
 
     Used where the question is about a grant rather than a call (delegation):
-    the same window and ancestor rules as authorize(), in the same module.
+    the same window, task and ancestor rules as authorize(), in the same module. A
+    grant bound to a task is dead once the task is not open (closed, or past its
+    ends_at even before the job closes it); its delegations carry the same task.
     """
-    rows = db.query(_GRANT_QUERY, [grant_id], "stttisb")
+    rows = db.query(_GRANT_QUERY, [grant_id], "stttisb" + "ittt")
     if not rows:
         return Reason.NO_GRANT
-    status, starts, expires, revoked, parent_id, agent_status, approved = rows[0]
+    status, starts, expires, revoked, parent_id, agent_status, approved = rows[0][:7]
+    task_id, task_starts, task_ends, task_closed = rows[0][7:]
     if agent_status != "active":
         return Reason.AGENT_SUSPENDED
     if not approved:
         return Reason.TOOL_QUARANTINED
+    if task_id is not None:
+        if not _task_open_at(task_starts, task_ends, task_closed, at):
+            return Reason.TASK_CLOSED
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us)
     if reason is None and parent_id is not None:
@@ -399,10 +413,7 @@ def _authorize(
         if task_id is None:
             return _deny(Reason.TASK_UNKNOWN, f"No task has the key {task!r}.", **ctx)
         ctx["task_id"] = task_id
-        starts, ends, closed = (
-            None if v is None else db.from_us(v) for v in (task_starts, task_ends, task_closed)
-        )
-        if not window_open_at(starts, ends, closed, at):
+        if not _task_open_at(task_starts, task_ends, task_closed, at):
             return _deny(Reason.TASK_CLOSED, "The task is not open.", **ctx)
     # 5. The resource is canonical: one spelling per resource.
     if not resource_is_canonical(scope):

@@ -10,28 +10,16 @@ from django.utils import timezone
 
 from governance import audit
 from governance.celery import app
-from governance.services.approvals import approvals_expire
-from governance.services.grants import grant_requests_expire, grants_expire
 
 
 @app.task(name="governance.tasks.expire_due")
 def expire_due() -> dict[str, int]:
-    """Mark grants and approvals past their end as expired (bookkeeping only),
-    and close grant requests left undecided past GRANT_REQUEST_TTL.
+    """Close tasks past their end, mark grants and approvals past their end as expired,
+    close grant requests left undecided past GRANT_REQUEST_TTL and announce expired
+    tokens (bookkeeping only: services.hygiene.expire_due)."""
+    from governance.services.hygiene import expire_due as expire
 
-    Agent tokens past their expiry are announced once each (`agent_token.expired`);
-    authentication already refuses them from expires_at on.
-    """
-    from governance.services.hygiene import tokens_expire
-
-    actor = audit.Actor.system("celery:expire_due")
-    at = timezone.now()
-    return {
-        "grants": grants_expire(actor=actor, at=at),
-        "approvals": approvals_expire(actor=actor, at=at),
-        "requests": grant_requests_expire(actor=actor, at=at),
-        "tokens": tokens_expire(actor=actor, at=at),
-    }
+    return expire(actor=audit.Actor.system("celery:expire_due"), at=timezone.now())
 
 
 @app.task(name="governance.tasks.audit_checkpoint")

@@ -146,10 +146,12 @@ def test_the_expire_task_and_command_call_the_same_services(
     # Everything in these fixtures ended long before the real "now".
     grant = Grant.objects.get()
     summary = tasks.expire_due()
-    assert summary == {"grants": 1, "approvals": 2, "requests": 0, "tokens": 0}
+    assert summary == {"tasks": 0, "grants": 1, "approvals": 2, "requests": 0, "tokens": 0}
     out = io.StringIO()
     call_command("expire_now", stdout=out)
-    assert out.getvalue().strip() == ("expired 0 grant(s), 0 approval(s), 0 request(s), 0 token(s)")
+    assert out.getvalue().strip() == (
+        "closed 0 ended task(s); expired 0 grant(s), 0 approval(s), 0 request(s), 0 token(s)"
+    )
     (event,) = events(EventType.GRANT_EXPIRED, grant_id=grant.pk)
     assert event.actor == "system:celery:expire_due"
 

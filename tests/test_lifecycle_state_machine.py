@@ -164,7 +164,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             grant_id=gid, reason="machine", revoked_by=self.users["bob"], actor=SYSTEM, at=self.now
         )
         self.revoked.update(g.pk for g in ended)
-        self.expect(*[("grant.revoked", g.pk) for g in ended])
+        # The event says what the row now says: a started grant is revoked, a request
+        # that never started is refused (denied).
+        assert all(g.status == ("revoked" if g.starts_at else "denied") for g in ended)
+        self.expect(*[(f"grant.{g.status}", g.pk) for g in ended])
         # Twice: nothing more happens.
         assert grants.grant_revoke(grant_id=gid, reason="again", actor=SYSTEM, at=self.now) == []
         self.expect()

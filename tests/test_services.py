@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -317,6 +318,82 @@ def test_closing_a_task_ends_its_grants(bot, repo, make_task, make_grant, system
     assert bound.status == "revoked" and bound.revoked_at == NOW
     types = list(AuditEvent.objects.order_by("-seq").values_list("event_type", flat=True)[:2])
     assert types == ["grant.revoked", "task.closed"]
+
+
+def test_a_grant_bound_to_an_ended_task_is_dead_before_any_job_closes_the_task(
+    make_agent, repo, make_task, make_grant, system
+):
+    """The task's ends_at passes with the task still `open`: every question about the
+    grant (delegation, the reaper, reports, the grant page) says it is dead, as
+    authorize() does for calls, from the same instant on."""
+    from governance.policy import grant_dead_reason
+
+    parent_agent = make_agent("parent")
+    child = make_agent("child", parent=parent_agent)
+    task = make_task("T-END", ends_at=NOW)
+    bound = make_grant(
+        parent_agent, repo, ("read",), "repo:acme/*", task=task, delegable=True,
+        starts_at=NOW - timedelta(minutes=30), duration=timedelta(hours=1),
+    )  # fmt: skip
+    assert grant_dead_reason(bound.pk, NOW - MS) is None
+    assert grant_dead_reason(bound.pk, NOW) == "task_closed"
+    ask = {"agent": "parent", "tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    assert access.access_check(task="T-END", at=NOW - MS, **ask).allowed
+    denied = access.access_check(task="T-END", at=NOW, **ask)
+    assert denied.reason == "task_closed" and str(last_event().uid) == denied.decision_id
+    assert last_event().reason == "task_closed"
+    with pytest.raises(Forbidden) as refused:
+        delegate(bound, child, scope="repo:acme/api/*", at=NOW)
+    assert refused.value.code == "parent_not_live" and "task_closed" in str(refused.value)
+    assert last_event().event_type == "access.denied"  # nothing was delegated
+    assert not Grant.objects.filter(delegated_from=bound).exists()
+
+
+def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
+    bot, repo, make_task, make_grant, system
+):
+    ended = make_task("T-ENDED", ends_at=NOW - MS)
+    running = make_task("T-RUNNING", ends_at=NOW + timedelta(hours=1))
+    open_ended = make_task("T-NO-END")
+    bound = make_grant(bot, repo, ("read",), "repo:acme/*", task=ended)
+    kept = make_grant(bot, repo, ("read",), "repo:acme/*", task=running)
+    before = last_event().seq
+
+    assert tasks.tasks_end(actor=system, at=NOW) == 1
+    ended.refresh_from_db()
+    bound.refresh_from_db()
+    kept.refresh_from_db()
+    assert (ended.status, ended.closed_at) == ("closed", NOW)
+    assert (bound.status, bound.revoked_at, bound.decision_reason) == (
+        "revoked", NOW, "task T-ENDED ended",
+    )  # fmt: skip
+    assert kept.status == "active"
+    running.refresh_from_db()
+    open_ended.refresh_from_db()
+    assert running.status == open_ended.status == "open"
+    new = list(AuditEvent.objects.filter(seq__gt=before).order_by("seq"))
+    assert [(e.event_type, e.task, e.grant_id) for e in new] == [
+        ("task.closed", "T-ENDED", None),
+        ("grant.revoked", "T-ENDED", bound.pk),
+    ]
+    assert json.loads(new[0].data) == {"why": "ended"}
+    assert all(e.actor == "system:test" for e in new)
+    # Twice is once: nothing left to close, nothing written.
+    assert tasks.tasks_end(actor=system, at=NOW) == 0
+    assert last_event().seq == new[-1].seq
+
+
+def test_a_grant_event_carries_the_whole_action_list(bot, make_tool, make_grant, system):
+    """The event's action column holds 10 characters; a grant's actions can be longer."""
+    tool = make_tool("db", actions=["read", "create", "update", "delete"])
+    grant = make_grant(bot, tool, ("read", "create", "update", "delete"), "db:acme/*")
+    issued = AuditEvent.objects.get(grant_id=grant.pk, event_type="grant.issued")
+    assert json.loads(issued.data)["actions"] == ["read", "create", "update", "delete"]
+    assert issued.action == "read,crea…"  # the column, cut
+    grants.grant_revoke(grant_id=grant.pk, reason="done", actor=system, at=NOW)
+    revoked = last_event()
+    assert revoked.event_type == "grant.revoked" and revoked.grant_id == grant.pk
+    assert json.loads(revoked.data)["actions"] == ["read", "create", "update", "delete"]
 
 
 def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, make_grant, system):

@@ -76,7 +76,9 @@ def grant_event(
 ) -> None:
     """The one shape of an audit event about a grant: its subject fields, then `data`.
     Every service that changes a grant (issue, revoke, narrow, break-glass, reviews,
-    unused flags) writes through here."""
+    unused flags) writes through here. The `action` column holds at most 10
+    characters (a decision's one action), so the grant's whole action list is in
+    data.actions: the log alone says what the grant allowed."""
     audit.append(
         event_type=event_type,
         actor=actor,
@@ -88,7 +90,7 @@ def grant_event(
         scope=grant.scope,
         grant_id=grant.pk,
         break_glass=grant.break_glass,
-        data=data,
+        data={"actions": list(grant.actions), **data},
     )
 
 
@@ -371,7 +373,10 @@ def grant_revoke(
             grant.decision_reason = reason
             grant.save()
             cascade = {"cascade_from": root.pk} if grant.pk != root.pk else {}
-            _event(grant, EventType.GRANT_REVOKED, actor, at, reason=reason, **cascade)
+            # A request that never started is refused, not revoked: the event says what
+            # the row now says.
+            kind = EventType.GRANT_REVOKED if grant.starts_at else EventType.GRANT_DENIED
+            _event(grant, kind, actor, at, reason=reason, **cascade)
             ended.append(grant)
     return ended
 

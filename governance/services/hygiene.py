@@ -8,6 +8,7 @@ Signatures (keyword-only; each is a job, safe to run twice and from two workers)
     trend_snapshot_record(*, actor, at) -> LiveGrantSnapshot   one per UTC day
     grants_notify_expiring(*, actor, at) -> int    one notice per grant
     tokens_expire(*, actor, at) -> int             one `agent_token.expired` per token
+    expire_due(*, actor, at) -> dict[str, int]      every end-of-window bookkeeping step
 
 Read side: selectors.unused_grants(at) and selectors.grant_trend().
 """
@@ -24,8 +25,10 @@ from governance import audit, notifications
 from governance.codes import EventType
 from governance.models import AgentToken, Grant, LiveGrantSnapshot
 from governance.selectors import live_grants, unused_grants
+from governance.services.approvals import approvals_expire
 from governance.services.claims import claim_each
-from governance.services.grants import grant_event
+from governance.services.grants import grant_event, grant_requests_expire, grants_expire
+from governance.services.tasks import tasks_end
 from governance.services.usage import usage_fold
 
 
@@ -139,3 +142,18 @@ def tokens_expire(*, actor: audit.Actor, at: datetime) -> int:
         ).update(expiry_announced_at=at),
         announce=announce,
     )
+
+
+def expire_due(*, actor: audit.Actor, at: datetime) -> dict[str, int]:
+    """Everything whose window has ended, marked so, one audit event each: tasks past
+    ends_at closed (their grants revoked), grants and approvals past their end expired,
+    grant requests left undecided past GRANT_REQUEST_TTL closed, and expired tokens
+    announced. Bookkeeping only: authorize() and authentication already refuse all of
+    these from the end of their window on. How many of each, by name."""
+    return {
+        "tasks": tasks_end(actor=actor, at=at),
+        "grants": grants_expire(actor=actor, at=at),
+        "approvals": approvals_expire(actor=actor, at=at),
+        "requests": grant_requests_expire(actor=actor, at=at),
+        "tokens": tokens_expire(actor=actor, at=at),
+    }

@@ -46,22 +46,22 @@ def _event(
 ) -> None:
     """One shape: the approved thing (a grant, or the destructive call's approval)."""
     if look.approval is not None:
-        subject, action = look.approval, look.approval.action
+        subject, actions = look.approval, [look.approval.action]
     else:
         assert look.grant is not None
-        subject, action = look.grant, ",".join(look.grant.actions)
+        subject, actions = look.grant, list(look.grant.actions)
     audit.append(
         event_type=event_type,
         actor=actor,
         at=at,
         agent=subject.agent.name,
         tool=subject.tool.name,
-        action=action,
+        action=",".join(actions),  # cut at 10 characters; data.actions is the whole list
         scope=subject.scope,
         grant_id=look.grant_id,
         approval_id=str(look.approval_id or ""),
         break_glass=bool(look.grant and look.grant.break_glass),
-        data={"second_look_id": look.pk, "kind": look.kind, **data},
+        data={"second_look_id": look.pk, "kind": look.kind, "actions": actions, **data},
     )
 
 

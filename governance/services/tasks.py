@@ -1,4 +1,5 @@
-"""Tasks: open, and close (which ends every grant bound to the task)."""
+"""Tasks: open, and close (which ends every grant bound to the task), by hand or,
+once a task's window has ended, by the expiry job (tasks_end)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
 from governance.models import Grant, Task
+from governance.services.claims import claim_each
 from governance.services.grants import grant_revoke
 
 
@@ -41,21 +43,37 @@ def task_open(
 def task_close(*, task: Task, actor: audit.Actor, at: datetime, closed_by: Any = None) -> Task:
     """A grant bound to a task dies with it, in the same transaction."""
     with transaction.atomic():
-        if not Task.objects.filter(pk=task.pk, status=Task.Status.OPEN).update(
-            status=Task.Status.CLOSED, closed_at=at
-        ):
-            task.refresh_from_db()
-            return task
-        audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=task.key)
-        for grant_id in Grant.objects.filter(
-            task=task, status__in=[Grant.Status.ACTIVE, Grant.Status.PENDING]
-        ).values_list("pk", flat=True):
-            grant_revoke(
-                grant_id=grant_id,
-                reason=f"task {task.key} closed",
-                actor=actor,
-                at=at,
-                revoked_by=closed_by,
-            )
+        if _claim_close(task.pk, at):
+            _announce_close(task.pk, actor=actor, at=at, closed_by=closed_by, why="closed")
     task.refresh_from_db()
     return task
+
+
+def tasks_end(*, actor: audit.Actor, at: datetime) -> int:
+    """Bookkeeping: close the tasks whose window has ended (ends_at <= at) as a close
+    would: `task.closed` (data.why = "ended") and every grant bound to it revoked,
+    one event each. authorize() already refuses such a task from ends_at on; this
+    makes the rows and the log say so. Safe to run twice and from two workers."""
+    due = Task.objects.filter(status=Task.Status.OPEN, ends_at__lte=at).values_list("pk", flat=True)
+    return claim_each(
+        due,
+        claim=lambda pk: _claim_close(pk, at),
+        announce=lambda pk: _announce_close(pk, actor=actor, at=at, closed_by=None, why="ended"),
+    )
+
+
+def _claim_close(pk: int, at: datetime) -> int:
+    return Task.objects.filter(pk=pk, status=Task.Status.OPEN).update(
+        status=Task.Status.CLOSED, closed_at=at
+    )
+
+
+def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any, why: str) -> None:
+    key = Task.objects.values_list("key", flat=True).get(pk=pk)
+    audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data={"why": why})
+    for grant_id in Grant.objects.filter(
+        task_id=pk, status__in=[Grant.Status.ACTIVE, Grant.Status.PENDING]
+    ).values_list("pk", flat=True):
+        grant_revoke(
+            grant_id=grant_id, reason=f"task {key} {why}", actor=actor, at=at, revoked_by=closed_by
+        )
