@@ -9,7 +9,10 @@ DNS inside: names are resolved here, by egress.decide(), which also refuses
 internal addresses unless the grant names them exactly.
 
 Every attempt, allowed or denied, is reported (destination, resolved address,
-reason) to `report`, which the runner turns into one audit event each.
+reason) to `report`, which the runner turns into one audit event each. `report`
+returns once the attempt is on record and raises if it cannot be recorded: an
+allowed attempt is reported *before* the proxy connects anywhere, and one that
+could not be recorded is refused (no record, no connection).
 """
 
 from __future__ import annotations
@@ -97,6 +100,18 @@ def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None
     if not port.isdigit():
         return None
     return host, int(port)
+
+
+_STATUS = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+def _answer(conn: socket.socket, status: int, text: str) -> None:
+    body = f"{text}\n".encode()
+    conn.sendall(
+        f"HTTP/1.1 {status} {_STATUS[status]}\r\nConnection: close\r\n".encode()
+        + f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
@@ -187,18 +202,18 @@ class EgressProxy:
                 return
             assert decision.address is not None
             try:
+                self.report(decision)  # on record first: no record, no connection
+            except Exception:
+                _answer(conn, 503, "egress refused: the attempt could not be recorded")
+                return
+            try:
                 upstream = socket.create_connection(
                     (decision.address, decision.port), timeout=CONNECT_TIMEOUT
                 )
             except OSError:
-                self.report(
-                    EgressDecision(
-                        False, "connect_failed", decision.host, decision.port, decision.address
-                    )
-                )
-                conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n")
+                # Allowed and on record; the destination did not answer.
+                _answer(conn, 502, "egress allowed, but the destination did not answer")
                 return
-            self.report(decision)
             if method == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 upstream.sendall(early)
@@ -220,13 +235,11 @@ class EgressProxy:
                         s.close()
 
     def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
-        self.report(decision)
-        body = f"egress refused: {decision.reason}\n".encode()
-        conn.sendall(
-            b"HTTP/1.1 403 Forbidden\r\nConnection: close\r\nContent-Type: text/plain\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        # Refused either way; a refusal that could not be recorded fails the run (the
+        # runner, whose write failed, stops it).
+        with contextlib.suppress(Exception):
+            self.report(decision)
+        _answer(conn, 403, f"egress refused: {decision.reason}")
 
     def stop(self) -> None:
         """Stop listening, cut open tunnels, wait for every handler to report."""

@@ -10,8 +10,9 @@ database connection in order.
 Order of a run: prepare (host-side, no decision needed) alongside authorize;
 start (a backend that can hold the sandbox blocked does); record the start;
 release; wait for the exit or the deadline; record the outcome while the
-sandbox is torn down. The start is on record before the code runs wherever
-the backend can hold it (bubblewrap); Docker starts it, then it is recorded.
+sandbox is torn down. The start is on record before the code runs (bubblewrap
+holds the sandbox blocked, Docker has only created the container), and every
+egress attempt is on record before the proxy acts on it.
 
 Exit status: the code's own status when it ran to an exit; otherwise one of
 the EXIT_* codes below (documented in the README).
@@ -19,6 +20,7 @@ the EXIT_* codes below (documented in the README).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -27,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -141,8 +143,8 @@ def execute(
     assert auth.limits is not None
 
     result = RunResult(run_id=spec.run_id, backend=spec.backend)
-    events: queue.SimpleQueue[EgressDecision] = queue.SimpleQueue()
-    proxy = EgressProxy(auth.egress, report=events.put) if auth.egress else None
+    egress = _EgressLog(wake=watch.wake)
+    proxy = EgressProxy(auth.egress, report=egress.record) if auth.egress else None
     try:
         workdir = prepare_workdir(spec)
     except BaseException:
@@ -165,20 +167,21 @@ def execute(
         result.container_id = handle.container_id
         result.image_digest = handle.image_digest
         result.enforcement = dict(handle.enforcement)
-        # Recorded before the code runs where the backend holds it blocked until
-        # release() (bubblewrap: the record overlaps bwrap building its namespaces);
-        # a start that cannot be recorded is killed (the except below, then teardown).
+        # Recorded before the code runs: the backend holds it until release()
+        # (bubblewrap: the record overlaps bwrap building its namespaces); a start that
+        # cannot be recorded is killed before it ran (the except below, then teardown).
         authorizer.started(spec, auth, result, deadline)
         handle.release()
         if on_started is not None:
             on_started(spec, handle)
         while not watch.exited.is_set():
-            _flush(events, authorizer, spec)
+            watch.wake.clear()  # set again by the exit or by an egress attempt
+            egress.flush(authorizer, spec)
             remaining = deadline - time.time()
             if remaining <= 0 and not result.timed_out:
                 handle.kill()  # SIGKILL at the deadline, not a polite stop
                 result.timed_out = True
-            watch.exited.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
+            watch.wake.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
         result.exit_code = watch.code
         if result.exit_code is None:
             result.error = "the sandbox vanished before reporting an exit (reaped?)"
@@ -197,9 +200,13 @@ def execute(
         elif not watch.exited.is_set():
             handle.kill()  # an error before the exit: the watch then tears it down
         if proxy is not None:
+            # Attempts made until now are put on record, later ones refused; then the
+            # proxy's handlers can all finish. A failed record fails the run below.
+            with contextlib.suppress(Exception):
+                egress.close(authorizer, spec)
             proxy.stop()
     try:
-        _flush(events, authorizer, spec)
+        egress.close(authorizer, spec)
         authorizer.finished(spec, auth, result)
     except Exception as exc:
         _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
@@ -226,6 +233,8 @@ class _Watch:
 
     def __init__(self, prepare: Callable[[], None] | None, run_id: str) -> None:
         self.exited = threading.Event()
+        # Wakes the runner's loop: set with `exited`, and by every egress attempt.
+        self.wake = threading.Event()
         self.code: int | None = None
         self._oom: bool | BaseException = False
         self._prepare = prepare
@@ -262,6 +271,7 @@ class _Watch:
                         self._oom = exc
         finally:
             self.exited.set()
+            self.wake.set()
             _teardown(backend, handle, workdir)
 
     def oom_killed(self) -> bool:
@@ -279,12 +289,80 @@ def _teardown(backend: Backend, handle: Handle | None, workdir: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _flush(
-    events: queue.SimpleQueue[EgressDecision], authorizer: Authorizer, spec: RunSpec
-) -> None:
-    while True:
-        try:
-            decision = events.get_nowait()
-        except queue.Empty:
-            return
-        authorizer.egress(spec, decision)
+class EgressNotRecorded(RuntimeError):
+    """The attempt could not be put on record, so the proxy refuses it."""
+
+
+class _EgressLog:
+    """Egress attempts, put on record by the runner's thread (which owns every
+    authorizer call) while the proxy's handler thread waits: an allowed attempt
+    connects only once its event is written. A write that fails fails that attempt,
+    every attempt still waiting and every later one, and the run."""
+
+    WAIT = 10.0  # seconds a handler waits for its record before refusing
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+        self._pending: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._error: BaseException | None = None
+
+    def record(self, decision: EgressDecision) -> None:
+        """Proxy side: returns once on record; raises EgressNotRecorded otherwise."""
+        attempt = _Attempt(decision)
+        with self._lock:
+            if self._closed:
+                raise EgressNotRecorded("the run is over")
+            self._pending.put(attempt)
+        self._wake.set()
+        if not attempt.done.wait(self.WAIT):
+            raise EgressNotRecorded(f"not recorded within {self.WAIT:g} s")
+        if attempt.error is not None:
+            raise EgressNotRecorded(str(attempt.error))
+
+    def flush(self, authorizer: Authorizer, spec: RunSpec) -> None:
+        """Runner side: record every waiting attempt, in order."""
+        while True:
+            try:
+                attempt = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                authorizer.egress(spec, attempt.decision)
+            except BaseException as exc:
+                self._fail(attempt, exc)
+                raise
+            attempt.done.set()
+
+    def close(self, authorizer: Authorizer, spec: RunSpec) -> None:
+        """Runner side: no new attempts; record those already made. Raises if any
+        attempt of this run could not be recorded (then, every time it is called)."""
+        with self._lock:
+            self._closed = True
+        if self._error is None:
+            self.flush(authorizer, spec)
+        if self._error is not None:
+            raise EgressNotRecorded(f"an egress attempt was not recorded: {self._error}")
+
+    def _fail(self, attempt: _Attempt, error: BaseException) -> None:
+        with self._lock:
+            self._closed = True
+            self._error = error
+        attempt.fail(error)
+        while True:
+            try:
+                self._pending.get_nowait().fail(error)
+            except queue.Empty:
+                return
+
+
+@dataclass
+class _Attempt:
+    decision: EgressDecision
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()

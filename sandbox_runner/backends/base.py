@@ -52,11 +52,12 @@ class Handle:
         raise NotImplementedError("Handle.cleanup() must be implemented by the backend")
 
     def release(self) -> None:
-        """Let the code run. start() of a backend that can hold the sandbox blocked
-        (bubblewrap) returns before the code runs, so that the runner records the
-        start first; release() then puts the sandbox in its limits and lets it go.
-        A backend whose start() already runs the code (Docker) does nothing here.
-        Raises if the sandbox cannot be released (the runner then kills it)."""
+        """Let the code run. start() returns before the code runs (bubblewrap holds
+        the sandbox blocked, Docker has created but not started the container), so
+        that the runner records the start first; release() then lets it go (and
+        bubblewrap puts it in its limits). A backend whose start() already runs the
+        code does nothing here. Raises if the sandbox cannot be released (the runner
+        then kills it)."""
         return None
 
 

@@ -72,10 +72,25 @@ class DockerHandle(Handle):
         self.image_digest = container.attrs.get("Image", "")
         self.enforcement = enforcement
         self.reader: threading.Thread | None = None
+        # Created, not started: release() starts it once the runner has recorded the
+        # start. Until then there is nothing to wait for (a created container would
+        # "exit" at once with status 0).
+        self._released = threading.Event()
+        self._ran = False
+
+    def release(self) -> None:
+        try:
+            self.container.start()
+            self._ran = True
+        finally:
+            self._released.set()
 
     def wait(self) -> int | None:
         import docker.errors
 
+        self._released.wait()
+        if not self._ran:
+            return None  # never started (its start could not be recorded, or failed)
         try:
             status = self.container.wait()
         except docker.errors.NotFound:
@@ -86,6 +101,7 @@ class DockerHandle(Handle):
         return int(status.get("StatusCode", -1))
 
     def kill(self) -> None:
+        self._released.set()  # killed before release(): it never runs, wait() returns
         try:
             self.container.kill()  # SIGKILL
         except Exception:  # noqa: S110 - already gone is fine: the wait returns anyway
@@ -101,6 +117,7 @@ class DockerHandle(Handle):
         return bool(self.container.attrs["State"].get("OOMKilled"))
 
     def cleanup(self) -> None:
+        self._released.set()
         for item in (self.container, self.holder):
             if item is None:
                 continue
@@ -255,12 +272,7 @@ class DockerBackend(Backend):
 
         handle.reader = threading.Thread(target=pump, name=f"out-{spec.run_id}", daemon=True)
         handle.reader.start()
-        try:
-            container.start()
-        except Exception:
-            handle.cleanup()
-            raise
-        return handle
+        return handle  # created and attached; release() starts it
 
 
 class GvisorBackend(DockerBackend):

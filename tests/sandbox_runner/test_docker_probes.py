@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -70,6 +71,57 @@ def test_a_trivial_script_runs_and_is_recorded(backend, code_exec, spec_for):
         "sandbox.run.started",
         "sandbox.run.finished",
     ]
+    assert leftovers(backend, spec.run_id) == []
+
+
+class StartRecordWatcher(DatabaseAuthorizer):
+    """Notes the container's state when its start is being recorded; optionally the
+    database then fails (slowly, so a started container would have printed)."""
+
+    def __init__(self, client, fail: bool) -> None:
+        super().__init__()
+        self.client, self.fail, self.state = client, fail, None
+
+    def started(self, spec, auth, result, deadline):
+        self.state = self.client.containers.get(result.container_id).status
+        if self.fail:
+            time.sleep(0.5)
+            raise RuntimeError("the database went away")
+        super().started(spec, auth, result, deadline)
+
+
+@pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
+def test_the_start_is_on_record_before_the_container_starts(
+    backend, docker_client, code_exec, spec_for
+):
+    code_exec.grant()
+    spec = spec_for("print('ran', flush=True)", backend=backend)
+    watcher = StartRecordWatcher(docker_client, fail=False)
+    outcome, out, _ = run(spec, watcher)
+    assert watcher.state == "created"  # not running yet while its start was recorded
+    assert outcome.exit_code == 0 and out == "ran\n"
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.finished",
+    ]
+
+
+@pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
+def test_a_start_that_cannot_be_recorded_never_starts_the_container(
+    backend, docker_client, code_exec, spec_for
+):
+    code_exec.grant()
+    spec = spec_for("print('ran', flush=True)", backend=backend)
+    watcher = StartRecordWatcher(docker_client, fail=True)
+    outcome, out, _ = run(spec, watcher)
+    assert watcher.state == "created"
+    assert outcome.exit_code == EXIT_BACKEND
+    assert out == "" and outcome.result.stdout.total == 0  # the code never ran
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and record.exit_code is None
+    assert "the database went away" in record.error
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
     assert leftovers(backend, spec.run_id) == []
 
 

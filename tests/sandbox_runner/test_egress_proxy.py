@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from governance.models import AuditEvent
-from sandbox_runner.runner import EXIT_BACKEND
+from sandbox_runner.authorizers import DatabaseAuthorizer
+from sandbox_runner.runner import EXIT_BACKEND, EXIT_ERROR
 from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 
@@ -166,3 +167,32 @@ def test_a_name_that_resolves_to_loopback_is_refused_unless_the_address_is_named
     denied = AuditEvent.objects.get(event_type="sandbox.egress.denied")
     assert denied.reason == "egress_internal_address"
     assert json.loads(denied.data)["address"] in ("127.0.0.1", "::1")
+
+
+class EgressNotRecorded(DatabaseAuthorizer):
+    """The database refuses the run's egress events (and only those)."""
+
+    def egress(self, spec, decision):
+        raise RuntimeError("the audit log refused the egress event")
+
+
+def test_an_attempt_that_cannot_be_recorded_never_connects_and_fails_the_run(
+    backend, code_exec, spec_for, servers
+):
+    """Recorded first, then connected: an allowed destination whose attempt could not
+    be put on record is refused (503) before the proxy connects anywhere, and the run
+    fails instead of carrying on unrecorded."""
+    a, _ = servers
+    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
+    if backend == "gvisor":
+        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+        return
+    script = SCRIPT.split("print(", 1)[0] + 'print("GET", get("127.0.0.1", A, "/plain"))\n'
+    spec = spec_for(script.format(a=a.port, b=a.port), backend=backend)
+    outcome, out, _ = run(spec, EgressNotRecorded())
+    assert a.hits == []  # nothing reached the server
+    assert outcome.exit_code == EXIT_ERROR  # the outcome could not be recorded either
+    assert out in ("", "GET 503 egress refused: the attempt could not be recorded\n")
+    assert not [e for e in AuditEvent.objects.all() if e.event_type.startswith("sandbox.egress")]
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.started"]
+    assert leftovers(backend, spec.run_id) == []

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from sandbox_runner import proxy as proxy_module
 from sandbox_runner.egress import parse_destination
 from sandbox_runner.proxy import EgressProxy
 
@@ -82,3 +83,37 @@ def test_an_allowed_plain_request_goes_out_in_origin_form(upstream):
     )
     assert answer == b"echo:GET /p?q=1 HTTP/1.1\r\nHost: h\r\n\r\n"
     assert len(reports) == 1 and reports[0].allowed
+
+
+@pytest.fixture
+def order(monkeypatch):
+    """What happened, in order: the proxy's reports and its outbound connections."""
+    steps: list[str] = []
+    connect = proxy_module.socket.create_connection
+
+    def counted(*args, **kwargs):
+        steps.append("connect")
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(proxy_module.socket, "create_connection", counted)
+    return steps
+
+
+def test_an_allowed_attempt_is_on_record_before_the_proxy_connects(upstream, order):
+    proxy = EgressProxy(
+        [parse_destination(f"127.0.0.1:{upstream}")], report=lambda d: order.append("report")
+    )
+    answer = ask(proxy, f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n\r\nhello".encode())
+    assert answer.endswith(b"echo:hello")
+    assert order == ["report", "connect"]
+
+
+def test_an_attempt_that_cannot_be_recorded_is_refused_before_connecting(upstream, order):
+    def report(decision):
+        raise RuntimeError("the audit log is down")
+
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=report)
+    answer = ask(proxy, f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n\r\nhello".encode())
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"could not be recorded" in answer
+    assert order == []  # nothing went out
