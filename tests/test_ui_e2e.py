@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from governance.models import AuditEvent, Grant
+from governance.models import AuditEvent, Grant, ReviewCampaign
 from governance.services import access
 from tests import ui_world
 
@@ -304,3 +304,27 @@ def test_a_review_revokes_a_grant(live_server: Any, page: Any) -> None:
     )
     assert after.decision == "deny"
     assert AuditEvent.objects.order_by("-seq").first().decision == "deny"
+
+
+def test_an_admin_opens_a_review_campaign_on_demand(live_server: Any, page: Any) -> None:
+    ui_world.build()
+    sign_in(page, live_server.url, "admin")
+    page.click("nav >> text=Reviews")
+    page.click("text=Open a campaign now")
+    form = page.locator("form[action='/ui/reviews/open']")
+    form.locator("input[name=reason]").fill("audit asked for bot-a")
+    form.locator("input[name=agent]").fill("bot-a")
+    form.locator("input[name=due_days]").fill("5")
+    form.locator("button[type=submit]").click()
+    page.wait_for_selector(".messages li")
+    campaign = ReviewCampaign.objects.get()
+    assert f"Campaign #{campaign.pk} is open" in page.inner_text(".messages")
+    assert page.url.endswith(f"/ui/reviews/{campaign.pk}/")
+    assert (campaign.kind, campaign.agent.name, campaign.opened_by.username) == (
+        "on_demand",
+        "bot-a",
+        "dave",
+    )
+    opened = AuditEvent.objects.filter(event_type="review.campaign_opened").get()
+    assert opened.actor == "user:dave"
+    shot(page, "review-campaign-opened")

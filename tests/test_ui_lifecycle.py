@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from governance.models import AuditEvent, BreakGlass, Grant, ReviewItem
+from governance.models import AuditEvent, BreakGlass, Grant, ReviewCampaign, ReviewItem
 from governance.services import access
 from tests import ui_world
 from tests.conftest import last_event
@@ -160,6 +160,40 @@ def test_a_review_revokes_a_grant_with_a_comment() -> None:
     assert decision.decision == "deny"
     campaigns = client.get("/ui/reviews/").content.decode()
     assert "1/3" in campaigns  # progress: one of the campaign's three items decided
+
+
+def test_an_admin_opens_a_campaign_on_demand_for_one_agent() -> None:
+    world = ui_world.build()
+    client = ui_world.signed_in("admin")
+    page = client.get("/ui/reviews/").content.decode()
+    assert 'action="/ui/reviews/open"' in page
+    assert (
+        'action="/ui/reviews/open"'
+        not in ui_world.signed_in("approver").get("/ui/reviews/").content.decode()
+    )  # approvers review; admins open campaigns
+    no_reason = ui_world.post(client, "/ui/reviews/open", {"reason": " "})
+    assert no_reason.status_code == 400
+    unknown = ui_world.post(client, "/ui/reviews/open", {"reason": "x", "agent": "nobody"})
+    assert unknown.status_code == 404
+    assert not ReviewCampaign.objects.exists()
+
+    before = last_event().seq
+    done = ui_world.post(
+        client, "/ui/reviews/open", {"reason": "team change", "agent": "bot-a", "due_days": "3"}
+    )
+    campaign = ReviewCampaign.objects.get()
+    assert done.status_code == 302 and done["Location"] == f"/ui/reviews/{campaign.pk}/"
+    assert (campaign.kind, campaign.reason, campaign.agent.name) == (
+        "on_demand", "team change", "bot-a",
+    )  # fmt: skip
+    assert campaign.opened_by.username == "dave"
+    assert timedelta(days=3) - timedelta(minutes=1) < campaign.due_at - campaign.opened_at
+    live = Grant.objects.filter(agent__name="bot-a", status="active")
+    items = ReviewItem.objects.filter(campaign=campaign)
+    assert {i.grant_id for i in items} <= set(live.values_list("pk", flat=True))
+    assert items.filter(grant=world.grant).exists()
+    opened = AuditEvent.objects.filter(seq__gt=before, event_type="review.campaign_opened").get()
+    assert opened.actor == "user:dave"
 
 
 def test_a_review_narrows_a_grant_and_never_widens_it() -> None:

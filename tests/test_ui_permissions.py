@@ -86,6 +86,8 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("POST", "/ui/break-glass/{bg}/ratify",             {"comment": "ok"},       "302 403 302 403"),
     ("POST", "/ui/break-glass/{bg}/confirm-closed",     {"comment": "ok"},       "302 403 302 403"),
     ("GET",  "/ui/reviews/",                            None,                    "302 200 200 200"),
+    ("POST", "/ui/reviews/open",                        {"reason": "audit asked"},
+                                                                                 "302 403 403 302"),
     ("GET",  "/ui/reviews/mine/",                       None,                    "302 200 200 200"),
     ("GET",  "/ui/reviews/{campaign}/",                 None,                    "302 200 200 200"),
     # The item is dave's; bob approved the grant, so he may not re-certify it.

@@ -189,6 +189,14 @@ class CommentForm(StrictForm):
     comment = forms.CharField(max_length=2000, strip=True)
 
 
+class ReviewOpenForm(StrictForm):
+    """An on-demand campaign: why, optionally one agent's grants, optionally when due."""
+
+    reason = forms.CharField(max_length=1000, strip=True)
+    agent = forms.CharField(max_length=100, required=False)
+    due_days = forms.IntegerField(min_value=1, max_value=365, required=False)
+
+
 class ReviewDecideForm(StrictForm):
     decision = forms.ChoiceField(
         choices=[("keep", "keep"), ("narrow", "narrow"), ("revoke", "revoke")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -186,11 +187,41 @@ def review_campaigns(request: HttpRequest) -> HttpResponse:
     for c in rows:
         c.decided = c.total - c.pending  # type: ignore[attr-defined]
         c.overdue = c.status == "open" and c.due_at <= now and c.pending  # type: ignore[attr-defined]
-    return render(
-        request,
-        "ui/reviews.html",
-        {"campaigns": rows, "mine": len(selectors.review_items_for(request.user, now))},
+    context = {
+        "campaigns": rows,
+        "mine": len(selectors.review_items_for(request.user, now)),
+        "agent_names": Agent.objects.order_by("name").values_list("name", flat=True),
+        "default_due_days": settings.REVIEW_DUE.days,
+    }
+    return render(request, "ui/reviews.html", context)
+
+
+@require("admin")
+@require_POST
+def review_campaign_open(request: HttpRequest) -> HttpResponse:
+    """Admins open a campaign on demand (the schedule opens the periodic ones)."""
+    form = forms.ReviewOpenForm(request.POST)
+    if not form.is_valid():
+        return common.invalid(request, form)
+    data = form.cleaned_data
+    agent = common.one(Agent.objects.all(), name=data["agent"]) if data.get("agent") else None
+    at = timezone.now()
+    try:
+        campaign = review_services.review_campaign_open(
+            kind=ReviewCampaign.Kind.ON_DEMAND,
+            reason=data["reason"],
+            agent=agent,
+            opened_by=request.user,
+            due_at=at + timedelta(days=data["due_days"]) if data.get("due_days") else None,
+            actor=common.actor(request),
+            at=at,
+        )
+    except GovernanceError as exc:
+        return common.failed(request, exc)
+    messages.success(
+        request, f"Campaign #{campaign.pk} is open with {campaign.items.count()} item(s)."
     )
+    return redirect("ui:review-campaign", campaign.pk)
 
 
 @require("read")

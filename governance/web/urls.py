@@ -58,6 +58,7 @@ urlpatterns = [
         name="second-look-decide",
     ),
     path("reviews/", lifecycle.review_campaigns, name="reviews"),
+    path("reviews/open", lifecycle.review_campaign_open, name="review-open"),
     path("reviews/mine/", lifecycle.review_mine, name="reviews-mine"),
     path("reviews/<int:pk>/", lifecycle.review_campaign, name="review-campaign"),
     path("reviews/items/<int:pk>/decide", lifecycle.review_item_decide, name="review-decide"),
