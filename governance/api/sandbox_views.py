@@ -30,9 +30,11 @@ from governance.api.auth import IsAgent
 from governance.api.serializers import (
     Declared,
     JSONObjectField,
+    LimitsIn,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
+    StrictNumberField,
     StrictSerializer,
     _is_text,
     exact_char,
@@ -55,15 +57,6 @@ EGRESS_REASONS = (
 )
 
 
-class StrictNumberField(serializers.FloatField):
-    """A JSON number, not a string of digits or a boolean."""
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
 def _sha256(**kw: Any) -> StrictCharField:
     return StrictCharField(
         max_length=64,
@@ -77,15 +70,6 @@ def _sha256(**kw: Any) -> StrictCharField:
 def _is_sha256(value: str) -> None:
     if value and not SHA256.fullmatch(value):
         raise serializers.ValidationError("Not a lower-case hex SHA-256.")
-
-
-class LimitsIn(StrictSerializer):
-    memory_mb = StrictIntegerField(min_value=1, max_value=1 << 20, required=False, allow_null=True)
-    cpus = StrictNumberField(min_value=0.01, max_value=1024, required=False, allow_null=True)
-    pids = StrictIntegerField(min_value=1, max_value=1 << 22, required=False, allow_null=True)
-    wall_seconds = StrictIntegerField(
-        min_value=1, max_value=7 * 86400, required=False, allow_null=True
-    )
 
 
 class StrictUUIDField(serializers.UUIDField):

@@ -181,6 +181,15 @@ class StrictIntegerField(Declared, serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictNumberField(serializers.FloatField):
+    """A JSON number, not a string of digits or a boolean."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictBooleanField(serializers.BooleanField):
     """true or false, not "yes", 1 or "on"."""
 
@@ -389,6 +398,17 @@ def _actions(**kw: Any) -> DeclaredListField:
     )
 
 
+class LimitsIn(StrictSerializer):
+    """Code-execution ceilings: a grant's (requested with it) or a sandbox run's."""
+
+    memory_mb = StrictIntegerField(min_value=1, max_value=1 << 20, required=False, allow_null=True)
+    cpus = StrictNumberField(min_value=0.01, max_value=1024, required=False, allow_null=True)
+    pids = StrictIntegerField(min_value=1, max_value=1 << 22, required=False, allow_null=True)
+    wall_seconds = StrictIntegerField(
+        min_value=1, max_value=7 * 86400, required=False, allow_null=True
+    )
+
+
 class GrantRequestIn(StrictSerializer):
     agent = exact_char(max_length=100, required=False, help_text="Humans only: whose grant")
     tool = exact_char(max_length=100)
@@ -413,6 +433,9 @@ class GrantRequestIn(StrictSerializer):
         declared={"items": {"pattern": EGRESS_PATTERN}},
     )
     delegable = StrictBooleanField(required=False, default=False)
+    # For code execution: the most a sandbox run under this grant may ask for; a key
+    # left out takes the runner's floor.
+    limits = LimitsIn(required=False, allow_null=True)
 
 
 class DelegationIn(StrictSerializer):

@@ -306,6 +306,7 @@ class GrantRequestListView(APIView):
             scope=data["scope"],
             fields=data["fields"],
             egress=data["egress"],
+            limits={k: v for k, v in (data.get("limits") or {}).items() if v is not None},
             delegable=data["delegable"],
             duration=timedelta(seconds=data["duration_seconds"]),
             justification=data["justification"],

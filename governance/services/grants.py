@@ -168,11 +168,19 @@ def grant_request(
 
 
 def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
+    """The grant's code-execution ceilings as columns: cpus a positive number, the rest
+    positive whole numbers (under 2**31: 32-bit columns on PostgreSQL)."""
     limits = limits or {}
     allowed = {"cpus", "memory_mb", "pids", "wall_seconds"}
     unknown = set(limits) - allowed
     if unknown:
         raise GovernanceError("invalid_limits", f"Unknown limits: {', '.join(sorted(unknown))}.")
+    for key, value in limits.items():
+        kind = (int, float) if key == "cpus" else (int,)
+        if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < 2**31:
+            raise GovernanceError(
+                "invalid_limits", f"The {key} limit must be a positive number, got {value!r}."
+            )
     return {f"limit_{k}": v for k, v in limits.items()}
 
 
