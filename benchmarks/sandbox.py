@@ -182,9 +182,9 @@ def main() -> int:
         phase = phases[backend]
         phase["backend check"].append(m["authorize_in"] - t0)
         phase["authorize + record"].append(m["authorize_out"] - m["authorize_in"])
-        phase["workdir + create + start"].append(m["started_in"] - m["authorize_out"])
+        phase["workdir + create (held)"].append(m["started_in"] - m["authorize_out"])
         phase["record started"].append(m["started_out"] - m["started_in"])
-        phase["run to exit + teardown"].append(m["finished_in"] - m["started_out"])
+        phase["release, run to exit, teardown"].append(m["finished_in"] - m["started_out"])
         phase["record finished"].append(m["finished_out"] - m["finished_in"])
         return t1 - t0
 
@@ -258,7 +258,7 @@ def main() -> int:
     for backend, parts in phases.items():
         print(f"\nwhere runner/{backend} spends its time (p50 ms per phase):")
         for phase, values in parts.items():
-            print(f"  {phase:28} {statistics.median(values) * 1000:7.1f}")
+            print(f"  {phase:32} {statistics.median(values) * 1000:7.1f}")
     shutil.rmtree(bare_dir, ignore_errors=True)
     return 0
 
