@@ -197,19 +197,24 @@ _MAIN_QUERY = {
     ),
 }
 
-# Every ancestor of a delegated grant, nearest first. Depth-capped so a
-# corrupted cycle cannot loop forever.
+# Every ancestor of a delegated grant, nearest first, with its holder's status: a
+# parent agent's suspension (the kill switch) ends what it handed down. Depth-capped
+# so a corrupted cycle cannot loop forever.
 _ANCESTORS_QUERY = """
-WITH RECURSIVE chain(id, parent_id, status, starts_at, expires_at, revoked_at, depth) AS (
-    SELECT p.id, p.delegated_from_id, p.status, p.starts_at, p.expires_at, p.revoked_at, 1
+WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, revoked_at,
+                     depth) AS (
+    SELECT p.id, p.delegated_from_id, p.agent_id, p.status, p.starts_at, p.expires_at,
+           p.revoked_at, 1
     FROM governance_grant p WHERE p.id = %s
     UNION ALL
-    SELECT p.id, p.delegated_from_id, p.status, p.starts_at, p.expires_at, p.revoked_at,
-           chain.depth + 1
+    SELECT p.id, p.delegated_from_id, p.agent_id, p.status, p.starts_at, p.expires_at,
+           p.revoked_at, chain.depth + 1
     FROM governance_grant p JOIN chain ON p.id = chain.parent_id
     WHERE chain.depth < 32
 )
-SELECT status, starts_at, expires_at, revoked_at FROM chain ORDER BY depth
+SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status
+FROM chain JOIN governance_agent a ON a.id = chain.agent_id
+ORDER BY chain.depth
 """
 
 _APPROVAL_QUERY = """
@@ -248,7 +253,12 @@ _DEAD_PRECEDENCE = (Reason.GRANT_REVOKED, Reason.GRANT_EXPIRED, Reason.GRANT_NOT
 
 
 def _ancestors_reason(parent_id: int, at: int) -> Reason | None:
-    for status, starts, expires, revoked in db.query(_ANCESTORS_QUERY, [parent_id], "stt" + "t"):
+    """Why a delegated grant is dead because of an ancestor, or None. An ancestor
+    that was refused, or whose agent is suspended, cuts the chain: `grant_revoked`."""
+    rows = db.query(_ANCESTORS_QUERY, [parent_id], "sttts")
+    for status, starts, expires, revoked, agent_status in rows:
+        if agent_status != "active":
+            return Reason.GRANT_REVOKED
         reason = _window_reason(status, starts, expires, revoked, at)
         if reason is not None:
             return Reason.GRANT_REVOKED if reason == Reason.NO_GRANT else reason

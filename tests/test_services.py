@@ -200,6 +200,26 @@ def delegate(parent, child, **kw):
     return grants.grant_delegate(**args)
 
 
+def test_suspending_the_parent_agent_ends_what_it_delegated(family, system):
+    """The kill switch reaches every grant handed down from the suspended agent's,
+    for calls and for every question about the grant (the reaper, reports)."""
+    from governance.policy import grant_dead_reason
+
+    parent, child, _, _ = family
+    handed_down = delegate(parent, child)
+    ask = {"agent": "child", "tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    assert access.access_check(at=NOW, **ask).allowed
+    assert grant_dead_reason(handed_down.pk, NOW) is None
+    agents.agent_suspend(agent=parent.agent, reason="compromised", actor=system, at=NOW)
+    result = access.access_check(at=NOW, **ask)
+    assert (result.decision, result.reason) == ("deny", "grant_revoked")
+    event = last_event()
+    assert str(event.uid) == result.decision_id and (event.agent, event.reason) == (
+        "child", "grant_revoked",
+    )  # fmt: skip
+    assert grant_dead_reason(handed_down.pk, NOW) == "grant_revoked"
+
+
 def test_a_subagent_gets_a_narrower_copy(family):
     parent, child, _, _ = family
     grant = delegate(parent, child)
