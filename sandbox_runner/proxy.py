@@ -32,6 +32,7 @@ LISTEN_PORT = 3128
 MAX_HEADER = 16 * 1024
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
+MAX_HANDLERS = 32  # connections served at once
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -148,6 +149,7 @@ class EgressProxy:
         self._threads: list[threading.Thread] = []
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
         self._stopped = threading.Event()
 
     def bind_in(self, pid: int) -> None:
@@ -160,15 +162,26 @@ class EgressProxy:
     def _serve(self) -> None:
         assert self.sock is not None
         while not self._stopped.is_set():
+            # At most MAX_HANDLERS connections are served at once; the rest wait in the
+            # listen backlog (a flood from the sandbox cannot grow the runner's threads).
+            self._slots.acquire()
             try:
                 conn, _ = self.sock.accept()
             except OSError:
+                self._slots.release()
                 return
-            thread = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            thread = threading.Thread(target=self._handle_in_slot, args=(conn,), daemon=True)
             with self._lock:
                 self._open.add(conn)
+                self._threads = [t for t in self._threads if t.is_alive()]
                 self._threads.append(thread)
             thread.start()
+
+    def _handle_in_slot(self, conn: socket.socket) -> None:
+        try:
+            self._handle(conn)
+        finally:
+            self._slots.release()
 
     def _handle(self, conn: socket.socket) -> None:
         upstream: socket.socket | None = None

@@ -55,6 +55,8 @@ EXIT_FOR_OUTCOME = {
     "malformed": EXIT_MALFORMED,
 }
 POLL = 0.05  # seconds between deadline checks and egress-record flushes
+EGRESS_BATCH = 32  # egress attempts recorded per turn of the runner's loop
+MAX_EGRESS_ATTEMPTS = 1000  # per run; past it the run is stopped (a flood, not work)
 
 
 @dataclass
@@ -176,7 +178,13 @@ def execute(
             on_started(spec, handle)
         while not watch.exited.is_set():
             watch.wake.clear()  # set again by the exit or by an egress attempt
-            egress.flush(authorizer, spec)
+            # A bounded batch per turn: a flood of attempts cannot keep the deadline
+            # check below from running.
+            egress.flush(authorizer, spec, limit=EGRESS_BATCH)
+            if egress.flooded and not result.error:
+                result.error = f"over {MAX_EGRESS_ATTEMPTS} egress attempts: stopped"
+                _say(result.error)
+                handle.kill()
             remaining = deadline - time.time()
             if remaining <= 0 and not result.timed_out:
                 handle.kill()  # SIGKILL at the deadline, not a polite stop
@@ -307,6 +315,8 @@ class _EgressLog:
         self._lock = threading.Lock()
         self._closed = False
         self._error: BaseException | None = None
+        self._count = 0
+        self.flooded = False  # more than MAX_EGRESS_ATTEMPTS: the runner stops the run
 
     def record(self, decision: EgressDecision) -> None:
         """Proxy side: returns once on record; raises EgressNotRecorded otherwise."""
@@ -314,6 +324,11 @@ class _EgressLog:
         with self._lock:
             if self._closed:
                 raise EgressNotRecorded("the run is over")
+            if self._count >= MAX_EGRESS_ATTEMPTS:
+                self.flooded = True
+                self._wake.set()
+                raise EgressNotRecorded(f"over {MAX_EGRESS_ATTEMPTS} attempts in this run")
+            self._count += 1
             self._pending.put(attempt)
         self._wake.set()
         if not attempt.done.wait(self.WAIT):
@@ -321,13 +336,19 @@ class _EgressLog:
         if attempt.error is not None:
             raise EgressNotRecorded(str(attempt.error))
 
-    def flush(self, authorizer: Authorizer, spec: RunSpec) -> None:
-        """Runner side: record every waiting attempt, in order."""
+    def flush(self, authorizer: Authorizer, spec: RunSpec, limit: int | None = None) -> None:
+        """Runner side: record the waiting attempts, in order (at most `limit`; the
+        loop is woken again if more are waiting)."""
+        done = 0
         while True:
+            if limit is not None and done >= limit:
+                self._wake.set()
+                return
             try:
                 attempt = self._pending.get_nowait()
             except queue.Empty:
                 return
+            done += 1
             try:
                 authorizer.egress(spec, attempt.decision)
             except BaseException as exc:

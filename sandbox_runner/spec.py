@@ -44,6 +44,8 @@ class Limits:
 # The runner's floor: what a grant without explicit limits gets.
 DEFAULT_LIMITS = Limits(memory_mb=256, cpus=1.0, pids=64, wall_seconds=60)
 LIMIT_NAMES = ("memory_mb", "cpus", "pids", "wall_seconds")
+# The smallest value each limit can be enforced at (Docker: 0.01 CPUs, 6 MiB).
+LIMIT_MIN = {"memory_mb": 6, "cpus": 0.01, "pids": 1, "wall_seconds": 1}
 
 
 @dataclass(frozen=True)
@@ -121,13 +123,18 @@ def effective(
         cap = getattr(DEFAULT_LIMITS, name) if cap is None else cap
         asked = spec.limits.get(name)
         if asked is None:
-            values[name] = cap
-        elif not asked > 0:
-            raise OverCeiling(f"{name} must be positive (asked {asked})")
+            value = cap
         elif asked > cap:
             raise OverCeiling(f"{name} {asked} is above the grant's {cap}")
         else:
-            values[name] = asked
+            value = asked
+        # Below its smallest enforceable value a limit would become "no limit" on the
+        # way down (Docker reads 0 nano-CPUs, 0 pids or 0 bytes as unlimited).
+        whole = name != "cpus"
+        if isinstance(value, bool) or (whole and value != int(value)) or value < LIMIT_MIN[name]:
+            kind = "a whole number" if whole else "a number"
+            raise OverCeiling(f"{name} must be {kind} of at least {LIMIT_MIN[name]} (got {value})")
+        values[name] = value
     limits = Limits(
         memory_mb=int(values["memory_mb"]),
         cpus=float(values["cpus"]),

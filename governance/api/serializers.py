@@ -401,7 +401,7 @@ def _actions(**kw: Any) -> DeclaredListField:
 class LimitsIn(StrictSerializer):
     """Code-execution ceilings: a grant's (requested with it) or a sandbox run's."""
 
-    memory_mb = StrictIntegerField(min_value=1, max_value=1 << 20, required=False, allow_null=True)
+    memory_mb = StrictIntegerField(min_value=6, max_value=1 << 20, required=False, allow_null=True)
     cpus = StrictNumberField(min_value=0.01, max_value=1024, required=False, allow_null=True)
     pids = StrictIntegerField(min_value=1, max_value=1 << 22, required=False, allow_null=True)
     wall_seconds = StrictIntegerField(

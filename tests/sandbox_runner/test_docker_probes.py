@@ -197,6 +197,11 @@ def test_approval_pending_starts_no_container(
         ({"pids": 1000}, None, "pids 1000 is above the grant's 64"),
         ({"wall_seconds": 61}, None, "wall_seconds 61 is above the grant's 60"),
         ({}, ("127.0.0.1:9",), "egress to 127.0.0.1:9 is not in the grant"),
+        # Below what can be enforced: Docker would read 0 nano-CPUs / 0 pids as unlimited.
+        ({"cpus": 1e-10}, None, "cpus must be a number of at least 0.01 (got 1e-10)"),
+        ({"pids": 0.5}, None, "pids must be a whole number of at least 1 (got 0.5)"),
+        ({"memory_mb": 2}, None, "memory_mb must be a whole number of at least 6 (got 2)"),
+        ({"cpus": -1}, None, "cpus must be a number of at least 0.01 (got -1)"),
     ],
 )
 def test_a_request_above_the_grant_is_denied_not_lowered(

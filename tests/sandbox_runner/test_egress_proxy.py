@@ -196,3 +196,40 @@ def test_an_attempt_that_cannot_be_recorded_never_connects_and_fails_the_run(
     assert not [e for e in AuditEvent.objects.all() if e.event_type.startswith("sandbox.egress")]
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.started"]
     assert leftovers(backend, spec.run_id) == []
+
+
+FLOOD = """
+import socket
+while True:  # junk attempts through the proxy, as fast as it answers, until stopped
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    s.sendall(b"x\\r\\n\\r\\n")
+    s.recv(1024)
+    s.close()
+"""
+
+
+def test_a_flood_of_egress_attempts_stops_the_run_with_each_recorded_one_logged(
+    backend, code_exec, spec_for, servers, monkeypatch
+):
+    """Attempts are recorded in bounded batches (the deadline check still runs), and
+    past MAX_EGRESS_ATTEMPTS the run is stopped: a flood cannot outlast its deadline or
+    grow the audit log without bound."""
+    from sandbox_runner import runner
+
+    a, _ = servers
+    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
+    if backend == "gvisor":
+        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+        return
+    monkeypatch.setattr(runner, "MAX_EGRESS_ATTEMPTS", 25)
+    spec = spec_for(FLOOD, backend=backend, limits={"wall_seconds": 30})
+    outcome, _, err = run(spec)
+    record = run_record(spec.run_id)
+    assert "over 25 egress attempts: stopped" in record.error, err
+    assert not record.timed_out  # stopped by the cap, long before its deadline
+    assert outcome.exit_code != 0
+    logged = AuditEvent.objects.filter(event_type="sandbox.egress.denied")
+    assert logged.count() == 25
+    assert {json.loads(e.data)["run_id"] for e in logged} == {spec.run_id}
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+    assert leftovers(backend, spec.run_id) == []
