@@ -24,6 +24,7 @@ import contextlib
 import os
 import queue
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -81,6 +82,7 @@ def prepare_workdir(spec: RunSpec) -> Path:
     """
     root = workdir_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    _check_root(root)
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{spec.run_id}-", dir=root))
     # Traversable, not listable: the engine (and bwrap as uid 1000) reach the mounts.
     os.chmod(workdir, 0o711)  # noqa: S103
@@ -96,6 +98,24 @@ def prepare_workdir(spec: RunSpec) -> Path:
             path.write_bytes(data)
             path.chmod(0o444)
     return workdir
+
+
+class UnsafeWorkdir(RuntimeError):
+    """The work directory root could be changed by someone else: nothing is run."""
+
+
+def _check_root(root: Path) -> None:
+    """The root that holds every run's directory must be a real directory of ours that
+    nobody else may write: it lives under a shared /tmp by default, and whoever can
+    rename entries in it could swap a run's directory for a symlink before the
+    runner (often root) writes the script, chowns the scratch or mounts it."""
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeWorkdir(f"{root} is not a directory (a symlink?): refusing to run")
+    if st.st_uid != os.geteuid():
+        raise UnsafeWorkdir(f"{root} belongs to uid {st.st_uid}, not to the runner: refusing")
+    if st.st_mode & 0o022:
+        raise UnsafeWorkdir(f"{root} is writable by others: refusing (chmod go-w it)")
 
 
 def _tee(sink: BinaryIO | None, captured: Callable[[bytes], None]) -> Callable[[bytes], None]:
@@ -149,6 +169,17 @@ def execute(
     proxy = EgressProxy(auth.egress, report=egress.record) if auth.egress else None
     try:
         workdir = prepare_workdir(spec)
+    except Exception as exc:  # nothing was started: record why, as a failed start
+        watch.cancel()
+        backend.discard()
+        result.error = f"the run's files could not be prepared: {exc}"
+        _say(result.error)
+        try:
+            authorizer.finished(spec, auth, result)
+        except Exception as record_exc:
+            _say(f"the run's outcome could not be recorded: {record_exc}")
+            return Outcome(EXIT_ERROR, auth, result)
+        return Outcome(EXIT_BACKEND, auth, result)
     except BaseException:
         watch.cancel()
         backend.discard()
