@@ -103,6 +103,23 @@ def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None
     return host, int(port)
 
 
+# Dropped from a forwarded request: the proxy sets Host and Connection itself.
+_HOP_HEADERS = {b"host", b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization"}
+
+
+def _pinned_headers(rest: bytes, host: str, port: int) -> bytes:
+    """The request's header block with Host set to the checked destination and
+    `Connection: close`; `rest` is the header lines after the request line, ending
+    with the blank line."""
+    lines = [line for line in rest.split(b"\r\n") if line]
+    kept = [line for line in lines if line.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
+    authority = f"[{host}]" if ":" in host else host
+    if port != 80:
+        authority += f":{port}"
+    kept += [f"Host: {authority}".encode("latin-1"), b"Connection: close"]
+    return b"\r\n".join(kept) + b"\r\n\r\n"
+
+
 _STATUS = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
@@ -231,9 +248,13 @@ class EgressProxy:
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 upstream.sendall(early)
             else:
-                # Origin-form to the server; the rest of the request passes as is.
+                # Origin-form to the server, for the checked host only: Host is the
+                # allowed one (no other virtual host behind the same address) and the
+                # server closes after this one request (no second request, to any Host,
+                # down an already-checked connection). Other headers pass as they are.
                 request_line = f"{method} {path or '/'} {version}\r\n".encode("latin-1")
-                upstream.sendall(request_line + rest + early)
+                headers = _pinned_headers(rest, decision.host, decision.port)
+                upstream.sendall(request_line + headers + early)
             conn.settimeout(None)
             upstream.settimeout(None)
             _pipe(conn, upstream)

@@ -79,9 +79,16 @@ def test_an_allowed_plain_request_goes_out_in_origin_form(upstream):
     reports = []
     proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
     answer = ask(
-        proxy, f"GET http://127.0.0.1:{upstream}/p?q=1 HTTP/1.1\r\nHost: h\r\n\r\n".encode()
+        proxy,
+        f"GET http://127.0.0.1:{upstream}/p?q=1 HTTP/1.1\r\nAccept: */*\r\n\r\n".encode(),
     )
-    assert answer == b"echo:GET /p?q=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+    assert (
+        answer
+        == (
+            f"echo:GET /p?q=1 HTTP/1.1\r\nAccept: */*\r\nHost: 127.0.0.1:{upstream}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+    )
     assert len(reports) == 1 and reports[0].allowed
 
 
@@ -117,3 +124,23 @@ def test_an_attempt_that_cannot_be_recorded_is_refused_before_connecting(upstrea
     assert answer.startswith(b"HTTP/1.1 503 ")
     assert b"could not be recorded" in answer
     assert order == []  # nothing went out
+
+
+def test_a_plain_request_goes_to_the_checked_host_only(upstream):
+    """A forged Host (another virtual host behind the allowed address) is replaced by
+    the checked one, and keep-alive is refused: the server closes after this request."""
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=lambda d: None)
+    answer = ask(
+        proxy,
+        (
+            f"GET http://127.0.0.1:{upstream}/a HTTP/1.1\r\nHost: internal.example\r\n"
+            "Connection: keep-alive\r\nProxy-Connection: keep-alive\r\nX-Kept: yes\r\n\r\n"
+        ).encode(),
+    )
+    assert (
+        answer
+        == (
+            f"echo:GET /a HTTP/1.1\r\nX-Kept: yes\r\nHost: 127.0.0.1:{upstream}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+    )
