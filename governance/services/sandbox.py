@@ -487,4 +487,18 @@ def reap_all(client: Any = None) -> list[tuple[str, str]]:
         except SandboxRun.DoesNotExist:
             pass  # a container with a run id we never recorded: killed, nothing to mark
 
-    return reaper.reap(client, why, record, workdir_root())
+    reaped = reaper.reap(client, why, record, workdir_root())
+    # A container run still "running" past its deadline after that pass has no
+    # container here any more (it would have been killed and marked just now): its
+    # runner died, or could not record the end (e.g. a refused egress record), and
+    # nobody else will close it.
+    at = timezone.now()
+    stale = SandboxRun.objects.filter(
+        backend__in=["docker", "gvisor"],
+        status=SandboxRun.Status.RUNNING,
+        deadline_at__lt=at - ORPHAN_GRACE,
+    )
+    for run_id in stale.values_list("run_id", flat=True):
+        if run_reaped(run_id=str(run_id), why="runner_gone", actor=actor, at=at):
+            reaped.append((str(run_id), "runner_gone"))
+    return reaped

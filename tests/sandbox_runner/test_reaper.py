@@ -216,3 +216,34 @@ def test_a_run_its_runner_left_held_is_closed_and_its_processes_killed(code_exec
     assert run_record(spec.run_id).status == "reaped"
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.reaped"]
     assert reap_orphans(at=at + HELD_GRACE * 2) == [], "closed once"
+
+
+@pytest.mark.django_db
+def test_a_container_run_left_running_without_its_container_is_closed(
+    docker_client, code_exec, spec_for
+):
+    """Its runner recorded the start, then died or could not record the end, and the
+    container is gone: the next pass closes the run as runner_gone, once."""
+    from governance.services.sandbox import run_request, run_started
+
+    code_exec.grant()
+    spec = spec_for("print(1)")
+    now = datetime.now(UTC)
+    assert run_request(spec=spec, at=now).allowed
+    deadline = (now - ORPHAN_GRACE - timedelta(seconds=1)).timestamp()
+    run_started(
+        run_id=spec.run_id, container_id="gone", image_digest="sha256:x",
+        deadline=deadline, enforcement={}, at=now,
+    )  # fmt: skip
+    fresh = spec_for("print(2)")
+    assert run_request(spec=fresh, at=now).allowed
+    run_started(
+        run_id=fresh.run_id, container_id="alive-elsewhere", image_digest="sha256:x",
+        deadline=now.timestamp() + 60, enforcement={}, at=now,
+    )  # fmt: skip
+    assert (spec.run_id, "runner_gone") in reap_all(docker_client)
+    assert run_record(spec.run_id).status == "reaped"
+    assert run_record(fresh.run_id).status == "running"  # before its deadline: left alone
+    reaped = AuditEvent.objects.filter(event_type="sandbox.run.reaped")
+    assert [json.loads(e.data)["run_id"] for e in reaped] == [spec.run_id]
+    assert (spec.run_id, "runner_gone") not in reap_all(docker_client)  # once
