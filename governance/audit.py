@@ -73,11 +73,28 @@ class Actor:
 
 # --- Masking -----------------------------------------------------------------
 
-SECRET_KEY_NAMES = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|api[_-]?key|apikey|authori[sz]ation|credential"
-    r"|private[_-]?key|cookie|session|ssn|card[_-]?number|cvv",
-    re.IGNORECASE,
+# A key is secret by its words, not by any substring: `db_pass`, `apiKey`, `X-Auth-Token`
+# and `csrftoken` are; `bypass`, `compass` and `tokenizer` are not (masking those would
+# hide from an approver exactly the part of a call that matters).
+SECRET_KEY_WORDS = frozenset(
+    "pass password passwd passphrase secret secrets token tokens authorization "
+    "authorisation credential credentials cookie cookies session ssn cvv".split()
 )
+SECRET_KEY_ENDINGS = (
+    "password", "passwd", "passphrase", "secret", "token", "apikey", "privatekey",
+    "cardnumber", "credential", "credentials", "cookie",
+)  # fmt: skip
+_KEY_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def secret_key_name(key: str) -> bool:
+    words = [w.lower() for w in _KEY_WORD.findall(key)]
+    if any(w in SECRET_KEY_WORDS for w in words):
+        return True
+    joined = "".join(words)
+    return any(w.endswith(SECRET_KEY_ENDINGS) for w in (*words, joined))
+
+
 SECRET_VALUES = re.compile(
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----|$)"
     r"|\bBearer\s+\S+"
@@ -116,7 +133,7 @@ def mask(value: Any, depth: int = 0) -> Any:
         return "[too deep]"
     if isinstance(value, Mapping):
         return {
-            str(k): "[masked]" if SECRET_KEY_NAMES.search(str(k)) else mask(v, depth + 1)
+            str(k): "[masked]" if secret_key_name(str(k)) else mask(v, depth + 1)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):

@@ -383,3 +383,28 @@ def test_secrets_and_pii_are_masked_and_the_full_arguments_hashed(chain):
     # An auditor holding the key can confirm the exact arguments.
     assert event.arguments_hash == audit.arguments_digest(arguments)
     assert event.arguments_hash != audit.arguments_digest({**arguments, "password": "other"})
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["db_pass", "apiKey", "x-api-key", "X-Auth-Token", "csrftoken", "accessToken",
+     "privateKey", "card_number", "sessionId", "client_secret", "AWS_SECRET_ACCESS_KEY"],
+)  # fmt: skip
+def test_secret_key_names_are_masked_by_their_words(chain, key):
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW,
+        arguments={key: "s3cr3t-value", "branch": "main"},
+    )  # fmt: skip
+    stored = json.loads(AuditEvent.objects.get(uid=result.decision_id).arguments)
+    assert stored == {key: "[masked]", "branch": "main"}
+
+
+def test_a_key_that_only_contains_a_secret_word_is_not_masked(chain):
+    """`bypass` holds `pass`, `compass` too: masking them would hide from the log (and
+    from an approver) exactly the part of a call that matters."""
+    arguments = {"bypass": {"branch": "main", "force": True}, "compass": "north", "tokenizer": "x"}
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    stored = json.loads(AuditEvent.objects.get(uid=result.decision_id).arguments)
+    assert stored == arguments

@@ -122,6 +122,21 @@ def test_the_approvals_inbox_shows_masked_arguments_and_time_left() -> None:
     assert world.approval.arguments_preview == {"force": True, "token": "[masked]"}
 
 
+def test_a_call_too_long_to_preview_is_flagged_to_the_approver() -> None:
+    """The caller controls what a cut preview leaves out (keys sort, padding pushes the
+    rest off): the approver is told the preview is not the whole call."""
+    ui_world.build()
+    padded = {"aaa": "x" * 9000, "branch": "main", "force": True}
+    pending = access.access_check(
+        agent="bot-a", tool="repo", action="delete", scope="repo:acme/old/2",
+        arguments=padded, at=timezone.now(),
+    )  # fmt: skip
+    assert pending.decision == "approval_required"
+    body = ui_world.signed_in("approver").get("/ui/inbox/approvals/").content.decode()
+    assert "Too long to show in full" in body
+    assert body.count("Too long to show in full") == 1  # only that request is flagged
+
+
 def test_approving_a_destructive_call_lets_exactly_that_call_through_once() -> None:
     world = ui_world.build()
     client = ui_world.signed_in("approver")

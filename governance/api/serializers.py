@@ -319,6 +319,9 @@ class ApprovalOut(serializers.Serializer):
     scope = serializers.CharField()
     task = serializers.CharField(source="task.key", allow_null=True, default=None)
     arguments_hash = serializers.CharField()
+    # What would run, secrets and PII masked (as in the audit event): what an approver
+    # is asked to approve. A long call is cut, and says so (`_truncated`).
+    arguments_preview = serializers.DictField()
     status = serializers.CharField()
     requested_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()

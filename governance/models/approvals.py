@@ -67,3 +67,9 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"approval {self.id} ({self.status})"
+
+    @property
+    def preview_truncated(self) -> bool:
+        """The preview is only the start of a call too long to show (audit's cut)."""
+        preview = self.arguments_preview
+        return isinstance(preview, dict) and bool(preview.get("_truncated"))
