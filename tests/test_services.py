@@ -416,6 +416,38 @@ def test_a_grant_event_carries_the_whole_action_list(bot, make_tool, make_grant,
     assert json.loads(revoked.data)["actions"] == ["read", "create", "update", "delete"]
 
 
+def test_nobody_behind_a_delegation_confirms_the_subagents_destructive_call(
+    make_agent, repo, make_grant, alice, bob, system
+):
+    """alice owns the parent agent and asked for its grant; the subagent belongs to
+    carol. alice may not confirm the subagent's delete (she is behind the grant it
+    acts under), nor may carol (its owner); bob, with no stake, may."""
+    from django.contrib.auth.models import User
+
+    from governance.services import approvals
+
+    carol = User.objects.create_user("carol")
+    parent = make_agent("parent")
+    child = make_agent("child", parent=parent, owner=carol)
+    granted = make_grant(parent, repo, ("read", "delete"), "repo:acme/*", delegable=True)
+    delegate(granted, child, actions=["delete"], scope="repo:acme/api/*")
+    pending = access.access_check(
+        agent="child", tool="repo", action="delete", scope="repo:acme/api/x", at=NOW
+    )
+    assert pending.decision == "approval_required"
+    for person in (alice, carol):
+        with pytest.raises(Forbidden) as refused:
+            approvals.approval_approve(
+                approval_id=pending.approval_id, approver=person, actor=Actor.user(person), at=NOW
+            )
+        assert refused.value.code == "self_approval"
+    assert last_event().event_type == "access.approval_required"  # nothing decided
+    approvals.approval_approve(
+        approval_id=pending.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+    assert last_event().event_type == "approval.approved" and last_event().actor == "user:bob"
+
+
 def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, make_grant, system):
     make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
     pending = access.access_check(

@@ -10,7 +10,7 @@ from django.db import transaction
 from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
-from governance.models import Approval
+from governance.models import Agent, Approval, Grant
 from governance.services.claims import claim_each
 
 
@@ -34,6 +34,28 @@ def _event(
     )
 
 
+def _interested(approval: Approval) -> set[Any]:
+    """Who may not confirm this call: the agent's owner and the owners of the agents
+    above it (a parent controls its subagents), and, up a delegated grant's chain,
+    every grant's requester and holder's owner (a delegated grant has no human
+    requester of its own: the person behind it asked for the parent)."""
+    users = set()
+    agent: Agent | None = approval.agent
+    for _ in range(32):  # bounded, as the delegation walk is
+        if agent is None:
+            break
+        users.add(agent.owner_id)
+        agent = agent.parent
+    grant: Grant | None = approval.grant
+    for _ in range(32):
+        if grant is None:
+            break
+        users.update((grant.requested_by_id, grant.agent.owner_id))
+        grant = grant.delegated_from
+    users.discard(None)
+    return users
+
+
 def _decide(
     *, approval_id: Any, approver: Any, approve: bool, reason: str, actor: audit.Actor, at: datetime
 ) -> Approval:
@@ -45,8 +67,8 @@ def _decide(
         )
         if approval.status != Approval.Status.PENDING or approval.expires_at <= at:
             raise Conflict("not_pending", f"The approval is {approval.status}, not pending.")
-        # The agent's owner, or whoever requested its grant, does not confirm its calls.
-        if approver.pk in (approval.agent.owner_id, approval.grant.requested_by_id):
+        # Nobody with a stake in the call confirms it (separation of duties).
+        if approver.pk in _interested(approval):
             raise Forbidden("self_approval", "Nobody approves their own agent's action.")
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
         approval.decided_by = approver
