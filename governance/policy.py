@@ -39,9 +39,10 @@ MAX_NAME_LEN = 100
 
 # --- Scope matching ------------------------------------------------------------
 # Resources are `type:path/with/segments`. Matching is exact about boundaries:
-# a resource must already be canonical (no dot segments, no empty segments, no
-# percent-encoding, no backslashes, printable ASCII only), so there is no
-# second spelling of a path for a pattern to miss. Case is significant.
+# a resource must already be canonical (no dot-only segments, even before a `;`
+# parameter; no empty segments, no percent-encoding, no backslashes, printable
+# ASCII only), so there is no second spelling of a path for a pattern to miss.
+# Case is significant.
 _RESOURCE_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/-]+")
 _PATTERN_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/*-]+")
 
@@ -54,7 +55,9 @@ def _split(value: str) -> tuple[str, list[str]]:
 
 
 def _segments_ok(segments: list[str]) -> bool:
-    return all(seg not in ("", ".", "..") for seg in segments)
+    """No empty segment and none made only of dots, before any `;` parameters too:
+    `..`, `...` and `..;x` are read as "up" by some servers (`..;` by Tomcat)."""
+    return all(seg and seg.split(";", 1)[0].strip(".") for seg in segments)
 
 
 def resource_is_canonical(resource: str) -> bool:

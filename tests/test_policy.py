@@ -143,6 +143,7 @@ ROWS = [
     ("revoked_1ms_after", q(scope="repo:acme/ops/x"), R + MS, "deny", "grant_revoked"),
     ("scope_sibling_prefix", q(scope="repo:acme/api2/x"), NOW, "deny", "scope_mismatch"),
     ("scope_dot_dot", q(scope="repo:acme/api/../secrets"), NOW, "deny", "scope_mismatch"),
+    ("scope_dot_dot_param", q(scope="repo:acme/api/..;/secrets"), NOW, "deny", "scope_mismatch"),
     ("scope_dot", q(scope="repo:acme/api/./x"), NOW, "deny", "scope_mismatch"),
     ("scope_url_encoded", q(scope="repo:acme/api/%2e%2e/secrets"), NOW, "deny", "scope_mismatch"),
     ("scope_encoded_slash", q(scope="repo:acme%2fapi/x"), NOW, "deny", "scope_mismatch"),
@@ -380,6 +381,14 @@ SCOPES = [
     ("*", "anything:at/all", True),
     ("*", "bad/../path", False),
     ("repo:acme/ap*", "repo:acme/api", False),  # partial-segment wildcards are not patterns
+    # Dot-only segments, also before `;` parameters (Tomcat reads `..;` as `..`).
+    ("repo:acme/api/*", "repo:acme/api/..;/secrets", False),
+    ("repo:acme/api/*", "repo:acme/api/..;jsessionid=1/secrets", False),
+    ("repo:acme/api/*", "repo:acme/api/.../secrets", False),
+    ("repo:acme/api/*", "repo:acme/api/.;/x", False),
+    ("repo:acme/api/*", "repo:acme/api/v1.2/x", True),  # dots inside a name are fine
+    ("repo:acme/api/*", "repo:acme/api/.github/x", True),
+    ("repo:acme/api/*", "repo:acme/api/x;v=1", True),
 ]
 
 

@@ -31,11 +31,13 @@ from governance.models import Grant, Tool
 # services.agents.validate_name (agents and tools)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 # policy.pattern_is_valid: `*` alone, or segments split on `/` (after an optional
-# `kind:` prefix without `*`), none empty, `.` or `..`, `*` only as a whole segment.
-_SEG = r"(?:\*|[{c}-][{c}.-]*|\.[{c}-][{c}.-]*|\.\.[{c}.-]+)"
+# `kind:` prefix without `*`), none empty or made only of dots before any `;`
+# parameters, `*` only as a whole segment.
+_SEG = r"(?:\*|\.*[{n}-][{n}.-]*(?:;[{n};.-]*)?)"
 _PLAIN = "A-Za-z0-9_~@!$&'()+,;="  # and `-`, which goes last inside [...]
-_SEG_NO_COLON = _SEG.format(c=_PLAIN)
-_SEG_COLON = _SEG.format(c=":" + _PLAIN)
+_NO_SEMI = _PLAIN.replace(";", "")
+_SEG_NO_COLON = _SEG.format(n=_NO_SEMI)
+_SEG_COLON = _SEG.format(n=":" + _NO_SEMI)
 SCOPE_PATTERN = (
     rf"^(?:{_SEG_NO_COLON}(?:/{_SEG_NO_COLON})*|[./{_PLAIN}-]*:{_SEG_COLON}(?:/{_SEG_COLON})*)$"
 )
