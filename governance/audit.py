@@ -148,6 +148,9 @@ def mask(value: Any, depth: int = 0) -> Any:
 # What json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 # builds on every call, built once.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_DIGEST_JSON = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 def canonical_json(value: Any) -> str:
@@ -174,7 +177,10 @@ def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
     """
     if not arguments:  # most calls: the digest of {} under this key, computed once
         return _empty_digest(settings.AUDIT_HMAC_KEY)
-    payload = canonical_json(dict(arguments))
+    # Not canonical_json: NaN and the infinities are not JSON, and every number too big
+    # for a double (1e400, 1e500) would read as the same Infinity, so one approval
+    # would cover different calls. Refused (ValueError) instead.
+    payload = _DIGEST_JSON.encode(dict(arguments))
     return hmac.digest(_derived_key(b"arguments"), payload.encode(), "sha256").hex()
 
 

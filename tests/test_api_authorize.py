@@ -195,3 +195,19 @@ def test_only_the_agent_that_received_a_decision_reports_it(setup):
     assert setup["client"].post("/api/v1/decisions/nope/outcome", {"outcome": "failed"},
                                 format="json").status_code == 404  # fmt: skip
     assert not DecisionOutcome.objects.exists()
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e500", "1e999"])
+def test_a_number_too_big_for_a_double_is_refused_not_read_as_infinity(setup, number):
+    """1e400 and 1e500 both parse to Infinity: one hash, so one approval, for two
+    different calls. Such arguments are refused (deny, invalid_request), never allowed."""
+    raw = '{"tool": "repo", "action": "delete", "scope": "repo:acme/x", "arguments": {"n": %s}}'
+    response = setup["client"].generic("POST", URL, raw % number, content_type="application/json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert (data["decision"], data["reason"]) == ("deny", "invalid_request")
+    assert data["message"] == "arguments must be plain JSON values"
+    assert str(last_event().uid) == data["decision_id"] and last_event().decision == "deny"
+    from governance.models import Approval
+
+    assert not Approval.objects.exists()
