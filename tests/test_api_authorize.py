@@ -211,3 +211,18 @@ def test_a_number_too_big_for_a_double_is_refused_not_read_as_infinity(setup, nu
     from governance.models import Approval
 
     assert not Approval.objects.exists()
+
+
+def test_a_key_given_twice_is_a_400_not_the_last_one_wins(setup):
+    """A parser further down the line may read the first `fields`, ours would read the
+    last: such a body is malformed, and nothing is decided."""
+    before = last_event().seq
+    raw = (
+        '{"tool": "repo", "action": "read", "scope": "repo:acme/x",'
+        ' "arguments": {"fields": ["ssn"], "fields": ["name"]}}'
+    )
+    response = setup["client"].generic("POST", URL, raw, content_type="application/json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "parse_error" and "given twice" in error["message"]
+    assert last_event().seq == before  # no decision, no event

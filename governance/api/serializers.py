@@ -10,6 +10,7 @@ Input objects are closed (additionalProperties: false), as StrictSerializer is.
 
 from __future__ import annotations
 
+import codecs
 import copy
 from typing import Any
 
@@ -19,6 +20,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import parsers, serializers
 from rest_framework.exceptions import ParseError
+from rest_framework.utils import json as drf_json
 
 from governance.codes import ActionClass, Reason
 from governance.codes import Decision as Verdict
@@ -71,15 +73,32 @@ NOT_BLANK_PATTERN = rf"[^{_SPACE}]"
 UNPADDED_PATTERN = rf"^[^{_SPACE}](?:[\s\S]*[^{_SPACE}])?$"
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        seen.add(key)
+    return dict(pairs)
+
+
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser, but a body nested too deeply for the decoder (`[[[[...`)
-    is a malformed request (400), not a RecursionError (500)."""
+    """DRF's JSON parser (NaN and Infinity refused), and stricter: an object that gives
+    one key twice is a malformed request (400), not "the last one wins" (a parser
+    further down the line may read the first), and a body nested too deeply for the
+    decoder (`[[[[...`) is a 400, not a RecursionError (500)."""
 
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        encoding = parsers.get_encoding(parser_context or {})
         try:
-            return super().parse(stream, media_type, parser_context)
+            text = codecs.getreader(encoding)(stream).read()
+            return drf_json.loads(
+                text, parse_constant=drf_json.strict_constant, object_pairs_hook=_unique_keys
+            )
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply.") from None
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
 
 
 def _merge(schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
