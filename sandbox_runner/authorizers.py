@@ -47,6 +47,11 @@ class Authorizer(Protocol):
         """One connection attempt through the proxy, allowed or denied."""
         ...
 
+    def dead_reason(self, spec: RunSpec) -> str | None:
+        """Asked every few seconds while the sandbox runs: why its grant can no longer
+        allow it (agent suspended, grant revoked or expired, ...), or None."""
+        ...
+
 
 def _refusal(spec: RunSpec, outcome: str, reason: str, message: str) -> Authorization:
     return Authorization(outcome=outcome, reason=reason, message=message, run_id=spec.run_id)
@@ -101,6 +106,10 @@ class DatabaseAuthorizer:
 
     def egress(self, spec: RunSpec, decision: EgressDecision) -> None:
         self.services.egress_attempt(run_id=spec.run_id, decision=decision, at=_now())
+
+    def dead_reason(self, spec: RunSpec) -> str | None:
+        # The reaper's own question, without its deadline part (the runner owns that).
+        return self.services.reap_reason(run_id=spec.run_id, deadline=float("inf"), at=_now())
 
 
 class HttpAuthorizer:
@@ -221,6 +230,11 @@ class HttpAuthorizer:
             },
             expect=201,
         )
+
+    def dead_reason(self, spec: RunSpec) -> str | None:
+        """Not asked over HTTP (no endpoint answers it yet): a remote run ends at its
+        deadline, and earlier only through the reaper on its own host."""
+        return None
 
 
 def _parse_run(spec: RunSpec, body: dict[str, Any]) -> Authorization:

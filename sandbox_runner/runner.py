@@ -58,6 +58,7 @@ EXIT_FOR_OUTCOME = {
 POLL = 0.05  # seconds between deadline checks and egress-record flushes
 EGRESS_BATCH = 32  # egress attempts recorded per turn of the runner's loop
 MAX_EGRESS_ATTEMPTS = 1000  # per run; past it the run is stopped (a flood, not work)
+LIVE_CHECK = 2.0  # seconds between "can its grant still allow it?" while it runs
 
 
 @dataclass
@@ -207,6 +208,7 @@ def execute(
         handle.release()
         if on_started is not None:
             on_started(spec, handle)
+        next_check = time.monotonic() + LIVE_CHECK
         while not watch.exited.is_set():
             watch.wake.clear()  # set again by the exit or by an egress attempt
             # A bounded batch per turn: a flood of attempts cannot keep the deadline
@@ -216,6 +218,14 @@ def execute(
                 result.error = f"over {MAX_EGRESS_ATTEMPTS} egress attempts: stopped"
                 _say(result.error)
                 handle.kill()
+            if time.monotonic() >= next_check and not result.error:
+                # The kill switch reaches a running sandbox within LIVE_CHECK seconds.
+                next_check = time.monotonic() + LIVE_CHECK
+                dead = authorizer.dead_reason(spec)
+                if dead is not None:
+                    result.error = f"stopped: its grant can no longer allow it ({dead})"
+                    _say(result.error)
+                    handle.kill()
             remaining = deadline - time.time()
             if remaining <= 0 and not result.timed_out:
                 handle.kill()  # SIGKILL at the deadline, not a polite stop

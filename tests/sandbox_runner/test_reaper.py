@@ -247,3 +247,35 @@ def test_a_container_run_left_running_without_its_container_is_closed(
     reaped = AuditEvent.objects.filter(event_type="sandbox.run.reaped")
     assert [json.loads(e.data)["run_id"] for e in reaped] == [spec.run_id]
     assert (spec.run_id, "runner_gone") not in reap_all(docker_client)  # once
+
+
+@pytest.mark.django_db
+def test_the_runner_stops_its_sandbox_when_the_agent_is_suspended(backend, code_exec, spec_for):
+    """The kill switch, from the runner's side: it asks every LIVE_CHECK seconds whether
+    the grant can still allow the run, so any backend (bubblewrap has no container for
+    the reaper to find) stops within seconds, long before its deadline."""
+    from governance.models import Agent
+    from sandbox_runner.runner import LIVE_CHECK
+
+    code_exec.grant()
+    spec = spec_for(
+        "import time\nprint('up', flush=True)\ntime.sleep(50)\n",
+        backend=backend,
+        limits={"wall_seconds": 60},
+    )
+
+    def suspend(spec, handle):
+        agent = Agent.objects.get(name="coder")
+        now = datetime.now(UTC)
+        agent_suspend(agent=agent, reason="kill switch", actor=Actor.system("test"), at=now)
+
+    started = time.monotonic()
+    outcome = execute(
+        spec, DatabaseAuthorizer(), stdout=io.BytesIO(), stderr=io.BytesIO(), on_started=suspend
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed < LIVE_CHECK + 10, elapsed  # not the 60 s deadline
+    record = run_record(spec.run_id)
+    assert not record.timed_out and "agent_suspended" in record.error
+    assert outcome.exit_code != 0
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
