@@ -209,23 +209,25 @@ def execute(
         if on_started is not None:
             on_started(spec, handle)
         next_check = time.monotonic() + LIVE_CHECK
+
+        def stop(why: str) -> None:
+            result.error = why
+            _say(why)
+            handle.kill()
+
         while not watch.exited.is_set():
             watch.wake.clear()  # set again by the exit or by an egress attempt
             # A bounded batch per turn: a flood of attempts cannot keep the deadline
             # check below from running.
             egress.flush(authorizer, spec, limit=EGRESS_BATCH)
             if egress.flooded and not result.error:
-                result.error = f"over {MAX_EGRESS_ATTEMPTS} egress attempts: stopped"
-                _say(result.error)
-                handle.kill()
+                stop(f"over {MAX_EGRESS_ATTEMPTS} egress attempts: stopped")
             if time.monotonic() >= next_check and not result.error:
                 # The kill switch reaches a running sandbox within LIVE_CHECK seconds.
                 next_check = time.monotonic() + LIVE_CHECK
                 dead = authorizer.dead_reason(spec)
                 if dead is not None:
-                    result.error = f"stopped: its grant can no longer allow it ({dead})"
-                    _say(result.error)
-                    handle.kill()
+                    stop(f"stopped: its grant can no longer allow it ({dead})")
             remaining = deadline - time.time()
             if remaining <= 0 and not result.timed_out:
                 handle.kill()  # SIGKILL at the deadline, not a polite stop

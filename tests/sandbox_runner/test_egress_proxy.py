@@ -52,13 +52,19 @@ def servers():
     b.close()
 
 
-def _refused_under_gvisor(spec):
-    """runsc runs with its own network off: a run with egress is refused, not weakened."""
+def _granted(backend, code_exec, spec_for, destination: str) -> bool:
+    """Grant egress to `destination`; under gVisor, check instead that a run with egress
+    is refused, not weakened (runsc runs with its own network off), and say so (False)."""
+    code_exec.grant(egress=[destination])
+    if backend != "gvisor":
+        return True
+    spec = spec_for("print(1)", backend=backend)
     outcome, _, _ = run(spec)
     assert outcome.exit_code == EXIT_BACKEND
     record = run_record(spec.run_id)
     assert record.status == "failed" and "egress is not supported under runsc" in record.error
     assert leftovers("gvisor", spec.run_id) == []
+    return False
 
 
 # python3-minimal has no http or urllib.request: plain sockets speak to the proxy.
@@ -112,9 +118,7 @@ def test_only_the_granted_destination_is_reachable_and_every_attempt_is_logged(
     backend, code_exec, spec_for, servers
 ):
     a, b = servers
-    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
-    if backend == "gvisor":
-        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+    if not _granted(backend, code_exec, spec_for, f"127.0.0.1:{a.port}"):
         return
     spec = spec_for(SCRIPT.format(a=a.port, b=b.port), backend=backend)
     outcome, out, err = run(spec)
@@ -153,9 +157,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_unless_the_address_is_named
     a, _ = servers
     # `localhost` resolves (from /etc/hosts, no DNS) to 127.0.0.1: internal, and the
     # grant names the name, not the address, so the proxy refuses it.
-    code_exec.grant(egress=[f"localhost:{a.port}"])
-    if backend == "gvisor":
-        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+    if not _granted(backend, code_exec, spec_for, f"localhost:{a.port}"):
         return
     script = SCRIPT.format(a=a.port, b=0).split("print(")[0] + (
         f"print(get('localhost', {a.port}, '/'))"
@@ -183,9 +185,7 @@ def test_an_attempt_that_cannot_be_recorded_never_connects_and_fails_the_run(
     be put on record is refused (503) before the proxy connects anywhere, and the run
     fails instead of carrying on unrecorded."""
     a, _ = servers
-    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
-    if backend == "gvisor":
-        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+    if not _granted(backend, code_exec, spec_for, f"127.0.0.1:{a.port}"):
         return
     script = SCRIPT.split("print(", 1)[0] + 'print("GET", get("127.0.0.1", A, "/plain"))\n'
     spec = spec_for(script.format(a=a.port, b=a.port), backend=backend)
@@ -217,9 +217,7 @@ def test_a_flood_of_egress_attempts_stops_the_run_with_each_recorded_one_logged(
     from sandbox_runner import runner
 
     a, _ = servers
-    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
-    if backend == "gvisor":
-        _refused_under_gvisor(spec_for("print(1)", backend=backend))
+    if not _granted(backend, code_exec, spec_for, f"127.0.0.1:{a.port}"):
         return
     monkeypatch.setattr(runner, "MAX_EGRESS_ATTEMPTS", 25)
     spec = spec_for(FLOOD, backend=backend, limits={"wall_seconds": 30})
