@@ -55,7 +55,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 AT = datetime(2030, 1, 15, 12, 0, 0, tzinfo=UTC)
 AGENT_PREFIX = "bench-agent-"
@@ -103,15 +102,20 @@ def expected_grant_count(agents: int, tools: int) -> int:
 
 
 def _pg_params(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    if parts.scheme not in {"postgres", "postgresql"}:
-        sys.exit("benchmarks.authorize needs DATABASE_URL=postgresql://...")
+    from django.core.exceptions import ImproperlyConfigured
+
+    from governance.settings import database_from_url  # the service's own parser
+
+    try:
+        entry = database_from_url(url)
+    except ImproperlyConfigured as exc:
+        sys.exit(f"benchmarks.authorize needs DATABASE_URL=postgresql://...: {exc}")
     return {
-        "host": parts.hostname or "127.0.0.1",
-        "port": parts.port or 5432,
-        "user": unquote(parts.username or "postgres"),
-        "password": unquote(parts.password or "") or None,
-        "dbname": unquote(parts.path.lstrip("/")),
+        "host": entry["HOST"] or "127.0.0.1",
+        "port": entry["PORT"],
+        "user": entry["USER"] or "postgres",
+        "password": entry["PASSWORD"] or None,
+        "dbname": entry["NAME"],
     }
 
 

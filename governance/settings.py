@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -61,8 +61,33 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return items
 
 
+def _database_host(parts: SplitResult) -> str:
+    """The server: a host name or address, or a Unix socket directory, spelled as
+    libpq spells it: percent-encoded in the host part (postgresql://u@%2Frun%2Fpg/db)
+    or as ?host=/run/pg. A socket skips the TCP stack on both ends of every query."""
+    raw = parts.netloc.rpartition("@")[2]
+    if raw.startswith("["):  # IPv6 literal: [::1]:5432
+        host = parts.hostname or ""
+    else:
+        host = unquote(raw.rpartition(":")[0] if parts.port is not None else raw)
+    query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    unknown = sorted(set(query) - {"host"})
+    if unknown:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL has unsupported parameter(s) {', '.join(unknown)} (only host)"
+        )
+    if "host" in query:
+        if host or len(query["host"]) != 1 or not query["host"][0].startswith("/"):
+            raise ImproperlyConfigured(
+                "DATABASE_URL ?host= must be one absolute socket directory, with no host part"
+            )
+        host = query["host"][0]
+    return host
+
+
 def database_from_url(url: str) -> dict[str, object]:
-    """Parse postgres://user:pass@host:port/name into a Django DATABASES entry."""
+    """Parse postgresql://user:pass@host:port/name (host may be a Unix socket
+    directory, see _database_host) into a Django DATABASES entry."""
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
         raise ImproperlyConfigured(
@@ -75,12 +100,16 @@ def database_from_url(url: str) -> dict[str, object]:
         port = parts.port or 5432
     except ValueError:
         raise ImproperlyConfigured("DATABASE_URL has an invalid port") from None
+    try:
+        host = _database_host(parts)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL has a malformed query: {exc}") from None
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or "",
+        "HOST": host,
         "PORT": str(port),
         # Persistent connections: a decision should not pay a TCP + auth handshake.
         "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),

@@ -209,7 +209,8 @@ def _database_url() -> str:
     db = connection.settings_dict
     user = quote(db["USER"] or "", safe="")
     password = f":{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else ""
-    return f"postgresql://{user}{password}@{db['HOST']}:{db['PORT']}/{quote(db['NAME'])}"
+    host = quote(db["HOST"], safe="")  # a socket directory is percent-encoded
+    return f"postgresql://{user}{password}@{host}:{db['PORT']}/{quote(db['NAME'])}"
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
