@@ -172,7 +172,42 @@ def test_a_connection_the_server_dropped_is_replaced_on_the_next_request(postgre
         host=conf["HOST"], port=conf["PORT"], user=conf["USER"], dbname=conf["NAME"],
         autocommit=True,
     ) as admin:  # fmt: skip
-        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        # The second argument: return once the backend has ended (PostgreSQL 14+).
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
     connection.health_check_done = False  # what Django does when a request starts
+    assert db.execute("SELECT 1") == [(1,)]
+    assert connection.connection.info.backend_pid != pid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_health_check_of_a_quiet_connection_sends_nothing(postgres_only, monkeypatch):
+    """governance.pgbackend: an idle connection whose socket is quiet is usable
+    without a round trip; one the server ended is not, and is replaced."""
+    import psycopg
+    from django.conf import settings as django_settings
+    from django.db.backends.postgresql.base import DatabaseWrapper as DjangoWrapper
+
+    from governance import db
+
+    assert db.execute("SELECT 1") == [(1,)]
+    sent: list[str] = []
+
+    def select_one(self):  # Django's check: a SELECT 1 round trip
+        sent.append("SELECT 1")
+        return True
+
+    monkeypatch.setattr(DjangoWrapper, "is_usable", select_one)
+    assert connection.is_usable() is True and sent == []
+
+    pid = connection.connection.info.backend_pid
+    conf = django_settings.DATABASES["default"]
+    with psycopg.connect(
+        host=conf["HOST"], port=conf["PORT"], user=conf["USER"], dbname=conf["NAME"],
+        autocommit=True,
+    ) as admin:  # fmt: skip
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    monkeypatch.undo()  # the real SELECT 1 now, on a socket that is readable
+    assert connection.is_usable() is False
+    connection.health_check_done = False
     assert db.execute("SELECT 1") == [(1,)]
     assert connection.connection.info.backend_pid != pid
