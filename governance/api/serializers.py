@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import copy
+from datetime import UTC
 from typing import Any
 
 from django.conf import settings
@@ -318,6 +319,72 @@ class DecisionOut(CopiedFields, serializers.Serializer):
     approval = serializers.CharField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
     break_glass = serializers.BooleanField()
+
+
+# --- /authorize without the serializer machinery ------------------------------------------
+# Every agent call goes through /authorize, and building, binding and running
+# AuthorizeIn and DecisionOut cost more CPU than the decision's own query. The
+# two functions below give the same results for the bodies and decisions they
+# handle (tests/test_api_fast_paths.py checks them against the serializers on
+# generated input); anything else goes to the serializers, so every error
+# still comes from AuthorizeIn, word for word.
+
+_AUTHORIZE_KEYS = frozenset(("tool", "action", "scope", "task", "arguments", "approval"))
+_ACTIONS = frozenset(ActionClass.values)
+# (key, longest, required): the text fields of AuthorizeIn.
+_AUTHORIZE_TEXT = (("tool", 100, True), ("scope", 500, True), ("task", 100, False))
+_AUTHORIZE_TEXT += (("approval", 64, False),)
+
+
+def authorize_body(data: Any) -> dict[str, Any] | None:
+    """AuthorizeIn's validated_data for a well-formed body, or None: "ask AuthorizeIn"."""
+    if type(data) is not dict or not data.keys() <= _AUTHORIZE_KEYS:
+        return None
+    out: dict[str, Any] = {}
+    for key, longest, required in _AUTHORIZE_TEXT:
+        if key not in data:
+            if required:
+                return None
+            continue
+        value = data[key]
+        if value is None and not required:
+            out[key] = None
+            continue
+        if type(value) is not str or not 0 < len(value) <= longest or not _is_text(value):
+            return None
+        out[key] = value
+    action = data.get("action")
+    if type(action) is not str or action not in _ACTIONS:
+        return None
+    out["action"] = action
+    if "arguments" in data:
+        arguments = data["arguments"]
+        if arguments is not None:
+            if type(arguments) is not dict or _json_problem(arguments) is not None:
+                return None
+            arguments = dict(arguments)
+        out["arguments"] = arguments
+    return out
+
+
+def decision_out(body: dict[str, Any]) -> dict[str, Any]:
+    """DecisionOut(body).data, for the values a Decision holds."""
+    expires = body["expires_at"]
+    if expires is not None:
+        expires = expires.astimezone(UTC).isoformat()
+        if expires.endswith("+00:00"):
+            expires = expires[:-6] + "Z"
+    decision_id, approval = body["decision_id"], body["approval"]
+    return {
+        "decision": str(body["decision"]),
+        "reason": str(body["reason"]),
+        "message": str(body["message"]),
+        "decision_id": None if decision_id is None else str(decision_id),
+        "grant": None if body["grant"] is None else int(body["grant"]),
+        "approval": None if approval is None else str(approval),
+        "expires_at": expires,
+        "break_glass": bool(body["break_glass"]),
+    }
 
 
 class OutcomeIn(StrictSerializer):

@@ -106,9 +106,11 @@ class AuthorizeView(APIView):
     )
     def post(self, request: Request) -> Response:
         limit(request, "authorize", fail_closed=False)
-        body = s.AuthorizeIn(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
+        data = s.authorize_body(request.data)
+        if data is None:  # not plainly well formed: AuthorizeIn decides, and words the error
+            body = s.AuthorizeIn(data=request.data)
+            body.is_valid(raise_exception=True)
+            data = body.validated_data
         decision = access.access_check(
             agent=request.user.agent.name,
             tool=data["tool"],
@@ -120,7 +122,7 @@ class AuthorizeView(APIView):
             at=timezone.now(),
         )
         code = 503 if decision.reason == Reason.ERROR else 200
-        return Response(s.DecisionOut(_decision_body(decision)).data, status=code)
+        return Response(s.decision_out(_decision_body(decision)), status=code)
 
 
 class OutcomeView(APIView):
