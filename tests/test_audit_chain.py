@@ -95,6 +95,27 @@ def test_the_database_refuses_update_and_delete(chain):
     assert AuditEvent.objects.get(seq=2).scope != "x"
 
 
+@pytest.mark.django_db
+def test_each_event_writes_only_the_indexes_something_reads():
+    """Migration 0010: one plain b-tree per filtered column; no LIKE (pattern_ops)
+    index, which nothing queries and every append would have to write."""
+    if connection.vendor == "postgresql":
+        query = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s"
+    else:
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s"
+    with connection.cursor() as cur:
+        cur.execute(query, ["governance_auditevent"])
+        definitions = {name: definition or "" for name, definition in cur.fetchall()}
+    assert not [d for d in definitions.values() if "pattern_ops" in d]
+    assert {"audit_agent", "audit_event_type"} <= definitions.keys()
+    explicit = {  # without the primary key's and the unique uid's own indexes
+        name
+        for name in definitions
+        if not name.endswith(("_pkey", "_uid_key")) and not name.startswith("sqlite_autoindex_")
+    }
+    assert len(explicit) == 4, sorted(definitions)  # agent, event_type, created_at, grant_id
+
+
 def test_the_application_refuses_update_and_delete(chain):
     event = AuditEvent.objects.get(seq=2)
     event.scope = "x"

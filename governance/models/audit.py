@@ -20,10 +20,10 @@ class AuditEvent(models.Model):
     seq = models.BigIntegerField(primary_key=True)
     uid = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
     created_at = models.DateTimeField(db_index=True)
-    event_type = models.CharField(max_length=50, db_index=True)
+    event_type = models.CharField(max_length=50)
     actor_type = models.CharField(max_length=10)
     actor = models.CharField(max_length=200)
-    agent = models.CharField(max_length=100, blank=True, db_index=True)
+    agent = models.CharField(max_length=100, blank=True)
     task = models.CharField(max_length=100, blank=True)
     tool = models.CharField(max_length=100, blank=True)
     action = models.CharField(max_length=10, blank=True)
@@ -43,6 +43,14 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["seq"]
+        # Plain b-trees for the exact filters (Meta.indexes, not db_index: on
+        # PostgreSQL db_index on a CharField adds a second, varchar_pattern_ops
+        # index for LIKE, which nothing here runs, and every event would pay
+        # for writing it).
+        indexes = [
+            models.Index(fields=["event_type"], name="audit_event_type"),
+            models.Index(fields=["agent"], name="audit_agent"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.event_type}"
