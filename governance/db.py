@@ -179,13 +179,15 @@ _PLACEHOLDER = re.compile(r"%s")
 
 def _pg_param(value: Any) -> bytes | None:
     """A parameter in PostgreSQL's text input format."""
-    if value is None:
+    if type(value) is str:  # most parameters: the common case first
+        text = value
+    elif value is None:
         return None
-    if isinstance(value, bytes):
+    elif isinstance(value, bytes):
         return b"\\x" + value.hex().encode()  # bytea
-    if isinstance(value, bool):
+    elif isinstance(value, bool):
         return b"true" if value else b"false"
-    if isinstance(value, datetime):
+    elif isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError("naive datetime passed to the database")
         text = value.isoformat()
