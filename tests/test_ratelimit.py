@@ -329,3 +329,21 @@ def test_a_silent_redis_is_given_up_on_quickly(world, settings, monkeypatch):
             conn.close()
         listener.close()
     assert len(accepted) == 1
+
+
+def test_a_flushed_script_cache_is_reloaded_and_counted_once(limits, redis_db):
+    """A restarted (or SCRIPT FLUSHed) Redis has forgotten the counting script."""
+    ratelimit.check("authorize", 7, now=MID_WINDOW)
+    redis_db.script_flush()
+    ratelimit.check("authorize", 7, now=MID_WINDOW)
+    assert list(counted(redis_db, limits["prefix"], "authorize").values()) == [2]
+
+
+def test_a_connection_the_server_closed_is_replaced(limits, redis_db):
+    """Redis closed the limiter's idle connection (restart, timeout, CLIENT KILL):
+    the next request counts on a new one instead of failing."""
+    ratelimit.check("authorize", 8, now=MID_WINDOW)
+    killed = redis_db.client_kill_filter(_type="normal", skipme=True)
+    assert killed >= 1
+    ratelimit.check("authorize", 8, now=MID_WINDOW)
+    assert list(counted(redis_db, limits["prefix"], "authorize").values()) == [2]
