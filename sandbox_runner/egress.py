@@ -49,7 +49,9 @@ class Destination:
 @dataclass(frozen=True)
 class EgressDecision:
     allowed: bool
-    reason: str  # allowed | not_allowlisted | bad_destination | unresolvable | internal_address
+    # allowed | not_allowlisted | bad_destination | unresolvable | internal_address |
+    # sni_mismatch (the proxy's: TLS in an allowed tunnel naming another server)
+    reason: str
     host: str
     port: int
     address: str | None = None

@@ -8,6 +8,11 @@ runner's own namespace. So the only path out is this proxy, and there is no
 DNS inside: names are resolved here, by egress.decide(), which also refuses
 internal addresses unless the grant names them exactly.
 
+A tunnel to a named host carries TLS for that host only: the first bytes the
+sandbox sends down it are held until they show they are not a ClientHello that
+names another server (SNI, see sandbox_runner.tls); one that does is refused
+and never sent.
+
 Every attempt, allowed or denied, is reported (destination, resolved address,
 reason) to `report`, which the runner turns into one audit event each. `report`
 returns once the attempt is on record and raises if it cannot be recorded: an
@@ -26,6 +31,8 @@ import threading
 from collections.abc import Callable, Iterable
 
 from sandbox_runner.egress import Destination, EgressDecision, Resolver, decide, system_resolver
+from sandbox_runner.tls import normalise as tls_normalise
+from sandbox_runner.tls import read_client_hello
 
 CLONE_NEWNET = 0x40000000
 LISTEN_PORT = 3128
@@ -246,6 +253,11 @@ class EgressProxy:
                 return
             if method == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                if Destination(decision.host, decision.port).address is None:
+                    first = self._first_bytes(conn, upstream, early, decision)
+                    if first is None:
+                        return  # TLS to another server than the one allowed: refused
+                    early = first
                 upstream.sendall(early)
             else:
                 # Origin-form to the server, for the checked host only: Host is the
@@ -267,6 +279,34 @@ class EgressProxy:
                 if s is not None:
                     with contextlib.suppress(OSError):
                         s.close()
+
+    def _first_bytes(
+        self, conn: socket.socket, upstream: socket.socket, early: bytes, decision: EgressDecision
+    ) -> bytes | None:
+        """What the sandbox sends first down a tunnel to a named host, held back until
+        it is clear it is not a TLS ClientHello naming another server (SNI): that one
+        is reported as refused (`sni_mismatch`) and never sent, and None is returned.
+        A ClientHello without a name, or bytes that are not TLS, go on as they are; so
+        does a tunnel whose server speaks first (SSH, SMTP), where TLS cannot be."""
+        data = early
+        while (hello := read_client_hello(data)).kind == "more":
+            if not data:
+                readable, _, _ = select.select([conn, upstream], [], [], IDLE_TIMEOUT)
+                if conn not in readable:
+                    return data  # the server spoke first, or nobody did
+            chunk = conn.recv(65536)
+            if not chunk:
+                return data  # the sandbox closed its side; what it sent goes on
+            data += chunk
+        wanted = tls_normalise(decision.host)
+        if hello.kind == "malformed" or (hello.kind == "tls" and hello.name not in (None, wanted)):
+            refused = EgressDecision(
+                False, "sni_mismatch", hello.name or decision.host, decision.port, decision.address
+            )
+            with contextlib.suppress(Exception):
+                self.report(refused)
+            return None
+        return data
 
     def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
         # Refused either way; a refusal that could not be recorded fails the run (the

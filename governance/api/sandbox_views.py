@@ -54,6 +54,7 @@ EGRESS_REASONS = (
     "bad_destination",
     "unresolvable",
     "internal_address",
+    "sni_mismatch",
 )
 
 

@@ -12,6 +12,7 @@ import pytest
 from sandbox_runner import proxy as proxy_module
 from sandbox_runner.egress import parse_destination
 from sandbox_runner.proxy import EgressProxy
+from tests.sandbox_runner.test_tls import client_hello, split_into_records
 
 
 @pytest.fixture
@@ -144,3 +145,98 @@ def test_a_plain_request_goes_to_the_checked_host_only(upstream):
             "Connection: close\r\n\r\n"
         ).encode()
     )
+
+
+# --- TLS down a tunnel to a named host: the ClientHello must name that host -----------------
+
+
+def named_proxy(port: int, reports: list) -> EgressProxy:
+    """A grant for api.example:port, a name that resolves (here) to the test's own
+    server on 127.0.0.1; the grant names that address too, so it is not refused
+    as internal."""
+    allowlist = [parse_destination(f"api.example:{port}"), parse_destination(f"127.0.0.1:{port}")]
+    return EgressProxy(allowlist, report=reports.append, resolve=lambda host, p: ["127.0.0.1"])
+
+
+def test_tls_naming_the_allowed_host_goes_through(upstream):
+
+    reports: list = []
+    hello = client_hello("api.example")
+    answer = ask(
+        named_proxy(upstream, reports),
+        f"CONNECT api.example:{upstream} HTTP/1.1\r\n\r\n".encode() + hello,
+    )
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\necho:" + hello
+    assert [(r.allowed, r.reason) for r in reports] == [(True, "allowed")]
+
+
+def test_tls_naming_another_server_is_refused_on_record_and_never_sent(upstream):
+
+    for hello in (
+        client_hello("evil.example"),
+        split_into_records(client_hello("evil.example"), 40),
+    ):
+        reports: list = []
+        answer = ask(
+            named_proxy(upstream, reports),
+            f"CONNECT api.example:{upstream} HTTP/1.1\r\n\r\n".encode() + hello,
+        )
+        assert answer == b"HTTP/1.1 200 Connection established\r\n\r\n"  # then closed: no echo
+        assert [(r.allowed, r.reason, r.host) for r in reports] == [
+            (True, "allowed", "api.example"),
+            (False, "sni_mismatch", "evil.example"),
+        ]
+
+
+def test_a_hello_without_a_name_or_bytes_that_are_not_tls_go_through(upstream):
+
+    for first in (client_hello(None), b"SSH-2.0-client\r\n"):
+        reports: list = []
+        answer = ask(
+            named_proxy(upstream, reports),
+            f"CONNECT api.example:{upstream} HTTP/1.1\r\n\r\n".encode() + first,
+        )
+        assert answer.endswith(b"echo:" + first)
+        assert [r.reason for r in reports] == ["allowed"]
+
+
+def test_a_grant_that_names_an_address_is_not_held_to_a_name(upstream):
+
+    reports: list = []
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
+    hello = client_hello("anything.example")
+    answer = ask(proxy, f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n\r\n".encode() + hello)
+    assert answer.endswith(b"echo:" + hello)
+    assert [r.reason for r in reports] == ["allowed"]
+
+
+def test_a_server_that_speaks_first_is_not_kept_waiting():
+    """SSH or SMTP: the server's banner comes before any byte from the sandbox."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"220 banner\r\n")
+            conn.sendall(b"echo:" + conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    reports: list = []
+    mine, theirs = socket.socketpair()
+    handler = threading.Thread(target=named_proxy(port, reports)._handle, args=(theirs,))
+    handler.start()
+    mine.settimeout(5)
+    mine.sendall(f"CONNECT api.example:{port} HTTP/1.1\r\n\r\n".encode())
+    seen = b""
+    while b"220 banner" not in seen:
+        seen += mine.recv(4096)
+    mine.sendall(b"EHLO x\r\n")
+    while b"echo:EHLO x" not in seen:
+        seen += mine.recv(4096)
+    mine.close()
+    handler.join(timeout=5)
+    server.close()
+    assert [r.reason for r in reports] == ["allowed"]
