@@ -232,9 +232,20 @@ class HttpAuthorizer:
         )
 
     def dead_reason(self, spec: RunSpec) -> str | None:
-        """Not asked over HTTP (no endpoint answers it yet): a remote run ends at its
-        deadline, and earlier only through the reaper on its own host."""
-        return None
+        """The server's answer (GET .../live). A token the server no longer takes
+        (the agent suspended, the token revoked or expired) stops the run too: its
+        authority is gone. No answer (unreachable, 5xx, 429) leaves it running to its
+        deadline: a blip of the service does not kill work in flight."""
+        answer = self.client._call("GET", f"/sandbox/runs/{spec.run_id}/live")
+        if answer.status in (401, 403):
+            return "token_refused"
+        if answer.status == 404:
+            return "run_unknown"
+        body = answer.body if answer.status == 200 and isinstance(answer.body, dict) else None
+        if body is None or body.get("live") is not False:
+            return None
+        reason = body.get("reason")
+        return reason[:100] if isinstance(reason, str) and reason else "not_live"
 
 
 def _parse_run(spec: RunSpec, body: dict[str, Any]) -> Authorization:

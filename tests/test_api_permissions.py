@@ -142,6 +142,7 @@ TABLE: list[tuple[str, str, Any, str]] = [
                                                                  "201 404 403 403 403 403 401"),
     ("POST",  "sandbox/runs/{running}/finished",  sandbox_finished,
                                                                  "200 404 403 403 403 403 401"),
+    ("GET",   "sandbox/runs/{running}/live",      None,          "200 404 403 403 403 403 401"),
     ("GET",   "schema/",                          None,          "200 200 200 200 200 200 200"),
     ("GET",   "docs/",                            None,          "200 200 200 200 200 200 200"),
 ]

@@ -15,6 +15,7 @@ agent (or a mismatched decision id) answers exactly like a missing one (404).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -181,6 +182,15 @@ class ReportOut(serializers.Serializer):
 class EgressOut(serializers.Serializer):
     run_id = serializers.UUIDField()
     logged = JSONObjectField()
+
+
+class LiveOut(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    live = serializers.BooleanField()
+    reason = serializers.CharField(
+        allow_null=True,
+        help_text="Why the run must stop now (the grant's dead reason), or null.",
+    )
 
 
 def _run_body(run_id: str, auth: Any) -> dict[str, Any]:
@@ -358,4 +368,29 @@ class SandboxEgressView(APIView):
         return Response(
             EgressOut({"run_id": run.run_id, "logged": logged}).data,
             status=status.HTTP_201_CREATED,
+        )
+
+
+class SandboxLiveView(APIView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        operation_id="sandbox_run_live",
+        responses={200: LiveOut, **ERRORS},
+        description=(
+            "May this run go on? Asked by a remote runner every few seconds while its "
+            "sandbox runs: live is false once the grant can no longer allow it (agent "
+            "suspended, grant revoked or expired, tool quarantined, task closed), and the "
+            "runner stops it. Yours only."
+        ),
+    )
+    def get(self, request: Request, run_id: Any) -> Response:
+        limit(request, "authorize", fail_closed=False)
+        run = SandboxRun.objects.filter(run_id=run_id, agent=request.user.agent.name).first()
+        if run is None:
+            raise NotFound("not_found", "No such sandbox run.")
+        # The runner owns the deadline; this is the reaper's other question.
+        reason = sandbox.reap_reason(run_id=str(run.run_id), deadline=math.inf, at=timezone.now())
+        return Response(
+            LiveOut({"run_id": run.run_id, "live": reason is None, "reason": reason}).data
         )

@@ -97,6 +97,11 @@ urlpatterns = [
         sandbox.SandboxFinishedView.as_view(),
         name="sandbox-run-finished",
     ),
+    path(
+        "sandbox/runs/<uuid:run_id>/live",
+        sandbox.SandboxLiveView.as_view(),
+        name="sandbox-run-live",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]

@@ -260,3 +260,95 @@ def test_a_malformed_report_is_400_and_writes_nothing(two_agents, what, make):
     assert answer.status_code == 400, answer.content
     assert answer.json()["error"]["code"] == "invalid_request"
     assert _snapshot() == before
+
+
+@pytest.mark.django_db
+def test_the_live_endpoint_says_when_the_grant_can_no_longer_allow_the_run(two_agents):
+    from governance.services.grants import grant_revoke
+
+    a, b, run_id, decision_id = two_agents
+    a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json")
+    before = _snapshot()
+    assert a.get(f"{RUNS}/{run_id}/live").json() == {"run_id": run_id, "live": True, "reason": None}
+    assert b.get(f"{RUNS}/{run_id}/live").status_code == 404  # not B's run
+    assert a.get(f"{RUNS}/{uuid.uuid4()}/live").status_code == 404
+    assert _snapshot() == before  # a question: nothing written
+
+    grant_id = run_record(run_id).grant_id
+    grant_revoke(
+        grant_id=grant_id, actor=Actor.system("test"), reason="incident", at=timezone.now()
+    )
+    assert a.get(f"{RUNS}/{run_id}/live").json() == {
+        "run_id": run_id, "live": False, "reason": "grant_revoked"}  # fmt: skip
+
+
+def _remote_run_stopped_by(live_server, code_exec, spec_for, alice, kill) -> tuple[Any, Any, float]:
+    """A bubblewrap run through HttpAuthorizer; `kill(run_id)` once it has started."""
+    import io
+    import time
+
+    from sandbox_runner.runner import execute
+
+    code_exec.grant()
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    spec = spec_for(
+        "import time\nprint('up', flush=True)\ntime.sleep(50)\n",
+        backend="bubblewrap",
+        limits={"wall_seconds": 60},
+    )
+    started = time.monotonic()
+    outcome = execute(
+        spec,
+        authorizer,
+        stdout=io.BytesIO(),
+        stderr=io.BytesIO(),
+        on_started=lambda spec, handle: kill(spec.run_id),
+    )
+    return spec, outcome, time.monotonic() - started
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_runner_stops_its_sandbox_when_the_grant_is_revoked(
+    live_server, code_exec, spec_for, alice, bwrap_available
+):
+    """Over HTTP the runner asks GET .../live every LIVE_CHECK seconds: a revoked grant
+    stops the run long before its deadline, and the end is on the server's record."""
+    from governance.services.grants import grant_revoke
+    from sandbox_runner.runner import LIVE_CHECK
+
+    def revoke(run_id: str) -> None:
+        grant_revoke(grant_id=run_record(run_id).grant_id, reason="incident",
+                     actor=Actor.system("test"), at=timezone.now())  # fmt: skip
+
+    spec, outcome, elapsed = _remote_run_stopped_by(live_server, code_exec, spec_for, alice, revoke)
+    assert elapsed < LIVE_CHECK + 10, elapsed  # not the 60 s deadline
+    assert outcome.exit_code != 0
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and not record.timed_out
+    assert "grant_revoked" in record.error
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_runner_stops_its_sandbox_when_the_agent_is_suspended(
+    live_server, code_exec, spec_for, alice, bwrap_available
+):
+    """The kill switch over HTTP: the suspended agent's token is refused at once, so
+    the runner's next liveness question stops the run. Its end cannot be reported with
+    that token either: the record is left running until the reaper closes it."""
+    from governance.models import Agent
+    from governance.services.agents import agent_suspend
+    from sandbox_runner.runner import LIVE_CHECK
+
+    def suspend(run_id: str) -> None:
+        agent = Agent.objects.get(name=code_exec.agent.name)
+        agent_suspend(agent=agent, reason="kill switch", actor=Actor.system("test"),
+                      at=timezone.now())  # fmt: skip
+
+    spec, outcome, elapsed = _remote_run_stopped_by(
+        live_server, code_exec, spec_for, alice, suspend
+    )
+    assert elapsed < LIVE_CHECK + 10, elapsed
+    assert outcome.exit_code != 0
+    assert outcome.result is not None and "token_refused" in outcome.result.error
+    assert run_record(spec.run_id).status == "running"  # the refused token could not close it
