@@ -136,9 +136,10 @@ def sandbox_reap() -> dict[str, Any]:
     """Kill and record sandboxes past their deadline or whose grant died.
 
     Bubblewrap runs whose runner is gone are closed too; a worker on a host
-    without a Docker engine skips the container part and says so.
+    without a Docker engine skips the container part and says so, and still
+    closes container runs (remote ones) left running past their deadline.
     """
-    from governance.services.sandbox import reap_all, reap_orphans
+    from governance.services.sandbox import close_stale_container_runs, reap_all, reap_orphans
 
     summary: dict[str, Any] = {
         "orphans": [f"{run_id}:{why}" for run_id, why in reap_orphans(at=timezone.now())]
@@ -150,6 +151,9 @@ def sandbox_reap() -> dict[str, Any]:
         client.ping()
     except Exception as exc:
         summary["skipped"] = f"no Docker engine: {type(exc).__name__}"
+        # Runs on other hosts' engines still end on record here, past their deadline.
+        stale = close_stale_container_runs(at=timezone.now())
+        summary["reaped"] = [f"{run_id}:{why}" for run_id, why in stale]
         return summary
     summary["reaped"] = [f"{run_id}:{why}" for run_id, why in reap_all(client)]
     return summary

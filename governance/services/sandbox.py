@@ -489,16 +489,24 @@ def reap_all(client: Any = None) -> list[tuple[str, str]]:
 
     reaped = reaper.reap(client, why, record, workdir_root())
     # A container run still "running" past its deadline after that pass has no
-    # container here any more (it would have been killed and marked just now): its
-    # runner died, or could not record the end (e.g. a refused egress record), and
-    # nobody else will close it.
-    at = timezone.now()
+    # container here any more (it would have been killed and marked just now).
+    return reaped + close_stale_container_runs(at=timezone.now())
+
+
+def close_stale_container_runs(*, at: datetime) -> list[tuple[str, str]]:
+    """Close container runs still "running" well past their deadline: their runner
+    died, could not record the end (a refused egress record; a suspended agent's
+    remote runner, whose token is refused), or runs on a host whose engine this one
+    cannot see. A runner kills its sandbox at the deadline and each host's reaper
+    kills what a dead runner left, so nothing of the run is alive by now."""
+    actor = audit.Actor.system("sandbox_reaper")
     stale = SandboxRun.objects.filter(
         backend__in=["docker", "gvisor"],
         status=SandboxRun.Status.RUNNING,
         deadline_at__lt=at - ORPHAN_GRACE,
     )
+    closed = []
     for run_id in stale.values_list("run_id", flat=True):
         if run_reaped(run_id=str(run_id), why="runner_gone", actor=actor, at=at):
-            reaped.append((str(run_id), "runner_gone"))
-    return reaped
+            closed.append((str(run_id), "runner_gone"))
+    return closed

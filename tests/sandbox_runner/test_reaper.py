@@ -250,6 +250,39 @@ def test_a_container_run_left_running_without_its_container_is_closed(
 
 
 @pytest.mark.django_db
+def test_a_worker_without_a_docker_engine_still_closes_stale_container_runs(
+    code_exec, spec_for, monkeypatch
+):
+    """Remote container runs (another host's engine) whose end never came, e.g. a
+    suspended agent's runner whose token is refused: past deadline plus grace they
+    are closed as runner_gone by a worker that has no Docker engine at all."""
+    import docker
+
+    from governance.services.sandbox import run_request, run_started
+
+    def no_engine(**kwargs):
+        raise docker.errors.DockerException("no engine on this host")
+
+    monkeypatch.setattr(docker, "from_env", no_engine)
+    code_exec.grant()
+    now = datetime.now(UTC)
+    stale, fresh = spec_for("print(1)", backend="docker"), spec_for("print(2)", backend="docker")
+    for spec, deadline in ((stale, now - ORPHAN_GRACE - timedelta(seconds=1)),
+                           (fresh, now + timedelta(seconds=60))):  # fmt: skip
+        assert run_request(spec=spec, at=now).allowed
+        run_started(run_id=spec.run_id, container_id="remote", image_digest="sha256:x",
+                    deadline=deadline.timestamp(), enforcement={}, at=now)  # fmt: skip
+
+    summary = sandbox_reap()
+    assert summary["skipped"].startswith("no Docker engine")
+    assert summary["reaped"] == [f"{stale.run_id}:runner_gone"]
+    assert run_record(stale.run_id).status == "reaped"
+    assert run_record(fresh.run_id).status == "running"  # before its deadline: left alone
+    assert events_of(stale.run_id)[-1] == "sandbox.run.reaped"
+    assert sandbox_reap()["reaped"] == []  # once
+
+
+@pytest.mark.django_db
 def test_the_runner_stops_its_sandbox_when_the_agent_is_suspended(backend, code_exec, spec_for):
     """The kill switch, from the runner's side: it asks every LIVE_CHECK seconds whether
     the grant can still allow the run, so any backend (bubblewrap has no container for
