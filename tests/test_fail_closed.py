@@ -155,17 +155,12 @@ def test_nul_bytes_and_huge_values_are_stored_safely(granted):
     assert "\x00" not in event.agent and len(event.scope) <= 500
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_connection_the_server_dropped_is_replaced_on_the_next_request(postgres_only):
-    """The hot path's raw cursor runs Django's per-request health check, so a
-    connection the server dropped (restart, failover) is replaced instead of
-    failing every decision until CONN_MAX_AGE runs out."""
+def _terminate_this_backend() -> int:
+    """End this test's PostgreSQL session from another connection, as a restart or
+    failover would; returns the ended backend's pid."""
     import psycopg
     from django.conf import settings as django_settings
 
-    from governance import db
-
-    assert db.execute("SELECT 1") == [(1,)]
     pid = connection.connection.info.backend_pid
     conf = django_settings.DATABASES["default"]
     with psycopg.connect(
@@ -174,6 +169,18 @@ def test_a_connection_the_server_dropped_is_replaced_on_the_next_request(postgre
     ) as admin:  # fmt: skip
         # The second argument: return once the backend has ended (PostgreSQL 14+).
         admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    return pid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_the_server_dropped_is_replaced_on_the_next_request(postgres_only):
+    """The hot path's raw cursor runs Django's per-request health check, so a
+    connection the server dropped (restart, failover) is replaced instead of
+    failing every decision until CONN_MAX_AGE runs out."""
+    from governance import db
+
+    assert db.execute("SELECT 1") == [(1,)]
+    pid = _terminate_this_backend()
     connection.health_check_done = False  # what Django does when a request starts
     assert db.execute("SELECT 1") == [(1,)]
     assert connection.connection.info.backend_pid != pid
@@ -183,8 +190,6 @@ def test_a_connection_the_server_dropped_is_replaced_on_the_next_request(postgre
 def test_the_health_check_of_a_quiet_connection_sends_nothing(postgres_only, monkeypatch):
     """governance.pgbackend: an idle connection whose socket is quiet is usable
     without a round trip; one the server ended is not, and is replaced."""
-    import psycopg
-    from django.conf import settings as django_settings
     from django.db.backends.postgresql.base import DatabaseWrapper as DjangoWrapper
 
     from governance import db
@@ -199,13 +204,7 @@ def test_the_health_check_of_a_quiet_connection_sends_nothing(postgres_only, mon
     monkeypatch.setattr(DjangoWrapper, "is_usable", select_one)
     assert connection.is_usable() is True and sent == []
 
-    pid = connection.connection.info.backend_pid
-    conf = django_settings.DATABASES["default"]
-    with psycopg.connect(
-        host=conf["HOST"], port=conf["PORT"], user=conf["USER"], dbname=conf["NAME"],
-        autocommit=True,
-    ) as admin:  # fmt: skip
-        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    pid = _terminate_this_backend()
     monkeypatch.undo()  # the real SELECT 1 now, on a socket that is readable
     assert connection.is_usable() is False
     connection.health_check_done = False
