@@ -25,7 +25,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if conn is None or conn.closed:
             return False
         try:
-            readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+            poller = select.poll()  # poll, not select(): no limit on the descriptor number
+            poller.register(conn.pgconn.socket, select.POLLIN)
+            readable = poller.poll(0)
         except (OSError, ValueError, psycopg.Error):  # no socket any more
             return False
         if readable:
