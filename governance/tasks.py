@@ -152,10 +152,10 @@ def sandbox_reap() -> dict[str, Any]:
     except Exception as exc:
         summary["skipped"] = f"no Docker engine: {type(exc).__name__}"
         # Runs on other hosts' engines still end on record here, past their deadline.
-        stale = close_stale_container_runs(at=timezone.now())
-        summary["reaped"] = [f"{run_id}:{why}" for run_id, why in stale]
-        return summary
-    summary["reaped"] = [f"{run_id}:{why}" for run_id, why in reap_all(client)]
+        reaped = close_stale_container_runs(at=timezone.now())
+    else:
+        reaped = reap_all(client)
+    summary["reaped"] = [f"{run_id}:{why}" for run_id, why in reaped]
     return summary
 
 

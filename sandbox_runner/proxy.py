@@ -300,19 +300,26 @@ class EgressProxy:
             data += chunk
         wanted = tls_normalise(decision.host)
         if hello.kind == "malformed" or (hello.kind == "tls" and hello.name not in (None, wanted)):
-            refused = EgressDecision(
-                False, "sni_mismatch", hello.name or decision.host, decision.port, decision.address
+            self._record_refusal(
+                EgressDecision(
+                    False,
+                    "sni_mismatch",
+                    hello.name or decision.host,
+                    decision.port,
+                    decision.address,
+                )  # fmt: skip
             )
-            with contextlib.suppress(Exception):
-                self.report(refused)
             return None
         return data
 
-    def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
+    def _record_refusal(self, decision: EgressDecision) -> None:
         # Refused either way; a refusal that could not be recorded fails the run (the
         # runner, whose write failed, stops it).
         with contextlib.suppress(Exception):
             self.report(decision)
+
+    def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
+        self._record_refusal(decision)
         _answer(conn, 403, f"egress refused: {decision.reason}")
 
     def stop(self) -> None:

@@ -332,8 +332,8 @@ class DecisionOut(CopiedFields, serializers.Serializer):
 _AUTHORIZE_KEYS = frozenset(("tool", "action", "scope", "task", "arguments", "approval"))
 _ACTIONS = frozenset(ActionClass.values)
 # (key, longest, required): the text fields of AuthorizeIn.
-_AUTHORIZE_TEXT = (("tool", 100, True), ("scope", 500, True), ("task", 100, False))
-_AUTHORIZE_TEXT += (("approval", 64, False),)
+_AUTHORIZE_TEXT = (("tool", 100, True), ("scope", 500, True), ("task", 100, False),
+                   ("approval", 64, False))  # fmt: skip
 
 
 def authorize_body(data: Any) -> dict[str, Any] | None:
