@@ -61,7 +61,7 @@ def open_campaign(**kw):
     return reviews.review_campaign_open(actor=Actor.system("test"), at=NOW, **kw)
 
 
-def test_a_campaign_has_one_item_per_live_root_grant_and_rotates_reviewers(
+def test_a_campaign_has_one_item_per_live_grant_and_rotates_reviewers(
     world, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
@@ -70,21 +70,23 @@ def test_a_campaign_has_one_item_per_live_root_grant_and_rotates_reviewers(
     assert again.pk == campaign.pk and ReviewCampaign.objects.count() == 1
 
     items = list(campaign.items.order_by("grant_id"))
-    # The delegated grant is reviewed through its parent; ended grants not at all.
-    assert [i.grant_id for i in items] == [g.pk for g in world["grants"]]
+    # Every live grant, the subagent's delegated one included; ended grants not at all.
+    assert [i.grant_id for i in items] == [g.pk for g in world["grants"]] + [world["child"].pk]
     assert all(i.due_at == NOW + timedelta(days=14) for i in items)
     reviewers = [i.reviewer.username for i in items]
-    # Never bob (approver) nor alice (requester); consecutive items go to different people.
+    # Never bob (approver) nor alice (requester), not even of the delegated grant (they
+    # stand behind its parent); consecutive items go to different people.
     assert "bob" not in reviewers and "alice" not in reviewers
-    assert len(set(reviewers)) == 3
+    assert len(set(reviewers)) == 4
 
     (opened,) = events(EventType.REVIEW_CAMPAIGN_OPENED)
     data = json.loads(opened.data)
-    assert data["campaign_id"] == campaign.pk and len(data["items"]) == 3
+    assert data["campaign_id"] == campaign.pk and len(data["items"]) == 4
+    assert [i["grant"] for i in data["items"]] == [i.grant_id for i in items]
     # Each reviewer is told once, with their items.
     rows = Notification.objects.filter(event=NotificationEvent.REVIEW_DUE)
     assert sorted(r.target for r in rows) == sorted(f"{r}@example.test" for r in reviewers)
-    assert len(mail.outbox) == 3
+    assert len(mail.outbox) == 4
 
 
 def test_nobody_reviews_a_grant_they_requested_or_approved(world, person):
@@ -116,6 +118,83 @@ def test_nobody_reviews_a_grant_they_requested_or_approved(world, person):
     assert caught.value.code == "not_assigned"
     assert ReviewItem.objects.get(pk=item.pk).status == "pending"
     assert events(EventType.REVIEW_ITEM_DECIDED) == []
+
+
+def test_a_delegated_grant_is_certified_on_its_own(world):
+    """Keeping the parent does not keep what was handed down: the subagent's grant has
+    its own item, which nobody behind the parent may decide, and revoking it ends only
+    the subagent's access."""
+    g1, child = world["grants"][0], world["child"]
+    campaign = open_campaign()
+    parent_item, child_item = campaign.items.get(grant=g1), campaign.items.get(grant=child)
+    for who in (world["bob"], g1.requested_by):  # g1's approver and requester
+        who.groups.add(Group.objects.get_or_create(name="admins")[0])
+        who = type(who).objects.get(pk=who.pk)  # fresh role cache
+        with pytest.raises(Forbidden) as caught:
+            reviews.review_item_decide(
+                item_id=child_item.pk,
+                reviewer=who,
+                decision="keep",
+                comment="mine anyway",
+                actor=Actor.user(who),
+                at=NOW,
+            )
+        assert caught.value.code == "self_review"
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []
+
+    q = {"tool": "repo", "action": "update", "scope": "repo:acme/api/x", "at": NOW}
+    assert authorize(agent="sub", **q).allowed and authorize(agent="bot", **q).allowed
+    decide(parent_item, "keep")
+    decide(child_item, "revoke", comment="the sub-task is done")
+    assert authorize(agent="sub", **q).reason == "grant_revoked"
+    assert authorize(agent="bot", **q).allowed
+    assert Grant.objects.get(pk=g1.pk).status == "active"
+    (revoked,) = events(EventType.GRANT_REVOKED)
+    assert revoked.grant_id == child.pk and revoked.agent == "sub"
+    decided = events(EventType.REVIEW_ITEM_DECIDED)
+    assert [(e.grant_id, json.loads(e.data)["decision"]) for e in decided] == [
+        (g1.pk, "keep"),
+        (child.pk, "revoke"),
+    ]
+
+
+def test_a_live_break_glass_grant_is_in_the_campaign_and_its_opener_cannot_review_it(
+    world, approvers
+):
+    from governance.services import breakglass
+
+    erin = approvers[0]
+    bg = breakglass.breakglass_open(
+        opener=erin,
+        agent=world["grants"][2].agent,
+        tool=world["grants"][2].tool,
+        actions=["read"],
+        scope="repo:acme/ops/*",
+        ticket="INC-7",
+        reason="outage",
+        actor=Actor.user(erin),
+        at=NOW - timedelta(minutes=5),
+    )
+    item = open_campaign().items.get(grant=bg.grant)
+    assert item.reviewer is not None and item.reviewer != erin
+    erin.groups.add(Group.objects.get_or_create(name="admins")[0])
+    erin = type(erin).objects.get(pk=erin.pk)
+    with pytest.raises(Forbidden) as caught:
+        reviews.review_item_decide(
+            item_id=item.pk,
+            reviewer=erin,
+            decision="keep",
+            comment="I opened it, it is fine",
+            actor=Actor.user(erin),
+            at=NOW,
+        )
+    assert caught.value.code == "self_review"
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []
+    decide(item, "revoke", comment="incident over")
+    assert Grant.objects.get(pk=bg.grant_id).status == "revoked"
+    (decided,) = events(EventType.REVIEW_ITEM_DECIDED)
+    assert decided.grant_id == bg.grant_id
+    assert [e.grant_id for e in events(EventType.GRANT_REVOKED)] == [bg.grant_id]
 
 
 def decide(item, decision, **kw):
@@ -225,29 +304,29 @@ def test_undecided_items_are_revoked_at_the_due_date_by_default(
     Grant.objects.update(expires_at=due + timedelta(days=1))
     assert reviews.review_items_apply_due_rule(actor=system, at=due - MS) == 0
     with django_capture_on_commit_callbacks(execute=True):
-        assert reviews.review_items_apply_due_rule(actor=system, at=due) == 2
+        assert reviews.review_items_apply_due_rule(actor=system, at=due) == 3
         assert reviews.review_items_apply_due_rule(actor=system, at=due) == 0
     statuses = dict(campaign.items.values_list("grant_id", "status"))
-    assert sorted(statuses.values()) == ["auto_revoked", "auto_revoked", "kept"]
+    assert sorted(statuses.values()) == ["auto_revoked", "auto_revoked", "auto_revoked", "kept"]
     for grant_id, status in statuses.items():
         expected = "active" if status == "kept" else "revoked"
         assert Grant.objects.get(pk=grant_id).status == expected
-    assert len(events(EventType.REVIEW_ITEM_DUE_RULE)) == 2
-    assert Notification.objects.filter(event=NotificationEvent.REVIEW_OVERDUE).count() == 2
+    assert len(events(EventType.REVIEW_ITEM_DUE_RULE)) == 3
+    assert Notification.objects.filter(event=NotificationEvent.REVIEW_OVERDUE).count() == 3
 
     assert reviews.review_campaigns_close(actor=system, at=due) == 1
     assert reviews.review_campaigns_close(actor=system, at=due) == 0
     campaign.refresh_from_db()
     assert campaign.status == "closed"
     (closed,) = events(EventType.REVIEW_CAMPAIGN_CLOSED)
-    assert json.loads(closed.data)["items"] == {"auto_revoked": 2, "kept": 1}
+    assert json.loads(closed.data)["items"] == {"auto_revoked": 3, "kept": 1}
 
 
 def test_the_due_date_rule_can_be_keep(world, system, settings):
     settings.REVIEW_DEFAULT_RULE = "keep"
     campaign = open_campaign()
     Grant.objects.update(expires_at=campaign.due_at + timedelta(days=1))
-    assert reviews.review_items_apply_due_rule(actor=system, at=campaign.due_at) == 3
+    assert reviews.review_items_apply_due_rule(actor=system, at=campaign.due_at) == 4
     assert set(campaign.items.values_list("status", flat=True)) == {"auto_kept"}
     assert set(Grant.objects.values_list("status", flat=True)) == {"active"}
 
@@ -262,12 +341,13 @@ def test_items_whose_grant_ended_are_closed_without_nagging(world, system):
     remind_at = campaign.due_at - timedelta(hours=72)
     Grant.objects.filter(status="active").update(expires_at=campaign.due_at + timedelta(days=1))
     assert reviews.review_reminders_send(actor=system, at=remind_at - MS) == 0
-    assert reviews.review_reminders_send(actor=system, at=remind_at) == 2
+    assert reviews.review_reminders_send(actor=system, at=remind_at) == 3
     assert reviews.review_reminders_send(actor=system, at=remind_at + timedelta(hours=1)) == 0
     reminders = Notification.objects.filter(event=NotificationEvent.REVIEW_DUE, data__reminder=True)
     assert {r.data["grant_id"] for r in reminders} == {
         world["grants"][0].pk,
         world["grants"][2].pk,
+        world["child"].pk,
     }
 
 
@@ -284,7 +364,12 @@ def test_unused_grants_carry_a_proposal_and_show_in_the_selector(world, settings
         kind="on_demand", reason="unused", actor=Actor.system("test"), at=later
     )
     proposals = dict(campaign.items.values_list("grant_id", "proposal"))
-    assert proposals == {g1.pk: "narrow_to_read", g2.pk: "remove", g3.pk: ""}
+    assert proposals == {
+        g1.pk: "narrow_to_read",
+        g2.pk: "remove",
+        g3.pk: "",
+        world["child"].pk: "narrow_to_read",
+    }
 
 
 def test_the_scheduled_job_opens_one_campaign_per_quarter(world, system):
@@ -329,10 +414,10 @@ def test_selectors_for_the_ui(world, system):
     campaign = open_campaign()
     item = campaign.items.order_by("id").first()
     (listed,) = selectors.review_campaigns(open_only=True)
-    assert (listed.pk, listed.total, listed.pending) == (campaign.pk, 3, 3)
+    assert (listed.pk, listed.total, listed.pending) == (campaign.pk, 4, 4)
     mine = selectors.review_items_for(item.reviewer, NOW)
     assert item.pk in [i.pk for i in mine] and not any(i.is_overdue for i in mine)
     assert all(i.is_overdue for i in selectors.review_items_for(item.reviewer, campaign.due_at))
     decide(item, "keep")
-    assert selectors.review_campaigns(open_only=True).get().pending == 2
+    assert selectors.review_campaigns(open_only=True).get().pending == 3
     assert list(selectors.second_looks_for(item.reviewer)) == []

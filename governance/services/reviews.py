@@ -4,10 +4,11 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
 
     review_campaign_open(*, kind, reason, actor, at, key=None, agent=None,
                          opened_by=None, due_at=None) -> ReviewCampaign
-        kind: "scheduled" | "on_demand" | "incident". One item per live grant except
-        delegated grants (reviewed through their parent: revoking or narrowing it
-        reaches them) and break-glass grants (they have their own post-incident
-        review). Unused grants carry a proposal ("remove" / "narrow_to_read").
+        kind: "scheduled" | "on_demand" | "incident". One item per live grant, delegated
+        and break-glass grants included (a subagent's grant is certified on its own:
+        keeping the parent does not keep what was handed down; a live break-glass
+        grant is reviewed here as well as by its own post-incident review). Unused
+        grants carry a proposal ("remove" / "narrow_to_read").
         With a `key`, opening again returns the same campaign. Items whose grant ends
         before anyone decides are closed as `ended` by the job, with no reminder or
         overdue notice: nothing is left to review, so nobody is nagged about it.
@@ -18,7 +19,8 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
         decision: "keep" | "narrow" (any of actions/scope/expires_at, never wider) |
         "revoke"; effective at once. Raises GovernanceError `comment_required` /
         `invalid_decision`, Forbidden `self_review` (the grant's approver or requester)
-        / `not_assigned` (neither the assigned reviewer nor an admin), Conflict
+        or, for a delegated grant, anyone who requested or approved a grant up its
+        chain) / `not_assigned` (neither the assigned reviewer nor an admin), Conflict
         `already_decided` (a second decision changes nothing).
     review_items_apply_due_rule(*, actor, at) -> int     (the job: items whose grant
         ended are closed `ended`; items undecided at the due date get REVIEW_DEFAULT_RULE)
@@ -26,7 +28,8 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
     review_reminders_send(*, actor, at) -> int           (the job)
 
 Reviewers rotate among approvers (groups approvers/admins, superusers; governance.roles)
-in username order, skipping the grant's approver and requester; an item nobody may
+in username order, skipping whoever is barred from the grant (its approver and
+requester, and up a delegated grant's chain every ancestor's); an item nobody may
 review is left unassigned (admins decide it) and still falls under the due-date rule.
 Selectors: review_items_for(user, at), unused_grants(at) in governance/selectors.py.
 """
@@ -58,14 +61,28 @@ def _grant_event(
     grant_event(grant, event_type, actor=actor, at=at, data=data)
 
 
+def _barred(grant: Grant) -> set[int]:
+    """Who may not re-certify this grant: whoever requested or approved it and, up a
+    delegated grant's chain, each ancestor's requester and approver (a delegated
+    grant has no human of its own: the people behind its parent stand behind it)."""
+    barred: set[int] = set()
+    cursor: Grant | None = grant
+    for _ in range(32):  # bounded, as the delegation walk is
+        if cursor is None:
+            break
+        barred.update(pk for pk in (cursor.requested_by_id, cursor.approved_by_id) if pk)
+        cursor = cursor.delegated_from
+    return barred
+
+
 def _rotation(campaign_pk: int) -> Any:
     """A reviewer picker that walks the approver pool round-robin, skipping people
-    who approved or requested the grant."""
+    barred from the grant."""
     pool = approver_users()
     state = {"next": campaign_pk % len(pool) if pool else 0}
 
     def pick(grant: Grant) -> Any:
-        barred = {grant.approved_by_id, grant.requested_by_id}
+        barred = _barred(grant)
         for step in range(len(pool)):
             candidate = pool[(state["next"] + step) % len(pool)]
             if candidate.pk not in barred:
@@ -140,7 +157,7 @@ def review_campaign_open(
 
 
 def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
-    grants = live_grants(at).filter(delegated_from__isnull=True, break_glass=False)
+    grants = live_grants(at)
     if campaign.agent_id is not None:
         grants = grants.filter(agent_id=campaign.agent_id)
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
@@ -223,9 +240,11 @@ def review_item_decide(
         if item.status != ReviewItem.Status.PENDING:
             raise Conflict("already_decided", f"The item is already {item.status}.")
         grant = item.grant
-        if reviewer.pk in (grant.approved_by_id, grant.requested_by_id):
+        if reviewer.pk in _barred(grant):
             raise Forbidden(
-                "self_review", "Nobody re-certifies a grant they requested or approved."
+                "self_review",
+                "Nobody re-certifies a grant they requested or approved, or one handed "
+                "down from such a grant.",
             )
         if not (item.reviewer_id == reviewer.pk or roles.is_admin(reviewer)):
             raise Forbidden("not_assigned", "The item is assigned to another reviewer.")
