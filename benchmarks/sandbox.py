@@ -126,7 +126,7 @@ def main() -> int:
     _setup_django()
     from sandbox_runner.authorizers import DatabaseAuthorizer
     from sandbox_runner.backends.bubblewrap import bwrap_argv
-    from sandbox_runner.backends.docker import TMP_SIZE
+    from sandbox_runner.backends.docker import TMP_SIZE, scratch_options
     from sandbox_runner.runner import execute, prepare_workdir
     from sandbox_runner.spec import DEFAULT_IMAGE, DEFAULT_LIMITS, SCRIPT_PATH, RunSpec
 
@@ -145,11 +145,11 @@ def main() -> int:
         "--cpus", str(limits.cpus), "--pids-limit", str(limits.pids),
         "--user", "1000:1000", "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges", "--ipc", "private",
-        "-v", f"{bare_dir / 'scratch'}:/workspace",
+        "--tmpfs", f"/workspace:{scratch_options(limits)}",
         "-v", f"{bare_dir / 'in' / 'script'}:{SCRIPT_PATH}:ro",
         "-w", "/workspace", DEFAULT_IMAGE, *command,
     ]  # fmt: skip
-    bwrap_cmd = [*bwrap_argv(bare_dir, True, False), "--", *command]
+    bwrap_cmd = [*bwrap_argv(bare_dir, True, False, limits.scratch_mb), "--", *command]
     script_file = bare_dir / "in" / "script"
     clean_env = {"PATH": "/usr/bin:/bin", "HOME": str(bare_dir / "scratch")}
 

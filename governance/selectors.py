@@ -66,15 +66,6 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
     agents = sorted(Agent.objects.select_related("owner", "parent"), key=lambda a: a.name)
     tools = sorted(Tool.objects.all(), key=lambda t: t.name)
 
-    def limits(grant: Grant) -> dict[str, Any]:
-        values = {
-            "cpus": grant.limit_cpus,
-            "memory_mb": grant.limit_memory_mb,
-            "pids": grant.limit_pids,
-            "wall_seconds": grant.limit_wall_seconds,
-        }
-        return {k: v for k, v in values.items() if v is not None}
-
     return {
         "version": 1,
         "agents": [
@@ -119,7 +110,7 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
                 "scope": g.scope,
                 "fields": list(g.fields),
                 "egress": list(g.egress),
-                "limits": limits(g),
+                "limits": g.limits(),
                 "justification": g.justification,
                 "requester": (
                     g.requested_by.get_username()

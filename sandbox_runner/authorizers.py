@@ -290,10 +290,5 @@ def _parse_run(spec: RunSpec, body: dict[str, Any]) -> Authorization:
         return malformed(f"egress: {exc}")
     if spec.egress is not None and {str(d) for d in egress} - set(spec.egress):
         return malformed("egress beyond what was asked for")
-    limits = Limits(
-        memory_mb=int(values["memory_mb"]),
-        cpus=float(values["cpus"]),
-        pids=int(values["pids"]),
-        wall_seconds=int(values["wall_seconds"]),
-    )
+    limits = Limits.from_values(values)
     return Authorization(outcome="allow", limits=limits, egress=egress, **common)

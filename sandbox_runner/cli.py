@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--memory", type=memory_mb, help="e.g. 256m")
     run.add_argument("--cpus", type=float)
     run.add_argument("--pids", type=int)
+    run.add_argument("--scratch", type=memory_mb, help="size of /workspace, e.g. 64m")
     run.add_argument("--egress", nargs="+", action="extend", metavar="HOST:PORT")
     run.add_argument("--api", help="governance URL (or GOVERNANCE_URL); token in GOVERNANCE_TOKEN")
     run.add_argument("--script", help="file run as `python3 /sandbox/script`")
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cpus": args.cpus,
                 "pids": args.pids,
                 "wall_seconds": args.timeout,
+                "scratch_mb": args.scratch,
             },
             egress=tuple(args.egress) if args.egress else None,
         )

@@ -77,9 +77,11 @@ def workdir_root() -> Path:
 
 
 def prepare_workdir(spec: RunSpec) -> Path:
-    """A fresh directory per run: scratch (rw for uid 1000) and in/ (read-only copies).
+    """A fresh directory per run: in/ (read-only copies of the script and input).
 
-    The script and input are copied, so what runs is exactly what was hashed.
+    The script and input are copied, so what runs is exactly what was hashed. The
+    run's writable /workspace is not here: each backend makes it a tmpfs of the
+    run's scratch_mb, so a run cannot fill the host's disk.
     """
     root = workdir_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -87,12 +89,8 @@ def prepare_workdir(spec: RunSpec) -> Path:
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{spec.run_id}-", dir=root))
     # Traversable, not listable: the engine (and bwrap as uid 1000) reach the mounts.
     os.chmod(workdir, 0o711)  # noqa: S103
-    scratch = workdir / "scratch"
-    scratch.mkdir(mode=0o700)
     inputs = workdir / "in"
     inputs.mkdir(mode=0o755)
-    if os.geteuid() == 0:
-        os.chown(scratch, 1000, 1000)
     for name, data in (("script", spec.script), ("input", spec.input)):
         if data is not None:
             path = inputs / name
@@ -109,7 +107,7 @@ def _check_root(root: Path) -> None:
     """The root that holds every run's directory must be a real directory of ours that
     nobody else may write: it lives under a shared /tmp by default, and whoever can
     rename entries in it could swap a run's directory for a symlink before the
-    runner (often root) writes the script, chowns the scratch or mounts it."""
+    runner (often root) writes the script or mounts it."""
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeWorkdir(f"{root} is not a directory (a symlink?): refusing to run")

@@ -39,13 +39,27 @@ class Limits:
     cpus: float
     pids: int
     wall_seconds: int
+    # The size of /workspace, the one writable directory (a tmpfs: its pages also
+    # count against memory_mb); a write past it fails with ENOSPC.
+    scratch_mb: int
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, float | int]) -> Limits:
+        """From a mapping with one number per LIMIT_NAMES entry (checked by the caller)."""
+        return cls(
+            memory_mb=int(values["memory_mb"]),
+            cpus=float(values["cpus"]),
+            pids=int(values["pids"]),
+            wall_seconds=int(values["wall_seconds"]),
+            scratch_mb=int(values["scratch_mb"]),
+        )
 
 
 # The runner's floor: what a grant without explicit limits gets.
-DEFAULT_LIMITS = Limits(memory_mb=256, cpus=1.0, pids=64, wall_seconds=60)
-LIMIT_NAMES = ("memory_mb", "cpus", "pids", "wall_seconds")
+DEFAULT_LIMITS = Limits(memory_mb=256, cpus=1.0, pids=64, wall_seconds=60, scratch_mb=64)
+LIMIT_NAMES = ("memory_mb", "cpus", "pids", "wall_seconds", "scratch_mb")
 # The smallest value each limit can be enforced at (Docker: 0.01 CPUs, 6 MiB).
-LIMIT_MIN = {"memory_mb": 6, "cpus": 0.01, "pids": 1, "wall_seconds": 1}
+LIMIT_MIN = {"memory_mb": 6, "cpus": 0.01, "pids": 1, "wall_seconds": 1, "scratch_mb": 1}
 
 
 @dataclass(frozen=True)
@@ -135,12 +149,7 @@ def effective(
             kind = "a whole number" if whole else "a number"
             raise OverCeiling(f"{name} must be {kind} of at least {LIMIT_MIN[name]} (got {value})")
         values[name] = value
-    limits = Limits(
-        memory_mb=int(values["memory_mb"]),
-        cpus=float(values["cpus"]),
-        pids=int(values["pids"]),
-        wall_seconds=int(values["wall_seconds"]),
-    )
+    limits = Limits.from_values(values)
     granted = tuple(parse_destination(e) for e in granted_egress)
     if spec.egress is None:
         return limits, granted

@@ -37,11 +37,13 @@ def body(**limits):
 
 
 def test_requested_limits_are_stored_approved_and_shown(asked, bob, human_client):
-    response = asked.post(API, body(cpus=0.5, memory_mb=512, pids=32), format="json")
+    response = asked.post(API, body(cpus=0.5, memory_mb=512, pids=32, scratch_mb=16), format="json")
     assert response.status_code == 201, response.json()
-    assert response.json()["limits"] == {"cpus": 0.5, "memory_mb": 512, "pids": 32}
+    shown = {"cpus": 0.5, "memory_mb": 512, "pids": 32, "scratch_mb": 16}
+    assert response.json()["limits"] == shown
     grant = Grant.objects.get(pk=response.json()["id"])
     assert (grant.limit_cpus, grant.limit_memory_mb, grant.limit_pids) == (0.5, 512, 32)
+    assert grant.limit_scratch_mb == 16
     assert grant.limit_wall_seconds is None  # left out: the runner's floor
     assert grant.status == "pending"
     event = AuditEvent.objects.get(grant_id=grant.pk, event_type="grant.requested")
@@ -50,7 +52,7 @@ def test_requested_limits_are_stored_approved_and_shown(asked, bob, human_client
     approver = human_client(bob, "approvers")
     approved = approver.post(f"{API}/{grant.pk}/approve", {}, format="json")
     assert approved.status_code == 200, approved.json()
-    assert approved.json()["limits"] == {"cpus": 0.5, "memory_mb": 512, "pids": 32}
+    assert approved.json()["limits"] == shown
     assert AuditEvent.objects.filter(grant_id=grant.pk, event_type="grant.issued").exists()
 
 
@@ -61,6 +63,8 @@ def test_requested_limits_are_stored_approved_and_shown(asked, bob, human_client
         ({"memory_mb": "512"}, "memory_mb"),
         ({"pids": True}, "pids"),
         ({"wall_seconds": 1.5}, "wall_seconds"),
+        ({"scratch_mb": 0}, "scratch_mb"),
+        ({"scratch_mb": 1 << 21}, "scratch_mb"),
         ({"gpus": 1}, "gpus"),
     ],
 )

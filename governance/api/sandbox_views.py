@@ -103,6 +103,7 @@ class SandboxLimitsOut(serializers.Serializer):
     cpus = serializers.FloatField()
     pids = serializers.IntegerField()
     wall_seconds = serializers.IntegerField()
+    scratch_mb = serializers.IntegerField()
 
 
 class SandboxRunOut(serializers.Serializer):

@@ -461,13 +461,7 @@ class GrantOut(serializers.Serializer):
 
     @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
     def get_limits(self, grant: Any) -> dict[str, float]:
-        values = {
-            "cpus": grant.limit_cpus,
-            "memory_mb": grant.limit_memory_mb,
-            "pids": grant.limit_pids,
-            "wall_seconds": grant.limit_wall_seconds,
-        }
-        return {key: value for key, value in values.items() if value is not None}
+        return grant.limits()
 
     def get_requested_duration_seconds(self, grant: Any) -> int | None:
         duration = grant.requested_duration
@@ -497,6 +491,13 @@ class LimitsIn(StrictSerializer):
     pids = StrictIntegerField(min_value=1, max_value=1 << 22, required=False, allow_null=True)
     wall_seconds = StrictIntegerField(
         min_value=1, max_value=7 * 86400, required=False, allow_null=True
+    )
+    scratch_mb = StrictIntegerField(
+        min_value=1,
+        max_value=1 << 20,
+        required=False,
+        allow_null=True,
+        help_text="Size of the sandbox's writable /workspace, a tmpfs (MiB)",
     )
 
 

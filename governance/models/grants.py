@@ -8,6 +8,7 @@ from django.db.models.functions import Coalesce
 from governance.models.agents import Agent
 from governance.models.tasks import Task
 from governance.models.tools import Tool
+from sandbox_runner.spec import LIMIT_NAMES
 
 
 class Grant(models.Model):
@@ -42,6 +43,9 @@ class Grant(models.Model):
     limit_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     limit_pids = models.PositiveIntegerField(null=True, blank=True)
     limit_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
+    limit_scratch_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Size of the sandbox's /workspace (MiB)"
+    )
 
     justification = models.TextField()
     requested_by = models.ForeignKey(
@@ -144,6 +148,11 @@ class Grant(models.Model):
         return (
             f"grant#{self.pk} {self.agent_id}:{self.tool_id} {','.join(self.actions)} {self.scope}"
         )
+
+    def limits(self) -> dict[str, float]:
+        """The code-execution ceilings this grant sets (absent: the runner's floor)."""
+        values = {name: getattr(self, f"limit_{name}") for name in LIMIT_NAMES}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 class UsageFold(models.Model):

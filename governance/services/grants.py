@@ -171,7 +171,7 @@ def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
     """The grant's code-execution ceilings as columns: cpus a positive number, the rest
     positive whole numbers (under 2**31: 32-bit columns on PostgreSQL)."""
     limits = limits or {}
-    allowed = {"cpus", "memory_mb", "pids", "wall_seconds"}
+    allowed = {"cpus", "memory_mb", "pids", "wall_seconds", "scratch_mb"}
     unknown = set(limits) - allowed
     if unknown:
         raise GovernanceError("invalid_limits", f"Unknown limits: {', '.join(sorted(unknown))}.")
@@ -444,6 +444,7 @@ def grant_delegate(
             limit_memory_mb=parent.limit_memory_mb,
             limit_pids=parent.limit_pids,
             limit_wall_seconds=parent.limit_wall_seconds,
+            limit_scratch_mb=parent.limit_scratch_mb,
             justification=justification,
             requested_by_agent=parent.agent,
             status=Grant.Status.ACTIVE,

@@ -62,7 +62,7 @@ from governance.services import tasks as task_service
 from governance.services import tools as tool_service
 
 FORMAT_VERSION = 1
-LIMIT_KEYS = ("cpus", "memory_mb", "pids", "wall_seconds")
+LIMIT_KEYS = ("cpus", "memory_mb", "pids", "wall_seconds", "scratch_mb")
 
 # --- Export --------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from sandbox_runner.spec import (
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
 BACKEND_NOT_ALLOWED = "backend_not_allowed"
-GRANT_CEILING = ("limit_memory_mb", "limit_cpus", "limit_pids", "limit_wall_seconds", "egress")
+GRANT_CEILING = (*(f"limit_{name}" for name in LIMIT_NAMES), "egress")
 
 
 def _event(
@@ -136,12 +136,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         run.decision, run.reason, run.message = outcome, reason, message[:2000]
         run.decision_id = decision.decision_id or ""
         if limits is not None:
-            run.limits = {
-                "memory_mb": limits.memory_mb,
-                "cpus": limits.cpus,
-                "pids": limits.pids,
-                "wall_seconds": limits.wall_seconds,
-            }
+            run.limits = {name: getattr(limits, name) for name in LIMIT_NAMES}
             run.egress = [str(d) for d in egress]
         else:
             run.status = SandboxRun.Status.DENIED

@@ -5,7 +5,8 @@ pid, ipc, uts, net, cgroup and mount namespaces, with further user namespaces
 disabled, every capability dropped, no_new_privs (bwrap always sets it) and
 --die-with-parent. The root is an empty tmpfs remounted read-only with the
 host's /usr bound read-only (the "image" is the host's system directories),
-/workspace the per-run scratch directory, /tmp a noexec tmpfs the runner
+/workspace a tmpfs of the run's scratch_mb (bwrap's own, gone with the
+sandbox), /tmp a noexec tmpfs the runner
 mounts, the script and input bound read-only.
 
 Limits: cgroups (v1 or v2) when the runner may create them, else rlimits
@@ -61,7 +62,7 @@ GATE_EXIT = 125
 GATE = f'read -r go && [ "$go" = 1 ] && exec "$@" </dev/null; exit {GATE_EXIT}'
 
 
-def bwrap_argv(workdir: Path, has_script: bool, has_input: bool) -> list[str]:
+def bwrap_argv(workdir: Path, has_script: bool, has_input: bool, scratch_mb: int) -> list[str]:
     """The namespace and mount layout (shared with the benchmark's bare bwrap)."""
     argv = [
         "bwrap",
@@ -84,7 +85,10 @@ def bwrap_argv(workdir: Path, has_script: bool, has_input: bool) -> list[str]:
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
     argv += ["--dir", "/etc", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--bind", str(workdir / "scratch"), "/workspace"]
+    # /workspace: a tmpfs of scratch_mb made by bwrap in the sandbox's own mount
+    # namespace, owned by uid 1000 (never a host directory: a run cannot fill the
+    # host's disk), gone with the sandbox.
+    argv += ["--perms", "0700", "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", "/workspace"]
     argv += ["--bind", str(workdir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own noexec tmpfs
     if has_script:
         argv += ["--ro-bind", str(workdir / "in" / "script"), SCRIPT_PATH]
@@ -447,7 +451,9 @@ class BubblewrapBackend(Backend):
         missing = {"memory", "pids", "cpus"} - set(enforcement)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
-        argv = bwrap_argv(workdir, spec.script is not None, spec.input is not None)
+        argv = bwrap_argv(
+            workdir, spec.script is not None, spec.input is not None, limits.scratch_mb
+        )
         env = {"HOME": "/workspace", "TMPDIR": "/tmp", "SANDBOX_RUN_ID": spec.run_id}  # noqa: S108
         env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
         if spec.input is not None:
@@ -514,6 +520,7 @@ class BubblewrapBackend(Backend):
             "wall_seconds": "runner",
             "seccomp": "filter" if seccomp_fd is not None else "none (no libseccomp)",
             "tmp": "noexec tmpfs" if tmp_noexec else "plain directory (exec allowed)",
+            "scratch": "bwrap tmpfs",
         }
         return handle
 

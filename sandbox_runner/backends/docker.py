@@ -2,7 +2,8 @@
 
 The flags are the floor from DESIGN.md, not a menu: no network (or, with
 egress, only the namespace of a holder container where the runner's proxy
-listens on 127.0.0.1), read-only root, per-run scratch at /workspace, a
+listens on 127.0.0.1), read-only root, /workspace a tmpfs of the run's
+scratch_mb (never a host directory), a
 noexec tmpfs /tmp, the script and input mounted read-only, memory with no
 extra swap, cpus, pids, uid 1000, every capability dropped,
 no-new-privileges and the engine's default seccomp profile (never
@@ -34,6 +35,12 @@ PROXY_PORT = 3128
 TMP_SIZE = "64m"
 
 
+def scratch_options(limits: Limits) -> str:
+    """/workspace: the run's one writable directory, a tmpfs of scratch_mb owned by
+    uid 1000 (never a host directory: a run cannot fill the host's disk)."""
+    return f"rw,nosuid,nodev,size={limits.scratch_mb}m,uid=1000,gid=1000,mode=0700"
+
+
 def hardening(limits: Limits) -> dict[str, Any]:
     """The container options every sandbox (and the network holder) gets.
 
@@ -42,7 +49,10 @@ def hardening(limits: Limits) -> dict[str, Any]:
     memory = f"{limits.memory_mb}m"
     return {
         "read_only": True,
-        "tmpfs": {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_SIZE}"},  # noqa: S108
+        "tmpfs": {
+            "/tmp": f"rw,noexec,nosuid,nodev,size={TMP_SIZE}",  # noqa: S108
+            "/workspace": scratch_options(limits),
+        },
         "mem_limit": memory,
         "memswap_limit": memory,  # swap equal to memory: no extra swap
         "nano_cpus": int(limits.cpus * 1e9),
@@ -146,7 +156,13 @@ class DockerBackend(Backend):
     name = "docker"
     runtime: str | None = None  # the engine's default (runc)
     # How each limit is enforced, as the run record says.
-    enforcement = {"memory": "docker", "cpus": "docker", "pids": "docker", "wall_seconds": "runner"}
+    enforcement = {
+        "memory": "docker",
+        "cpus": "docker",
+        "pids": "docker",
+        "wall_seconds": "runner",
+        "scratch": "docker tmpfs",
+    }
 
     def __init__(self, client: Any = None) -> None:
         self._client = client
@@ -173,7 +189,7 @@ class DockerBackend(Backend):
     def _holder(self, spec: RunSpec, workdir: Path, deadline: float) -> Any:
         """A do-nothing container whose empty network namespace the sandbox
         joins; the runner's proxy listens inside it on 127.0.0.1."""
-        tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0)
+        tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0, scratch_mb=1)
         holder = self.client.containers.create(
             spec.image,
             ["sleep", "infinity"],
@@ -204,7 +220,7 @@ class DockerBackend(Backend):
         assert auth.limits is not None
         import docker.errors
 
-        volumes = {str(workdir / "scratch"): {"bind": "/workspace", "mode": "rw"}}
+        volumes: dict[str, dict[str, str]] = {}
         if spec.script is not None:
             volumes[str(workdir / "in" / "script")] = {"bind": SCRIPT_PATH, "mode": "ro"}
         if spec.input is not None:

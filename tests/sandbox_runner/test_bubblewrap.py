@@ -98,10 +98,11 @@ from sandbox_runner.spec import SCRIPT_PATH, Authorization, Limits, RunSpec
 for _ in range(int(sys.argv[1])):
     spec = RunSpec(
         agent="bot", task=None, backend="bubblewrap", command=("python3", SCRIPT_PATH),
-        script=b"open('/workspace/ran', 'w').write('ran'); print('ran', flush=True)\n",
+        script=b"open('/tmp/ran', 'w').write('ran'); print('ran', flush=True)\n",
     )
     auth = Authorization("allow", "allowed", "", spec.run_id,
-                         limits=Limits(memory_mb=128, cpus=1.0, pids=32, wall_seconds=30))
+                         limits=Limits(memory_mb=128, cpus=1.0, pids=32, wall_seconds=30,
+                                       scratch_mb=8))
     workdir = prepare_workdir(spec)
     handle = BubblewrapBackend().start(
         spec, auth, workdir, 0.0, lambda b: None, lambda b: None, None
@@ -140,7 +141,7 @@ def test_a_runner_killed_while_sandboxes_are_held_never_runs_their_code(bwrap_av
         else:
             pytest.fail("bwrap still running 15 s after its runner died")
     time.sleep(1.0)  # time enough for the scripts, were they running
-    ran = [w for w, _ in started if (Path(w) / "scratch" / "ran").exists()]
+    ran = [w for w, _ in started if (Path(w) / "tmp" / "ran").exists()]
     _clean_up_after_a_dead_runner([w for w, _ in started])
     assert ran == [], f"{len(ran)} of {SANDBOXES} ran their code with the runner dead"
 

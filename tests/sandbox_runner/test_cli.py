@@ -29,11 +29,18 @@ def test_run_with_a_script_and_limits_mirrors_the_exit_status(
     data = tmp_path / "in.txt"
     data.write_text("payload")
     argv = ["run", "--agent", "coder", "--task", "SBX-1", "--memory", "128m", "--pids", "16"]
+    argv += ["--scratch", "8m"]
     code = main([*argv, "--timeout", "20", "--input", str(data), "--script", str(script)])
     assert code == 9
     assert capfdbinary.readouterr().out == b"payload\n"
     run = SandboxRun.objects.get()
-    assert run.limits == {"memory_mb": 128, "cpus": 1.0, "pids": 16, "wall_seconds": 20}
+    assert run.limits == {
+        "memory_mb": 128,
+        "cpus": 1.0,
+        "pids": 16,
+        "wall_seconds": 20,
+        "scratch_mb": 8,
+    }
     assert run.input_sha256 and run.command == ["python3", SCRIPT_PATH]
 
 

@@ -59,7 +59,13 @@ def test_a_trivial_script_runs_and_is_recorded(backend, code_exec, spec_for):
     assert record.image_digest.startswith("host:" if backend == "bubblewrap" else "sha256:")
     assert record.backend == backend
     assert record.script_sha256 == spec.script_sha256
-    assert record.limits == {"memory_mb": 256, "cpus": 1.0, "pids": 64, "wall_seconds": 60}
+    assert record.limits == {
+        "memory_mb": 256,
+        "cpus": 1.0,
+        "pids": 64,
+        "wall_seconds": 60,
+        "scratch_mb": 64,
+    }
     pids = {
         "docker": "docker",
         "gvisor": "docker (gVisor kernel threads)",
@@ -196,6 +202,7 @@ def test_approval_pending_starts_no_container(
         ({"memory_mb": 512}, None, "memory_mb 512 is above the grant's 128"),
         ({"pids": 1000}, None, "pids 1000 is above the grant's 64"),
         ({"wall_seconds": 61}, None, "wall_seconds 61 is above the grant's 60"),
+        ({"scratch_mb": 65}, None, "scratch_mb 65 is above the grant's 64"),
         ({}, ("127.0.0.1:9",), "egress to 127.0.0.1:9 is not in the grant"),
         # Below what can be enforced: Docker would read 0 nano-CPUs / 0 pids as unlimited.
         ({"cpus": 1e-10}, None, "cpus must be a number of at least 0.01 (got 1e-10)"),
@@ -232,6 +239,7 @@ def test_a_request_below_the_grant_is_honoured(docker_client, code_exec, spec_fo
         "cpus": 1.0,
         "pids": 32,
         "wall_seconds": 10,
+        "scratch_mb": 64,
     }
 
 
@@ -308,6 +316,46 @@ def test_writes_outside_scratch_fail_and_tmp_is_not_executable(backend, code_exe
     assert lines[4:] == ["/workspace ok", "/tmp noexec"]
     record = run_record(spec.run_id)
     assert (record.status, record.exit_code) == ("finished", 5)
+
+
+FILL = """
+import errno, os
+mounts = [line.split() for line in open("/proc/mounts")]
+print("fs", *[m[2] for m in mounts if m[1] == "/workspace"], flush=True)
+written = 0
+try:
+    with open("/workspace/fill", "wb") as f:
+        while written < 32 << 20:  # bounded, so that no cap fails the test, not the disk
+            f.write(b"x" * 65536)
+            f.flush()
+            written += 65536
+    print("no cap", written // (1 << 20), flush=True)
+except OSError as exc:
+    print("stopped", errno.errorcode[exc.errno], written // (1 << 20), flush=True)
+os.remove("/workspace/fill")
+open("/workspace/after", "w").write("room again")
+print("after", open("/workspace/after").read())
+"""
+
+
+def test_the_scratch_directory_is_capped_and_never_on_the_host_disk(backend, code_exec, spec_for):
+    """A run that writes without end gets ENOSPC at its scratch_mb, not the host's
+    disk: /workspace is a tmpfs of that size (one mount, nothing bound from the host),
+    and the run can go on once it frees space."""
+    code_exec.grant(limits={"scratch_mb": 8, "memory_mb": 128})
+    spec = spec_for(FILL, backend=backend, limits={"scratch_mb": 4})
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "fs tmpfs", out
+    words = lines[1].split()
+    assert words[:2] == ["stopped", "ENOSPC"] and 3 <= int(words[2]) <= 4, out
+    assert lines[-1] == "after room again"
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.limits["scratch_mb"] == 4
+    scratch = {"docker": "docker tmpfs", "gvisor": "docker tmpfs", "bubblewrap": "bwrap tmpfs"}
+    assert record.enforcement["scratch"] == scratch[backend]
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
 
 
 FORK = """
@@ -515,9 +563,11 @@ def test_inspect_of_a_running_sandbox_shows_every_hardening_flag(
     assert host["NetworkMode"] == "none"
     assert config["User"] == "1000:1000"
     assert "noexec" in host["Tmpfs"]["/tmp"]
+    # /workspace is a tmpfs of the run's scratch_mb, not a host directory: the only
+    # host path in the container is the script, read-only.
+    assert host["Tmpfs"]["/workspace"] == "rw,nosuid,nodev,size=64m,uid=1000,gid=1000,mode=0700"
     mounts = {m["Destination"]: (m["RW"], m["Source"]) for m in seen["Mounts"]}
-    assert set(mounts) == {"/workspace", "/sandbox/script"}
-    assert mounts["/workspace"][0] is True and mounts["/sandbox/script"][0] is False
+    assert set(mounts) == {"/sandbox/script"} and mounts["/sandbox/script"][0] is False
     assert config["Labels"]["governance.sandbox.run"] == spec.run_id
     assert float(config["Labels"]["governance.sandbox.deadline"]) > 0
     assert config["Labels"]["governance.sandbox.agent"] == "coder"

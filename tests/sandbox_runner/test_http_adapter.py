@@ -63,7 +63,13 @@ def test_a_docker_run_over_http_is_recorded_on_the_server_with_every_egress_atte
     assert record.agent == "coder" and record.backend == "docker"
     assert record.script_sha256 == spec.script_sha256 and record.container_id
     assert record.image_digest.startswith("sha256:")
-    assert record.limits == {"memory_mb": 200, "cpus": 1.0, "pids": 32, "wall_seconds": 60}
+    assert record.limits == {
+        "memory_mb": 200,
+        "cpus": 1.0,
+        "pids": 32,
+        "wall_seconds": 60,
+        "scratch_mb": 64,
+    }
     assert record.stdout_excerpt.startswith("A 200 server-a")
     assert record.enforcement and record.deadline_at is not None
     # Three attempts were made through the proxy: three events, in order, on the server.
