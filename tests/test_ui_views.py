@@ -122,6 +122,61 @@ def test_the_approvals_inbox_shows_masked_arguments_and_time_left() -> None:
     assert world.approval.arguments_preview == {"force": True, "token": "[masked]"}
 
 
+def test_the_approver_sees_the_sandbox_ceilings_and_egress_of_what_they_approve() -> None:
+    """A code-execution grant's limits and egress list are part of what is approved: the
+    request inbox and the grant page show them (and say when there are none)."""
+    world = ui_world.build()
+    code = tools.tool_register(
+        name="code-exec",
+        kind="code_exec",
+        actions=["execute"],
+        description="Runs code in a sandbox",
+        actor=Actor.system("test"),
+        at=timezone.now(),
+    )
+    asked = grants.grant_request(
+        agent=world.agent,
+        tool=code,
+        actions=["execute"],
+        scope="sandbox:*",
+        duration=timedelta(hours=1),
+        justification="run the build",
+        egress=["pypi.example.test:443"],
+        limits={"memory_mb": 512, "scratch_mb": 16},
+        requested_by=world.alice,
+        actor=Actor.system("test"),
+        at=timezone.now(),
+    )
+    bare = grants.grant_request(
+        agent=world.agent,
+        tool=code,
+        actions=["execute"],
+        scope="sandbox:debian/*",
+        duration=timedelta(hours=1),
+        justification="run the tests",
+        requested_by=world.alice,
+        actor=Actor.system("test"),
+        at=timezone.now(),
+    )
+    client = ui_world.signed_in("approver")
+    inbox = client.get("/ui/inbox/requests/").content.decode()
+    mine = inbox[inbox.index(f'id="req-{asked.pk}"') :]
+    mine = mine[: mine.index("</section>")]
+    assert "memory_mb 512" in mine and "scratch_mb 16" in mine
+    assert "<code>pypi.example.test:443</code>" in mine
+    theirs = inbox[inbox.index(f'id="req-{bare.pk}"') :]
+    theirs = theirs[: theirs.index("</section>")]
+    assert "the runner's defaults" in theirs and "none (no network)" in theirs
+    # A grant on a tool that runs no code and sets neither shows no such rows.
+    other = inbox[inbox.index(f'id="req-{world.request.pk}"') :]
+    assert "Sandbox ceilings" not in other[: other.index("</section>")]
+
+    page = client.get(f"/ui/grants/{asked.pk}/").content.decode()
+    assert "memory_mb 512" in page and "scratch_mb 16" in page
+    assert "<code>pypi.example.test:443</code>" in page
+    assert "Sandbox ceilings" not in client.get(f"/ui/grants/{world.grant.pk}/").content.decode()
+
+
 def test_a_call_too_long_to_preview_is_flagged_to_the_approver() -> None:
     """The caller controls what a cut preview leaves out (keys sort, padding pushes the
     rest off): the approver is told the preview is not the whole call."""
