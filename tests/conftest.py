@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, transaction
 
 from governance.audit import Actor
 from governance.models import Agent, AuditEvent, Grant, Task, Tool
@@ -132,13 +132,14 @@ def last_event() -> AuditEvent:
 pytest_plugins = ["tests.api_fixtures", "tests.lifecycle_fixtures"]
 
 
-# --- Transactional tests on SQLite -------------------------------------------------------
-# After a transactional test (live_server, threads) Django empties every table. On SQLite
-# it does so with DELETE, which the append-only trigger refuses, so the flush fails and
-# the next test starts on a dirty database. PostgreSQL flushes with TRUNCATE, which row
-# triggers do not see. So on SQLite, just before the flush, the audit table is emptied
-# with its triggers lifted for that one statement and put back at once: the flush then
-# finds no audit rows to refuse, and the triggers guard every test as usual.
+# --- Transactional tests ---------------------------------------------------------------
+# After a transactional test (live_server, threads) Django empties every table: on SQLite
+# with DELETE, which the append-only row triggers refuse (migration 0002), on PostgreSQL
+# with TRUNCATE, which a statement trigger refuses while the log holds an event
+# (migration 0012). Either way the flush would fail and the next test would start on a
+# dirty database. So just before the flush the audit table is emptied with its guards
+# lifted for that one statement and put back at once: the flush then finds an empty log,
+# and the guards protect every test as usual.
 
 
 def _is_transactional(request: pytest.FixtureRequest) -> bool:
@@ -153,8 +154,8 @@ def _is_transactional(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _sqlite_audit_flushable(request: pytest.FixtureRequest) -> Any:
-    if connection.vendor != "sqlite" or not _is_transactional(request):
+def _audit_flushable(request: pytest.FixtureRequest) -> Any:
+    if not _is_transactional(request):
         yield
         return
     # Set up after the database fixture, so this teardown runs before its flush.
@@ -162,12 +163,18 @@ def _sqlite_audit_flushable(request: pytest.FixtureRequest) -> Any:
     yield
     import importlib
 
-    triggers = importlib.import_module("governance.migrations.0002_audit_append_only")
-    with connection.cursor() as cur:
-        for statement in triggers.SQLITE_DOWN:
+    rows = importlib.import_module("governance.migrations.0002_audit_append_only")
+    truncate = importlib.import_module("governance.migrations.0012_audit_no_truncate")
+    if connection.vendor == "sqlite":
+        down, empty, up = rows.SQLITE_DOWN, "DELETE FROM governance_auditevent", rows.SQLITE_UP
+    else:
+        down, up = truncate.POSTGRES_DOWN, truncate.POSTGRES_UP
+        empty = "TRUNCATE governance_auditevent"
+    with transaction.atomic(), connection.cursor() as cur:
+        for statement in down:
             cur.execute(statement)
-        cur.execute("DELETE FROM governance_auditevent")
-        for statement in triggers.SQLITE_UP:
+        cur.execute(empty)
+        for statement in up:
             cur.execute(statement)
 
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 from governance import audit
@@ -93,6 +93,20 @@ def test_the_database_refuses_update_and_delete(chain):
         with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
             sql(statement)
     assert AuditEvent.objects.get(seq=2).scope != "x"
+
+
+def test_the_database_refuses_truncate(chain, capsys):
+    """Row triggers never see TRUNCATE (migration 0012: a statement trigger does);
+    nor may `manage.py flush` empty the log as a side effect."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no TRUNCATE (DELETE without WHERE is refused above)")
+    with pytest.raises(DatabaseError, match=r"append-only \(TRUNCATE refused\)"):
+        with transaction.atomic():
+            sql("TRUNCATE governance_auditevent")
+    with pytest.raises(CommandError, match="couldn't be flushed"), transaction.atomic():
+        call_command("flush", interactive=False, verbosity=0)
+    assert AuditEvent.objects.count() == chain
+    assert verify_output(capsys)[0] == 0
 
 
 @pytest.mark.django_db
