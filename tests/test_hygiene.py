@@ -253,6 +253,52 @@ def test_a_second_look_is_decided_once_by_another_approver(
     assert row.target == "heidi@example.test"  # the admin
 
 
+def test_nobody_with_a_stake_in_the_agent_takes_its_second_look(approved_yesterday, system):
+    """The agent's owner (olga: an admin who neither requested nor approved anything) is
+    never drawn as the reviewer and may not decide a look on her agent's calls or
+    grants; an approver other than the drawn one may not either (an admin may)."""
+    from django.contrib.auth.models import User
+
+    from governance.models import Agent
+
+    olga = User.objects.create_user("olga", email="olga@example.test")
+    olga.groups.add(Group.objects.get_or_create(name="admins")[0])
+    Agent.objects.update(owner=olga)  # test setup: the agent changes hands
+    second_look.second_looks_sample(actor=system, at=NOW + timedelta(hours=1), fraction=1.0)
+    looks = list(SecondLook.objects.select_related("reviewer"))
+    assert len(looks) == 22 and all(look.reviewer.username != "olga" for look in looks)
+
+    def decide(look, who):
+        return second_look.second_look_decide(
+            second_look_id=look.pk,
+            reviewer=who,
+            verdict="confirm",
+            comment="looks fine",
+            actor=Actor.user(who),
+            at=NOW,
+        )
+
+    for kind in ("grant", "approval"):
+        look = SecondLook.objects.filter(kind=kind).first()
+        with pytest.raises(Forbidden) as caught:
+            decide(look, olga)
+        assert caught.value.code == "self_review"
+    look = SecondLook.objects.filter(kind="approval").get()
+    other = next(
+        u
+        for u in User.objects.filter(groups__name="approvers").order_by("username")
+        if u.pk not in (look.reviewer_id, look.original_approver_id)
+    )
+    with pytest.raises(Forbidden) as caught:
+        decide(look, other)
+    assert caught.value.code == "not_assigned"
+    assert events(EventType.SECOND_LOOK_DECIDED) == []
+    heidi = User.objects.get(username="heidi")  # an admin with no stake
+    assert decide(look, heidi).decided_by == heidi
+    (event,) = events(EventType.SECOND_LOOK_DECIDED)
+    assert json.loads(event.data)["decided_by"] == "heidi"
+
+
 # --- the thin tasks --------------------------------------------------------------------
 
 

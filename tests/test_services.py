@@ -448,6 +448,37 @@ def test_nobody_behind_a_delegation_confirms_the_subagents_destructive_call(
     assert last_event().event_type == "approval.approved" and last_event().actor == "user:bob"
 
 
+def test_the_owner_of_a_parent_agent_cannot_approve_its_subagents_own_request(
+    make_agent, repo, alice, bob, system
+):
+    """A subagent's own grant request (no human requester): neither its owner (carol)
+    nor the owner of the agent above it (alice, who controls it) may approve it."""
+    from django.contrib.auth.models import User
+
+    carol = User.objects.create_user("carol")
+    child = make_agent("child", parent=make_agent("parent"), owner=carol)
+    asked = grants.grant_request(
+        agent=child,
+        tool=repo,
+        actions=["read"],
+        scope="repo:acme/api/*",
+        duration=timedelta(hours=1),
+        justification="sub-task",
+        requested_by_agent=child,
+        actor=Actor.agent(child),
+        at=NOW,
+    )
+    for person in (carol, alice):
+        with pytest.raises(Forbidden) as refused:
+            grants.grant_approve(grant_id=asked.pk, approver=person, actor=system, at=NOW)
+        assert refused.value.code == "self_approval"
+    assert Grant.objects.get(pk=asked.pk).status == "pending"
+    assert last_event().event_type == "grant.requested"
+    approved = grants.grant_approve(grant_id=asked.pk, approver=bob, actor=system, at=NOW)
+    assert approved.status == "active" and approved.approved_by == bob
+    assert last_event().event_type == "grant.issued"
+
+
 def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, make_grant, system):
     make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
     pending = access.access_check(

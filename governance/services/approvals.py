@@ -34,19 +34,18 @@ def _event(
     )
 
 
-def _interested(approval: Approval) -> set[Any]:
-    """Who may not confirm this call: the agent's owner and the owners of the agents
-    above it (a parent controls its subagents), and, up a delegated grant's chain,
-    every grant's requester and holder's owner (a delegated grant has no human
-    requester of its own: the person behind it asked for the parent)."""
+def stakeholders(agent: Agent | None, grant: Grant | None) -> set[Any]:
+    """Who has a stake in what `agent` does under `grant`, and so may not confirm or
+    re-check it: the agent's owner and the owners of the agents above it (a parent
+    controls its subagents), and, up a delegated grant's chain, every grant's
+    requester and holder's owner (a delegated grant has no human requester of its
+    own: the person behind it asked for the parent)."""
     users = set()
-    agent: Agent | None = approval.agent
     for _ in range(32):  # bounded, as the delegation walk is
         if agent is None:
             break
         users.add(agent.owner_id)
         agent = agent.parent
-    grant: Grant | None = approval.grant
     for _ in range(32):
         if grant is None:
             break
@@ -68,7 +67,7 @@ def _decide(
         if approval.status != Approval.Status.PENDING or approval.expires_at <= at:
             raise Conflict("not_pending", f"The approval is {approval.status}, not pending.")
         # Nobody with a stake in the call confirms it (separation of duties).
-        if approver.pk in _interested(approval):
+        if approver.pk in stakeholders(approval.agent, approval.grant):
             raise Forbidden("self_approval", "Nobody approves their own agent's action.")
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
         approval.decided_by = approver

@@ -20,6 +20,7 @@ from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
+from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from sandbox_runner.egress import parse_destination
 
@@ -257,9 +258,13 @@ def grant_approve(
         grant = _lock_pending(grant_id)
         if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
             raise Forbidden("self_approval", "Nobody approves their own request.")
-        if grant.agent.owner_id == approver.pk and grant.requested_by_agent_id is not None:
+        if grant.requested_by_agent_id is not None and approver.pk in stakeholders(
+            grant.agent, None
+        ):
             raise Forbidden(
-                "self_approval", "An agent's owner cannot approve the agent's own request."
+                "self_approval",
+                "An agent's owner (or the owner of an agent above it) cannot approve the "
+                "agent's own request.",
             )
         assert grant.requested_duration is not None
         narrowed = _narrowing(grant, actions, scope, duration)

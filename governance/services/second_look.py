@@ -10,7 +10,10 @@ Signatures (keyword-only):
     second_look_decide(*, second_look_id, reviewer, verdict, comment, actor, at)
         -> SecondLook
         verdict: "confirm" | "flag" (flag notifies the admins). Raises Forbidden
-        `self_review` (the original approver or the requester) / `not_allowed`,
+        `self_review` (the original approver, or anyone with a stake in the agent's
+        call: approvals.stakeholders, which includes the requester and the owners of
+        the agent and the agents above it) / `not_assigned` (neither the sampled
+        reviewer nor an admin) / `not_allowed`,
         GovernanceError `comment_required` / `invalid_verdict`, Conflict
         `already_decided`.
 """
@@ -31,6 +34,7 @@ from governance.codes import EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Approval, Grant, SecondLook
 from governance.selectors import approver_users
+from governance.services.approvals import stakeholders
 
 WINDOW = timedelta(days=1)
 VERDICTS = {"confirm": SecondLook.Status.CONFIRMED, "flag": SecondLook.Status.FLAGGED}
@@ -65,23 +69,31 @@ def _event(
     )
 
 
+def _barred(approver_id: Any, agent: Any, grant: Grant | None) -> set[Any]:
+    """Who may not take the second look: the approver whose decision it re-checks and
+    everyone with a stake in the agent's access (its owner up the agent tree, the
+    requesters up the grant chain)."""
+    return {approver_id} | stakeholders(agent, grant)
+
+
 def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | None = None) -> int:
     fraction = settings.SECOND_LOOK_FRACTION if fraction is None else fraction
     since = at - WINDOW
     candidates: list[tuple[str, Any, Any, set[Any]]] = []
-    for grant in Grant.objects.filter(
-        approved_by__isnull=False, decided_at__gt=since, decided_at__lte=at
-    ).exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED]):
-        candidates.append(
-            ("grant", grant, grant.approved_by_id, {grant.approved_by_id, grant.requested_by_id})
-        )
+    for grant in (
+        Grant.objects.filter(approved_by__isnull=False, decided_at__gt=since, decided_at__lte=at)
+        .exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
+        .select_related("agent")
+    ):
+        barred = _barred(grant.approved_by_id, grant.agent, grant)
+        candidates.append(("grant", grant, grant.approved_by_id, barred))
     for approval in Approval.objects.filter(
         decided_by__isnull=False,
         decided_at__gt=since,
         decided_at__lte=at,
         status__in=[Approval.Status.APPROVED, Approval.Status.CONSUMED, Approval.Status.EXPIRED],
     ).select_related("agent", "grant"):
-        barred = {approval.decided_by_id, approval.agent.owner_id, approval.grant.requested_by_id}
+        barred = _barred(approval.decided_by_id, approval.agent, approval.grant)
         candidates.append(("approval", approval, approval.decided_by_id, barred))
     pool = approver_users()
     users = get_user_model().objects.in_bulk([c[2] for c in candidates])
@@ -138,9 +150,14 @@ def second_look_decide(
         )
         if look.status != SecondLook.Status.PENDING:
             raise Conflict("already_decided", f"The second look is already {look.status}.")
-        requester = look.grant.requested_by_id if look.grant else None
-        if reviewer.pk in (look.original_approver_id, requester):
-            raise Forbidden("self_review", "A second look is by a different approver.")
+        agent = look.approval.agent if look.approval_id else look.grant.agent
+        if reviewer.pk in _barred(look.original_approver_id, agent, look.grant):
+            raise Forbidden(
+                "self_review",
+                "A second look is by a different approver, with no stake in the agent.",
+            )
+        if not (look.reviewer_id in (None, reviewer.pk) or roles.is_admin(reviewer)):
+            raise Forbidden("not_assigned", "The second look is assigned to another approver.")
         look.status = VERDICTS[verdict]
         look.decided_by = reviewer
         look.decided_at = at
