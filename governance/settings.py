@@ -369,6 +369,13 @@ if BREAKGLASS_DEFAULT_TTL > BREAKGLASS_MAX_TTL:
     raise ImproperlyConfigured("BREAKGLASS_DEFAULT_TTL_MINUTES exceeds BREAKGLASS_MAX_TTL_MINUTES")
 BREAKGLASS_MAX_PER_HOUR = env_int("BREAKGLASS_MAX_PER_HOUR", 3, minimum=1)
 BREAKGLASS_REVIEW_WITHIN = timedelta(hours=env_int("BREAKGLASS_REVIEW_HOURS", 24, minimum=1))
+if BREAKGLASS_MAX_TTL > BREAKGLASS_REVIEW_WITHIN:
+    # Unreviewed break-glass must have ended by the time its review is overdue
+    # (DESIGN: "ratified by a review within 24 h, or it is flagged and expires").
+    raise ImproperlyConfigured(
+        "BREAKGLASS_MAX_TTL_MINUTES exceeds BREAKGLASS_REVIEW_HOURS: break-glass would "
+        "outlive its review deadline"
+    )
 # Opening break-glass also opens an incident review campaign for that agent's grants.
 BREAKGLASS_OPENS_CAMPAIGN = env_bool("BREAKGLASS_OPENS_CAMPAIGN", True)
 

@@ -320,6 +320,27 @@ def test_an_unreviewed_break_glass_is_overdue_after_24h_and_announced_once(
     assert selectors.breakglass_reviews_pending(due + timedelta(hours=3)) == []
 
 
+def test_a_break_glass_still_live_when_its_review_is_overdue_is_revoked(
+    open_bg, system, django_capture_on_commit_callbacks
+):
+    """Settings keep break-glass shorter than its review window; a row changed behind
+    the service's back (stretched here, as test setup) still ends when the review is
+    overdue: flagged and expired, never live unreviewed."""
+    bg = open_bg()
+    due = NOW + timedelta(hours=24)
+    Grant.objects.filter(pk=bg.grant_id).update(expires_at=due + timedelta(hours=5))
+    q = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    assert authorize(at=due, **q).allowed
+    with django_capture_on_commit_callbacks(execute=True):
+        assert bgs.breakglass_reviews_mark_overdue(actor=system, at=due) == 1
+    assert authorize(at=due + MS, **q).reason == "grant_revoked"
+    (revoked,) = events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)
+    assert revoked.break_glass and "review overdue" in json.loads(revoked.data)["reason"]
+    assert [e.event_type for e in events(EventType.BREAKGLASS_REVIEW_OVERDUE)] == [
+        EventType.BREAKGLASS_REVIEW_OVERDUE
+    ]
+
+
 def test_the_breakglass_open_command(setup):
     out = StringIO()
     call_command(

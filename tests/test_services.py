@@ -520,6 +520,8 @@ def test_tokens_are_stored_as_digests_and_shown_once(bot, alice, system):
         ("DATABASE_URL", "mysql://x/y"),
         ("DATABASE_URL", "postgresql://host:5432/"),
         ("AUDIT_HMAC_KEY", ""),
+        # Break-glass may not outlive its review deadline (24 h by default).
+        ("BREAKGLASS_MAX_TTL_MINUTES", str(24 * 60 + 1)),
     ],
 )
 def test_a_bad_setting_stops_start_up(name, value):

@@ -319,7 +319,9 @@ def breakglass_confirm_closed(
 def breakglass_reviews_mark_overdue(*, actor: audit.Actor, at: datetime) -> int:
     """The job: reviews still open past their due time are announced as overdue, once
     each (claimed by a conditional UPDATE on overdue_at). Overdue is shown from the due
-    time itself (selectors), so this only records it and sends the notice."""
+    time itself (selectors), so this records it, sends the notice and, should the
+    grant still be live (settings keep its lifetime within the review window, so only
+    a changed row could be), revokes it: unreviewed break-glass is flagged and ends."""
     due = BreakGlass.objects.filter(
         review_status=BreakGlass.Review.PENDING, review_due_at__lte=at, overdue_at__isnull=True
     ).values_list("pk", flat=True)
@@ -342,6 +344,13 @@ def breakglass_reviews_mark_overdue(*, actor: audit.Actor, at: datetime) -> int:
             data={"breakglass_id": bg.pk, "ticket": bg.ticket, "grant_id": bg.grant_id},
             at=at,
         )
+        if bg.grant.status == Grant.Status.ACTIVE and bg.grant.expires_at > at:
+            grant_revoke(
+                grant_id=bg.grant_id,
+                reason=f"break-glass {bg.ticket}: review overdue",
+                actor=actor,
+                at=at,
+            )
 
     return claim_each(
         due,
