@@ -77,12 +77,13 @@ class Actor:
 # and `csrftoken` are; `bypass`, `compass` and `tokenizer` are not (masking those would
 # hide from an approver exactly the part of a call that matters).
 SECRET_KEY_WORDS = frozenset(
-    "pass password passwd passphrase secret secrets token tokens authorization "
-    "authorisation credential credentials cookie cookies session ssn cvv".split()
+    "pass password passwd pwd passphrase passcode secret secrets token tokens auth "
+    "authorization authorisation credential credentials cookie cookies session ssn cvv "
+    "cvc otp totp".split()
 )
 SECRET_KEY_ENDINGS = (
-    "password", "passwd", "passphrase", "secret", "token", "apikey", "privatekey",
-    "cardnumber", "credential", "credentials", "cookie",
+    "password", "passwd", "passphrase", "passcode", "pincode", "secret", "token", "apikey",
+    "privatekey", "cardnumber", "credential", "credentials", "cookie",
 )  # fmt: skip
 _KEY_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
@@ -107,14 +108,38 @@ SECRET_VALUES = re.compile(
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
 EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+# Payment card numbers in text: 13-19 digits starting as card numbers do (2-6), single
+# spaces or dashes between groups, that pass the Luhn check (so millisecond timestamps,
+# which start with 1, and most order numbers do not).
+CARD = re.compile(r"(?<![0-9])[2-6](?:[ -]?[0-9]){12,18}(?![0-9])")
+# Phone numbers in international form (+, country code, 7-14 more digits) and US
+# social security numbers: obvious PII whatever the key.
+PHONE = re.compile(r"(?<![0-9A-Za-z])\+[1-9](?:[ .()-]{0,2}[0-9]){7,14}(?![0-9])")
+SSN = re.compile(r"(?<![0-9-])[0-9]{3}-[0-9]{2}-[0-9]{4}(?![0-9-])")
 # Long mixed-alphabet strings look like keys; pure hex (digests) are kept.
 HIGH_ENTROPY = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
 HEX = re.compile(r"[0-9a-fA-F]+")
 
 
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        d = int(c) * (2 if i % 2 else 1)
+        total += d - 9 if d > 9 else d
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> str:
+    text = match.group(0)
+    return "[card]" if _luhn(re.sub(r"[ -]", "", text)) else text
+
+
 def _mask_string(value: str) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = EMAIL.sub("[email]", value)
+    value = CARD.sub(_card, value)
+    value = PHONE.sub("[phone]", value)
+    value = SSN.sub("[ssn]", value)
 
     def entropy(match: re.Match[str]) -> str:
         text = match.group(0)

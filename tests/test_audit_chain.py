@@ -423,7 +423,8 @@ def test_secrets_and_pii_are_masked_and_the_full_arguments_hashed(chain):
 @pytest.mark.parametrize(
     "key",
     ["db_pass", "apiKey", "x-api-key", "X-Auth-Token", "csrftoken", "accessToken",
-     "privateKey", "card_number", "sessionId", "client_secret", "AWS_SECRET_ACCESS_KEY"],
+     "privateKey", "card_number", "sessionId", "client_secret", "AWS_SECRET_ACCESS_KEY",
+     "pwd", "passcode", "auth", "otp", "cvc", "pin_code", "smtpPasscode"],
 )  # fmt: skip
 def test_secret_key_names_are_masked_by_their_words(chain, key):
     result = access.access_check(
@@ -432,6 +433,32 @@ def test_secret_key_names_are_masked_by_their_words(chain, key):
     )  # fmt: skip
     stored = json.loads(AuditEvent.objects.get(uid=result.decision_id).arguments)
     assert stored == {key: "[masked]", "branch": "main"}
+
+
+def test_card_numbers_phone_numbers_and_ssns_in_text_are_masked(chain):
+    arguments = {
+        "note": "card 4111-1111-1111-1111 or 5500 0000 0000 0004, call +1 415-555-0100",
+        "cc": "4111111111111111",
+        "who": "ssn 123-45-6789",
+        # Look-alikes that are not PII stay readable for the approver.
+        "order": "order 4111111111111112 (fails Luhn)",
+        "ts": "1700000000000",
+        "when": "2026-11-30",
+        "version": "1.2.3-4",
+        "range": "lines 100-120",
+    }
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    stored = json.loads(event.arguments)
+    assert stored["note"] == "card [card] or [card], call [phone]"
+    assert stored["cc"] == "[card]" and stored["who"] == "ssn [ssn]"
+    for key in ("order", "ts", "when", "version", "range"):
+        assert stored[key] == arguments[key]
+    for secret in ("4111-1111", "4111111111111111", "5500 0000", "555-0100", "123-45-6789"):
+        assert secret not in event.arguments
+    assert event.arguments_hash == audit.arguments_digest(arguments)
 
 
 def test_a_key_that_only_contains_a_secret_word_is_not_masked(chain):
