@@ -330,11 +330,24 @@ def test_a_changed_definition_quarantines_until_another_admin_approves(
         "tool_quarantined"
     )
 
-    own = admin.post(f"{API}/tools/repo/approve")
+    reviewed = {"definition_hash": Tool.objects.get(name="repo").definition_hash}
+    own = admin.post(f"{API}/tools/repo/approve", reviewed, format="json")
     assert own.status_code == 403 and own.json()["error"]["code"] == "self_approval"
     assert Tool.objects.get(name="repo").is_quarantined
 
-    approved = human_client(bob, "admins").post(f"{API}/tools/repo/approve")
+    bob_admin = human_client(bob, "admins")
+    before = AuditEvent.objects.count()
+    wrong_bodies = [
+        ({}, 400, "invalid_request"),
+        ({"definition_hash": "A" * 64}, 400, "invalid_request"),
+        ({"definition_hash": "0" * 64}, 409, "definition_changed"),  # not what is there now
+    ]
+    for wrong, status, code in wrong_bodies:
+        refused = bob_admin.post(f"{API}/tools/repo/approve", wrong, format="json")
+        assert (refused.status_code, refused.json()["error"]["code"]) == (status, code)
+    assert Tool.objects.get(name="repo").is_quarantined
+    assert AuditEvent.objects.count() == before  # nothing approved, nothing written
+    approved = bob_admin.post(f"{API}/tools/repo/approve", reviewed, format="json")
     assert approved.status_code == 200 and approved.json()["quarantined"] is False
     assert not Tool.objects.get(name="repo").is_quarantined
     event = last_event()

@@ -29,7 +29,7 @@ from django.utils import timezone
 from governance import roles
 from governance.api import urls as api_urls
 from governance.audit import Actor
-from governance.models import Agent, AgentToken, DecisionOutcome, Grant, ReviewItem
+from governance.models import Agent, AgentToken, DecisionOutcome, Grant, ReviewItem, Tool
 from governance.services import access, agents, breakglass, grants, sandbox
 from sandbox_runner.spec import RunSpec
 
@@ -41,6 +41,11 @@ BREAKGLASS = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "r
               "ticket": "INC-2", "reason": "outage"}  # fmt: skip
 REQUEST = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:new/*",
            "duration_seconds": 600, "justification": "needed"}  # fmt: skip
+
+
+def reviewed_hash(world: dict[str, Any]) -> dict[str, Any]:
+    """The body of a tool approval: the definition the approver reviewed."""
+    return {"definition_hash": Tool.objects.get(name="repo").definition_hash}
 
 
 def delegation(world: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +116,7 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",   "tools/repo",                       None,          "403 403 200 403 200 403 401"),
     ("PATCH", "tools/repo",                       {"description": "changed"},
                                                                  "403 403 200 403 403 403 401"),
-    ("POST",  "tools/repo/approve",               None,          "403 403 200 403 403 403 401"),
+    ("POST",  "tools/repo/approve",               reviewed_hash, "403 403 200 403 403 403 401"),
     ("GET",   "tasks",                            None,          "403 403 200 403 200 403 401"),
     ("POST",  "tasks",                            {"key": "T-2"},"403 403 201 403 403 403 401"),
     ("GET",   "tasks/T-1",                        None,          "403 403 200 403 200 403 401"),

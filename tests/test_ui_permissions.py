@@ -151,6 +151,8 @@ def test_permission_table(method: str, path: str, body: Any, role: str, expected
             actor=Actor.system("sync"),
             at=timezone.now(),
         )
+        world.tool.refresh_from_db()
+        body = {**body, "definition_hash": world.tool.definition_hash}
     extra = ui_world.build_lifecycle(world) if path.startswith(LIFECYCLE) else None
     client = ui_world.signed_in(None if role == "anon" else role)
     url = _fill(path, world, extra)

@@ -273,7 +273,9 @@ def test_a_quarantined_tool_shows_hidden_characters_and_is_re_approved() -> None
         agent="bot-a", tool="repo", action="read", scope="repo:acme/x", at=timezone.now()
     )
     assert decision.reason == "tool_quarantined"
-    response = ui_world.post(client, "/ui/tools/repo/approve")
+    world.tool.refresh_from_db()
+    reviewed = {"definition_hash": world.tool.definition_hash}
+    response = ui_world.post(client, "/ui/tools/repo/approve", reviewed)
     assert response.status_code == 302
     world.tool.refresh_from_db()
     assert not world.tool.is_quarantined
@@ -290,7 +292,9 @@ def test_the_person_who_changed_a_tool_cannot_re_approve_it_in_the_ui() -> None:
         actor=Actor.user(world.users["admin"]),
         at=timezone.now(),
     )
-    response = ui_world.post(ui_world.signed_in("admin"), "/ui/tools/repo/approve")
+    world.tool.refresh_from_db()
+    reviewed = {"definition_hash": world.tool.definition_hash}
+    response = ui_world.post(ui_world.signed_in("admin"), "/ui/tools/repo/approve", reviewed)
     assert response.status_code == 403
     world.tool.refresh_from_db()
     assert world.tool.is_quarantined

@@ -282,15 +282,23 @@ class ToolDetailView(AdminView):
 class ToolApproveView(AdminView):
     @extend_schema(
         operation_id="tool_approve_definition",
-        request=None,
-        responses={200: s.ToolOut, **ERRORS},
-        description="Approve the tool's current definition: it leaves quarantine.",
+        request=s.ToolApproveIn,
+        responses={200: s.ToolOut, 409: ERRORS[400], **ERRORS},
+        description=(
+            "Approve the definition you reviewed, named by its definition_hash: it leaves "
+            "quarantine. If the definition changed since, 409 definition_changed and "
+            "nothing is approved."
+        ),
     )
     def post(self, request: Request, name: str) -> Response:
-        _parse(s.EmptyIn, request.data)
         tool = _get(Tool.objects.all(), "tool", name=name)
+        body = _parse(s.ToolApproveIn, request.data)
         tool = tools.tool_approve_definition(
-            tool=tool, approver=request.user, actor=actor_for(request), at=timezone.now()
+            tool=tool,
+            definition_hash=body["definition_hash"],
+            approver=request.user,
+            actor=actor_for(request),
+            at=timezone.now(),
         )
         return Response(s.ToolOut(tool).data)
 

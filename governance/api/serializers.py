@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import copy
+import re
 from datetime import UTC
 from typing import Any
 
@@ -554,6 +555,21 @@ class MeOut(serializers.Serializer):
 
 def _names(items: Any) -> list[str]:
     return sorted(item.name for item in items.all())
+
+
+def _sha256_hex(value: str) -> None:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise serializers.ValidationError("A SHA-256 digest: 64 lowercase hex characters.")
+
+
+class ToolApproveIn(StrictSerializer):
+    definition_hash = exact_char(
+        min_length=64,
+        max_length=64,
+        declared={"pattern": "^[0-9a-f]{64}$"},
+        validators=[_sha256_hex],
+        help_text="The definition_hash of the definition you reviewed (ToolOut)",
+    )
 
 
 class EmptyIn(StrictSerializer):

@@ -104,9 +104,21 @@ def tool_update_definition(
     return tool
 
 
-def tool_approve_definition(*, tool: Tool, approver: Any, actor: audit.Actor, at: datetime) -> Tool:
+def tool_approve_definition(
+    *, tool: Tool, definition_hash: str, approver: Any, actor: audit.Actor, at: datetime
+) -> Tool:
+    """Approve the definition the approver reviewed, named by its hash: if it changed
+    since (another update landed while they read the diff), nothing is approved
+    (Conflict `definition_changed`), so nobody approves a definition they never saw."""
     with transaction.atomic():
         tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
+        if definition_hash != tool.definition_hash:
+            raise Conflict(
+                "definition_changed",
+                "The tool's definition is not the one you reviewed (it changed since, or "
+                "the hash is wrong): review the current definition and approve that.",
+                fields={"definition_hash": f"the current definition is {tool.definition_hash}"},
+            )
         if (
             tool.definition_updated_by_id is not None
             and tool.definition_updated_by_id == approver.pk

@@ -40,6 +40,12 @@ class RequiredReasonForm(StrictForm):
     reason = forms.CharField(max_length=1000, required=True, strip=True)
 
 
+class ToolApproveForm(StrictForm):
+    """The definition the approver reviewed, by its hash (the page sends it)."""
+
+    definition_hash = forms.RegexField(regex=r"\A[0-9a-f]{64}\Z", required=True)
+
+
 class ApproveRequestForm(StrictForm):
     """Approve, optionally narrowed: fewer actions, a narrower scope, a shorter window."""
 

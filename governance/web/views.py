@@ -497,12 +497,16 @@ def tool_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def tool_approve(request: HttpRequest, name: str) -> HttpResponse:
     tool = common.one(Tool.objects.all(), name=name)
-    form = forms.StrictForm(request.POST)
+    form = forms.ToolApproveForm(request.POST)
     if not form.is_valid():
         return common.invalid(request, form)
     try:
         tool_services.tool_approve_definition(
-            tool=tool, approver=request.user, actor=common.actor(request), at=timezone.now()
+            tool=tool,
+            definition_hash=form.cleaned_data["definition_hash"],
+            approver=request.user,
+            actor=common.actor(request),
+            at=timezone.now(),
         )
     except GovernanceError as exc:
         return common.failed(request, exc)
