@@ -524,6 +524,39 @@ def test_a_malformed_export_is_a_400_and_records_nothing() -> None:
     assert AuditEvent.objects.count() == before
 
 
+def test_an_export_too_big_to_hand_out_whole_is_refused_not_cut(monkeypatch) -> None:
+    """A file an auditor receives is always the whole answer: past MAX_ROWS the export
+    is refused with a sentence saying how to narrow it (and nothing is recorded as
+    handed out); at the limit every row is there."""
+    from governance.services import exports
+
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    start = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    end = (timezone.now() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    paths = {
+        "decisions": f"/ui/exports/decisions?format=csv&start={start}&end={end}&agent=bot-a",
+        "access_period": f"/ui/exports/access?format=csv&start={start}&end={end}",
+        "audit": "/ui/audit/export?format=csv&agent=bot-a",  # exports add no bot-a events
+    }
+    whole = {
+        name: len(list(csv.DictReader(io.StringIO(_download(client, path).content.decode()))))
+        for name, path in paths.items()
+    }
+    assert all(count >= 2 for count in whole.values()), whole
+    for name, path in paths.items():
+        monkeypatch.setattr(exports, "MAX_ROWS", whole[name] - 1)
+        before = AuditEvent.objects.count()
+        refused = client.get(path)
+        assert refused.status_code == 400, name
+        assert b"too_many_rows" in refused.content and b"narrow the period" in refused.content
+        assert AuditEvent.objects.count() == before, name
+        monkeypatch.setattr(exports, "MAX_ROWS", whole[name])
+        rows = list(csv.DictReader(io.StringIO(_download(client, path).content.decode())))
+        assert len(rows) == whole[name], name
+        assert json.loads(last_event().data)["rows"] == whole[name]
+
+
 def test_the_printable_report_names_its_checkpoint_and_is_recorded() -> None:
     from governance import audit
 

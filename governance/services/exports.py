@@ -103,6 +103,19 @@ def _check_format(fmt: str) -> None:
         )
 
 
+def _at_most(items: Any) -> list[Any]:
+    """Every row or none: an export holding more than MAX_ROWS is refused (narrow it),
+    never cut short, so a file an auditor receives is always the whole answer."""
+    found = list(items[: MAX_ROWS + 1])
+    if len(found) > MAX_ROWS:
+        raise GovernanceError(
+            "too_many_rows",
+            f"The export would hold more than {MAX_ROWS:,} rows; narrow the period or "
+            "filter by agent, task or tool.",
+        )
+    return found
+
+
 def _check_period(start: datetime, end: datetime) -> None:
     if end <= start:
         raise GovernanceError(
@@ -169,7 +182,7 @@ def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
                 "use_count": g.use_count,
                 "last_used_at": g.last_used_at,
             }
-            for g in rows[:MAX_ROWS]
+            for g in _at_most(rows)
         ]
     )
 
@@ -236,12 +249,12 @@ def decision_rows(
     _check_period(start, end)
     qs = AuditEvent.objects.filter(event_type__in=DECISION_EVENTS)
     qs = audit_filter(qs, start=start, end=end, agent=agent, task=task, tool=tool)
-    return [_event_row(e) for e in qs.order_by("seq")[:MAX_ROWS]]
+    return [_event_row(e) for e in _at_most(qs.order_by("seq"))]
 
 
 def audit_rows(**filters: Any) -> list[dict[str, Any]]:
     qs = audit_filter(AuditEvent.objects.all(), **filters)
-    return [_event_row(e) for e in qs.order_by("seq")[:MAX_ROWS]]
+    return [_event_row(e) for e in _at_most(qs.order_by("seq"))]
 
 
 # --- Writing the record of the read ---------------------------------------------------------

@@ -603,14 +603,17 @@ def audit_export(request: HttpRequest) -> HttpResponse:
     filters = form.filters()
     fmt = form.cleaned_data["format"]
     now = timezone.now()
-    rows = exports.export(
-        report="audit",
-        rows_of=lambda: exports.audit_rows(**filters),
-        params=filters,
-        fmt=fmt,
-        actor=common.actor(request),
-        now=now,
-    )
+    try:
+        rows = exports.export(
+            report="audit",
+            rows_of=lambda: exports.audit_rows(**filters),
+            params=filters,
+            fmt=fmt,
+            actor=common.actor(request),
+            now=now,
+        )
+    except GovernanceError as exc:
+        return common.failed(request, exc)
     return _file(rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters})
 
 
@@ -782,16 +785,23 @@ def export_decisions(request: HttpRequest) -> HttpResponse:
         return common.invalid(request, form)
     data, now = form.cleaned_data, timezone.now()
     params = {k: data[k] for k in ("start", "end", "agent", "task", "tool") if data.get(k)}
-    rows = exports.export(
-        report="decisions",
-        rows_of=lambda: exports.decision_rows(
-            data["start"], data["end"], agent=data["agent"], task=data["task"], tool=data["tool"]
-        ),
-        params=params,
-        fmt=data["format"],
-        actor=common.actor(request),
-        now=now,
-    )
+    try:
+        rows = exports.export(
+            report="decisions",
+            rows_of=lambda: exports.decision_rows(
+                data["start"],
+                data["end"],
+                agent=data["agent"],
+                task=data["task"],
+                tool=data["tool"],
+            ),
+            params=params,
+            fmt=data["format"],
+            actor=common.actor(request),
+            now=now,
+        )
+    except GovernanceError as exc:
+        return common.failed(request, exc)
     return _file(rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params)
 
 
