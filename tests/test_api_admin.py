@@ -591,6 +591,45 @@ def test_the_access_report_answers_for_a_past_moment(auditor, many_grants):
     assert '"at":"2001-01-01T00:00:00+00:00"' in last_event().data
 
 
+def test_a_report_for_a_past_moment_shows_a_grant_as_it_was_before_it_was_narrowed(
+    auditor, make_agent, make_tool, make_grant
+):
+    """Narrowing changes the grant in place; the report for a moment before it shows
+    what the agent could do then (from the grant.narrowed event), and after it, now."""
+    from governance.services import exports
+
+    system = Actor.system("test")
+    start = timezone.now() - timedelta(hours=2)
+    grant = make_grant(
+        make_agent("bot"), make_tool("repo"), ("read", "delete"), "repo:acme/*",
+        starts_at=start, duration=timedelta(days=2),
+    )  # fmt: skip
+    wide_until = grant.expires_at
+    narrowed_at = start + timedelta(hours=1)
+    grant_service.grant_narrow(
+        grant_id=grant.pk, actions=["read"], scope="repo:acme/api/*",
+        expires_at=start + timedelta(days=1), reason="least privilege", actor=system,
+        at=narrowed_at,
+    )  # fmt: skip
+
+    def shape(at):
+        response = auditor.get(f"{API}/reports/access", {"at": at.isoformat()})
+        assert response.status_code == 200, response.content
+        (row,) = response.json()["rows"]
+        return row["actions"], row["scope"], parse_datetime(row["expires_at"])
+
+    assert shape(narrowed_at - timedelta(milliseconds=1)) == (
+        ["read", "delete"], "repo:acme/*", wide_until,
+    )  # fmt: skip
+    assert shape(narrowed_at) == (["read"], "repo:acme/api/*", start + timedelta(days=1))
+    assert last_event().event_type == "report.exported"
+    # A period that began before the narrowing reports the widest shape it held.
+    (row,) = exports.access_period_rows(start, start + timedelta(hours=3))
+    assert (row["actions"], row["scope"]) == (["read", "delete"], "repo:acme/*")
+    (row,) = exports.access_period_rows(narrowed_at, narrowed_at + timedelta(hours=1))
+    assert (row["actions"], row["scope"]) == (["read"], "repo:acme/api/*")
+
+
 def test_the_csv_report_neutralises_formulas(admin, make_agent, make_tool, make_task, make_grant):
     evil = User.objects.create_user("-2+3", password="pw-evil-123")
     agent = make_agent("bot", owner=evil)

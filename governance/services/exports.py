@@ -149,7 +149,8 @@ def with_reviews(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
-    """Every grant that was live at some moment in [start, end)."""
+    """Every grant that was live at some moment in [start, end), each with its widest
+    shape in the period: as it was at `start` (reports.shapes_at)."""
     _check_period(start, end)
     grants = (
         Grant.objects.exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
@@ -158,9 +159,9 @@ def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
         .select_related("agent__owner", "tool", "task", "requested_by", "approved_by")
         .select_related("requested_by_agent")
     )
-    rows = sorted(
-        grants, key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.pk)
-    )
+    order = lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.pk)  # noqa: E731
+    rows = _at_most(sorted(grants, key=order))
+    shapes = reports.shapes_at(rows, start)
     return with_reviews(
         [
             {
@@ -168,12 +169,12 @@ def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
                 "agent": g.agent.name,
                 "owner": g.agent.owner.get_username(),
                 "tool": g.tool.name,
-                "actions": list(g.actions),
-                "scope": g.scope,
+                "actions": shapes[g.pk]["actions"],
+                "scope": shapes[g.pk]["scope"],
                 "task": g.task.key if g.task else None,
                 "status": g.status,
                 "starts_at": g.starts_at,
-                "expires_at": g.expires_at,
+                "expires_at": shapes[g.pk]["expires_at"],
                 "revoked_at": g.revoked_at,
                 "requester": reports._requester(g),
                 "approver": g.approved_by.get_username() if g.approved_by else None,
@@ -182,7 +183,7 @@ def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
                 "use_count": g.use_count,
                 "last_used_at": g.last_used_at,
             }
-            for g in _at_most(rows)
+            for g in rows
         ]
     )
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils.dateparse import parse_datetime
 
 from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import GovernanceError
-from governance.models import Grant
+from governance.models import AuditEvent, Grant
 from governance.policy import grant_dead_reason
 
 ACCESS_COLUMNS = (
@@ -50,23 +53,51 @@ def _requester(grant: Grant) -> str | None:
     return None
 
 
+def shapes_at(grants: Iterable[Grant], at: datetime) -> dict[int, dict[str, Any]]:
+    """Each grant's actions, scope and expiry as they were at `at`.
+
+    Narrowing (an admin, a review) changes a grant's row in place and records the
+    shape before it in its grant.narrowed event, so the first such event after `at`
+    holds the shape in force at `at`; a grant never narrowed since is as it is now.
+    Narrowing only ever narrows, so for a period this is its widest shape from `at`.
+    """
+    shapes = {
+        g.pk: {"actions": list(g.actions), "scope": g.scope, "expires_at": g.expires_at}
+        for g in grants
+    }
+    narrowed = AuditEvent.objects.filter(
+        event_type=EventType.GRANT_NARROWED, created_at__gt=at
+    ).order_by("-seq")  # latest first: the earliest after `at` is written last
+    for grant_id, data in narrowed.values_list("grant_id", "data").iterator():
+        if grant_id in shapes:
+            before = json.loads(data)["before"]
+            shapes[grant_id] = {
+                "actions": list(before["actions"]),
+                "scope": before["scope"],
+                "expires_at": parse_datetime(before["expires_at"]),
+            }
+    return shapes
+
+
 def access_rows(at: datetime) -> list[dict[str, Any]]:
-    """One row per grant live at `at`, in a stable order (as matrix_snapshot)."""
+    """One row per grant live at `at`, in a stable order (as matrix_snapshot), each with
+    its actions, scope and expiry as they were at `at` (shapes_at)."""
     grants = sorted(
         selectors.live_grants(at).select_related("agent__owner", "requested_by_agent"),
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
     )
+    shapes = shapes_at(grants, at)
     return [
         {
             "grant": g.pk,
             "agent": g.agent.name,
             "owner": g.agent.owner.get_username(),
             "tool": g.tool.name,
-            "actions": list(g.actions),
-            "scope": g.scope,
+            "actions": shapes[g.pk]["actions"],
+            "scope": shapes[g.pk]["scope"],
             "task": g.task.key if g.task else None,
             "starts_at": g.starts_at,
-            "expires_at": g.expires_at,
+            "expires_at": shapes[g.pk]["expires_at"],
             "requester": _requester(g),
             "approver": g.approved_by.get_username() if g.approved_by else None,
             "delegated_from": g.delegated_from_id,
