@@ -116,6 +116,11 @@ class EventType(models.TextChoices):
     SANDBOX_RUN_REAPED = "sandbox.run.reaped"
     SANDBOX_EGRESS_ALLOWED = "sandbox.egress.allowed"
     SANDBOX_EGRESS_DENIED = "sandbox.egress.denied"
+    # People and their roles (governance.services.people): who may approve is state too.
+    PERSON_CREATED = "person.created"
+    PERSON_CHANGED = "person.changed"
+    PERSON_ROLES_CHANGED = "person.roles_changed"
+    PERSON_DELETED = "person.deleted"
 
 
 class ActorType(models.TextChoices):

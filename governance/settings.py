@@ -286,7 +286,10 @@ LOGGING = {
 # --- Web UI (governance/web) ---------------------------------------------------------------
 LOGIN_URL = "/ui/login/"
 LOGIN_REDIRECT_URL = "/ui/"
-MIDDLEWARE += ["governance.web.middleware.ContentSecurityPolicyMiddleware"]
+MIDDLEWARE += [
+    "governance.web.middleware.CurrentRequestMiddleware",
+    "governance.web.middleware.ContentSecurityPolicyMiddleware",
+]
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("governance.web.context.ui")  # type: ignore[index]
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True

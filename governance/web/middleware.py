@@ -25,6 +25,23 @@ DOCS_POLICY = POLICY.replace("script-src 'self'", "script-src 'self' 'unsafe-inl
 RELAXED_PREFIXES = ("/api/v1/docs/",)
 
 
+class CurrentRequestMiddleware:
+    """Makes the request (and so its signed-in person) known to the account-change
+    audit handlers (services.people), which Django's signals do not pass it to."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from governance.services import people
+
+        token = people.set_request(request)
+        try:
+            return self.get_response(request)
+        finally:
+            people.reset_request(token)
+
+
 class ContentSecurityPolicyMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
