@@ -47,7 +47,7 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",  "/ui/matrix/?kind=api&owner=alice",        None,                    "302 200 200 200"),
     ("GET",  "/ui/matrix/cell/?agent=bot-a&tool=repo",  None,                    "302 200 200 200"),
     ("GET",  "/ui/grants/{grant}/",                     None,                    "302 200 200 200"),
-    ("POST", "/ui/grants/{grant}/revoke",               {"reason": "done"},      "302 403 403 302"),
+    ("POST", "/ui/grants/{grant}/revoke",               {"reason": "done"},      "302 403 302 302"),
     ("GET",  "/ui/inbox/requests/",                     None,                    "302 200 200 200"),
     ("POST", "/ui/inbox/requests/{request}/approve",    {},                      "302 403 302 302"),
     ("POST", "/ui/inbox/requests/{request}/deny",       {"reason": "no"},        "302 403 302 302"),

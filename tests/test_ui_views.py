@@ -122,6 +122,25 @@ def test_the_approvals_inbox_shows_masked_arguments_and_time_left() -> None:
     assert world.approval.arguments_preview == {"force": True, "token": "[masked]"}
 
 
+def test_an_approver_revokes_a_grant_from_its_page_and_the_event_names_them() -> None:
+    """DESIGN: admins and approvers revoke in the web UI (an auditor only reads)."""
+    world = ui_world.build()
+    assert "Revoke (and everything" not in (
+        ui_world.signed_in("auditor").get(f"/ui/grants/{world.grant.pk}/").content.decode()
+    )
+    client = ui_world.signed_in("approver")
+    page = client.get(f"/ui/grants/{world.grant.pk}/").content.decode()
+    assert "Revoke (and everything delegated from it)" in page
+    response = ui_world.post(client, f"/ui/grants/{world.grant.pk}/revoke", {"reason": "leak"})
+    assert response.status_code == 302
+    world.grant.refresh_from_db()
+    assert (world.grant.status, world.grant.revoked_by.username) == ("revoked", "bob")
+    event = last_event()
+    assert (event.event_type, event.actor, event.grant_id) == (
+        "grant.revoked", "user:bob", world.grant.pk,
+    )  # fmt: skip
+
+
 def test_the_approver_sees_the_sandbox_ceilings_and_egress_of_what_they_approve() -> None:
     """A code-execution grant's limits and egress list are part of what is approved: the
     request inbox and the grant page show them (and say when there are none)."""

@@ -186,7 +186,7 @@ def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
     )
 
 
-@require("admin")
+@require("decide")  # approvers and admins revoke (DESIGN: who uses the web UI)
 @require_POST
 def grant_revoke(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = common.one(Grant.objects.all(), pk=grant_id)
