@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
+from governance.services import people
+
 POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; "
@@ -33,8 +35,6 @@ class CurrentRequestMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        from governance.services import people
-
         token = people.set_request(request)
         try:
             return self.get_response(request)
