@@ -154,6 +154,17 @@ def test_tokens_past_expiry_are_announced_once(make_agent, alice, system):
 # --- second look -------------------------------------------------------------------------
 
 
+def look_decide(look, who, verdict, comment):
+    return second_look.second_look_decide(
+        second_look_id=look.pk,
+        reviewer=who,
+        verdict=verdict,
+        comment=comment,
+        actor=Actor.user(who),
+        at=NOW,
+    )
+
+
 @pytest.fixture
 def approved_yesterday(make_agent, make_tool, make_grant, approvers, bob, system):
     bob.groups.add(Group.objects.get_or_create(name="approvers")[0])
@@ -210,42 +221,14 @@ def test_a_second_look_is_decided_once_by_another_approver(
 
     bob = User.objects.get(username="bob")
     with pytest.raises(Forbidden) as caught:
-        second_look.second_look_decide(
-            second_look_id=look.pk,
-            reviewer=bob,
-            verdict="confirm",
-            comment="mine",
-            actor=Actor.user(bob),
-            at=NOW,
-        )
+        look_decide(look, bob, "confirm", "mine")
     assert caught.value.code == "self_review"
     with pytest.raises(GovernanceError):
-        second_look.second_look_decide(
-            second_look_id=look.pk,
-            reviewer=look.reviewer,
-            verdict="flag",
-            comment="",
-            actor=Actor.user(look.reviewer),
-            at=NOW,
-        )
+        look_decide(look, look.reviewer, "flag", "")
     with django_capture_on_commit_callbacks(execute=True):
-        decided = second_look.second_look_decide(
-            second_look_id=look.pk,
-            reviewer=look.reviewer,
-            verdict="flag",
-            comment="scope too wide",
-            actor=Actor.user(look.reviewer),
-            at=NOW,
-        )
+        decided = look_decide(look, look.reviewer, "flag", "scope too wide")
     with pytest.raises(Conflict):
-        second_look.second_look_decide(
-            second_look_id=look.pk,
-            reviewer=look.reviewer,
-            verdict="confirm",
-            comment="x",
-            actor=Actor.user(look.reviewer),
-            at=NOW,
-        )
+        look_decide(look, look.reviewer, "confirm", "x")
     assert (decided.status, decided.decided_by) == ("flagged", look.reviewer)
     (event,) = events(EventType.SECOND_LOOK_DECIDED)
     assert json.loads(event.data)["verdict"] == "flag" and event.grant_id == look.grant_id
@@ -268,20 +251,10 @@ def test_nobody_with_a_stake_in_the_agent_takes_its_second_look(approved_yesterd
     looks = list(SecondLook.objects.select_related("reviewer"))
     assert len(looks) == 22 and all(look.reviewer.username != "olga" for look in looks)
 
-    def decide(look, who):
-        return second_look.second_look_decide(
-            second_look_id=look.pk,
-            reviewer=who,
-            verdict="confirm",
-            comment="looks fine",
-            actor=Actor.user(who),
-            at=NOW,
-        )
-
     for kind in ("grant", "approval"):
         look = SecondLook.objects.filter(kind=kind).first()
         with pytest.raises(Forbidden) as caught:
-            decide(look, olga)
+            look_decide(look, olga, "confirm", "looks fine")
         assert caught.value.code == "self_review"
     look = SecondLook.objects.filter(kind="approval").get()
     other = next(
@@ -290,11 +263,11 @@ def test_nobody_with_a_stake_in_the_agent_takes_its_second_look(approved_yesterd
         if u.pk not in (look.reviewer_id, look.original_approver_id)
     )
     with pytest.raises(Forbidden) as caught:
-        decide(look, other)
+        look_decide(look, other, "confirm", "looks fine")
     assert caught.value.code == "not_assigned"
     assert events(EventType.SECOND_LOOK_DECIDED) == []
     heidi = User.objects.get(username="heidi")  # an admin with no stake
-    assert decide(look, heidi).decided_by == heidi
+    assert look_decide(look, heidi, "confirm", "looks fine").decided_by == heidi
     (event,) = events(EventType.SECOND_LOOK_DECIDED)
     assert json.loads(event.data)["decided_by"] == "heidi"
 

@@ -96,25 +96,11 @@ def test_nobody_reviews_a_grant_they_requested_or_approved(world, person):
         who.groups.add(Group.objects.get_or_create(name="admins")[0])
         who = type(who).objects.get(pk=who.pk)  # fresh role cache
         with pytest.raises(Forbidden) as caught:
-            reviews.review_item_decide(
-                item_id=item.pk,
-                reviewer=who,
-                decision="keep",
-                comment="fine",
-                actor=Actor.user(who),
-                at=NOW,
-            )
+            decide(item, "keep", reviewer=who, comment="fine")
         assert caught.value.code == "self_review"
     stranger = person("sam", "approvers")
     with pytest.raises(Forbidden) as caught:
-        reviews.review_item_decide(
-            item_id=item.pk,
-            reviewer=stranger,
-            decision="keep",
-            comment="fine",
-            actor=Actor.user(stranger),
-            at=NOW,
-        )
+        decide(item, "keep", reviewer=stranger, comment="fine")
     assert caught.value.code == "not_assigned"
     assert ReviewItem.objects.get(pk=item.pk).status == "pending"
     assert events(EventType.REVIEW_ITEM_DECIDED) == []
@@ -131,14 +117,7 @@ def test_a_delegated_grant_is_certified_on_its_own(world):
         who.groups.add(Group.objects.get_or_create(name="admins")[0])
         who = type(who).objects.get(pk=who.pk)  # fresh role cache
         with pytest.raises(Forbidden) as caught:
-            reviews.review_item_decide(
-                item_id=child_item.pk,
-                reviewer=who,
-                decision="keep",
-                comment="mine anyway",
-                actor=Actor.user(who),
-                at=NOW,
-            )
+            decide(child_item, "keep", reviewer=who, comment="mine anyway")
         assert caught.value.code == "self_review"
     assert events(EventType.REVIEW_ITEM_DECIDED) == []
 
@@ -180,14 +159,7 @@ def test_a_live_break_glass_grant_is_in_the_campaign_and_its_opener_cannot_revie
     erin.groups.add(Group.objects.get_or_create(name="admins")[0])
     erin = type(erin).objects.get(pk=erin.pk)
     with pytest.raises(Forbidden) as caught:
-        reviews.review_item_decide(
-            item_id=item.pk,
-            reviewer=erin,
-            decision="keep",
-            comment="I opened it, it is fine",
-            actor=Actor.user(erin),
-            at=NOW,
-        )
+        decide(item, "keep", reviewer=erin, comment="I opened it, it is fine")
     assert caught.value.code == "self_review"
     assert events(EventType.REVIEW_ITEM_DECIDED) == []
     decide(item, "revoke", comment="incident over")
@@ -197,13 +169,15 @@ def test_a_live_break_glass_grant_is_in_the_campaign_and_its_opener_cannot_revie
     assert [e.grant_id for e in events(EventType.GRANT_REVOKED)] == [bg.grant_id]
 
 
-def decide(item, decision, **kw):
+def decide(item, decision, *, reviewer=None, **kw):
+    """Decide an item as its assigned reviewer, or as `reviewer`."""
+    reviewer = reviewer or item.reviewer
     return reviews.review_item_decide(
         item_id=item.pk,
-        reviewer=item.reviewer,
+        reviewer=reviewer,
         decision=decision,
         comment=kw.pop("comment", "checked with the team"),
-        actor=Actor.user(item.reviewer),
+        actor=Actor.user(reviewer),
         at=kw.pop("at", NOW),
         **kw,
     )

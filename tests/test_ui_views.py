@@ -153,30 +153,25 @@ def test_the_approver_sees_the_sandbox_ceilings_and_egress_of_what_they_approve(
         actor=Actor.system("test"),
         at=timezone.now(),
     )
-    asked = grants.grant_request(
-        agent=world.agent,
-        tool=code,
-        actions=["execute"],
-        scope="sandbox:*",
-        duration=timedelta(hours=1),
-        justification="run the build",
-        egress=["pypi.example.test:443"],
-        limits={"memory_mb": 512, "scratch_mb": 16},
-        requested_by=world.alice,
-        actor=Actor.system("test"),
-        at=timezone.now(),
+
+    def ask(scope: str, **kw: object) -> Grant:
+        return grants.grant_request(
+            agent=world.agent,
+            tool=code,
+            actions=["execute"],
+            scope=scope,
+            duration=timedelta(hours=1),
+            justification="run the build",
+            requested_by=world.alice,
+            actor=Actor.system("test"),
+            at=timezone.now(),
+            **kw,
+        )
+
+    asked = ask(
+        "sandbox:*", egress=["pypi.example.test:443"], limits={"memory_mb": 512, "scratch_mb": 16}
     )
-    bare = grants.grant_request(
-        agent=world.agent,
-        tool=code,
-        actions=["execute"],
-        scope="sandbox:debian/*",
-        duration=timedelta(hours=1),
-        justification="run the tests",
-        requested_by=world.alice,
-        actor=Actor.system("test"),
-        at=timezone.now(),
-    )
+    bare = ask("sandbox:debian/*")
     client = ui_world.signed_in("approver")
     inbox = client.get("/ui/inbox/requests/").content.decode()
     mine = inbox[inbox.index(f'id="req-{asked.pk}"') :]
