@@ -50,7 +50,8 @@ class Destination:
 class EgressDecision:
     allowed: bool
     # allowed | not_allowlisted | bad_destination | unresolvable | internal_address |
-    # sni_mismatch (the proxy's: TLS in an allowed tunnel naming another server)
+    # sni_mismatch, sni_missing, http_in_tunnel (the proxy's: a tunnel to an allowed
+    # name carrying TLS for another or no server name, or a plain HTTP request)
     reason: str
     host: str
     port: int

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import select
 import socket
 import threading
@@ -39,6 +40,11 @@ LISTEN_PORT = 3128
 MAX_HEADER = 16 * 1024
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
+# An HTTP request line, the first thing down a tunnel: HTTP must go through the proxy's
+# forwarding path, which pins Host to the checked name (a tunnel would let it name any
+# other virtual host behind the same address, as many as it liked).
+_HTTP_REQUEST_LINE = re.compile(rb"[A-Za-z]{3,16} \S+ HTTP/[0-9]")
+_FIRST_LINE_MAX = 8192
 MAX_HANDLERS = 32  # connections served at once
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -105,7 +111,8 @@ def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None
         host, _, port = authority.partition(":")
     else:
         host, port = authority, str(default_port)
-    if not port.isdigit():
+    # ASCII digits only: "²".isdigit() is true, and int() would then raise.
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
         return None
     return host, int(port)
 
@@ -284,10 +291,15 @@ class EgressProxy:
         self, conn: socket.socket, upstream: socket.socket, early: bytes, decision: EgressDecision
     ) -> bytes | None:
         """What the sandbox sends first down a tunnel to a named host, held back until
-        it is clear it is not a TLS ClientHello naming another server (SNI): that one
-        is reported as refused (`sni_mismatch`) and never sent, and None is returned.
-        A ClientHello without a name, or bytes that are not TLS, go on as they are; so
-        does a tunnel whose server speaks first (SSH, SMTP), where TLS cannot be."""
+        it is clear it reaches that host only; if not, it is reported as refused, never
+        sent, and None is returned:
+
+        - a TLS ClientHello must name the host (SNI): another name is `sni_mismatch`,
+          none at all `sni_missing` (the server would pick any site behind the address);
+        - a plain HTTP request line is `http_in_tunnel` (its Host could name any other
+          site behind the address; plain HTTP goes through the forwarding path);
+        - other bytes (SSH, a database protocol) go on as they are, and so does a tunnel
+          whose server speaks first (SSH, SMTP), where TLS cannot be."""
         data = early
         while (hello := read_client_hello(data)).kind == "more":
             if not data:
@@ -299,17 +311,33 @@ class EgressProxy:
                 return data  # the sandbox closed its side; what it sent goes on
             data += chunk
         wanted = tls_normalise(decision.host)
+        reason, named = None, decision.host
         if hello.kind == "malformed" or (hello.kind == "tls" and hello.name not in (None, wanted)):
+            reason, named = "sni_mismatch", hello.name or decision.host
+        elif hello.kind == "tls" and hello.name is None:
+            reason = "sni_missing"
+        elif hello.kind == "not_tls" and data[:1].isalpha():
+            data = self._first_line(conn, data)
+            if _HTTP_REQUEST_LINE.match(data):
+                reason = "http_in_tunnel"
+        if reason is not None:
             self._record_refusal(
-                EgressDecision(
-                    False,
-                    "sni_mismatch",
-                    hello.name or decision.host,
-                    decision.port,
-                    decision.address,
-                )  # fmt: skip
+                EgressDecision(False, reason, named, decision.port, decision.address)
             )
             return None
+        return data
+
+    @staticmethod
+    def _first_line(conn: socket.socket, data: bytes) -> bytes | None:
+        """Read on until the first line is whole, the sandbox pauses or closes, or the
+        line passes _FIRST_LINE_MAX (no HTTP server takes that as a request line), to
+        tell a request line from other text."""
+        while b"\n" not in data and len(data) < _FIRST_LINE_MAX:
+            readable, _, _ = select.select([conn], [], [], CONNECT_TIMEOUT)
+            chunk = conn.recv(65536) if readable else b""
+            if not chunk:
+                break
+            data += chunk
         return data
 
     def _record_refusal(self, decision: EgressDecision) -> None:

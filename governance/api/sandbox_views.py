@@ -56,6 +56,8 @@ EGRESS_REASONS = (
     "unresolvable",
     "internal_address",
     "sni_mismatch",
+    "sni_missing",
+    "http_in_tunnel",
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -188,9 +189,9 @@ def test_tls_naming_another_server_is_refused_on_record_and_never_sent(upstream)
         ]
 
 
-def test_a_hello_without_a_name_or_bytes_that_are_not_tls_go_through(upstream):
+def test_bytes_that_are_neither_tls_nor_http_go_through(upstream):
 
-    for first in (client_hello(None), b"SSH-2.0-client\r\n"):
+    for first in (b"SSH-2.0-client\r\n", b"\x00\x01binary", b"EHLO x\r\n"):
         reports: list = []
         answer = ask(
             named_proxy(upstream, reports),
@@ -198,6 +199,53 @@ def test_a_hello_without_a_name_or_bytes_that_are_not_tls_go_through(upstream):
         )
         assert answer.endswith(b"echo:" + first)
         assert [r.reason for r in reports] == ["allowed"]
+
+
+def test_a_tunnel_that_could_reach_another_site_on_the_address_is_refused(upstream):
+    """A hello with no server name lets the server pick a site; a plain HTTP request down
+    a tunnel can name any Host (and send many). Both are refused on record, never sent."""
+    cases = [
+        (client_hello(None), "sni_missing", "api.example"),
+        (b"GET / HTTP/1.1\r\nHost: other-tenant.example\r\n\r\n", "http_in_tunnel", "api.example"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "http_in_tunnel", "api.example"),
+    ]
+    for first, reason, host in cases:
+        reports: list = []
+        answer = ask(
+            named_proxy(upstream, reports),
+            f"CONNECT api.example:{upstream} HTTP/1.1\r\n\r\n".encode() + first,
+        )
+        assert answer == b"HTTP/1.1 200 Connection established\r\n\r\n"  # then closed
+        assert [(r.allowed, r.reason, r.host) for r in reports] == [
+            (True, "allowed", "api.example"),
+            (False, reason, host),
+        ]
+
+
+def test_a_request_line_sent_in_pieces_is_still_seen(upstream):
+    reports: list = []
+    mine, theirs = socket.socketpair()
+    handler = threading.Thread(target=named_proxy(upstream, reports)._handle, args=(theirs,))
+    handler.start()
+    mine.settimeout(5)
+    mine.sendall(f"CONNECT api.example:{upstream} HTTP/1.1\r\n\r\n".encode() + b"GE")
+    time.sleep(0.2)
+    mine.sendall(b"T /x HTTP/1.1\r\nHost: other.example\r\n\r\n")
+    seen = b""
+    while chunk := mine.recv(4096):
+        seen += chunk
+    handler.join(timeout=5)
+    assert seen == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    assert [r.reason for r in reports] == ["allowed", "http_in_tunnel"]
+
+
+def test_a_port_that_is_not_ascii_digits_is_a_logged_refusal():
+    """'²' passes str.isdigit(); int('²') would raise and end the handler unlogged."""
+    reports: list = []
+    proxy = EgressProxy([parse_destination("127.0.0.1:9")], report=reports.append)
+    answer = ask(proxy, "CONNECT 127.0.0.1:\u00b2 HTTP/1.1\r\n\r\n".encode("latin-1"))
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert [(r.allowed, r.reason) for r in reports] == [(False, "bad_destination")]
 
 
 def test_a_grant_that_names_an_address_is_not_held_to_a_name(upstream):
