@@ -288,6 +288,27 @@ def test_the_live_endpoint_says_when_the_grant_can_no_longer_allow_the_run(two_a
         "run_id": run_id, "live": False, "reason": "grant_revoked"}  # fmt: skip
 
 
+def test_an_agent_that_spends_its_rate_limit_cannot_silence_the_kill_switch(two_agents, settings):
+    """The runner and the agent share a token: with the agent's own calls spending the
+    limit, the runner's "may it go on?" must still be answered, or a revoked grant
+    would not reach the sandbox (no answer counts as live)."""
+    from governance.services.grants import grant_revoke
+
+    a, _b, run_id, decision_id = two_agents
+    a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json")
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "authorize": 1}
+    ask = {"tool": "code-exec", "action": "execute", "scope": "sandbox:x"}
+    while a.post("/api/v1/authorize", ask, format="json").status_code != 429:
+        pass
+    grant_revoke(
+        grant_id=run_record(run_id).grant_id, actor=Actor.system("test"), reason="incident",
+        at=timezone.now(),
+    )  # fmt: skip
+    answer = a.get(f"{RUNS}/{run_id}/live")
+    assert answer.status_code == 200
+    assert answer.json() == {"run_id": run_id, "live": False, "reason": "grant_revoked"}
+
+
 def _remote_run_stopped_by(live_server, code_exec, spec_for, alice, kill) -> tuple[Any, Any, float]:
     """A bubblewrap run through HttpAuthorizer; `kill(run_id)` once it has started."""
     import io
