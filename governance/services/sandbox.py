@@ -28,7 +28,7 @@ from django.db.models import JSONField
 from governance import audit, db
 from governance.codes import ActionClass, EventType
 from governance.codes import Decision as Verdict
-from governance.models import Grant, SandboxRun
+from governance.models import Grant, SandboxRun, Tool
 from governance.policy import grant_dead_reason
 from governance.services.access import access_check
 from sandbox_runner.egress import EgressDecision
@@ -44,6 +44,7 @@ from sandbox_runner.spec import (
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
 BACKEND_NOT_ALLOWED = "backend_not_allowed"
+NOT_CODE_EXEC = "not_code_exec_tool"
 GRANT_CEILING = (*(f"limit_{name}" for name in LIMIT_NAMES), "egress")
 
 
@@ -119,7 +120,15 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         )
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()
-        if decision.allowed and spec.backend not in settings.SANDBOX_BACKENDS:
+        if (
+            decision.allowed
+            and not Tool.objects.filter(name=spec.tool, kind=Tool.Kind.CODE_EXEC).exists()
+        ):
+            # An execute grant on a pipeline trigger or a mailer is not a licence to run
+            # arbitrary code: only a code-execution tool's grant starts a sandbox.
+            outcome, reason = Verdict.DENY, NOT_CODE_EXEC
+            message = f"{spec.tool!r} is not a code-execution tool: it cannot start a sandbox"
+        elif decision.allowed and spec.backend not in settings.SANDBOX_BACKENDS:
             outcome, reason = Verdict.DENY, BACKEND_NOT_ALLOWED
             message = (
                 f"this deployment runs sandboxes only under {', '.join(settings.SANDBOX_BACKENDS)}"

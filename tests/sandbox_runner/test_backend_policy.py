@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -131,3 +131,26 @@ def test_the_runner_cli_takes_its_default_backend_from_sandbox_backend(monkeypat
     assert _parser().parse_args([*argv[:3], "--backend", "docker", *argv[3:]]).backend == "docker"
     monkeypatch.delenv("SANDBOX_BACKEND")
     assert _parser().parse_args(argv).backend == "docker"
+
+
+def test_an_execute_grant_on_a_tool_that_is_not_code_execution_starts_no_sandbox(
+    docker_client, code_exec, make_tool, make_grant, spec_for
+):
+    """`execute` on a pipeline trigger (kind api) is not a licence to run arbitrary code:
+    the question is allowed by its grant, the run is refused, nothing starts."""
+    trigger = make_tool("trigger-pipeline", actions=("execute",), kind="api")
+    make_grant(
+        code_exec.agent, trigger, actions=("execute",), scope="sandbox:*", task=code_exec.task,
+        starts_at=None, duration=timedelta(days=3),
+    )  # fmt: skip
+    before = all_container_ids(docker_client)
+    spec = spec_for(f"print({MARKER!r})", tool="trigger-pipeline")
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == EXIT_DENIED and MARKER not in out
+    assert (outcome.auth.outcome, outcome.auth.reason) == ("deny", "not_code_exec_tool")
+    record = run_record(spec.run_id)
+    assert (record.status, record.reason) == ("denied", "not_code_exec_tool")
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    denied = AuditEvent.objects.get(event_type="sandbox.run.denied")
+    assert (denied.decision, denied.reason) == ("deny", "not_code_exec_tool")
+    assert all_container_ids(docker_client) == before
