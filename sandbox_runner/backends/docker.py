@@ -192,7 +192,9 @@ class DockerBackend(Backend):
         tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0, scratch_mb=1)
         holder = self.client.containers.create(
             spec.image,
-            ["sleep", "infinity"],
+            # The entrypoint too: an image's own ENTRYPOINT would run (with these as its
+            # arguments) before the run's start is on record, its output uncaptured.
+            entrypoint=["sleep", "infinity"],
             network_mode="none",
             labels=labels(spec, deadline, workdir, "holder"),
             **hardening(tiny),

@@ -121,8 +121,19 @@ def test_only_the_granted_destination_is_reachable_and_every_attempt_is_logged(
     if not _granted(backend, code_exec, spec_for, f"127.0.0.1:{a.port}"):
         return
     spec = spec_for(SCRIPT.format(a=a.port, b=b.port), backend=backend)
-    outcome, out, err = run(spec)
+    holders = []
+
+    def inspect_holder(spec, handle):
+        if getattr(handle, "holder", None) is not None:
+            handle.holder.reload()
+            holders.append(handle.holder.attrs["Config"])
+
+    outcome, out, err = run(spec, on_started=inspect_holder)
     assert outcome.exit_code == 0, err
+    if backend == "docker":
+        # Only `sleep infinity` runs there: never the image's own entrypoint.
+        (config,) = holders
+        assert (config["Entrypoint"], config["Cmd"]) == (["sleep", "infinity"], None)
     assert out.splitlines() == [
         "A 200 server-a",
         "B 403",
