@@ -6,8 +6,9 @@ disabled, every capability dropped, no_new_privs (bwrap always sets it) and
 --die-with-parent. The root is an empty tmpfs remounted read-only with the
 host's /usr bound read-only (the "image" is the host's system directories),
 /workspace a tmpfs of the run's scratch_mb (bwrap's own, gone with the
-sandbox), /tmp a noexec tmpfs the runner
-mounts, the script and input bound read-only.
+sandbox), /tmp a noexec tmpfs of 64 MiB the runner mounts (a runner that is not
+root cannot: bwrap's own tmpfs of the same size, exec allowed, and the record
+says so), the script and input bound read-only.
 
 Limits: cgroups (v1 or v2) when the runner may create them, else rlimits
 (RLIMIT_AS, RLIMIT_NPROC, RLIMIT_CPU); the run record says which per limit.
@@ -50,6 +51,7 @@ from sandbox_runner.spec import INPUT_PATH, SCRIPT_PATH, Authorization, Limits, 
 
 UID = GID = 1000
 TMP_SIZE = "64m"
+_TMP_BYTES = 64 * 1024 * 1024
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "governance-sandbox"
 POLL_EXIT = 0.5  # seconds: how often wait() looks whether bwrap exited while streams are open
@@ -62,7 +64,9 @@ GATE_EXIT = 125
 GATE = f'read -r go && [ "$go" = 1 ] && exec "$@" </dev/null; exit {GATE_EXIT}'
 
 
-def bwrap_argv(workdir: Path, has_script: bool, has_input: bool, scratch_mb: int) -> list[str]:
+def bwrap_argv(
+    workdir: Path, has_script: bool, has_input: bool, scratch_mb: int, tmp_on_host: bool = True
+) -> list[str]:
     """The namespace and mount layout (shared with the benchmark's bare bwrap)."""
     argv = [
         "bwrap",
@@ -89,7 +93,10 @@ def bwrap_argv(workdir: Path, has_script: bool, has_input: bool, scratch_mb: int
     # namespace, owned by uid 1000 (never a host directory: a run cannot fill the
     # host's disk), gone with the sandbox.
     argv += ["--perms", "0700", "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", "/workspace"]
-    argv += ["--bind", str(workdir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own noexec tmpfs
+    if tmp_on_host:  # the runner's noexec tmpfs (mount_noexec_tmp), of TMP_SIZE
+        argv += ["--bind", str(workdir / "tmp"), "/tmp"]  # noqa: S108 - the sandbox's own
+    else:  # no root to mount it noexec: bwrap's own tmpfs, still capped
+        argv += ["--perms", "1777", "--size", str(_TMP_BYTES), "--tmpfs", "/tmp"]  # noqa: S108
     if has_script:
         argv += ["--ro-bind", str(workdir / "in" / "script"), SCRIPT_PATH]
     if has_input:
@@ -452,7 +459,7 @@ class BubblewrapBackend(Backend):
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         argv = bwrap_argv(
-            workdir, spec.script is not None, spec.input is not None, limits.scratch_mb
+            workdir, spec.script is not None, spec.input is not None, limits.scratch_mb, tmp_noexec
         )
         env = {"HOME": "/workspace", "TMPDIR": "/tmp", "SANDBOX_RUN_ID": spec.run_id}  # noqa: S108
         env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
@@ -519,7 +526,7 @@ class BubblewrapBackend(Backend):
             **{k: "rlimit" for k in missing},
             "wall_seconds": "runner",
             "seccomp": "filter" if seccomp_fd is not None else "none (no libseccomp)",
-            "tmp": "noexec tmpfs" if tmp_noexec else "plain directory (exec allowed)",
+            "tmp": "noexec tmpfs" if tmp_noexec else "bwrap tmpfs (exec allowed: not root)",
             "scratch": "bwrap tmpfs",
         }
         return handle

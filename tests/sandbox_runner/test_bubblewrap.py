@@ -39,6 +39,39 @@ def test_without_cgroups_limits_are_rlimits_and_recorded(
     assert record.enforcement["cpus"] == "rlimit"
 
 
+TMP_FILL = """
+import errno
+written = 0
+try:
+    with open("/tmp/fill", "wb") as f:
+        while written < 96 << 20:  # bounded: no cap fails the test, not the disk
+            f.write(b"x" * 65536)
+            f.flush()
+            written += 65536
+    print("no cap", written >> 20)
+except OSError as exc:
+    print("stopped", errno.errorcode[exc.errno], written >> 20)
+"""
+
+
+def test_a_runner_that_cannot_mount_tmp_noexec_still_caps_it(
+    bwrap_available, code_exec, spec_for, monkeypatch
+):
+    """Not root: the runner cannot mount its noexec tmpfs, and /tmp used to be a plain
+    host directory with no size. It is bwrap's own 64 MiB tmpfs, and the record says
+    exec is allowed there."""
+    monkeypatch.setattr(bubblewrap, "mount_noexec_tmp", lambda path: path.mkdir() or False)
+    code_exec.grant()
+    spec = spec_for(TMP_FILL, backend="bubblewrap")
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0, out
+    words = out.split()
+    assert words[:2] == ["stopped", "ENOSPC"] and 60 <= int(words[2]) <= 64, out
+    record = run_record(spec.run_id)
+    assert record.enforcement["tmp"] == "bwrap tmpfs (exec allowed: not root)"
+    assert leftovers("bubblewrap", spec.run_id) == []
+
+
 def test_a_refused_run_leaves_nothing_behind(bwrap_available, code_exec, spec_for):
     """The cgroups made while governance decides (BubblewrapBackend.prepare) are
     gone once a refusal returns, and nothing was started."""
