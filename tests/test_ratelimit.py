@@ -141,6 +141,33 @@ def test_grant_requests_are_limited_per_token(world, limits, redis_db):
     assert list(counted(redis_db, limits["prefix"], "grant_request").values()).count(3) == 1
 
 
+def test_delegations_count_with_the_tokens_grant_requests(
+    limits, redis_db, make_agent, make_tool, make_grant, agent_client
+):
+    """Each delegation is a live grant: a loop must not mint thousands of them."""
+    boss = make_agent("boss")
+    make_agent("helper", parent=boss)
+    grant = make_grant(
+        boss, make_tool("repo"), ("read",), "repo:acme/*", delegable=True,
+        starts_at=timezone.now() - timedelta(minutes=1), duration=timedelta(hours=2),
+    )  # fmt: skip
+    limits["settings"].RATE_LIMITS = {**limits["settings"].RATE_LIMITS, "grant_request": 2}
+    client = agent_client(boss)
+
+    def delegate(scope: str) -> Any:
+        body = {
+            "grant": grant.pk, "agent": "helper", "actions": ["read"], "scope": scope,
+            "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
+            "justification": "sub-task",
+        }  # fmt: skip
+        return client.post("/api/v1/delegations", body, format="json")
+
+    assert [delegate(f"repo:acme/r{i}/*").status_code for i in range(2)] == [201, 201]
+    assert_429(delegate("repo:acme/r9/*"))
+    assert Grant.objects.filter(delegated_from=grant).count() == 2
+    assert AuditEvent.objects.filter(event_type="grant.delegated").count() == 2
+
+
 def test_approval_decisions_are_limited_per_token(world, limits):
     limits["settings"].RATE_LIMITS = {**limits["settings"].RATE_LIMITS, "approval": 2}
     first, second = pending_approval(world, "repo:acme/1"), pending_approval(world, "repo:acme/2")

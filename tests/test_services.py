@@ -264,6 +264,17 @@ def test_a_grant_not_marked_delegable_cannot_be_handed_down(family, make_grant, 
         delegate(plain, child, scope="repo:other/x")
 
 
+def test_asking_again_for_the_same_delegation_returns_the_first_grant(family):
+    parent, child, _, _ = family
+    first = delegate(parent, child)
+    again = delegate(parent, child)
+    assert again.pk == first.pk
+    assert AuditEvent.objects.filter(event_type="grant.delegated").count() == 1
+    other = delegate(parent, child, scope="repo:acme/web/*")
+    assert other.pk != first.pk
+    assert AuditEvent.objects.filter(event_type="grant.delegated").count() == 2
+
+
 def test_a_dead_parent_cannot_delegate(family, system):
     parent, child, _, _ = family
     grants.grant_revoke(grant_id=parent.pk, reason="incident", actor=system, at=NOW - MS)

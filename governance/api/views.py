@@ -356,6 +356,9 @@ class DelegationView(APIView):
         description="Hand one of your live grants, narrowed, to one of your subagents.",
     )
     def post(self, request: Request) -> Response:
+        # Each delegation is a live grant: counted with the token's grant requests, or a
+        # loop could mint thousands (and flood the trend and review campaigns).
+        limit(request, "grant_request", fail_closed=True)
         body = s.DelegationIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data

@@ -405,7 +405,10 @@ def grant_delegate(
     actor: audit.Actor,
     at: datetime,
 ) -> Grant:
-    """Hand a subagent a subset of a live grant. Never wider, never longer."""
+    """Hand a subagent a subset of a live grant. Never wider, never longer.
+
+    Asking again for the same delegation (parent, subagent, actions, scope, expiry)
+    while it is active returns the grant made the first time, with no new event."""
     with transaction.atomic():
         parent = (
             Grant.objects.select_for_update(of=("self",), no_key=True)
@@ -437,6 +440,17 @@ def grant_delegate(
         if expires_at <= at:
             raise GovernanceError("invalid_expiry", "The expiry must be in the future.")
         validate_shape(tool=parent.tool, actions=actions, scope=scope)
+        # The parent's row lock serialises delegations from it: no twin can slip in.
+        for twin in Grant.objects.filter(
+            delegated_from=parent,
+            agent=child,
+            status=Grant.Status.ACTIVE,
+            revoked_at__isnull=True,
+            scope=scope,
+            expires_at=expires_at,
+        ):
+            if set(twin.actions) == set(actions):
+                return twin
         grant = Grant.objects.create(
             agent=child,
             tool=parent.tool,
