@@ -302,7 +302,7 @@ grants:
 - {agent: bot, tool: repo, actions: [create, update], scope: "repo:acme/docs/*",
    justification: docs, duration: 2h}
 - {agent: bot, tool: repo, actions: [read], scope: "repo:acme/api/*",
-   justification: again, duration: 1h}
+   justification: again, duration: 1h, delegable: true}
 """,
     )
     before = counts()
@@ -311,6 +311,29 @@ grants:
 
     assert counts() == before
     assert "pending as request" in out and "live as grant" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "differs"),
+    [
+        ("", "delegable"),  # the live grant may be handed down; the file says not
+        ("delegable: true, egress: [pypi.example.test:443]", "egress"),
+        ("delegable: true, fields: [title]", "fields"),
+        ("delegable: true, limits: {memory_mb: 64}", "limits"),
+    ],
+)
+def test_a_live_grant_that_says_more_than_the_file_is_never_unchanged(
+    world, tmp_path, extra, differs
+):
+    """Same agent, tool, task, scope and actions, but the live grant allows something the
+    file does not (or the other way): an error naming what differs, nothing imported."""
+    entry = '{agent: bot, tool: repo, actions: [read], scope: "repo:acme/api/*", '
+    entry += "justification: again, duration: 1h" + (f", {extra}" if extra else "") + "}"
+    path = write(tmp_path, f"grants:\n- {entry}\n")
+    before = counts()
+    message = rejected(path, "--as", "alice")
+    assert f"has other {differs}: revoke or narrow it first" in message
+    assert counts() == before
 
 
 # --- dry run ---------------------------------------------------------------------

@@ -858,13 +858,30 @@ class _Planner:
         )
         for grant in selectors.live_grants(self.at).filter(pk__in=same.values("pk")):
             if sorted(grant.actions) == wanted:
+                if differs := _differences(grant, spec):
+                    # Never "unchanged" while the live grant allows what the file does not.
+                    self.reader.error(
+                        node,
+                        change.path,
+                        f"live grant #{grant.pk} for this agent, tool, task, scope and actions "
+                        f"has other {', '.join(differs)}: revoke or narrow it first, or make "
+                        "the file match it",
+                    )
+                    return
                 change.outcome, change.grant_id = "unchanged", grant.pk
                 change.note = f"live as grant #{grant.pk}"
                 return
         pending = same.filter(status=Grant.Status.PENDING).first()
         if pending is None:
             return
-        if sorted(pending.actions) == wanted:
+        if sorted(pending.actions) == wanted and (differs := _differences(pending, spec)):
+            self.reader.error(
+                node,
+                change.path,
+                f"request #{pending.pk} for this agent, tool, task, scope and actions is "
+                f"pending with other {', '.join(differs)}; decide it first",
+            )
+        elif sorted(pending.actions) == wanted:
             change.outcome, change.grant_id = "unchanged", pending.pk
             change.note = f"pending as request #{pending.pk}"
         elif self.mode == "requests":
@@ -874,6 +891,21 @@ class _Planner:
                 f"request #{pending.pk} for this agent, tool, task and scope is already pending "
                 f"with actions {pending.actions}; decide it first",
             )
+
+
+def _differences(grant: Grant, spec: dict[str, Any]) -> list[str]:
+    """What else a grant with the file entry's agent, tool, task, scope and actions
+    says differently: field list, egress list, sandbox limits, delegable."""
+    differs = []
+    if sorted(grant.fields) != sorted(spec["fields"] or []):
+        differs.append("fields")
+    if sorted(grant.egress) != sorted(spec["egress"] or []):
+        differs.append("egress")
+    if grant.limits() != (spec["limits"] or {}):
+        differs.append("limits")
+    if bool(grant.delegable) != bool(spec["delegable"]):
+        differs.append("delegable")
+    return differs
 
 
 def _parse(text: str, source: str) -> tuple[_Reader, Node]:
