@@ -24,9 +24,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import ipaddress
 import json
 import logging
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -141,6 +143,15 @@ def _retry_after(headers: Any) -> int | None:
         return None
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class GovernanceClient:
     """Talks to one governance server with one bearer token (an agent's or a runner's)."""
 
@@ -148,13 +159,24 @@ class GovernanceClient:
         if not base_url.startswith(("http://", "https://")):
             # urllib would also open file: and ftp: URLs; a token must only go to a server.
             raise ValueError("base_url must be an http:// or https:// URL")
+        plain = base_url.startswith("http://")
+        if plain and not _loopback(urllib.parse.urlsplit(base_url).hostname or ""):
+            # Whoever is on the path would read the token, and could answer "allow".
+            raise ValueError(
+                "plain http:// would send the token in the clear: use https://, or "
+                "http:// only to this machine (127.0.0.1, ::1, localhost)"
+            )
         root = base_url.rstrip("/")
         if root.endswith(API_PREFIX):
             root = root[: -len(API_PREFIX)]
         self.base_url = root
         self.timeout = timeout
         self._token = token
-        self._opener = urllib.request.build_opener(_NoRedirects)
+        # Plain http goes straight to this machine, never through an HTTP(S)_PROXY from
+        # the environment (which would see the token); https keeps the environment's
+        # proxy, which only tunnels (TLS end to end).
+        handlers: list[Any] = [urllib.request.ProxyHandler({})] if plain else []
+        self._opener = urllib.request.build_opener(*handlers, _NoRedirects)
 
     def __repr__(self) -> str:  # never the token
         return f"GovernanceClient({self.base_url!r})"

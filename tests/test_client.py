@@ -421,9 +421,26 @@ def test_non_decision_calls_raise_typed_errors(stub, closed_port):
     assert down.value.code == "unreachable"
 
 
-def test_only_http_urls_are_accepted():
-    with pytest.raises(ValueError):
-        GovernanceClient("file:///etc/passwd", "t")
+def test_only_http_urls_are_accepted_and_plain_http_only_to_this_machine():
+    for url in ("file:///etc/passwd", "http://governance.example", "http://10.0.0.5:8000"):
+        with pytest.raises(ValueError):
+            GovernanceClient(url, "t")
+    for url in ("https://governance.example", "http://127.0.0.1:8000", "http://[::1]:8000/"):
+        assert GovernanceClient(url, "t").base_url == url.rstrip("/")
+
+
+def test_plain_http_to_this_machine_never_goes_through_an_environment_proxy(world, monkeypatch):
+    """An HTTP_PROXY in the environment would see the token of a plain-http call: the
+    client goes straight to the server (a proxy that answered would be a forged answer)."""
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # closed: a proxied call fails
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    client = GovernanceClient(world["url"], world["client"]._token)
+    decision = client.authorize(tool="repo", action="read", scope="repo:acme/x")
+    assert decision.allowed
+    (allowed,) = events("access.allowed")
+    assert allowed.uid.hex == decision.decision_id.replace("-", "")
 
 
 def test_a_decision_is_allowed_only_when_it_says_allow():
