@@ -20,11 +20,13 @@ though the remaining chain is internally consistent.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import uuid
 from collections.abc import Iterator, Mapping
@@ -630,26 +632,36 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
     """Sign the current head to a file outside the database.
 
     Written even when nothing happened since the last one, so a gap in the
-    checkpoint series itself means the job stopped.
+    checkpoint series itself means the job stopped. One writer at a time (an
+    exclusive lock on the directory's `.lock` from reading the series to writing
+    the file): two at once (the command during the job, or a worker running a
+    backlog) would both sign after the same predecessor and fork the series, and
+    every later verify would fail. The file is created exclusively, so a writer
+    that somehow raced anyway fails instead of forking it.
     """
-    with transaction.atomic():
-        # Read a head no writer is half-way through extending.
-        seq, head = _lock_and_read_head()
-    existing = load_checkpoints()
-    body: dict[str, Any] = {
-        "seq": seq,
-        "head": head,
-        "count": seq,
-        "time": _iso(at),
-        "prev_signature": existing[-1]["signature"] if existing else "",
-    }
-    body["signature"] = _sign_checkpoint(body)
     directory = _checkpoint_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    index = len(existing) + 1
-    path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(canonical_json(body))
-    tmp.replace(path)  # atomic: a reader never sees half a checkpoint
+    with open(directory / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with transaction.atomic():
+            # Read a head no writer is half-way through extending.
+            seq, head = _lock_and_read_head()
+        existing = load_checkpoints()
+        body: dict[str, Any] = {
+            "seq": seq,
+            "head": head,
+            "count": seq,
+            "time": _iso(at),
+            "prev_signature": existing[-1]["signature"] if existing else "",
+        }
+        body["signature"] = _sign_checkpoint(body)
+        index = len(existing) + 1
+        path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+        tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+        tmp.write_text(canonical_json(body))
+        try:
+            os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
+        finally:
+            tmp.unlink()
     body["file"] = path.name
     return body

@@ -56,6 +56,8 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
         "audit-checkpoint": {
             "task": "governance.tasks.audit_checkpoint",
             "schedule": timedelta(minutes=1),
+            # A backlog (worker down for an hour) is dropped, not run 60 times at once.
+            "options": {"expires": 50},
         },
         # Walking the whole chain costs time proportional to the log, so once a night
         # (quiet hours, UTC) is enough to catch tampering; a failure is logged as an

@@ -15,7 +15,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings
@@ -276,6 +276,51 @@ def test_a_checkpoint_is_written_even_with_no_new_events(chain, capsys):
     first, second = audit.load_checkpoints()
     assert first["seq"] == second["seq"] == chain
     assert second["prev_signature"] == first["signature"]
+    assert verify_output(capsys)[0] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkpoints_written_at_once_stay_one_chain(make_agent, capsys, monkeypatch):
+    """The command during the minutely job, or a worker running a backlog: writers at
+    the same moment are taken one at a time, so the series never forks (a fork would
+    fail every later verify)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("threads need connections of their own (PostgreSQL)")
+    import threading
+    import time
+
+    from django.db import connections
+
+    make_agent("bot")  # something in the log
+    read_series = audit.load_checkpoints
+
+    def slow_read() -> list:
+        found = read_series()
+        time.sleep(0.05)  # widen the window between reading the series and writing
+        return found
+
+    monkeypatch.setattr(audit, "load_checkpoints", slow_read)
+    at = datetime.now(UTC)
+    start, errors = threading.Barrier(6), []
+
+    def write() -> None:
+        try:
+            start.wait()
+            audit.write_checkpoint(at)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    series = audit.load_checkpoints()
+    assert len(series) == 6
+    assert [c["prev_signature"] for c in series[1:]] == [c["signature"] for c in series[:-1]]
     assert verify_output(capsys)[0] == 0
 
 
