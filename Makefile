@@ -24,6 +24,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
+	$(PY) manage.py audit_checkpoint
 	@mkdir -p var/celery
 	@echo "Serving on http://$(HOST)/ (with a Celery worker and beat)"
 	@trap 'kill $$worker $$beat 2>/dev/null; wait' EXIT; trap 'exit 130' INT TERM; \

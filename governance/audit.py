@@ -525,8 +525,9 @@ def _against_checkpoint(latest: Mapping[str, Any], count: int) -> tuple[int, str
     return None
 
 
-def verify_chain() -> Verdict:
-    """Walk the chain from genesis, then hold it against the latest checkpoint."""
+def verify_chain(at: datetime | None = None) -> Verdict:
+    """Walk the chain from genesis, then hold it against the latest checkpoint, which
+    must exist (once there are events) and be recent (AUDIT_CHECKPOINT_MAX_AGE)."""
     verdict = _walk(0, GENESIS)
     if not verdict.ok:
         return verdict
@@ -539,14 +540,41 @@ def verify_chain() -> Verdict:
         found = _against_checkpoint(checkpoints[-1], count)
         if found:
             return Verdict(False, count, prev_hash, found[0], found[1])
+    stale = _checkpoint_stale(checkpoints, count, at or datetime.now(UTC))
+    if stale:
+        return Verdict(False, count, prev_hash, stale[0], stale[1])
     return Verdict(True, count, prev_hash)
+
+
+def _checkpoint_stale(
+    checkpoints: list[dict[str, Any]], count: int, at: datetime
+) -> tuple[int, str] | None:
+    """Without a recent checkpoint, the newest events could be deleted unseen."""
+    max_age = settings.AUDIT_CHECKPOINT_MAX_AGE
+    if not max_age or count == 0:
+        return None
+    if not checkpoints:
+        return count, (
+            "no checkpoint outside the database: the newest events could be deleted "
+            "unseen (run manage.py audit_checkpoint; is the audit-checkpoint job running?)"
+        )
+    newest = checkpoints[-1]
+    written = datetime.fromisoformat(newest["time"])
+    if written < at - max_age:
+        minutes = int((at - written).total_seconds() // 60)
+        return newest["seq"], (
+            f"the newest checkpoint, {newest['file']}, is {minutes} min old (more than "
+            f"AUDIT_CHECKPOINT_MAX_AGE): the checkpoint job has stopped, and events after "
+            f"seq {newest['seq']} could be deleted unseen"
+        )
+    return None
 
 
 def verify_and_record(*, actor: Actor, at: datetime) -> Verdict:
     """Verify; a failure is logged and recorded as an event in the chain itself
     (appended after the damage, so the next verify still reports the damage).
     Used by the nightly job and by `manage.py audit_verify` alike."""
-    verdict = verify_chain()
+    verdict = verify_chain(at)
     if not verdict.ok:
         log.error("audit chain verification failed: %s", verdict.render())
         with transaction.atomic():

@@ -127,6 +127,12 @@ AUDIT_HMAC_KEY = env_str("AUDIT_HMAC_KEY", "dev-only-insecure-audit-key-change-m
 if AUDIT_HMAC_KEY == SECRET_KEY:
     raise ImproperlyConfigured("AUDIT_HMAC_KEY must differ from SECRET_KEY")
 AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR", str(BASE_DIR / "var" / "checkpoints")))
+# Deleting the newest events is caught only back to the newest checkpoint: verify fails
+# when events exist with no checkpoint, or the newest is older than this (the job that
+# writes one a minute has stopped). 0 turns the check off.
+AUDIT_CHECKPOINT_MAX_AGE = timedelta(
+    minutes=env_int("AUDIT_CHECKPOINT_MAX_AGE_MINUTES", 15, minimum=0)
+)
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 

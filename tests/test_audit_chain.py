@@ -216,6 +216,42 @@ def test_deleting_the_newest_events_is_caught_by_the_checkpoint(chain, capsys):
     assert "newest 3 event(s) were deleted" in text
 
 
+def test_events_with_no_checkpoint_do_not_verify(chain, capsys, settings):
+    """Without a checkpoint outside the database, the newest events could be deleted
+    unseen: verify fails (and records it) rather than say ok."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert f"FAILED at seq {chain}: no checkpoint outside the database" in text
+    failed = AuditEvent.objects.filter(event_type="audit.verify_failed").get()
+    assert "no checkpoint" in json.loads(failed.data)["problem"]
+    call_command("audit_checkpoint")
+    assert verify_output(capsys)[0] == 0
+
+
+def test_a_stale_checkpoint_fails_verify_so_a_stopped_job_cannot_hide_a_deleted_tail(
+    chain, settings
+):
+    """The checkpoint job stopped 20 minutes ago; since then events were written and the
+    newest deleted. Held against the old checkpoint alone the rest looks whole; its age
+    says the tail is unprotected."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    written = datetime.now(UTC)
+    audit.write_checkpoint(written)
+    assert audit.verify_chain(written + timedelta(minutes=14)).ok
+    for i in range(3):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/late-{i}", at=NOW
+        )
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [chain + 1])
+    later = audit.verify_chain(written + timedelta(minutes=20))
+    assert not later.ok and later.bad_seq == chain
+    assert "is 20 min old" in later.problem and f"after seq {chain}" in later.problem
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(0)  # the check off: the tail goes unseen
+    assert audit.verify_chain(written + timedelta(minutes=20)).ok
+
+
 def test_deleting_everything_is_caught_by_the_checkpoint(chain, capsys):
     call_command("audit_checkpoint")
     capsys.readouterr()

@@ -211,7 +211,7 @@ def chain_status(now: datetime, *, full: bool = False) -> dict[str, Any]:
         verdict = audit.verify_since(last["verdict"].count, last["verdict"].head)
     walked_at = last["at"] if verdict is not None and last is not None else now
     if verdict is None:  # due, asked for, or the walked head is no longer there
-        verdict = _remember(audit.verify_chain(), now)
+        verdict = _remember(audit.verify_chain(now), now)
     elif verdict.ok:
         _remember(verdict, walked_at)  # extended onto the new head, same walk time
     return {
