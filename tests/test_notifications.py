@@ -215,7 +215,7 @@ def test_a_failed_audit_verify_alerts_the_admins(
     heidi = person("heidi", "admins")
     person("erin", "approvers")
     bad = audit.Verdict(ok=False, count=3, head="x", bad_seq=2, problem="edited")
-    monkeypatch.setattr(audit, "verify_chain", lambda: bad)
+    monkeypatch.setattr(audit, "verify_chain", lambda at=None: bad)
     with django_capture_on_commit_callbacks(execute=True):
         assert audit.verify_and_record(actor=system, at=NOW) == bad
     (row,) = Notification.objects.filter(event=NotificationEvent.AUDIT_VERIFY_FAILED)
@@ -274,7 +274,7 @@ def test_a_destructive_call_asks_the_approvers_once(
 
 def test_a_failing_alert_never_undoes_the_verify_failed_event(db, system, monkeypatch):
     bad = audit.Verdict(ok=False, count=3, head="x", bad_seq=2, problem="edited")
-    monkeypatch.setattr(audit, "verify_chain", lambda: bad)
+    monkeypatch.setattr(audit, "verify_chain", lambda at=None: bad)
 
     def broken(**kwargs: object) -> None:
         raise RuntimeError("outbox unavailable")
