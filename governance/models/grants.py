@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q, Value
@@ -148,6 +150,16 @@ class Grant(models.Model):
         return (
             f"grant#{self.pk} {self.agent_id}:{self.tool_id} {','.join(self.actions)} {self.scope}"
         )
+
+    def chain(self) -> Iterator[Grant]:
+        """This grant, then each grant it was delegated from, nearest first; bounded,
+        as the decision's ancestor walk is, so a corrupted cycle cannot loop."""
+        grant: Grant | None = self
+        for _ in range(32):
+            if grant is None:
+                return
+            yield grant
+            grant = grant.delegated_from
 
     def limits(self) -> dict[str, float]:
         """The code-execution ceilings this grant sets (absent: the runner's floor)."""

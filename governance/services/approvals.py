@@ -46,11 +46,8 @@ def stakeholders(agent: Agent | None, grant: Grant | None) -> set[Any]:
             break
         users.add(agent.owner_id)
         agent = agent.parent
-    for _ in range(32):
-        if grant is None:
-            break
-        users.update((grant.requested_by_id, grant.agent.owner_id))
-        grant = grant.delegated_from
+    for link in grant.chain() if grant is not None else ():
+        users.update((link.requested_by_id, link.agent.owner_id))
     users.discard(None)
     return users
 

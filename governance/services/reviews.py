@@ -65,14 +65,9 @@ def _barred(grant: Grant) -> set[int]:
     """Who may not re-certify this grant: whoever requested or approved it and, up a
     delegated grant's chain, each ancestor's requester and approver (a delegated
     grant has no human of its own: the people behind its parent stand behind it)."""
-    barred: set[int] = set()
-    cursor: Grant | None = grant
-    for _ in range(32):  # bounded, as the delegation walk is
-        if cursor is None:
-            break
-        barred.update(pk for pk in (cursor.requested_by_id, cursor.approved_by_id) if pk)
-        cursor = cursor.delegated_from
-    return barred
+    people = {pk for g in grant.chain() for pk in (g.requested_by_id, g.approved_by_id)}
+    people.discard(None)
+    return people
 
 
 def _rotation(campaign_pk: int) -> Any:
