@@ -221,7 +221,8 @@ ORDER BY chain.depth
 """
 
 _APPROVAL_QUERY = """
-SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id
+SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id,
+       grant_id
 FROM governance_approval WHERE id = %s AND agent_id = %s
 """
 
@@ -494,7 +495,8 @@ def _authorize(
     found = db.execute(_APPROVAL_QUERY, [db.param_uuid(approval_uuid), agent_id])
     if not found:
         return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
-    _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires, ap_task = found[0]
+    _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires = found[0][:8]
+    ap_task, ap_grant = found[0][8:]
     ctx["approval_id"] = approval_uuid
     expires = db.read_dt(ap_expires)
     bound = (
@@ -504,6 +506,9 @@ def _authorize(
         and ap_scope == scope
         and ap_hash == args_hash
         and ap_task == ctx.get("task_id")
+        # Under the grant it was asked for: the approver was checked against that
+        # grant's people, and a call now running under another grant needs a new look.
+        and ap_grant == ctx["grant_id"]
     )
     if not bound:
         return _deny(Reason.APPROVAL_INVALID, "The approval is for a different call.", **ctx)

@@ -511,6 +511,78 @@ def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, m
     assert result.reason == "agent_suspended"
 
 
+def test_revoking_a_grant_voids_its_approvals_and_a_new_grant_needs_a_new_one(
+    bot, repo, make_grant, alice, bob, system
+):
+    """An approval belongs to the grant it was asked under: its approver was checked
+    against that grant's people. After a revoke the same call, now under a grant
+    carol requested, must not reuse it, and carol may not approve the new one."""
+    from django.contrib.auth.models import User
+
+    from governance.models import Approval
+    from governance.services import approvals
+
+    carol = User.objects.create_user("carol")
+    old = make_grant(bot, repo, ("delete",), "repo:acme/*")
+    call = dict(agent="bot", tool="repo", action="delete", scope="repo:acme/x")
+    first = access.access_check(**call, at=NOW)
+    assert first.decision == "approval_required" and first.grant_id == old.pk
+    grants.grant_revoke(grant_id=old.pk, reason="rotate", actor=system, at=NOW + MS)
+    event = last_event()
+    assert event.event_type == "grant.revoked" and '"approvals_voided":1' in event.data
+    assert Approval.objects.get(pk=first.approval_id).status == "expired"
+    new = grants.grant_issue(
+        agent=bot,
+        tool=repo,
+        actions=["delete"],
+        scope="repo:acme/*",
+        duration=timedelta(hours=1),
+        justification="again",
+        requested_by=carol,
+        approved_by=bob,
+        actor=system,
+        at=NOW + 2 * MS,
+    )
+    second = access.access_check(**call, at=NOW + 3 * MS)
+    assert second.decision == "approval_required" and second.grant_id == new.pk
+    assert second.approval_id != first.approval_id
+    assert last_event().event_type == "access.approval_required"
+    assert last_event().approval_id == second.approval_id
+    with pytest.raises(Forbidden) as refused:
+        approvals.approval_approve(
+            approval_id=second.approval_id, approver=carol, actor=Actor.user(carol), at=NOW
+        )
+    assert refused.value.code == "self_approval"
+
+
+def test_an_approval_is_not_used_under_another_grant(bot, repo, make_grant, bob, system):
+    """Approved under one grant; the call now matches only another: not this approval."""
+    from governance.services import approvals
+
+    narrow = make_grant(bot, repo, ("delete",), "repo:acme/*")
+    pending = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/x", at=NOW
+    )
+    approvals.approval_approve(
+        approval_id=pending.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+    other = make_grant(bot, repo, ("delete",), "repo:*")
+    grants.grant_narrow(
+        grant_id=narrow.pk, scope="repo:acme/docs/*", reason="tighter", actor=system, at=NOW
+    )
+    used = access.access_check(
+        agent="bot",
+        tool="repo",
+        action="delete",
+        scope="repo:acme/x",
+        approval=pending.approval_id,
+        at=NOW + MS,
+    )
+    assert used.reason == "approval_invalid" and used.grant_id == other.pk
+    event = last_event()
+    assert event.event_type == "access.denied" and event.reason == "approval_invalid"
+
+
 def test_tokens_are_stored_as_digests_and_shown_once(bot, alice, system):
     token, plaintext = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW, days=7)
     assert plaintext not in (token.digest, token.prefix) and token.matches(plaintext)

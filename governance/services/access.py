@@ -57,6 +57,7 @@ def _pending_approval(
         Approval.objects.filter(
             agent_id=decision.agent_id,
             tool_id=decision.tool_id,
+            grant_id=decision.grant_id,
             action=action,
             scope=scope,
             arguments_hash=decision.arguments_hash,

@@ -8,6 +8,7 @@ already refuse expired grants on their own).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,7 +19,7 @@ from django.db import IntegrityError, transaction
 from governance import audit, notifications
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Agent, Grant, Task, Tool
+from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
@@ -385,12 +386,23 @@ def grant_revoke(
             grant.revoked_by = revoked_by
             grant.decision_reason = reason
             grant.save()
+            ended.append(grant)
+        # Nothing asked or approved under an ended grant may fire later, even if the
+        # same call comes back under a new grant (with other people to approve it).
+        open_ones = Approval.objects.select_for_update().filter(
+            grant__in=ended, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+        )
+        voided = Counter(open_ones.values_list("grant_id", flat=True))
+        open_ones.update(status=Approval.Status.EXPIRED)
+        # Events last: the chain lock is the last lock this transaction takes.
+        for grant in ended:
             cascade = {"cascade_from": root.pk} if grant.pk != root.pk else {}
+            if voided.get(grant.pk):
+                cascade["approvals_voided"] = voided[grant.pk]
             # A request that never started is refused, not revoked: the event says what
             # the row now says.
             kind = EventType.GRANT_REVOKED if grant.starts_at else EventType.GRANT_DENIED
             _event(grant, kind, actor, at, reason=reason, **cascade)
-            ended.append(grant)
     return ended
 
 
