@@ -26,8 +26,9 @@ from django.db import connection, transaction
 from django.db.models import JSONField
 
 from governance import audit, db
-from governance.codes import ActionClass, EventType
+from governance.codes import ActionClass, EventType, Reason
 from governance.codes import Decision as Verdict
+from governance.errors import Conflict
 from governance.models import Grant, SandboxRun, Tool
 from governance.policy import grant_dead_reason
 from governance.services.access import access_check
@@ -307,6 +308,12 @@ def run_started(
         )
         if run is None or run.decision != Verdict.ALLOW:
             raise RuntimeError(f"run {run_id} was not authorized or already started")
+        # The start gate: the kill switch (or a revoke) may have landed while the
+        # backend built the sandbox. The runner kills what it built before the code
+        # runs and closes the run as failed.
+        dead = grant_dead_reason(run.grant_id, at) if run.grant_id else Reason.NO_GRANT
+        if dead is not None:
+            raise Conflict("grant_not_live", f"The run's grant can no longer allow it ({dead}).")
         _event(
             run,
             EventType.SANDBOX_RUN_STARTED,

@@ -204,6 +204,25 @@ def test_a_denied_run_cannot_be_started(code_exec, agent_client):
     assert _snapshot() == before
 
 
+@pytest.mark.django_db
+def test_a_run_whose_grant_was_revoked_after_the_allow_cannot_be_started(code_exec, agent_client):
+    from governance.services import grants
+
+    granted = code_exec.grant()
+    a = agent_client(code_exec.agent)
+    run_id = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(run_id), format="json").json()
+    assert answer["decision"] == "allow"
+    grants.grant_revoke(
+        grant_id=granted.pk, reason="incident", actor=Actor.system("t"), at=timezone.now()
+    )
+    started = a.post(f"{RUNS}/{run_id}/started", _started(answer["decision_id"]), format="json")
+    assert started.status_code == 409 and started.json()["error"]["code"] == "grant_not_live"
+    assert "grant_revoked" in started.json()["error"]["message"]
+    assert run_record(run_id).status == "requested"
+    assert events_of(run_id) == ["sandbox.run.requested"]
+
+
 RUN_ID = "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11"
 BAD_ASKS = [
     [],

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 from governance.audit import Actor
-from governance.models import AuditEvent, SandboxRun
+from governance.models import Agent, AuditEvent, SandboxRun
 from governance.services.agents import agent_suspend
 from governance.services.sandbox import ORPHAN_GRACE, reap_all
 from governance.tasks import sandbox_reap
@@ -280,6 +280,33 @@ def test_a_worker_without_a_docker_engine_still_closes_stale_container_runs(
     assert run_record(fresh.run_id).status == "running"  # before its deadline: left alone
     assert events_of(stale.run_id)[-1] == "sandbox.run.reaped"
     assert sandbox_reap()["reaped"] == []  # once
+
+
+class SuspendedWhileStarting(DatabaseAuthorizer):
+    """The kill switch lands while the backend builds the sandbox: after the allow,
+    before the start is recorded."""
+
+    def started(self, spec, auth, result, deadline):
+        agent = Agent.objects.get(name=spec.agent)
+        now = datetime.now(UTC)
+        agent_suspend(agent=agent, reason="kill switch", actor=Actor.system("test"), at=now)
+        super().started(spec, auth, result, deadline)
+
+
+@pytest.mark.django_db
+def test_the_start_gate_refuses_a_run_whose_agent_was_suspended_after_the_allow(
+    bwrap_available, code_exec, spec_for
+):
+    code_exec.grant()
+    spec = spec_for("print('ran', flush=True)", backend="bubblewrap")
+    out = io.BytesIO()
+    outcome = execute(spec, SuspendedWhileStarting(), stdout=out, stderr=io.BytesIO())
+    assert outcome.exit_code == EXIT_BACKEND
+    assert out.getvalue() == b"" and outcome.result.stdout.total == 0  # the code never ran
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and record.started_at is None
+    assert "grant can no longer allow it (agent_suspended)" in record.error
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
 
 
 @pytest.mark.django_db
