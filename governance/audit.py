@@ -28,8 +28,10 @@ import json
 import logging
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -406,6 +408,20 @@ def append(
         "break_glass": break_glass,
         "data": canonical_json(dict(data or {})) if data else "{}",
     }
+    held = getattr(_held, "rows", None)
+    if held is not None and not standalone:
+        # Inside deferred(): appended at the end of its block. The marker is a
+        # no-op commit hook, which Django drops when a savepoint around it rolls back.
+        def marker() -> None:
+            return None
+
+        transaction.on_commit(marker)
+        held.append((row, marker))
+        return Written(seq=0, uid=uid, hash="")
+    return _write(row)
+
+
+def _write(row: dict[str, Any]) -> Written:
     mac = row_mac(row)
     if connection.vendor == "postgresql":
         # The server takes the lock, reads the head, links and inserts; the
@@ -413,16 +429,45 @@ def append(
         params: list[Any] = [_derived_key(b"audit-link"), mac]
         params += [row[name] for name in _ROW_FIELDS]
         seq, link = db.query(_PG_APPEND, params, "is")[0]
-        return Written(seq=seq, uid=uid, hash=link)
+        return Written(seq=seq, uid=row["uid"], hash=link)
     last_seq, prev_hash = _lock_and_read_head()  # SQLite: the write transaction serialises
     row["seq"] = last_seq + 1
     row["prev_hash"] = prev_hash
     row["hash"] = link_hash(prev_hash, row["seq"], mac)
     values = [row[name] for name in FIELDS]
-    values[FIELDS.index("uid")] = db.param_uuid(uid)
-    values[FIELDS.index("created_at")] = db.param_dt(at)
+    values[FIELDS.index("uid")] = db.param_uuid(row["uid"])
+    values[FIELDS.index("created_at")] = db.param_dt(row["created_at"])
     db.execute(_INSERT, values)
-    return Written(seq=row["seq"], uid=uid, hash=row["hash"])
+    return Written(seq=row["seq"], uid=row["uid"], hash=row["hash"])
+
+
+_held = threading.local()
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """One all-or-nothing transaction that runs many services (a matrix import, the
+    demo data): their events are held and appended together, in order, at the end
+    of the block. Every decision waits for the chain lock, so it is taken once, last,
+    and held for the appends and the COMMIT only, not for the whole import; and no
+    row lock is taken after it (tests/conftest.py). The events of a part rolled back
+    to a savepoint inside the block are dropped with it. Inside the block append()
+    returns the event's uid only (seq 0, no hash). Nested blocks join the outer one."""
+    if getattr(_held, "rows", None) is not None:
+        yield
+        return
+    rows: list[tuple[dict[str, Any], Any]] = []
+    _held.rows = rows
+    try:
+        with transaction.atomic():
+            yield
+            _held.rows = None
+            alive = {id(func) for _sids, func, _robust in connection.run_on_commit}
+            for row, marker in rows:
+                if id(marker) in alive:
+                    _write(row)
+    finally:
+        _held.rows = None
 
 
 # --- Verifying ---------------------------------------------------------------

@@ -551,3 +551,49 @@ def test_a_key_that_only_contains_a_secret_word_is_not_masked(chain):
     )
     stored = json.loads(AuditEvent.objects.get(uid=result.decision_id).arguments)
     assert stored == arguments
+
+
+# --- audit.deferred(): many services, one transaction, the events last ------------------------
+
+
+def _system_event(label: str) -> audit.Written:
+    return audit.append(event_type="agent.created", actor=Actor.system(label), at=NOW)
+
+
+def test_deferred_events_are_appended_together_at_the_end_in_order(db):
+    before = AuditEvent.objects.count()
+    with audit.deferred():
+        first = _system_event("one")
+        with audit.deferred():  # joins the outer block
+            second = _system_event("two")
+        assert AuditEvent.objects.count() == before  # held, nothing written yet
+        assert (first.seq, first.hash) == (0, "")
+    written = list(AuditEvent.objects.order_by("seq")[before:])
+    assert [(e.uid, e.actor) for e in written] == [
+        (first.uid, "system:one"),
+        (second.uid, "system:two"),
+    ]
+    assert audit.verify_chain().ok
+
+
+def test_a_deferred_event_rolled_back_with_its_savepoint_is_dropped(db):
+    before = AuditEvent.objects.count()
+    with audit.deferred():
+        kept = _system_event("kept")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            _system_event("rolled-back")
+            raise RuntimeError("this part fails; the caller goes on")
+        after = _system_event("after")
+    written = list(AuditEvent.objects.order_by("seq")[before:])
+    assert [e.uid for e in written] == [kept.uid, after.uid]
+    assert audit.verify_chain().ok
+
+
+def test_a_failed_deferred_block_writes_nothing(db):
+    before = AuditEvent.objects.count()
+    with pytest.raises(RuntimeError), audit.deferred():
+        _system_event("lost")
+        raise RuntimeError("the whole import fails")
+    assert AuditEvent.objects.count() == before
+    _system_event("next")  # not held: the block is over
+    assert AuditEvent.objects.count() == before + 1

@@ -1147,9 +1147,11 @@ def matrix_import(
     if dry_run:
         return matrix_plan(text=text, source=source, at=at, mode=mode)
     assert actor is not None
-    with transaction.atomic():
+    with transaction.atomic(), audit.deferred():
         # Planned inside the transaction that applies it, so what was checked
         # is what gets written; a service refusing anything rolls back all of it.
+        # Its events are appended together at the end (audit.deferred): the chain
+        # lock, which every decision waits for, is not held through the import.
         result = matrix_plan(text=text, source=source, at=at, mode=mode)
         result.dry_run = False
         _apply(result, requested_by=requested_by, approver=approver, actor=actor, at=at)

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
+from governance import audit
 from governance.audit import Actor
 from governance.models import Agent
 from governance.services import access, agents, grants, tasks, tools
@@ -28,7 +29,7 @@ class Command(BaseCommand):
         if Agent.objects.filter(name="triage-bot").exists():
             self.stdout.write("Demo data already present.")
         else:
-            with transaction.atomic():
+            with transaction.atomic(), audit.deferred():
                 password = self._seed()
             password_file.parent.mkdir(parents=True, exist_ok=True)
             password_file.write_text(password)
