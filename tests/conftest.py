@@ -3,6 +3,7 @@ test's database holds exactly what production would, audit events included."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -211,3 +212,66 @@ def _celery_eager() -> Any:
 
     app.conf.task_always_eager = True
     yield
+
+
+# --- Lock order: the chain lock is the last lock a transaction takes -----------------------
+# Every state change appends its audit event holding the chain lock until COMMIT, and every
+# decision waits for it. A statement that locks or changes existing rows after the event in
+# the same transaction can wait for a row lock while holding the chain lock: every decision
+# then waits too, and a transaction that holds that row and waits for the chain lock
+# deadlocks with it. This guard records such statements (ORM and the hot path's raw ones)
+# in every test and fails the test that ran one.
+
+_LOCKING = re.compile(
+    r"^\s*(UPDATE|DELETE)\b|\bFOR\s+(NO\s+KEY\s+UPDATE|UPDATE|KEY\s+SHARE|SHARE)\b", re.I
+)
+
+
+@pytest.fixture(autouse=True)
+def _events_last(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from governance import audit, db
+
+    state: dict[str, Any] = {"block": None, "events": [], "late": []}
+
+    def service_block() -> Any:
+        """The outermost atomic block that is the code's own, not the test case's."""
+        return next(
+            (b for b in connection.atomic_blocks if not getattr(b, "_from_testcase", 0)), None
+        )
+
+    def note(sql: str) -> None:
+        block = service_block()
+        if block is None or block is not state["block"]:
+            state["block"] = None
+            return
+        if _LOCKING.search(sql) and "governance_audit_append" not in sql:
+            state["late"].append((tuple(state["events"]), " ".join(sql.split())[:90]))
+
+    real_append = audit.append
+
+    def append(**kwargs: Any) -> Any:
+        written = real_append(**kwargs)
+        if not written.hash:  # held by audit.deferred(): appended at the end of its block
+            return written
+        if state["block"] is not service_block():
+            state["events"] = []
+        state["events"] = [*state["events"], kwargs.get("event_type")]
+        state["block"] = service_block()
+        return written
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        note(sql)
+        return execute(sql, params, many, context)
+
+    for name in ("_exec_pg", "execute"):
+        real = getattr(db, name)
+
+        def spy(sql: str, params: Any = (), _real: Any = real) -> Any:
+            note(sql)
+            return _real(sql, params)
+
+        monkeypatch.setattr(db, name, spy)
+    monkeypatch.setattr(audit, "append", append)
+    with connection.execute_wrapper(wrapper):
+        yield
+    assert not state["late"], f"rows locked or changed after the audit event: {state['late']}"

@@ -432,8 +432,8 @@ def test_closing_a_task_ends_every_grant_bound_to_it(admin, world, make_grant):
     assert (bound.status, bound.revoked_by.username) == ("revoked", "dave")
     assert Grant.objects.get(pk=world["grant"].pk).status == "active"  # not bound to the task
     events = list(AuditEvent.objects.order_by("-seq")[:2])
-    assert [(e.event_type, e.actor) for e in events] == [
-        ("grant.revoked", "user:dave"), ("task.closed", "user:dave"),
+    assert [(e.event_type, e.actor) for e in events] == [  # newest first: the task's last
+        ("task.closed", "user:dave"), ("grant.revoked", "user:dave"),
     ]  # fmt: skip
 
     with _Unchanged():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -70,3 +71,146 @@ def test_a_deferred_key_check_never_waits_under_the_chain_lock(postgres_only, no
     assert Agent.objects.filter(name="made-under-lock").exists()
     assert audit.verify_chain().ok
     assert timedelta(seconds=time.monotonic() - started) < timedelta(seconds=20)
+
+
+# --- Services that end grants write their events last ----------------------------------------
+# Each race: B revokes one grant (row-locked, then held a moment, as any slow request
+# would), while A runs a service that also ends or changes that grant. If A appended its
+# event (the chain lock) before locking the grant's row, A would wait for B's row and B
+# for A's chain lock: PostgreSQL's deadlock detector would abort one of them (a revoke
+# lost, a 503), and every decision in the system would wait meanwhile.
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, a: Any, b: Any) -> dict[str, BaseException | None]:
+    from governance.services import grants
+
+    locked = threading.Event()
+    real = grants._descendants
+
+    def held(ids: list[int]) -> Any:
+        found = real(ids)
+        if threading.current_thread().name == "B":
+            locked.set()
+            time.sleep(1.0)
+        return found
+
+    monkeypatch.setattr(grants, "_descendants", held)
+    out: dict[str, BaseException | None] = {}
+
+    def run(name: str, fn: Any) -> None:
+        try:
+            if name == "A":
+                assert locked.wait(10)
+            fn()
+            out[name] = None
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out[name] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n, f), name=n) for n, f in (("A", a), ("B", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return out
+
+
+def _revoke(grant_id: int) -> Any:
+    from governance.services import grants
+
+    return lambda: grants.grant_revoke(
+        grant_id=grant_id, reason="admin", actor=audit.Actor.system("b"), at=NOW + LATER
+    )
+
+
+LATER = timedelta(minutes=1)
+
+
+def _assert_both_done(out: dict[str, BaseException | None], *grant_ids: int) -> None:
+    from governance.models import Grant
+
+    assert out == {"A": None, "B": None}, out
+    assert set(Grant.objects.filter(pk__in=grant_ids).values_list("status", flat=True)) == {
+        "revoked"
+    }
+    assert audit.verify_chain().ok
+
+
+def test_narrowing_a_parent_while_its_child_is_revoked(
+    postgres_only, monkeypatch, make_agent, make_tool, make_grant
+):
+    from governance.services import grants
+
+    bot = make_agent("bot")
+    sub = make_agent("sub", parent=bot)
+    parent = make_grant(bot, make_tool(), scope="repo:acme/api/*", delegable=True)
+    child = grants.grant_delegate(
+        parent_grant_id=parent.pk, child=sub, actions=["read"], scope="repo:acme/api/x/*",
+        expires_at=parent.expires_at, justification="j", actor=audit.Actor.system("t"), at=NOW,
+    )  # fmt: skip
+
+    def narrow() -> None:
+        grants.grant_narrow(
+            grant_id=parent.pk, scope="repo:acme/api/y/*", reason="review",
+            actor=audit.Actor.system("a"), at=NOW + LATER,
+        )  # fmt: skip
+
+    _assert_both_done(_both(monkeypatch, narrow, _revoke(child.pk)), child.pk)
+
+
+def test_closing_a_task_while_its_grant_is_revoked(
+    postgres_only, monkeypatch, make_agent, make_tool, make_grant, make_task
+):
+    from governance.services import tasks
+
+    task = make_task("T-1")
+    granted = make_grant(make_agent(), make_tool(), task=task)
+
+    def close() -> None:
+        tasks.task_close(task=task, actor=audit.Actor.system("a"), at=NOW + LATER)
+
+    _assert_both_done(_both(monkeypatch, close, _revoke(granted.pk)), granted.pk)
+
+
+def test_confirming_break_glass_closed_while_its_grant_is_revoked(
+    postgres_only, monkeypatch, make_agent, make_tool, approvers, settings
+):
+    from governance.services import breakglass
+
+    settings.BREAKGLASS_OPENS_CAMPAIGN = False
+    erin, frank, *_ = approvers
+    opened = breakglass.breakglass_open(
+        opener=erin, agent=make_agent(), tool=make_tool(), actions=["read"],
+        scope="repo:acme/api/*", ticket="INC-1", reason="r", actor=audit.Actor.user(erin), at=NOW,
+    )  # fmt: skip
+
+    def confirm() -> None:
+        breakglass.breakglass_confirm_closed(
+            breakglass_id=opened.pk, reviewer=frank, comment="over",
+            actor=audit.Actor.user(frank), at=NOW + LATER,
+        )  # fmt: skip
+
+    _assert_both_done(_both(monkeypatch, confirm, _revoke(opened.grant_id)), opened.grant_id)
+
+
+def test_opening_break_glass_with_its_campaign_while_a_used_grant_is_revoked(
+    postgres_only, monkeypatch, make_agent, make_tool, make_grant, approvers, settings
+):
+    """The incident campaign folds usage (an UPDATE of the used grant's row)."""
+    from governance.services import access, breakglass
+
+    settings.BREAKGLASS_OPENS_CAMPAIGN = True
+    erin, *_ = approvers
+    bot, tool = make_agent("bot"), make_tool()
+    used = make_grant(bot, tool)
+    call = dict(agent="bot", tool="repo", action="read", scope="repo:acme/api/x", at=NOW)
+    assert access.access_check(**call).allowed  # one use, not folded yet
+
+    def open_glass() -> None:
+        breakglass.breakglass_open(
+            opener=erin, agent=bot, tool=tool, actions=["read"], scope="repo:acme/other/*",
+            ticket="INC-9", reason="r", actor=audit.Actor.user(erin), at=NOW + LATER,
+        )  # fmt: skip
+
+    _assert_both_done(_both(monkeypatch, open_glass, _revoke(used.pk)), used.pk)

@@ -345,6 +345,66 @@ def test_tool_names_are_plain_ascii(system, db, name):
         tools.tool_register(name=name, kind="api", actions=["read"], actor=system, at=NOW)
 
 
+def test_no_grant_is_requested_issued_or_broken_glass_on_a_closed_task(
+    bot, repo, make_task, alice, bob, system, approvers, settings
+):
+    """A grant bound to a task lives only while the task is open: a request that was
+    pending when the task closed is ended with it, and nothing new is bound to it."""
+    from governance.services import breakglass
+
+    task = make_task("T-DONE")
+    pending = grants.grant_request(
+        agent=bot, tool=repo, actions=["read"], scope="repo:acme/*", task=task,
+        duration=timedelta(hours=1), justification="j", requested_by=alice, actor=system, at=NOW,
+    )  # fmt: skip
+    tasks.task_close(task=task, actor=system, at=NOW + MS)
+    assert Grant.objects.get(pk=pending.pk).status == "denied"  # ended with its task
+    before = last_event().seq
+    asks = {
+        "request": lambda: grants.grant_request(
+            agent=bot, tool=repo, actions=["read"], scope="repo:acme/*", task=task,
+            duration=timedelta(hours=1), justification="j", requested_by=alice, actor=system,
+            at=NOW + 2 * MS,
+        ),
+        "issue": lambda: grants.grant_issue(
+            agent=bot, tool=repo, actions=["read"], scope="repo:acme/*", task=task,
+            duration=timedelta(hours=1), justification="j", requested_by=alice, approved_by=bob,
+            actor=system, at=NOW + 2 * MS,
+        ),
+        "break-glass": lambda: breakglass.breakglass_open(
+            opener=approvers[0], agent=bot, tool=repo, actions=["read"], scope="repo:acme/*",
+            ticket="INC-7", reason="r", actor=system, at=NOW + 2 * MS, task=task,
+        ),
+    }  # fmt: skip
+    for name, ask in asks.items():
+        with pytest.raises(Conflict) as refused:
+            ask()
+        assert refused.value.code == "task_closed", name
+    assert Grant.objects.filter(task=task).count() == 1
+    assert last_event().seq == before  # nothing written
+
+
+def test_a_request_whose_task_closed_meanwhile_cannot_be_approved(
+    bot, repo, make_task, alice, bob, system
+):
+    """The approver's click races the close: the close wins, or the approval lands
+    first and the close then ends the grant; never a live grant on a closed task."""
+    task = make_task("T-RACE")
+    pending = grants.grant_request(
+        agent=bot, tool=repo, actions=["read"], scope="repo:acme/*", task=task,
+        duration=timedelta(hours=1), justification="j", requested_by=alice, actor=system, at=NOW,
+    )  # fmt: skip
+    # The close's own end of a task (ends_at passed) before the job ran: authorize()
+    # already treats the task as closed, so approval must too.
+    task.ends_at = NOW + MS
+    task.save(update_fields=["ends_at"])
+    with pytest.raises(Conflict) as refused:
+        grants.grant_approve(grant_id=pending.pk, approver=bob, actor=system, at=NOW + 2 * MS)
+    assert refused.value.code == "task_closed"
+    assert Grant.objects.get(pk=pending.pk).status == "pending"
+    assert last_event().event_type == "grant.requested"
+
+
 def test_closing_a_task_ends_its_grants(bot, repo, make_task, make_grant, system):
     task = make_task("T-9")
     bound = make_grant(bot, repo, ("read",), "repo:acme/*", task=task)
@@ -352,7 +412,7 @@ def test_closing_a_task_ends_its_grants(bot, repo, make_task, make_grant, system
     bound.refresh_from_db()
     assert bound.status == "revoked" and bound.revoked_at == NOW
     types = list(AuditEvent.objects.order_by("-seq").values_list("event_type", flat=True)[:2])
-    assert types == ["grant.revoked", "task.closed"]
+    assert types == ["task.closed", "grant.revoked"]  # newest first
 
 
 def test_a_grant_bound_to_an_ended_task_is_dead_before_any_job_closes_the_task(
@@ -407,11 +467,12 @@ def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
     open_ended.refresh_from_db()
     assert running.status == open_ended.status == "open"
     new = list(AuditEvent.objects.filter(seq__gt=before).order_by("seq"))
+    # The grants' events first, the task's last (the chain lock is taken last).
     assert [(e.event_type, e.task, e.grant_id) for e in new] == [
-        ("task.closed", "T-ENDED", None),
         ("grant.revoked", "T-ENDED", bound.pk),
+        ("task.closed", "T-ENDED", None),
     ]
-    assert json.loads(new[0].data) == {"why": "ended"}
+    assert json.loads(new[1].data) == {"why": "ended"}
     assert all(e.actor == "system:test" for e in new)
     # Twice is once: nothing left to close, nothing written.
     assert tasks.tasks_end(actor=system, at=NOW) == 0

@@ -48,7 +48,13 @@ from governance.errors import Conflict, Forbidden, GovernanceError, RateLimited
 from governance.models import Agent, BreakGlass, Grant, Task, Tool
 from governance.selectors import approver_users
 from governance.services.claims import claim_each
-from governance.services.grants import grant_event, grant_request, grant_revoke, validate_shape
+from governance.services.grants import (
+    grant_event,
+    grant_request,
+    grant_revoke,
+    require_open_task,
+    validate_shape,
+)
 
 
 def _event(bg: BreakGlass, event_type: str, actor: audit.Actor, at: datetime, **data: Any) -> None:
@@ -142,6 +148,7 @@ def breakglass_open(
                 f"You opened break-glass {recent} times in the last hour (the limit is "
                 f"{settings.BREAKGLASS_MAX_PER_HOUR}); ask an approver for a normal grant.",
             )
+        require_open_task(task.pk if task else None, at)
         grant = Grant.objects.create(
             agent=agent,
             tool=tool,
@@ -165,6 +172,20 @@ def breakglass_open(
             expires_at=at + ttl,
             review_due_at=at + settings.BREAKGLASS_REVIEW_WITHIN,
         )
+        # The incident campaign first (its usage fold updates grant rows): the events
+        # come last, so the chain lock is the last lock this transaction takes.
+        if settings.BREAKGLASS_OPENS_CAMPAIGN:
+            from governance.services.reviews import review_campaign_open
+
+            review_campaign_open(
+                kind="incident",
+                reason=f"break-glass {ticket} on {agent.name}: {reason}",
+                key=f"incident:breakglass:{bg.pk}",
+                agent=agent,
+                opened_by=opener,
+                actor=actor,
+                at=at,
+            )
         skipped = approver_users(exclude=[opener])
         _event(
             bg,
@@ -178,18 +199,6 @@ def breakglass_open(
             notified=[u.get_username() for u in skipped],
         )
         notifications.breakglass_opened(breakglass=bg, notify_users=skipped, at=at)
-        if settings.BREAKGLASS_OPENS_CAMPAIGN:
-            from governance.services.reviews import review_campaign_open
-
-            review_campaign_open(
-                kind="incident",
-                reason=f"break-glass {ticket} on {agent.name}: {reason}",
-                key=f"incident:breakglass:{bg.pk}",
-                agent=agent,
-                opened_by=opener,
-                actor=actor,
-                at=at,
-            )
     return bg
 
 
@@ -251,6 +260,15 @@ def breakglass_ratify(
     with transaction.atomic():
         bg = _start_review(breakglass_id, reviewer, comment, at)
         grant = bg.grant
+
+        def ratified_by(request: Grant) -> None:
+            bg.review_status = BreakGlass.Review.RATIFIED
+            bg.reviewed_by = reviewer
+            bg.reviewed_at = at
+            bg.review_comment = comment
+            bg.ratified_request = request
+            bg.save()
+
         request = grant_request(
             agent=grant.agent,
             tool=grant.tool,
@@ -262,13 +280,8 @@ def breakglass_ratify(
             requested_by=reviewer,
             actor=actor,
             at=at,
+            before_event=ratified_by,
         )
-        bg.review_status = BreakGlass.Review.RATIFIED
-        bg.reviewed_by = reviewer
-        bg.reviewed_at = at
-        bg.review_comment = comment
-        bg.ratified_request = request
-        bg.save()
         _event(
             bg,
             EventType.BREAKGLASS_RATIFIED,
@@ -296,6 +309,14 @@ def breakglass_confirm_closed(
             bg.closed_at = at
             bg.closed_by = reviewer
         bg.save()
+        if bg.grant.status == Grant.Status.ACTIVE:
+            grant_revoke(
+                grant_id=bg.grant_id,
+                reason=f"break-glass {bg.ticket} confirmed closed: {comment}",
+                actor=actor,
+                at=at,
+                revoked_by=reviewer,
+            )
         _event(
             bg,
             EventType.BREAKGLASS_CONFIRMED_CLOSED,
@@ -305,14 +326,6 @@ def breakglass_confirm_closed(
             comment=comment,
             overdue=at >= bg.review_due_at,
         )
-        if bg.grant.status == Grant.Status.ACTIVE:
-            grant_revoke(
-                grant_id=bg.grant_id,
-                reason=f"break-glass {bg.ticket} confirmed closed: {comment}",
-                actor=actor,
-                at=at,
-                revoked_by=reviewer,
-            )
     return bg
 
 
@@ -330,6 +343,13 @@ def breakglass_reviews_mark_overdue(*, actor: audit.Actor, at: datetime) -> int:
         bg = BreakGlass.objects.select_related(
             "grant__agent", "grant__tool", "grant__task", "opened_by"
         ).get(pk=pk)
+        if bg.grant.status == Grant.Status.ACTIVE and bg.grant.expires_at > at:
+            grant_revoke(
+                grant_id=bg.grant_id,
+                reason=f"break-glass {bg.ticket}: review overdue",
+                actor=actor,
+                at=at,
+            )
         _event(
             bg, EventType.BREAKGLASS_REVIEW_OVERDUE, actor, at, due_at=bg.review_due_at.isoformat()
         )
@@ -344,13 +364,6 @@ def breakglass_reviews_mark_overdue(*, actor: audit.Actor, at: datetime) -> int:
             data={"breakglass_id": bg.pk, "ticket": bg.ticket, "grant_id": bg.grant_id},
             at=at,
         )
-        if bg.grant.status == Grant.Status.ACTIVE and bg.grant.expires_at > at:
-            grant_revoke(
-                grant_id=bg.grant_id,
-                reason=f"break-glass {bg.ticket}: review overdue",
-                actor=actor,
-                at=at,
-            )
 
     return claim_each(
         due,

@@ -9,7 +9,7 @@ already refuse expired grants on their own).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -128,12 +128,54 @@ def grant_request(
     egress: Sequence[str] = (),
     limits: dict[str, Any] | None = None,
     delegable: bool = False,
-    notify: bool = True,
+    before_event: Callable[[Grant], None] | None = None,
 ) -> Grant:
     """A pending request: never live until a different human approves it.
+    Approvers are notified after the commit. `before_event` lets a caller change its
+    own rows with the new request in hand before any event is written (the chain
+    lock is the last lock a transaction takes)."""
+    with transaction.atomic():
+        grant = _request_row(
+            agent=agent,
+            tool=tool,
+            actions=actions,
+            scope=scope,
+            duration=duration,
+            justification=justification,
+            requested_by=requested_by,
+            requested_by_agent=requested_by_agent,
+            task=task,
+            fields=fields,
+            egress=egress,
+            limits=limits,
+            delegable=delegable,
+            at=at,
+        )
+        if before_event is not None:
+            before_event(grant)
+        _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
+        notifications.request_pending(grant=grant, at=at)
+    return grant
 
-    Approvers are notified after the commit (`notify=False` when the same
-    transaction approves it at once, as grant_issue does)."""
+
+def _request_row(
+    *,
+    agent: Agent,
+    tool: Tool,
+    actions: Sequence[str],
+    scope: str,
+    duration: timedelta,
+    justification: str,
+    requested_by: Any,
+    requested_by_agent: Agent | None,
+    task: Task | None,
+    fields: Sequence[str],
+    egress: Sequence[str],
+    limits: dict[str, Any] | None,
+    delegable: bool,
+    at: datetime,
+) -> Grant:
+    """The request's row, checked and inserted (its event is the caller's)."""
     validate_shape(
         tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
     )
@@ -143,6 +185,7 @@ def grant_request(
         raise GovernanceError("requester_required", "A grant request needs a requester.")
     try:
         with transaction.atomic():
+            require_open_task(task.pk if task else None, at)
             grant = Grant.objects.create(
                 agent=agent,
                 tool=tool,
@@ -158,15 +201,23 @@ def grant_request(
                 delegable=delegable,
                 **_limits(limits),
             )
-            _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
-            if notify:
-                notifications.request_pending(grant=grant, at=at)
     except IntegrityError:
         raise Conflict(
             "duplicate_request",
             "A request for this agent, tool, task and scope is already pending.",
         ) from None
     return grant
+
+
+def require_open_task(task_id: int | None, at: datetime) -> None:
+    """A grant bound to a task lives only while the task is open, so none is requested
+    or issued for a task that is not. The task's row stays locked to the commit: a
+    close (which updates it first) cannot slip between this check and the new grant."""
+    if task_id is None:
+        return
+    task = Task.objects.select_for_update(no_key=True).get(pk=task_id)
+    if not task.is_open_at(at):
+        raise Conflict("task_closed", f"The task {task.key} is not open.")
 
 
 def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
@@ -256,38 +307,51 @@ def grant_approve(
     _narrowing); what was cut is recorded in the grant.issued event.
     """
     with transaction.atomic():
+        # The task first (task_close locks it before the grants it ends).
+        require_open_task(Grant.objects.values_list("task_id", flat=True).get(pk=grant_id), at)
         grant = _lock_pending(grant_id)
-        if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
-            raise Forbidden("self_approval", "Nobody approves their own request.")
-        if grant.requested_by_agent_id is not None and approver.pk in stakeholders(
-            grant.agent, None
-        ):
-            raise Forbidden(
-                "self_approval",
-                "An agent's owner (or the owner of an agent above it) cannot approve the "
-                "agent's own request.",
-            )
-        assert grant.requested_duration is not None
-        narrowed = _narrowing(grant, actions, scope, duration)
-        requested = {
-            "actions": list(grant.actions),
-            "scope": grant.scope,
-            "duration_seconds": int(grant.requested_duration.total_seconds()),
-        }
-        grant.actions = narrowed.get("actions", grant.actions)
-        grant.scope = narrowed.get("scope", grant.scope)
-        window = timedelta(seconds=narrowed.get("duration_seconds", requested["duration_seconds"]))
-        grant.status = Grant.Status.ACTIVE
-        grant.approved_by = approver
-        grant.decided_at = at
-        grant.starts_at = at
-        grant.expires_at = at + window
-        grant.save()
-        extra = {"narrowed": narrowed, "requested": requested} if narrowed else {}
+        extra = _approve_row(grant, approver, at, actions, scope, duration)
         _event(
             grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
         )
     return grant
+
+
+def _approve_row(
+    grant: Grant,
+    approver: Any,
+    at: datetime,
+    actions: Sequence[str] | None,
+    scope: str | None,
+    duration: timedelta | None,
+) -> dict[str, Any]:
+    """Check and apply an approval to a locked pending request; returns what the
+    grant.issued event adds (what was narrowed)."""
+    if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
+        raise Forbidden("self_approval", "Nobody approves their own request.")
+    if grant.requested_by_agent_id is not None and approver.pk in stakeholders(grant.agent, None):
+        raise Forbidden(
+            "self_approval",
+            "An agent's owner (or the owner of an agent above it) cannot approve the "
+            "agent's own request.",
+        )
+    assert grant.requested_duration is not None
+    narrowed = _narrowing(grant, actions, scope, duration)
+    requested = {
+        "actions": list(grant.actions),
+        "scope": grant.scope,
+        "duration_seconds": int(grant.requested_duration.total_seconds()),
+    }
+    grant.actions = narrowed.get("actions", grant.actions)
+    grant.scope = narrowed.get("scope", grant.scope)
+    window = timedelta(seconds=narrowed.get("duration_seconds", requested["duration_seconds"]))
+    grant.status = Grant.Status.ACTIVE
+    grant.approved_by = approver
+    grant.decided_at = at
+    grant.starts_at = at
+    grant.expires_at = at + window
+    grant.save()
+    return {"narrowed": narrowed, "requested": requested} if narrowed else {}
 
 
 def grant_deny(
@@ -328,7 +392,7 @@ def grant_issue(
     if approved_by is None or requested_by is None or approved_by.pk == requested_by.pk:
         raise Forbidden("self_approval", "A live grant needs a requester and a different approver.")
     with transaction.atomic():
-        grant = grant_request(
+        grant = _request_row(
             agent=agent,
             tool=tool,
             actions=actions,
@@ -336,16 +400,25 @@ def grant_issue(
             duration=duration,
             justification=justification,
             requested_by=requested_by,
-            actor=actor,
-            at=at,
+            requested_by_agent=None,
             task=task,
             fields=fields,
             egress=egress,
             limits=limits,
             delegable=delegable,
-            notify=False,
+            at=at,
         )
-        return grant_approve(grant_id=grant.pk, approver=approved_by, actor=actor, at=at)
+        extra = _approve_row(grant, approved_by, at, None, None, None)
+        _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
+        _event(
+            grant,
+            EventType.GRANT_ISSUED,
+            actor,
+            at,
+            approved_by=approved_by.get_username(),
+            **extra,
+        )
+    return grant
 
 
 def _descendants(grant_ids: list[int]) -> list[Grant]:
@@ -369,41 +442,66 @@ def grant_revoke(
 
     Safe to call twice: an already-ended grant is left as it is.
     """
+    return grants_revoke(
+        grant_ids=[grant_id], reason=reason, actor=actor, at=at, revoked_by=revoked_by
+    )
+
+
+def grants_revoke(
+    *,
+    grant_ids: Sequence[int],
+    reason: str,
+    actor: audit.Actor,
+    at: datetime,
+    revoked_by: Any = None,
+) -> list[Grant]:
+    """grant_revoke for several grants in one transaction (a task's, a narrowed grant's
+    delegations): every row is locked and changed first and the events come last, so
+    the chain lock is the last lock the transaction takes (tests/conftest.py)."""
     if not reason.strip():
         raise GovernanceError("reason_required", "Say why the grant is revoked.")
     with transaction.atomic():
-        root = (
+        roots = list(
             Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
-            .get(pk=grant_id)
+            .filter(pk__in=grant_ids)
+            .order_by("pk")
         )
-        ended = []
-        for grant in [root, *_descendants([root.pk])]:
-            if grant.status not in (Grant.Status.ACTIVE, Grant.Status.PENDING):
-                continue
-            grant.status = Grant.Status.REVOKED if grant.starts_at else Grant.Status.DENIED
-            grant.revoked_at = at if grant.starts_at else None
-            grant.revoked_by = revoked_by
-            grant.decision_reason = reason
-            grant.save()
-            ended.append(grant)
+        if len(roots) != len(set(grant_ids)):
+            raise Grant.DoesNotExist("No such grant.")
+        ended: list[tuple[Grant, int]] = []  # with the root it was revoked through
+        seen: set[int] = set()
+        for root in roots:
+            for grant in [root, *_descendants([root.pk])]:
+                if grant.pk in seen or grant.status not in (
+                    Grant.Status.ACTIVE,
+                    Grant.Status.PENDING,
+                ):
+                    continue
+                seen.add(grant.pk)
+                grant.status = Grant.Status.REVOKED if grant.starts_at else Grant.Status.DENIED
+                grant.revoked_at = at if grant.starts_at else None
+                grant.revoked_by = revoked_by
+                grant.decision_reason = reason
+                grant.save()
+                ended.append((grant, root.pk))
         # Nothing asked or approved under an ended grant may fire later, even if the
         # same call comes back under a new grant (with other people to approve it).
         open_ones = Approval.objects.select_for_update().filter(
-            grant__in=ended, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+            grant__in=[g for g, _ in ended],
+            status__in=[Approval.Status.PENDING, Approval.Status.APPROVED],
         )
         voided = Counter(open_ones.values_list("grant_id", flat=True))
         open_ones.update(status=Approval.Status.EXPIRED)
-        # Events last: the chain lock is the last lock this transaction takes.
-        for grant in ended:
-            cascade = {"cascade_from": root.pk} if grant.pk != root.pk else {}
+        for grant, root_pk in ended:
+            data: dict[str, Any] = {"cascade_from": root_pk} if grant.pk != root_pk else {}
             if voided.get(grant.pk):
-                cascade["approvals_voided"] = voided[grant.pk]
+                data["approvals_voided"] = voided[grant.pk]
             # A request that never started is refused, not revoked: the event says what
             # the row now says.
             kind = EventType.GRANT_REVOKED if grant.starts_at else EventType.GRANT_DENIED
-            _event(grant, kind, actor, at, reason=reason, **cascade)
-    return ended
+            _event(grant, kind, actor, at, reason=reason, **data)
+    return [g for g, _ in ended]
 
 
 def grant_delegate(
@@ -602,7 +700,9 @@ def grant_narrow(
         grant.scope = new_scope
         grant.expires_at = new_expiry
         grant.save(update_fields=["actions", "scope", "expires_at"])
-        _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before)
+        # Delegations that no longer fit are revoked (with what hangs below them); the
+        # narrowed event comes last, after every row this transaction changes.
+        misfits: list[int] = []
         frontier = [grant]
         while frontier:
             parent = frontier.pop()
@@ -617,13 +717,16 @@ def grant_narrow(
                 if fits:
                     frontier.append(child)
                 else:
-                    grant_revoke(
-                        grant_id=child.pk,
-                        reason=f"parent grant #{grant.pk} narrowed",
-                        actor=actor,
-                        at=at,
-                        revoked_by=narrowed_by,
-                    )
+                    misfits.append(child.pk)
+        if misfits:
+            grants_revoke(
+                grant_ids=misfits,
+                reason=f"parent grant #{grant.pk} narrowed",
+                actor=actor,
+                at=at,
+                revoked_by=narrowed_by,
+            )
+        _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before)
     return grant
 
 

@@ -243,6 +243,16 @@ def review_item_decide(
             )
         if not (item.reviewer_id == reviewer.pk or roles.is_admin(reviewer)):
             raise Forbidden("not_assigned", "The item is assigned to another reviewer.")
+        item.status = {
+            "keep": ReviewItem.Status.KEPT,
+            "narrow": ReviewItem.Status.NARROWED,
+            "revoke": ReviewItem.Status.REVOKED,
+        }[decision]
+        item.decided_by = reviewer
+        item.decided_at = at
+        item.comment = comment
+        item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
+        # Then the grant (its own events), and this item's event last.
         if decision == "narrow":
             grant_narrow(
                 grant_id=grant.pk,
@@ -263,15 +273,6 @@ def review_item_decide(
                 actor=actor,
                 at=at,
             )
-        item.status = {
-            "keep": ReviewItem.Status.KEPT,
-            "narrow": ReviewItem.Status.NARROWED,
-            "revoke": ReviewItem.Status.REVOKED,
-        }[decision]
-        item.decided_by = reviewer
-        item.decided_at = at
-        item.comment = comment
-        item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
         _grant_event(
             grant,
             EventType.REVIEW_ITEM_DECIDED,
@@ -314,14 +315,14 @@ def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
     )
 
     def announce(pk: int) -> None:
-        item = _item_event(pk, actor, at, rule=rule)
-        if rule == "revoke":
+        if rule == "revoke":  # the grant's rows and events first, the item's event last
             grant_revoke(
-                grant_id=item.grant_id,
-                reason=f"review item #{item.pk} not decided by its due date",
+                grant_id=ReviewItem.objects.values_list("grant_id", flat=True).get(pk=pk),
+                reason=f"review item #{pk} not decided by its due date",
                 actor=actor,
                 at=at,
             )
+        item = _item_event(pk, actor, at, rule=rule)
         notifications.review_overdue(
             users=[item.reviewer] if item.reviewer else approver_users(),
             subject=f"Review item #{item.pk} was not decided in time: {rule} applied",

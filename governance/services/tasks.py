@@ -13,7 +13,7 @@ from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
 from governance.models import Grant, Task
 from governance.services.claims import claim_each
-from governance.services.grants import grant_revoke
+from governance.services.grants import grants_revoke
 
 
 def task_open(
@@ -70,10 +70,15 @@ def _claim_close(pk: int, at: datetime) -> int:
 
 def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any, why: str) -> None:
     key = Task.objects.values_list("key", flat=True).get(pk=pk)
-    audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data={"why": why})
-    for grant_id in Grant.objects.filter(
-        task_id=pk, status__in=[Grant.Status.ACTIVE, Grant.Status.PENDING]
-    ).values_list("pk", flat=True):
-        grant_revoke(
-            grant_id=grant_id, reason=f"task {key} {why}", actor=actor, at=at, revoked_by=closed_by
+    bound = Grant.objects.filter(task_id=pk, status__in=[Grant.Status.ACTIVE, Grant.Status.PENDING])
+    grant_ids = list(bound.values_list("pk", flat=True))
+    if grant_ids:
+        grants_revoke(
+            grant_ids=grant_ids,
+            reason=f"task {key} {why}",
+            actor=actor,
+            at=at,
+            revoked_by=closed_by,
         )
+    # Last: the chain lock is the last lock this transaction takes.
+    audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data={"why": why})
