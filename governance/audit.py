@@ -350,8 +350,13 @@ _PG_TYPES = {
 _PG_APPEND = (
     "SELECT out_seq, out_hash FROM governance_audit_append(%s::bytea, %s::text, "
     + ", ".join(f"%s::{_PG_TYPES.get(name, 'text')}" for name in _ROW_FIELDS)
-    + ")"
+    + ", %s::bigint)"
 )
+
+
+class StateChanged(Exception):
+    """A decision's event was refused: a state change committed after the decision read
+    the state (migration 0013). Nothing was written; decide again."""
 
 
 def append(
@@ -373,8 +378,13 @@ def append(
     break_glass: bool = False,
     data: Mapping[str, Any] | None = None,
     standalone: bool = False,
+    seen_seq: int | None = None,
 ) -> Written:
     """Append one event to the chain inside the caller's transaction.
+
+    seen_seq (a decision's event, PostgreSQL): the newest event the decision's read
+    could see; if a state change committed after it, nothing is written and
+    StateChanged is raised.
 
     standalone=True (PostgreSQL, outside any transaction): the event is the
     whole change, written and committed by its one statement (a decision that
@@ -418,17 +428,19 @@ def append(
         transaction.on_commit(marker)
         held.append((row, marker))
         return Written(seq=0, uid=uid, hash="")
-    return _write(row)
+    return _write(row, seen_seq)
 
 
-def _write(row: dict[str, Any]) -> Written:
+def _write(row: dict[str, Any], seen_seq: int | None = None) -> Written:
     mac = row_mac(row)
     if connection.vendor == "postgresql":
         # The server takes the lock, reads the head, links and inserts; the
         # lock is then held only for the rest of this call and the COMMIT.
         params: list[Any] = [_derived_key(b"audit-link"), mac]
         params += [row[name] for name in _ROW_FIELDS]
-        seq, link = db.query(_PG_APPEND, params, "is")[0]
+        seq, link = db.query(_PG_APPEND, [*params, seen_seq], "is")[0]
+        if seq is None:
+            raise StateChanged("the state changed after the decision read it")
         return Written(seq=seq, uid=row["uid"], hash=link)
     last_seq, prev_hash = _lock_and_read_head()  # SQLite: the write transaction serialises
     row["seq"] = last_seq + 1

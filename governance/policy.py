@@ -157,6 +157,10 @@ class Decision:
     task_id: int | None = None
     arguments_hash: str = ""
     decision_id: str | None = None  # the audit event's uid, set by access_check
+    # The newest audit event the decision's read could see: every state change writes
+    # one, so access_check's append can tell whether the state changed since (a revoke
+    # committing while this decision waited for the chain lock) and decide again.
+    seen_seq: int | None = None
 
     @property
     def allowed(self) -> bool:
@@ -175,7 +179,8 @@ SELECT a.id, a.status,
        t.id, {t_action}, t.irreversible, t.definition_hash = t.approved_hash,
        k.id, k.starts_at, k.ends_at, k.closed_at,
        g.id, g.task_id, g.scope, {g_fields}, g.status, g.starts_at, g.expires_at,
-       g.revoked_at, g.delegated_from_id, g.break_glass
+       g.revoked_at, g.delegated_from_id, g.break_glass,
+       (SELECT e.seq FROM governance_auditevent e ORDER BY e.seq DESC LIMIT 1)
 FROM (SELECT 1 AS one) AS o
 LEFT JOIN governance_agent a ON a.name = %s
 LEFT JOIN governance_tool t ON t.name = %s
@@ -185,7 +190,7 @@ LEFT JOIN governance_grant g
       AND {g_action}
 ORDER BY g.id
 """
-_MAIN_KINDS = "isibbbittt" + "iisssttti" + "b"  # one letter per column (db.query)
+_MAIN_KINDS = "isibbbittt" + "iisssttti" + "bi"  # one letter per column (db.query)
 _MAIN_QUERY = {
     # jsonb: `?` is "has this string element"; fields only when the list is not empty.
     "postgresql": _MAIN_COLUMNS.format(
@@ -403,7 +408,12 @@ def _authorize(
     first = rows[0]
     agent_id, agent_status, tool_id, tool_has_action, irreversible, approved = first[:6]
     task_id, task_starts, task_ends, task_closed = first[6:10]
-    ctx: dict[str, Any] = {"agent_id": agent_id, "tool_id": tool_id, "arguments_hash": args_hash}
+    ctx: dict[str, Any] = {
+        "agent_id": agent_id,
+        "tool_id": tool_id,
+        "arguments_hash": args_hash,
+        "seen_seq": first[20] or 0,
+    }
 
     # 1. The agent exists and is not suspended (the kill switch).
     if agent_id is None:

@@ -597,3 +597,53 @@ def test_a_failed_deferred_block_writes_nothing(db):
     assert AuditEvent.objects.count() == before
     _system_event("next")  # not held: the block is over
     assert AuditEvent.objects.count() == before + 1
+
+
+# --- A decision's event and the state changes committed after its read (migration 0013) -----
+
+
+def test_a_decisions_event_is_refused_only_after_a_change_that_can_alter_it(postgres_only, db):
+    def event(kind: str, seen: int | None = None) -> audit.Written:
+        return audit.append(event_type=kind, actor=Actor.system("t"), at=NOW, seen_seq=seen)
+
+    seen = event("agent.created").seq
+    # Other decisions, sandbox records and expiry marks change nothing a decision reads.
+    for harmless in ("access.allowed", "access.outcome", "sandbox.egress.allowed", "grant.expired"):
+        event(harmless)
+    assert event("access.allowed", seen).seq > seen
+    before = AuditEvent.objects.count()
+    for change in ("grant.revoked", "agent.suspended", "tool.quarantined", "not.yet.known"):
+        seen = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True)[0]
+        event(change)
+        with pytest.raises(audit.StateChanged):
+            event("access.allowed", seen)
+        before += 1
+        assert AuditEvent.objects.count() == before  # the refused event was not written
+    assert audit.verify_chain().ok
+
+
+def test_a_decision_whose_state_keeps_changing_is_denied_with_error(
+    monkeypatch, make_agent, make_tool, make_grant
+):
+    make_grant(make_agent("bot"), make_tool("repo"))
+    attempts = []
+    real = audit.append
+
+    def always_changed(**kwargs):
+        if kwargs.get("seen_seq") is not None:
+            attempts.append(kwargs["seen_seq"])
+            raise audit.StateChanged("changed")
+        return real(**kwargs)
+
+    monkeypatch.setattr(audit, "append", always_changed)
+    decision = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/api/x", at=NOW
+    )
+    assert (decision.decision, decision.reason) == ("deny", "error")
+    assert len(attempts) == access.ATTEMPTS
+    last = AuditEvent.objects.order_by("-seq").first()
+    assert (last.event_type, last.reason, str(last.uid)) == (
+        "access.denied",
+        "error",
+        decision.decision_id,
+    )

@@ -214,3 +214,77 @@ def test_opening_break_glass_with_its_campaign_while_a_used_grant_is_revoked(
         )  # fmt: skip
 
     _assert_both_done(_both(monkeypatch, open_glass, _revoke(used.pk)), used.pk)
+
+
+# --- A decision that read the state just before a revoke committed ---------------------------
+
+
+@pytest.mark.parametrize("kill", ["revoke", "suspend"])
+def test_a_decision_that_waited_out_a_revoke_is_made_again(
+    postgres_only, monkeypatch, make_agent, make_tool, make_grant, kill
+):
+    """B revokes (or suspends) and, holding the chain lock, takes a second to commit. A
+    decides meanwhile: its read sees the grant still live, then it waits for the chain
+    lock. Once B commits, A's event would land after B's and its allow reach the agent
+    after the revocation. Instead its append is refused and A decides again: a deny."""
+    from governance.services import access, agents, grants
+
+    bot = make_agent("bot")
+    granted = make_grant(bot, make_tool())
+    killed_at = NOW + LATER
+    appended = threading.Event()
+    real = audit.append
+
+    def slow(**kwargs: Any) -> Any:
+        written = real(**kwargs)
+        if threading.current_thread().name == "B":
+            appended.set()
+            time.sleep(1.0)  # B's change and event are written, not yet committed
+        return written
+
+    monkeypatch.setattr(audit, "append", slow)
+    result: dict[str, Any] = {}
+    out: dict[str, BaseException | None] = {}
+
+    def kill_it() -> None:
+        actor = audit.Actor.system("b")
+        if kill == "revoke":
+            grants.grant_revoke(grant_id=granted.pk, reason="incident", actor=actor, at=killed_at)
+        else:
+            agents.agent_suspend(agent=bot, reason="incident", actor=actor, at=killed_at)
+
+    def decide() -> None:
+        assert appended.wait(10)
+        result["d"] = access.access_check(
+            agent="bot", tool="repo", action="read", scope="repo:acme/api/x",
+            at=killed_at + timedelta(seconds=1),
+        )  # fmt: skip
+
+    def run(name: str, fn: Any) -> None:
+        try:
+            fn()
+            out[name] = None
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out[name] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=("A", decide), name="A"),
+               threading.Thread(target=run, args=("B", kill_it), name="B")]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert out == {"A": None, "B": None}, out
+    decision = result["d"]
+    assert not decision.allowed
+    assert decision.reason == ("grant_revoked" if kill == "revoke" else "agent_suspended")
+    from governance.models import AuditEvent
+
+    newest = list(AuditEvent.objects.order_by("-seq")[:2])
+    assert [e.event_type for e in newest] == [
+        "access.denied",
+        "grant.revoked" if kill == "revoke" else "agent.suspended",
+    ]
+    assert str(newest[0].uid) == decision.decision_id and newest[0].reason == decision.reason
+    assert audit.verify_chain().ok

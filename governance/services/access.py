@@ -34,6 +34,8 @@ from governance.policy import Decision, authorize
 
 log = logging.getLogger(__name__)
 
+ATTEMPTS = 3  # decisions made again when the state changed under them, then deny `error`
+
 _EVENT_FOR = {
     Verdict.ALLOW: EventType.ACCESS_ALLOWED,
     Verdict.DENY: EventType.ACCESS_DENIED,
@@ -106,6 +108,62 @@ def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview:
     return replace(decision, approval_id=str(pending.id))
 
 
+def _decide_and_record(
+    *,
+    agent_name: str,
+    tool: str,
+    action: str,
+    scope: str,
+    at: datetime,
+    task: str | None,
+    arguments: Mapping[str, Any] | None,
+    approval: str | None,
+    actor: audit.Actor,
+    subject: dict[str, str],
+    args_json: str,
+) -> tuple[Decision, audit.Written]:
+    """One attempt: the decision, the gate's writes and the event, or StateChanged
+    (nothing written) when the state changed after the decision read it."""
+    # Inside a caller's transaction (and on SQLite) the whole decision runs in a
+    # savepoint, so a database error in it cannot poison the caller's work. Alone
+    # on PostgreSQL, the read needs no transaction and the event commits itself,
+    # or, with the gate's writes, commits with them.
+    alone = connection.vendor == "postgresql" and not connection.in_atomic_block
+    with nullcontext() if alone else transaction.atomic():
+        decision = authorize(
+            agent=agent_name,
+            tool=tool,
+            action=action,
+            scope=scope,
+            at=at,
+            task=task,
+            arguments=arguments,
+            approval=approval,
+        )
+        gated = (decision.allowed and decision.approval_id) or (
+            decision.decision == Verdict.APPROVAL_REQUIRED
+        )
+        with transaction.atomic() if alone and gated else nullcontext():
+            if gated:
+                decision = _gate(decision, action=action, scope=scope, at=at, preview=args_json)
+            written = audit.append(
+                event_type=_EVENT_FOR[Verdict(decision.decision)],
+                actor=actor,
+                at=at,
+                arguments_json=args_json,
+                arguments_hash=decision.arguments_hash,
+                decision=decision.decision,
+                reason=decision.reason,
+                grant_id=decision.grant_id,
+                approval_id=decision.approval_id or "",
+                break_glass=decision.break_glass,
+                standalone=alone and not gated,
+                seen_seq=decision.seen_seq,
+                **subject,
+            )
+    return decision, written
+
+
 def access_check(
     *,
     agent: Any,
@@ -129,43 +187,27 @@ def access_check(
     }
     try:
         args_json = audit.masked_arguments_json(arguments if isinstance(arguments, Mapping) else {})
-        # Inside a caller's transaction (and on SQLite) the whole decision runs in a
-        # savepoint, so a database error in it cannot poison the caller's work. Alone
-        # on PostgreSQL, the read needs no transaction and the event commits itself,
-        # or, with the gate's writes, commits with them.
-        alone = connection.vendor == "postgresql" and not connection.in_atomic_block
-        with nullcontext() if alone else transaction.atomic():
-            decision = authorize(
-                agent=agent_name,
-                tool=tool,
-                action=action,
-                scope=scope,
-                at=at,
-                task=task,
-                arguments=arguments,
-                approval=approval,
-            )
-            gated = (decision.allowed and decision.approval_id) or (
-                decision.decision == Verdict.APPROVAL_REQUIRED
-            )
-            with transaction.atomic() if alone and gated else nullcontext():
-                if gated:
-                    decision = _gate(decision, action=action, scope=scope, at=at, preview=args_json)
-                written = audit.append(
-                    event_type=_EVENT_FOR[Verdict(decision.decision)],
-                    actor=actor,
+        for _attempt in range(ATTEMPTS):
+            try:
+                decision, written = _decide_and_record(
+                    agent_name=agent_name,
+                    tool=tool,
+                    action=action,
+                    scope=scope,
                     at=at,
-                    arguments_json=args_json,
-                    arguments_hash=decision.arguments_hash,
-                    decision=decision.decision,
-                    reason=decision.reason,
-                    grant_id=decision.grant_id,
-                    approval_id=decision.approval_id or "",
-                    break_glass=decision.break_glass,
-                    standalone=alone and not gated,
-                    **subject,
+                    task=task,
+                    arguments=arguments,
+                    approval=approval,
+                    actor=actor,
+                    subject=subject,
+                    args_json=args_json,
                 )
-        return replace(decision, decision_id=str(written.uid))
+                return replace(decision, decision_id=str(written.uid))
+            except audit.StateChanged:
+                # A revoke, suspension or other change committed while this decision
+                # waited for the chain lock: its answer may be stale, so decide again.
+                continue
+        raise audit.StateChanged(f"the state kept changing over {ATTEMPTS} attempts")
     except Exception:
         log.exception("access_check failed; denying")
     failed = Decision(
