@@ -311,6 +311,22 @@ def test_a_bad_tool_is_refused_and_nothing_written(admin, make_tool, change, sta
     assert _names_field(error, field)
 
 
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/tools", '{"name": "x", "kind": "\\ud800", "actions": ["read"]}'),
+        ("/tasks", '{"key": "K1", "ends_at": "\\ud800"}'),
+        ("/grants/{grant}/revoke", '{"reason": "ok", "\\udfff": 1}'),
+    ],
+)
+def test_a_lone_surrogate_in_a_value_or_key_is_a_400_and_nothing_written(admin, world, path, raw):
+    path = path.format(grant=world["grant"].pk)
+    with _Unchanged(Tool, Task, Grant):
+        response = admin.generic("POST", f"{API}{path}", raw, content_type="application/json")
+    _error(response, 400, "not_text")
+    assert Grant.objects.get(pk=world["grant"].pk).status == Grant.Status.ACTIVE
+
+
 def test_a_changed_definition_quarantines_until_another_admin_approves(
     admin, world, agent_client, human_client, bob
 ):

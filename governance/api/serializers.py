@@ -27,6 +27,7 @@ from rest_framework.utils import json as drf_json
 from governance.codes import ActionClass, Reason
 from governance.codes import Decision as Verdict
 from governance.models import Grant, Tool
+from governance.text import is_text, is_utf8
 
 # --- Form rules declared in the schema -----------------------------------------------------
 # Each mirrors the service check named beside it exactly: a stricter pattern would make
@@ -84,23 +85,50 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+def _holds_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not is_utf8(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 class JSONParser(parsers.JSONParser):
     """DRF's JSON parser (NaN and Infinity refused), and stricter: an object that gives
     one key twice is a malformed request (400), not "the last one wins" (a parser
-    further down the line may read the first), and a body nested too deeply for the
-    decoder (`[[[[...`) is a 400, not a RecursionError (500)."""
+    further down the line may read the first), a body nested too deeply for the
+    decoder (`[[[[...`) is a 400, not a RecursionError (500), and a string or key
+    holding a lone surrogate is a 400 (`not_text`): it is not text, cannot be stored,
+    and quoting it back in an error would fail the reply itself."""
 
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         encoding = parsers.get_encoding(parser_context or {})
         try:
             text = codecs.getreader(encoding)(stream).read()
-            return drf_json.loads(
+            data = drf_json.loads(
                 text, parse_constant=drf_json.strict_constant, object_pairs_hook=_unique_keys
             )
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply.") from None
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
+        # A lone surrogate reaches the text only as a JSON escape (`\ud800`: the UTF-8
+        # decoder refuses an encoded one) or through an odd declared charset (then the
+        # text is not ASCII): the common plain body is not walked.
+        if ("\\u" in text or not text.isascii()) and _holds_lone_surrogate(data):
+            raise ParseError(
+                "The body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is not text.",
+                code="not_text",
+            )
+        return data
 
 
 def _merge(schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -165,17 +193,6 @@ class Declared:
         super().__init__(*args, **kw)
 
 
-def _is_text(value: str) -> bool:
-    """Text PostgreSQL can store: no NUL, no lone surrogate (not UTF-8)."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class StrictCharField(Declared, serializers.CharField):
     """A string, not something that can be turned into one (7 is not "7"), and
     one that can be stored: no NUL byte, no lone UTF-16 surrogate."""
@@ -185,7 +202,7 @@ class StrictCharField(Declared, serializers.CharField):
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        if not _is_text(data):
+        if not is_text(data):
             self.fail("not_text")
         return super().to_internal_value(data)
 
@@ -226,7 +243,7 @@ def _json_problem(value: Any, depth: int = 0) -> str | None:
     if depth > 32:
         return "nested too deeply (at most 32 levels)"
     if isinstance(value, str):
-        return None if _is_text(value) else "holds text with a NUL byte or a lone surrogate"
+        return None if is_text(value) else "holds text with a NUL byte or a lone surrogate"
     if isinstance(value, dict):
         for key, item in value.items():
             problem = _json_problem(key, depth + 1) or _json_problem(item, depth + 1)
@@ -351,7 +368,7 @@ def authorize_body(data: Any) -> dict[str, Any] | None:
         if value is None and not required:
             out[key] = None
             continue
-        if type(value) is not str or not 0 < len(value) <= longest or not _is_text(value):
+        if type(value) is not str or not 0 < len(value) <= longest or not is_text(value):
             return None
         out[key] = value
     action = data.get("action")
