@@ -397,6 +397,19 @@ def test_unknown_tools_are_404(admin, db):
         assert admin.post(f"{API}/tools/ghost/approve").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/agents/a%00b"), ("post", "/agents/a%00b/tokens"), ("get", "/tools/x%00"),
+     ("get", "/tasks/T%00"), ("post", "/tasks/T%00/close"), ("post", "/tokens/ab%00/revoke")],
+)  # fmt: skip
+def test_a_name_that_is_not_text_is_404_not_503(admin, world, method, path):
+    """`%00` in the path names nothing. On PostgreSQL the lookup itself used to fail,
+    and the answer was 503 "cannot reach its database"."""
+    with _Unchanged(AgentToken, Task, Tool):
+        response = getattr(admin, method)(f"{API}{path}", {}, format="json")
+    _error(response, 404, "not_found")
+
+
 # --- Tasks -------------------------------------------------------------------------------
 
 

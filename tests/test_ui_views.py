@@ -597,6 +597,21 @@ def test_malformed_or_unknown_ids_are_404_never_500() -> None:
     assert AuditEvent.objects.count() == before
 
 
+def test_a_name_that_is_not_text_is_404_never_500() -> None:
+    """`%00` names nothing; on PostgreSQL the lookup itself used to fail (a 500)."""
+    ui_world.build()
+    client = ui_world.signed_in("admin")
+    for path in ("/ui/agents/a%00b/", "/ui/tools/x%00/", "/ui/matrix/cell/?agent=%00&tool=repo"):
+        assert client.get(path).status_code == 404, path
+    before = AuditEvent.objects.count()
+    for path, data in (("/ui/agents/a%00/suspend", {"reason": "x"}),
+                       ("/ui/agents/a%00/tokens", {"days": "1"}), ("/ui/tokens/%00/revoke", {}),
+                       ("/ui/tasks/%00/close", {}),
+                       ("/ui/tools/%00/approve", {"definition_hash": "a" * 64})):  # fmt: skip
+        assert ui_world.post(client, path, data).status_code == 404, path
+    assert AuditEvent.objects.count() == before
+
+
 def test_closing_a_task_revokes_its_grants() -> None:
     ui_world.build()
     bound = Grant.objects.get(task__key="TICKET-9")
