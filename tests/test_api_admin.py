@@ -387,6 +387,25 @@ def test_a_bad_definition_update_is_refused(admin, world, body):
     assert not Tool.objects.get(name="repo").is_quarantined
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "raw"),
+    [
+        ("POST", "/tools", '{"name": "big", "kind": "api", "actions": ["read"], '
+                           '"input_schema": {"max": 1e400}}'),
+        ("PATCH", "/tools/repo", '{"input_schema": {"type": "object", "max": [-1e999]}}'),
+    ],
+)  # fmt: skip
+def test_a_schema_with_a_number_too_big_for_a_double_is_a_400(admin, world, method, path, raw):
+    """1e400 reads as Infinity, which jsonb refuses: it was a 503 "cannot reach its
+    database" on PostgreSQL (and stored as `Infinity` on SQLite)."""
+    with _Unchanged(Tool):
+        response = admin.generic(method, f"{API}{path}", raw, content_type="application/json")
+        error = _error(response, 400, "invalid_request")
+    assert _names_field(error, "input_schema") and "not finite" in error["message"]
+    repo = Tool.objects.get(name="repo")
+    assert repo.input_schema == {} and not repo.is_quarantined
+
+
 def test_unknown_tools_are_404(admin, db):
     assert admin.get(f"{API}/tools/ghost").status_code == 404
     with _Unchanged():

@@ -27,7 +27,7 @@ from rest_framework.utils import json as drf_json
 from governance.codes import ActionClass, Reason
 from governance.codes import Decision as Verdict
 from governance.models import Grant, Tool
-from governance.text import is_text, is_utf8
+from governance.text import is_text, is_utf8, json_problem
 
 # --- Form rules declared in the schema -----------------------------------------------------
 # Each mirrors the service check named beside it exactly: a stricter pattern would make
@@ -239,31 +239,18 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-def _json_problem(value: Any, depth: int = 0) -> str | None:
-    if depth > 32:
-        return "nested too deeply (at most 32 levels)"
-    if isinstance(value, str):
-        return None if is_text(value) else "holds text with a NUL byte or a lone surrogate"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            problem = _json_problem(key, depth + 1) or _json_problem(item, depth + 1)
-            if problem:
-                return problem
-    if isinstance(value, list):
-        for item in value:
-            problem = _json_problem(item, depth + 1)
-            if problem:
-                return problem
-    return None
-
-
 class JSONObjectField(serializers.DictField):
-    """A JSON object that can be stored as it is (jsonb refuses NULs and lone
-    surrogates; hashing and masking walk it, so its depth is bounded)."""
+    """A JSON object that can be stored as it is (jsonb refuses NULs, lone surrogates
+    and 1e400, read as Infinity; hashing and masking walk it, so its depth is bounded).
+    `finite=False` leaves numbers to the service (authorize() denies them, on record)."""
+
+    def __init__(self, *, finite: bool = True, **kw: Any) -> None:
+        self.finite = finite
+        super().__init__(**kw)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         value = super().to_internal_value(data)
-        problem = _json_problem(value)
+        problem = json_problem(value, finite=self.finite)
         if problem:
             raise serializers.ValidationError(f"The object {problem}.")
         return value
@@ -324,7 +311,8 @@ class AuthorizeIn(CopiedFields, StrictSerializer):
     action = serializers.ChoiceField(choices=ActionClass.choices)
     scope = exact_char(max_length=500)
     task = exact_char(max_length=100, required=False, allow_null=True)
-    arguments = JSONObjectField(required=False, allow_null=True)
+    # 1e400 (read as Infinity) is a denial recorded by authorize(), not a 400.
+    arguments = JSONObjectField(finite=False, required=False, allow_null=True)
     approval = exact_char(max_length=64, required=False, allow_null=True)
 
 
@@ -378,7 +366,7 @@ def authorize_body(data: Any) -> dict[str, Any] | None:
     if "arguments" in data:
         arguments = data["arguments"]
         if arguments is not None:
-            if type(arguments) is not dict or _json_problem(arguments) is not None:
+            if type(arguments) is not dict or json_problem(arguments, finite=False) is not None:
                 return None
             arguments = dict(arguments)
         out["arguments"] = arguments
