@@ -453,6 +453,10 @@ def test_an_admin_opens_a_task_owned_by_them_or_by_someone_named(admin, alice, d
     ("body", "status", "code", "field"),
     [
         ({"key": " INC-1"}, 400, "invalid_task_key", "key"),
+        ({"key": "T\x01X"}, 400, "invalid_task_key", "key"),
+        ({"key": "T\x7f"}, 400, "invalid_task_key", "key"),
+        ({"key": "INC-1", "title": "t\x02"}, 400, "invalid_task_title", "title"),
+        ({"key": "INC-1", "title": "two\nlines"}, 400, "invalid_task_title", "title"),
         ({"key": ""}, 400, "invalid_request", "key"),
         ({"key": "INC-1", "ends_at": "2001-01-01T00:00:00Z"}, 400, "invalid_window", "ends_at"),
         ({"key": "INC-1", "ends_at": "tomorrow"}, 400, "invalid_request", "ends_at"),

@@ -486,6 +486,10 @@ def test_a_yaml_syntax_error_names_its_line(world, tmp_path):
             "tools:\n- {name: t2, kind: api, actions: [read], definition_hash: abc}\n",
             "matrix.yaml:2: tools[0].definition_hash: does not match",
         ),
+        (
+            'tasks:\n- {key: "T\\x01X", owner: bob}\n',
+            "matrix.yaml:2: tasks[0].key: A task key is 1-100 characters on one line",
+        ),
     ],
 )
 def test_each_kind_of_mistake_is_reported_at_its_line(world, tmp_path, text, expected):

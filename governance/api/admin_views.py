@@ -325,7 +325,12 @@ class TaskListView(AdminView):
     def post(self, request: Request) -> Response:
         data = _parse(s.TaskIn, request.data)
         owner = _user(data["owner"], "owner") if "owner" in data else request.user
-        with _blame(invalid_task_key="key", task_exists="key", invalid_window="ends_at"):
+        with _blame(
+            invalid_task_key="key",
+            invalid_task_title="title",
+            task_exists="key",
+            invalid_window="ends_at",
+        ):
             task = tasks.task_open(
                 key=data["key"],
                 title=data["title"],

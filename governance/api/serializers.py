@@ -72,8 +72,10 @@ _SPACE = (
 )
 # Free text a service refuses when it is only whitespace (justification, reasons).
 NOT_BLANK_PATTERN = rf"[^{_SPACE}]"
-# services.tasks.task_open: a key is not padded with whitespace.
-UNPADDED_PATTERN = rf"^[^{_SPACE}](?:[\s\S]*[^{_SPACE}])?$"
+# services.tasks.validate_key: a key is not padded with whitespace and holds no control
+# characters (C0 and DEL).
+_CONTROL = r"\x00-\x1f\x7f"
+TASK_KEY_PATTERN = rf"^[^{_SPACE}{_CONTROL}](?:[^{_CONTROL}]*[^{_SPACE}{_CONTROL}])?$"
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -683,7 +685,7 @@ class ToolOut(serializers.Serializer):
 
 
 class TaskIn(StrictSerializer):
-    key = exact_char(max_length=100, declared={"pattern": UNPADDED_PATTERN})
+    key = exact_char(max_length=100, declared={"pattern": TASK_KEY_PATTERN})
     title = exact_char(max_length=200, required=False, allow_blank=True, default="")
     owner = exact_char(max_length=150, required=False, help_text="Username; default: you")
     ends_at = serializers.DateTimeField(required=False, allow_null=True)

@@ -597,8 +597,10 @@ class _Planner:
                 ends_at = r.when(window.get("ends_at"), f"{path}.window.ends_at")
         if key is BAD:
             return
-        if len(key) > 100 or key != key.strip():
-            r.error(keys["key"], f"{path}.key", "a task key is 1-100 characters, no padding")
+        try:
+            task_service.validate_key(key)
+        except GovernanceError as exc:
+            r.error(keys["key"], f"{path}.key", exc.message)
             return
         if self.defined_twice("task", key):
             r.error(keys["key"], f"{path}.key", f"task {key!r} is defined twice")
