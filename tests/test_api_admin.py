@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -561,6 +562,21 @@ def test_a_grant_reads_with_its_history(auditor, many_grants):
     data = response.json()
     assert (data["status"], data["decision_reason"], data["approved_by"]) == ("revoked", "x", "bob")
     assert auditor.get(f"{API}/grants/999999").status_code == 404
+
+
+def test_an_approvers_reason_is_kept_with_the_grant_and_in_its_event(
+    many_grants, human_client, bob
+):
+    """The approve body takes a reason; it was accepted and dropped."""
+    approver = human_client(bob, "approvers")
+    url = f"{API}/grant-requests/{many_grants['pending'].pk}/approve"
+    response = approver.post(url, {"reason": "OK per CAB-4711"}, format="json")
+    assert response.status_code == 200, response.content
+    grant = Grant.objects.get(pk=many_grants["pending"].pk)
+    assert (grant.status, grant.decision_reason) == ("active", "OK per CAB-4711")
+    event = last_event()
+    assert (event.event_type, event.actor, event.grant_id) == ("grant.issued", "user:bob", grant.pk)
+    assert json.loads(event.data)["reason"] == "OK per CAB-4711"
 
 
 def test_revoking_a_grant_needs_a_reason_and_ends_its_delegations(admin, world, agent_client):

@@ -111,6 +111,21 @@ def test_a_denial_needs_a_reason_and_records_it() -> None:
     assert event.event_type == "grant.denied" and json.loads(event.data)["reason"] == "too broad"
 
 
+def test_an_approval_may_say_why_and_it_is_recorded() -> None:
+    world = ui_world.build()
+    client = ui_world.signed_in("approver")
+    response = ui_world.post(
+        client, f"/ui/inbox/requests/{world.request.pk}/approve", {"reason": "CAB-4711"}
+    )
+    assert response.status_code == 302
+    world.request.refresh_from_db()
+    assert world.request.status == "active" and world.request.decision_reason == "CAB-4711"
+    event = last_event()
+    assert event.event_type == "grant.issued" and json.loads(event.data)["reason"] == "CAB-4711"
+    page = client.get(f"/ui/grants/{world.request.pk}/").content.decode()
+    assert "CAB-4711" in page
+
+
 def test_the_approvals_inbox_shows_masked_arguments_and_time_left() -> None:
     world = ui_world.build()
     page = ui_world.signed_in("approver").get("/ui/inbox/approvals/")

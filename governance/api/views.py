@@ -338,7 +338,7 @@ class GrantRequestDecideView(DecideView):
         now, actor = timezone.now(), actor_for(request)
         if self.approve:
             grant = grants.grant_approve(
-                grant_id=grant.pk, approver=request.user, actor=actor, at=now
+                grant_id=grant.pk, approver=request.user, reason=reason, actor=actor, at=now
             )
         else:
             grant = grants.grant_deny(

@@ -248,11 +248,13 @@ def grant_approve(
     actions: Sequence[str] | None = None,
     scope: str | None = None,
     duration: timedelta | None = None,
+    reason: str = "",
 ) -> Grant:
     """Approval starts the clock: starts_at = now, expires_at = now + duration.
 
     `actions`, `scope` and `duration` optionally narrow the request (see
-    _narrowing); what was cut is recorded in the grant.issued event.
+    _narrowing); what was cut is recorded in the grant.issued event, as is the
+    approver's `reason` (also kept in decision_reason, as a denial's is).
     """
     with transaction.atomic():
         grant = _lock_pending(grant_id)
@@ -279,10 +281,13 @@ def grant_approve(
         grant.status = Grant.Status.ACTIVE
         grant.approved_by = approver
         grant.decided_at = at
+        grant.decision_reason = reason
         grant.starts_at = at
         grant.expires_at = at + window
         grant.save()
         extra = {"narrowed": narrowed, "requested": requested} if narrowed else {}
+        if reason:
+            extra["reason"] = reason
         _event(
             grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
         )

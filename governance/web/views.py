@@ -238,6 +238,7 @@ def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
         grant = grant_services.grant_approve(
             grant_id=grant.pk,
             approver=request.user,
+            reason=form.cleaned_data["reason"],
             actor=common.actor(request),
             at=timezone.now(),
             **form.narrowing(),
