@@ -267,6 +267,29 @@ def test_narrowing_never_widens(world, change, code):
     assert events(EventType.GRANT_NARROWED) == []
 
 
+@pytest.mark.parametrize("decision", ["keep", "revoke"])
+@pytest.mark.parametrize(
+    "narrowing",
+    [{"scope": "repo:acme/api/docs/*"}, {"actions": ["read"]},
+     {"expires_at": NOW + timedelta(hours=1)}],
+)  # fmt: skip
+def test_keep_or_revoke_with_narrowing_is_refused_not_half_obeyed(world, decision, narrowing):
+    """A reviewer who sends a narrower scope with "keep" meant something "keep" would
+    not do: refused (invalid_decision), and nothing is decided or written."""
+    g1 = world["grants"][0]
+    item = open_campaign().items.get(grant=g1)
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as caught:
+        decide(item, decision, **narrowing)
+    assert caught.value.code == "invalid_decision"
+    g1_after = Grant.objects.get(pk=g1.pk)
+    assert (g1_after.status, g1_after.actions, g1_after.scope) == (
+        "active", ["read", "update"], "repo:acme/api/*",
+    )  # fmt: skip
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+
+
 def test_undecided_items_are_revoked_at_the_due_date_by_default(
     world, system, django_capture_on_commit_callbacks
 ):
