@@ -11,7 +11,7 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Group
 from django.core import mail
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from governance import selectors
 from governance.audit import Actor
@@ -383,6 +383,25 @@ def test_the_review_open_command(world):
     assert campaign.items.count() == 2 and campaign.agent.name == "bot"
     assert "2 item(s)" in out.getvalue()
     assert events(EventType.REVIEW_CAMPAIGN_OPENED)[0].actor == "system:command:review_open"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--due-days", "3000000"], "--due-days must be 1 to 365"),
+        (["--due-days", "-1"], "--due-days must be 1 to 365"),
+        (["--key", "k" * 101], "--key must be 1 to 100 characters"),
+    ],
+)
+def test_the_review_open_command_refuses_bad_bounds_with_a_line_not_a_traceback(
+    world, args, message
+):
+    """3,000,000 days overflowed the date (OverflowError), a 101-character key the
+    column (DataError): each a traceback. Now a CommandError, and nothing is opened."""
+    before = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match=message):
+        call_command("review_open", "--reason", "r", *args, stdout=StringIO())
+    assert not ReviewCampaign.objects.exists() and AuditEvent.objects.count() == before
 
 
 def test_grant_narrow_twice_narrows_once(world, system):
