@@ -742,6 +742,13 @@ def test_no_report_leaves_unless_its_reading_is_recorded(auditor, world):
     assert "repo" not in response.content.decode()
 
 
+def test_a_head_request_for_the_report_is_refused_and_records_no_export(auditor, world):
+    """HEAD ran the report and wrote `report.exported` for a body never sent."""
+    with _Unchanged():
+        response = auditor.head(f"{API}/reports/access")
+    assert response.status_code == 405 and response["Allow"] == "GET, OPTIONS"
+
+
 # --- manage.py api_token -----------------------------------------------------------------
 
 
