@@ -7,6 +7,7 @@ Exit statuses are documented in sandbox_runner.runner (and the README).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -32,6 +33,17 @@ def memory_mb(text: str) -> int:
     return mb
 
 
+def cpus(text: str) -> float:
+    """A finite number: `nan`, `inf` and `1e400` parse as floats but count no CPUs."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sandbox_runner")
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -49,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--input", help="file mounted read-only at /sandbox/input")
     run.add_argument("--timeout", type=int, help="wall-clock seconds")
     run.add_argument("--memory", type=memory_mb, help="e.g. 256m")
-    run.add_argument("--cpus", type=float)
+    run.add_argument("--cpus", type=cpus)
     run.add_argument("--pids", type=int)
     run.add_argument("--scratch", type=memory_mb, help="size of /workspace, e.g. 64m")
     run.add_argument("--egress", nargs="+", action="extend", metavar="HOST:PORT")

@@ -138,6 +138,9 @@ def effective(
         asked = spec.limits.get(name)
         if asked is None:
             value = cap
+        elif isinstance(asked, bool) or not isinstance(asked, int | float) or asked != asked:
+            # NaN compares false with everything: it passed both the ceiling and the floor.
+            raise OverCeiling(f"{name} {asked!r} is not a number")
         elif asked > cap:
             raise OverCeiling(f"{name} {asked} is above the grant's {cap}")
         else:

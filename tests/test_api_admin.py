@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -311,6 +312,22 @@ def test_a_bad_tool_is_refused_and_nothing_written(admin, make_tool, change, sta
     assert _names_field(error, field)
 
 
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/tools", '{"name": "x", "kind": "\\ud800", "actions": ["read"]}'),
+        ("/tasks", '{"key": "K1", "ends_at": "\\ud800"}'),
+        ("/grants/{grant}/revoke", '{"reason": "ok", "\\udfff": 1}'),
+    ],
+)
+def test_a_lone_surrogate_in_a_value_or_key_is_a_400_and_nothing_written(admin, world, path, raw):
+    path = path.format(grant=world["grant"].pk)
+    with _Unchanged(Tool, Task, Grant):
+        response = admin.generic("POST", f"{API}{path}", raw, content_type="application/json")
+    _error(response, 400, "not_text")
+    assert Grant.objects.get(pk=world["grant"].pk).status == Grant.Status.ACTIVE
+
+
 def test_a_changed_definition_quarantines_until_another_admin_approves(
     admin, world, agent_client, human_client, bob
 ):
@@ -371,6 +388,25 @@ def test_a_bad_definition_update_is_refused(admin, world, body):
     assert not Tool.objects.get(name="repo").is_quarantined
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "raw"),
+    [
+        ("POST", "/tools", '{"name": "big", "kind": "api", "actions": ["read"], '
+                           '"input_schema": {"max": 1e400}}'),
+        ("PATCH", "/tools/repo", '{"input_schema": {"type": "object", "max": [-1e999]}}'),
+    ],
+)  # fmt: skip
+def test_a_schema_with_a_number_too_big_for_a_double_is_a_400(admin, world, method, path, raw):
+    """1e400 reads as Infinity, which jsonb refuses: it was a 503 "cannot reach its
+    database" on PostgreSQL (and stored as `Infinity` on SQLite)."""
+    with _Unchanged(Tool):
+        response = admin.generic(method, f"{API}{path}", raw, content_type="application/json")
+        error = _error(response, 400, "invalid_request")
+    assert _names_field(error, "input_schema") and "not finite" in error["message"]
+    repo = Tool.objects.get(name="repo")
+    assert repo.input_schema == {} and not repo.is_quarantined
+
+
 def test_unknown_tools_are_404(admin, db):
     assert admin.get(f"{API}/tools/ghost").status_code == 404
     with _Unchanged():
@@ -379,6 +415,19 @@ def test_unknown_tools_are_404(admin, db):
             == 404
         )
         assert admin.post(f"{API}/tools/ghost/approve").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/agents/a%00b"), ("post", "/agents/a%00b/tokens"), ("get", "/tools/x%00"),
+     ("get", "/tasks/T%00"), ("post", "/tasks/T%00/close"), ("post", "/tokens/ab%00/revoke")],
+)  # fmt: skip
+def test_a_name_that_is_not_text_is_404_not_503(admin, world, method, path):
+    """`%00` in the path names nothing. On PostgreSQL the lookup itself used to fail,
+    and the answer was 503 "cannot reach its database"."""
+    with _Unchanged(AgentToken, Task, Tool):
+        response = getattr(admin, method)(f"{API}{path}", {}, format="json")
+    _error(response, 404, "not_found")
 
 
 # --- Tasks -------------------------------------------------------------------------------
@@ -405,6 +454,10 @@ def test_an_admin_opens_a_task_owned_by_them_or_by_someone_named(admin, alice, d
     ("body", "status", "code", "field"),
     [
         ({"key": " INC-1"}, 400, "invalid_task_key", "key"),
+        ({"key": "T\x01X"}, 400, "invalid_task_key", "key"),
+        ({"key": "T\x7f"}, 400, "invalid_task_key", "key"),
+        ({"key": "INC-1", "title": "t\x02"}, 400, "invalid_task_title", "title"),
+        ({"key": "INC-1", "title": "two\nlines"}, 400, "invalid_task_title", "title"),
         ({"key": ""}, 400, "invalid_request", "key"),
         ({"key": "INC-1", "ends_at": "2001-01-01T00:00:00Z"}, 400, "invalid_window", "ends_at"),
         ({"key": "INC-1", "ends_at": "tomorrow"}, 400, "invalid_request", "ends_at"),
@@ -509,6 +562,21 @@ def test_a_grant_reads_with_its_history(auditor, many_grants):
     data = response.json()
     assert (data["status"], data["decision_reason"], data["approved_by"]) == ("revoked", "x", "bob")
     assert auditor.get(f"{API}/grants/999999").status_code == 404
+
+
+def test_an_approvers_reason_is_kept_with_the_grant_and_in_its_event(
+    many_grants, human_client, bob
+):
+    """The approve body takes a reason; it was accepted and dropped."""
+    approver = human_client(bob, "approvers")
+    url = f"{API}/grant-requests/{many_grants['pending'].pk}/approve"
+    response = approver.post(url, {"reason": "OK per CAB-4711"}, format="json")
+    assert response.status_code == 200, response.content
+    grant = Grant.objects.get(pk=many_grants["pending"].pk)
+    assert (grant.status, grant.decision_reason) == ("active", "OK per CAB-4711")
+    event = last_event()
+    assert (event.event_type, event.actor, event.grant_id) == ("grant.issued", "user:bob", grant.pk)
+    assert json.loads(event.data)["reason"] == "OK per CAB-4711"
 
 
 def test_revoking_a_grant_needs_a_reason_and_ends_its_delegations(admin, world, agent_client):
@@ -672,6 +740,13 @@ def test_no_report_leaves_unless_its_reading_is_recorded(auditor, world):
         response = auditor.get(f"{API}/reports/access", {"format": "csv"})
     assert response.status_code == 503 and response["Content-Type"] == "application/json"
     assert "repo" not in response.content.decode()
+
+
+def test_a_head_request_for_the_report_is_refused_and_records_no_export(auditor, world):
+    """HEAD ran the report and wrote `report.exported` for a body never sent."""
+    with _Unchanged():
+        response = auditor.head(f"{API}/reports/access")
+    assert response.status_code == 405 and response["Allow"] == "GET, OPTIONS"
 
 
 # --- manage.py api_token -----------------------------------------------------------------

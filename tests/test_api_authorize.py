@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -226,3 +227,53 @@ def test_a_key_given_twice_is_a_400_not_the_last_one_wins(setup):
     error = response.json()["error"]
     assert error["code"] == "parse_error" and "given twice" in error["message"]
     assert last_event().seq == before  # no decision, no event
+
+
+SANDBOX_RUN = {"run_id": "0b5f2c1e-8f43-4c59-9e0f-3b7c2a1d9e10", "image": "x", "command": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        (URL, body(action="\ud800")),
+        (URL, {**body(), "\ud800": 1}),
+        (URL, body(arguments={"k": ["\udfff"]})),
+        ("/api/v1/decisions/00000000-0000-0000-0000-000000000000/outcome", {"outcome": "\ud800"}),
+        ("/api/v1/grant-requests", {"tool": "repo", "actions": ["\ud800"], "scope": "repo:acme/*",
+                                    "duration_seconds": 60, "justification": "x"}),
+        ("/api/v1/sandbox/runs", {**SANDBOX_RUN, "backend": "\ud800"}),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_a_400_not_a_500(setup, path, sent):
+    """`\\ud800` alone is not text: the body is refused before anything is decided,
+    where it used to fail while the error quoting it was written out (an HTML 500)."""
+    raw = json.dumps(sent)  # ensure_ascii: the surrogate travels as the escape `\\ud800`
+    before = last_event().seq
+    response = setup["client"].generic("POST", path, raw, content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "not_text" and "surrogate" in error["message"]
+    assert last_event().seq == before  # no decision, no event
+    assert not Grant.objects.filter(status=Grant.Status.PENDING).exists()
+
+
+def test_an_escaped_surrogate_pair_is_text_and_decided(setup):
+    """What a JSON encoder writes for an emoji (a pair of escapes) is one character."""
+    raw = json.dumps(body(arguments={"m": "\U0001f600"}))
+    assert "\\ud83d\\ude00" in raw
+    response = setup["client"].generic("POST", URL, raw, content_type="application/json")
+    assert response.status_code == 200 and response.json()["decision"] == "allow"
+    assert "\U0001f600" in last_event().arguments
+
+
+def test_an_error_never_quotes_what_cannot_be_written_out():
+    """Whatever reaches the handler, its reply renders: a lone surrogate is shown as
+    its escape, not left to fail the renderer."""
+    from rest_framework.exceptions import ValidationError
+    from rest_framework.renderers import JSONRenderer
+
+    from governance.api.errors import exception_handler
+
+    response = exception_handler(ValidationError({"\ud800": ['"\udfff" is not valid.']}), {})
+    rendered = JSONRenderer().render(response.data).decode()
+    assert response.status_code == 400 and "\\\\ud800" in rendered and "\\\\udfff" in rendered

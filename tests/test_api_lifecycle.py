@@ -130,6 +130,12 @@ def test_a_review_item_is_decided_over_the_api(world, make_grant, human_client, 
         url, {"decision": "narrow", "comment": "x", "scope": "repo:*"}, format="json"
     )
     assert wider.status_code in (400, 403) and "error" in wider.json()
+    before = AuditEvent.objects.count()
+    ignored = {"decision": "keep", "comment": "fine", "scope": "repo:acme/docs/*"}
+    refused = client.post(url, ignored, format="json")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_decision")
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
     response = client.post(
         url,
         {"decision": "narrow", "comment": "read is enough", "actions": ["read"]},

@@ -388,3 +388,14 @@ def test_the_breakglass_open_command(setup):
             "--ttl-minutes",
             "999",
         )
+
+
+@pytest.mark.parametrize("ttl", ["99999999999999", "0", "-5"])
+def test_the_breakglass_open_command_refuses_an_absurd_lifetime_with_a_line(setup, ttl):
+    """99999999999999 minutes overflowed the lifetime (OverflowError, a traceback)."""
+    before = AuditEvent.objects.count()
+    argv = ["--user", "erin", "--agent", "bot", "--tool", "repo", "--actions", "read",
+            "--scope", SCOPE, "--ticket", "INC-7", "--reason", "outage"]  # fmt: skip
+    with pytest.raises(CommandError, match="--ttl-minutes must be 1 to 10080"):
+        call_command("breakglass_open", *argv, f"--ttl-minutes={ttl}", stdout=StringIO())
+    assert not BreakGlass.objects.exists() and AuditEvent.objects.count() == before

@@ -487,12 +487,70 @@ def test_a_yaml_syntax_error_names_its_line(world, tmp_path):
             "tools:\n- {name: t2, kind: api, actions: [read], definition_hash: abc}\n",
             "matrix.yaml:2: tools[0].definition_hash: does not match",
         ),
+        (
+            'tasks:\n- {key: "T\\x01X", owner: bob}\n',
+            "matrix.yaml:2: tasks[0].key: A task key is 1-100 characters on one line",
+        ),
     ],
 )
 def test_each_kind_of_mistake_is_reported_at_its_line(world, tmp_path, text, expected):
     path = write(tmp_path, text)
     before = counts()
     assert expected in rejected(path, "--as", "alice")
+    assert counts() == before
+
+
+GRANT = "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'r:x', justification: j,\n"
+TOOL = "tools:\n- {name: t2, kind: api, actions: [read],\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GRANT + "   starts_at: 2026-02-30T00:00:00Z, expires_at: 2026-03-01T00:00:00Z}\n",
+         "matrix.yaml:3: grants[0].starts_at: not a valid timestamp (day is out of range"),
+        (GRANT + "   starts_at: '2026-02-30T00:00:00Z', expires_at: '2026-03-01T00:00:00Z'}\n",
+         "matrix.yaml:3: grants[0].starts_at: not a valid date-time (day is out of range"),
+        (GRANT + "   starts_at: '2026-02-01T00:00:00+99:00', expires_at: 2026-03-01T00:00:00Z}\n",
+         "matrix.yaml:3: grants[0].starts_at: not a valid date-time"),
+        (GRANT + "   duration: 1h, review_due_at: '2026-02-31T00:00:00Z'}\n",
+         "matrix.yaml:3: grants[0].review_due_at: not a valid date-time"),
+        (GRANT + "   duration: 1h, review_due_at: !!timestamp abc}\n",
+         "matrix.yaml:3: grants[0].review_due_at: not a valid timestamp"),
+        (GRANT + "   duration: 1h, id: !!int abc}\n",
+         "matrix.yaml:3: grants[0].id: not a valid int"),
+        (GRANT + "   duration: 1h, limits: {cpus: !!float abc}}\n",
+         "matrix.yaml:3: grants[0].limits.cpus: not a valid float"),
+        (GRANT + "   duration: 1h, delegable: !!bool abc}\n",
+         "matrix.yaml:3: grants[0].delegable: not a valid bool"),
+        (GRANT + '   duration: 1h, fields: ["a\\0"]}\n',
+         "matrix.yaml:3: grants[0].fields[0]: must be text: no NUL byte, no lone surrogate"),
+        (GRANT.replace("justification: j", 'justification: "a\\ud800b"') + "   duration: 1h}\n",
+         "matrix.yaml:2: grants[0].justification: must be text: no NUL byte"),
+        (GRANT + '   duration: "\u0661h"}\n',
+         "matrix.yaml:3: grants[0].duration: must look like 8h"),
+        ('agents:\n- {name: nb, owner: "a\\0"}\n', "matrix.yaml:2: agents[0].owner: must be text"),
+        (TOOL + '   description: "x\\0"}\n', "matrix.yaml:3: tools[0].description: must be text"),
+        (TOOL + '   input_schema: {a: "x\\0"}}\n',
+         "matrix.yaml:3: tools[0].input_schema: must be plain JSON; this holds text with a NUL"),
+        (TOOL + "   input_schema: {a: .nan}}\n",
+         "matrix.yaml:3: tools[0].input_schema: must be plain JSON; this holds a number that is"),
+        (TOOL + "   input_schema: {1: a, '1': b}}\n",
+         "matrix.yaml:3: tools[0].input_schema: must be plain JSON; this has a key that is not"),
+        (TOOL + "   input_schema: {a: 2030-02-30}}\n",
+         "matrix.yaml:3: tools[0].input_schema: holds a value that is not valid (day is out"),
+        (TOOL + "   input_schema: {a: " + "[" * 5000 + "]" * 5000 + "}}\n",
+         "matrix.yaml:3: nested more than 48 levels deep"),
+        ("[" * 5000 + "]" * 5000 + "\n", "matrix.yaml:1: nested more than 48 levels deep"),
+    ],
+)  # fmt: skip
+def test_odd_yaml_is_an_error_at_its_line_not_a_crash(world, tmp_path, text, expected):
+    """Values YAML can spell but nobody meant (a 30th of February, `!!int abc`, a NUL,
+    5,000 brackets) are each one error at their line, never a traceback; nothing is written."""
+    path = write(tmp_path, text)
+    before = counts()
+    message = rejected(path, "--as", "alice")
+    assert expected in message and "nothing was imported" in message
     assert counts() == before
 
 
@@ -667,6 +725,7 @@ def test_duration_strings():
     assert matrix_service.parse_duration("90m") == timedelta(minutes=90)
     assert matrix_service.parse_duration("8") is None
     assert matrix_service.parse_duration("-1h") is None
+    assert matrix_service.parse_duration("\u0661h") is None  # an Arabic-Indic one, not 1h
 
 
 def test_a_quarantined_tool_is_exported_as_quarantined(world, system):

@@ -11,7 +11,7 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Group
 from django.core import mail
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from governance import selectors
 from governance.audit import Actor
@@ -267,6 +267,29 @@ def test_narrowing_never_widens(world, change, code):
     assert events(EventType.GRANT_NARROWED) == []
 
 
+@pytest.mark.parametrize("decision", ["keep", "revoke"])
+@pytest.mark.parametrize(
+    "narrowing",
+    [{"scope": "repo:acme/api/docs/*"}, {"actions": ["read"]},
+     {"expires_at": NOW + timedelta(hours=1)}],
+)  # fmt: skip
+def test_keep_or_revoke_with_narrowing_is_refused_not_half_obeyed(world, decision, narrowing):
+    """A reviewer who sends a narrower scope with "keep" meant something "keep" would
+    not do: refused (invalid_decision), and nothing is decided or written."""
+    g1 = world["grants"][0]
+    item = open_campaign().items.get(grant=g1)
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as caught:
+        decide(item, decision, **narrowing)
+    assert caught.value.code == "invalid_decision"
+    g1_after = Grant.objects.get(pk=g1.pk)
+    assert (g1_after.status, g1_after.actions, g1_after.scope) == (
+        "active", ["read", "update"], "repo:acme/api/*",
+    )  # fmt: skip
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+
+
 def test_undecided_items_are_revoked_at_the_due_date_by_default(
     world, system, django_capture_on_commit_callbacks
 ):
@@ -360,6 +383,25 @@ def test_the_review_open_command(world):
     assert campaign.items.count() == 2 and campaign.agent.name == "bot"
     assert "2 item(s)" in out.getvalue()
     assert events(EventType.REVIEW_CAMPAIGN_OPENED)[0].actor == "system:command:review_open"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--due-days", "3000000"], "--due-days must be 1 to 365"),
+        (["--due-days", "-1"], "--due-days must be 1 to 365"),
+        (["--key", "k" * 101], "--key must be 1 to 100 characters"),
+    ],
+)
+def test_the_review_open_command_refuses_bad_bounds_with_a_line_not_a_traceback(
+    world, args, message
+):
+    """3,000,000 days overflowed the date (OverflowError), a 101-character key the
+    column (DataError): each a traceback. Now a CommandError, and nothing is opened."""
+    before = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match=message):
+        call_command("review_open", "--reason", "r", *args, stdout=StringIO())
+    assert not ReviewCampaign.objects.exists() and AuditEvent.objects.count() == before
 
 
 def test_grant_narrow_twice_narrows_once(world, system):

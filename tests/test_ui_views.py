@@ -14,7 +14,7 @@ from openpyxl import load_workbook
 
 from governance import policy
 from governance.audit import Actor
-from governance.models import AgentToken, Approval, AuditEvent, Grant
+from governance.models import AgentToken, Approval, AuditEvent, Grant, Task
 from governance.services import access, grants, tools
 from tests import ui_world
 from tests.conftest import last_event
@@ -109,6 +109,21 @@ def test_a_denial_needs_a_reason_and_records_it() -> None:
     assert world.request.status == "denied" and world.request.decision_reason == "too broad"
     event = last_event()
     assert event.event_type == "grant.denied" and json.loads(event.data)["reason"] == "too broad"
+
+
+def test_an_approval_may_say_why_and_it_is_recorded() -> None:
+    world = ui_world.build()
+    client = ui_world.signed_in("approver")
+    response = ui_world.post(
+        client, f"/ui/inbox/requests/{world.request.pk}/approve", {"reason": "CAB-4711"}
+    )
+    assert response.status_code == 302
+    world.request.refresh_from_db()
+    assert world.request.status == "active" and world.request.decision_reason == "CAB-4711"
+    event = last_event()
+    assert event.event_type == "grant.issued" and json.loads(event.data)["reason"] == "CAB-4711"
+    page = client.get(f"/ui/grants/{world.request.pk}/").content.decode()
+    assert "CAB-4711" in page
 
 
 def test_the_approvals_inbox_shows_masked_arguments_and_time_left() -> None:
@@ -527,6 +542,58 @@ def test_exports_neutralise_formulas_in_csv_and_xlsx_and_are_recorded() -> None:
     assert json.loads(last_event().data)["report"] == "access_period"
 
 
+def test_an_xlsx_export_shows_control_characters_escaped_never_a_500() -> None:
+    """A key stored before task keys were checked (`T\\x01X`) cannot go into XLSX as it
+    is (XML 1.0): the cell shows it escaped, as the audit log does, and the file is whole."""
+    world = ui_world.build()
+    at = timezone.now() - timedelta(minutes=1)
+    task = Task.objects.create(key="T\x01X", title="t\x02", owner=world.alice, starts_at=at)
+    grants.grant_issue(
+        agent=world.agent,
+        tool=world.tool,
+        actions=["read"],
+        scope="repo:acme/z/*",
+        duration=timedelta(hours=1),
+        justification="j",
+        requested_by=world.alice,
+        approved_by=world.users["approver"],
+        actor=Actor.system("test"),
+        at=at,
+        task=task,
+    )
+    client = ui_world.signed_in("auditor")
+    xlsx = _download(client, "/ui/exports/access?format=xlsx").content
+    sheet = load_workbook(io.BytesIO(xlsx)).active
+    header = [c.value for c in sheet[1]]
+    keys = {row[header.index("task")] for row in sheet.iter_rows(min_row=2, values_only=True)}
+    assert "T\\x01X" in keys
+    event = last_event()
+    assert event.event_type == "report.exported" and json.loads(event.data)["format"] == "xlsx"
+
+
+def test_an_export_whose_file_cannot_be_made_records_no_export(monkeypatch) -> None:
+    """The file is made in the transaction that records the export: a failure there
+    leaves no `report.exported` for a file that never left."""
+    from governance.services import exports
+
+    def broken(*args: object) -> bytes:
+        raise ValueError("this cell cannot be written")
+
+    monkeypatch.setattr(exports, "to_xlsx", broken)
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    client.raise_request_exception = False
+    start = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    end = (timezone.now() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    before = AuditEvent.objects.count()
+    for path in ("/ui/exports/access?format=xlsx",
+                 f"/ui/exports/access?format=xlsx&start={start}&end={end}",
+                 f"/ui/exports/decisions?format=xlsx&start={start}&end={end}",
+                 "/ui/audit/export?format=xlsx"):  # fmt: skip
+        assert client.get(path).status_code == 500, path
+    assert AuditEvent.objects.count() == before
+
+
 def test_a_malformed_export_is_a_400_and_records_nothing() -> None:
     ui_world.build()
     client = ui_world.signed_in("auditor")
@@ -594,6 +661,21 @@ def test_malformed_or_unknown_ids_are_404_never_500() -> None:
     for path in ("/ui/inbox/approvals/not-a-uuid/approve", "/ui/grants/999999/revoke",
                  "/ui/tokens/nope/revoke"):  # fmt: skip
         assert ui_world.post(client, path, {"reason": "x"}).status_code == 404, path
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_name_that_is_not_text_is_404_never_500() -> None:
+    """`%00` names nothing; on PostgreSQL the lookup itself used to fail (a 500)."""
+    ui_world.build()
+    client = ui_world.signed_in("admin")
+    for path in ("/ui/agents/a%00b/", "/ui/tools/x%00/", "/ui/matrix/cell/?agent=%00&tool=repo"):
+        assert client.get(path).status_code == 404, path
+    before = AuditEvent.objects.count()
+    for path, data in (("/ui/agents/a%00/suspend", {"reason": "x"}),
+                       ("/ui/agents/a%00/tokens", {"days": "1"}), ("/ui/tokens/%00/revoke", {}),
+                       ("/ui/tasks/%00/close", {}),
+                       ("/ui/tools/%00/approve", {"definition_hash": "a" * 64})):  # fmt: skip
+        assert ui_world.post(client, path, data).status_code == 404, path
     assert AuditEvent.objects.count() == before
 
 

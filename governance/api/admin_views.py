@@ -325,7 +325,12 @@ class TaskListView(AdminView):
     def post(self, request: Request) -> Response:
         data = _parse(s.TaskIn, request.data)
         owner = _user(data["owner"], "owner") if "owner" in data else request.user
-        with _blame(invalid_task_key="key", task_exists="key", invalid_window="ends_at"):
+        with _blame(
+            invalid_task_key="key",
+            invalid_task_title="title",
+            task_exists="key",
+            invalid_window="ends_at",
+        ):
             task = tasks.task_open(
                 key=data["key"],
                 title=data["title"],
@@ -434,6 +439,10 @@ class GrantRevokeView(AdminView):
 
 
 class AccessReportView(AdminView):
+    # No HEAD: Django would answer it by running get(), which records an export
+    # (`report.exported`) of a body that is never sent.
+    http_method_names = ["get", "options"]
+
     def perform_content_negotiation(
         self, request: Request, force: bool = False
     ) -> tuple[BaseRenderer, str]:

@@ -14,12 +14,19 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from governance.errors import GovernanceError
+from governance.text import printable
 
 log = logging.getLogger(__name__)
 
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+    # A message may quote what the client sent: never anything the renderer cannot
+    # encode (a lone surrogate), or the error itself would become a 500 HTML page.
+    shown = {
+        printable(str(key)): printable(value) if isinstance(value, str) else value
+        for key, value in (fields or {}).items()
+    }
+    return {"error": {"code": printable(code), "message": printable(message), "fields": shown}}
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

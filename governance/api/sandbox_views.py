@@ -37,13 +37,13 @@ from governance.api.serializers import (
     StrictIntegerField,
     StrictNumberField,
     StrictSerializer,
-    _is_text,
     exact_char,
 )
 from governance.api.views import ERRORS, limit
 from governance.errors import Conflict, NotFound
 from governance.models import SandboxRun
 from governance.services import sandbox
+from governance.text import is_text
 from sandbox_runner.backends import REGISTRY
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import DEFAULT_TOOL, EXCERPT_CHARS, LIMIT_NAMES, RunSpec
@@ -129,7 +129,7 @@ class DeclaredDictField(Declared, serializers.DictField):
 
 
 def _enforcement(value: dict[str, str]) -> None:
-    if len(value) > 16 or not all(_is_text(k) for k in value):
+    if len(value) > 16 or not all(is_text(k) for k in value):
         raise serializers.ValidationError("At most 16 entries, named in storable text.")
 
 

@@ -27,6 +27,7 @@ from rest_framework.utils import json as drf_json
 from governance.codes import ActionClass, Reason
 from governance.codes import Decision as Verdict
 from governance.models import Grant, Tool
+from governance.text import is_text, is_utf8, json_problem
 
 # --- Form rules declared in the schema -----------------------------------------------------
 # Each mirrors the service check named beside it exactly: a stricter pattern would make
@@ -71,8 +72,10 @@ _SPACE = (
 )
 # Free text a service refuses when it is only whitespace (justification, reasons).
 NOT_BLANK_PATTERN = rf"[^{_SPACE}]"
-# services.tasks.task_open: a key is not padded with whitespace.
-UNPADDED_PATTERN = rf"^[^{_SPACE}](?:[\s\S]*[^{_SPACE}])?$"
+# services.tasks.validate_key: a key is not padded with whitespace and holds no control
+# characters (C0 and DEL).
+_CONTROL = r"\x00-\x1f\x7f"
+TASK_KEY_PATTERN = rf"^[^{_SPACE}{_CONTROL}](?:[^{_CONTROL}]*[^{_SPACE}{_CONTROL}])?$"
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -84,23 +87,50 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+def _holds_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not is_utf8(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 class JSONParser(parsers.JSONParser):
     """DRF's JSON parser (NaN and Infinity refused), and stricter: an object that gives
     one key twice is a malformed request (400), not "the last one wins" (a parser
-    further down the line may read the first), and a body nested too deeply for the
-    decoder (`[[[[...`) is a 400, not a RecursionError (500)."""
+    further down the line may read the first), a body nested too deeply for the
+    decoder (`[[[[...`) is a 400, not a RecursionError (500), and a string or key
+    holding a lone surrogate is a 400 (`not_text`): it is not text, cannot be stored,
+    and quoting it back in an error would fail the reply itself."""
 
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         encoding = parsers.get_encoding(parser_context or {})
         try:
             text = codecs.getreader(encoding)(stream).read()
-            return drf_json.loads(
+            data = drf_json.loads(
                 text, parse_constant=drf_json.strict_constant, object_pairs_hook=_unique_keys
             )
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply.") from None
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
+        # A lone surrogate reaches the text only as a JSON escape (`\ud800`: the UTF-8
+        # decoder refuses an encoded one) or through an odd declared charset (then the
+        # text is not ASCII): the common plain body is not walked.
+        if ("\\u" in text or not text.isascii()) and _holds_lone_surrogate(data):
+            raise ParseError(
+                "The body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is not text.",
+                code="not_text",
+            )
+        return data
 
 
 def _merge(schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -165,17 +195,6 @@ class Declared:
         super().__init__(*args, **kw)
 
 
-def _is_text(value: str) -> bool:
-    """Text PostgreSQL can store: no NUL, no lone surrogate (not UTF-8)."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class StrictCharField(Declared, serializers.CharField):
     """A string, not something that can be turned into one (7 is not "7"), and
     one that can be stored: no NUL byte, no lone UTF-16 surrogate."""
@@ -185,7 +204,7 @@ class StrictCharField(Declared, serializers.CharField):
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        if not _is_text(data):
+        if not is_text(data):
             self.fail("not_text")
         return super().to_internal_value(data)
 
@@ -222,31 +241,18 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-def _json_problem(value: Any, depth: int = 0) -> str | None:
-    if depth > 32:
-        return "nested too deeply (at most 32 levels)"
-    if isinstance(value, str):
-        return None if _is_text(value) else "holds text with a NUL byte or a lone surrogate"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            problem = _json_problem(key, depth + 1) or _json_problem(item, depth + 1)
-            if problem:
-                return problem
-    if isinstance(value, list):
-        for item in value:
-            problem = _json_problem(item, depth + 1)
-            if problem:
-                return problem
-    return None
-
-
 class JSONObjectField(serializers.DictField):
-    """A JSON object that can be stored as it is (jsonb refuses NULs and lone
-    surrogates; hashing and masking walk it, so its depth is bounded)."""
+    """A JSON object that can be stored as it is (jsonb refuses NULs, lone surrogates
+    and 1e400, read as Infinity; hashing and masking walk it, so its depth is bounded).
+    `finite=False` leaves numbers to the service (authorize() denies them, on record)."""
+
+    def __init__(self, *, finite: bool = True, **kw: Any) -> None:
+        self.finite = finite
+        super().__init__(**kw)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         value = super().to_internal_value(data)
-        problem = _json_problem(value)
+        problem = json_problem(value, finite=self.finite)
         if problem:
             raise serializers.ValidationError(f"The object {problem}.")
         return value
@@ -307,7 +313,8 @@ class AuthorizeIn(CopiedFields, StrictSerializer):
     action = serializers.ChoiceField(choices=ActionClass.choices)
     scope = exact_char(max_length=500)
     task = exact_char(max_length=100, required=False, allow_null=True)
-    arguments = JSONObjectField(required=False, allow_null=True)
+    # 1e400 (read as Infinity) is a denial recorded by authorize(), not a 400.
+    arguments = JSONObjectField(finite=False, required=False, allow_null=True)
     approval = exact_char(max_length=64, required=False, allow_null=True)
 
 
@@ -351,7 +358,7 @@ def authorize_body(data: Any) -> dict[str, Any] | None:
         if value is None and not required:
             out[key] = None
             continue
-        if type(value) is not str or not 0 < len(value) <= longest or not _is_text(value):
+        if type(value) is not str or not 0 < len(value) <= longest or not is_text(value):
             return None
         out[key] = value
     action = data.get("action")
@@ -361,7 +368,7 @@ def authorize_body(data: Any) -> dict[str, Any] | None:
     if "arguments" in data:
         arguments = data["arguments"]
         if arguments is not None:
-            if type(arguments) is not dict or _json_problem(arguments) is not None:
+            if type(arguments) is not dict or json_problem(arguments, finite=False) is not None:
                 return None
             arguments = dict(arguments)
         out["arguments"] = arguments
@@ -678,7 +685,7 @@ class ToolOut(serializers.Serializer):
 
 
 class TaskIn(StrictSerializer):
-    key = exact_char(max_length=100, declared={"pattern": UNPADDED_PATTERN})
+    key = exact_char(max_length=100, declared={"pattern": TASK_KEY_PATTERN})
     title = exact_char(max_length=200, required=False, allow_blank=True, default="")
     owner = exact_char(max_length=150, required=False, help_text="Username; default: you")
     ends_at = serializers.DateTimeField(required=False, allow_null=True)

@@ -24,6 +24,7 @@ from governance.codes import Reason
 from governance.errors import Forbidden, GovernanceError, NotFound, Unavailable
 from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.services import access, approvals, grants, outcomes
+from governance.text import is_text
 
 ERRORS = {
     400: OpenApiResponse(s.ErrorSerializer, description="Malformed request"),
@@ -169,6 +170,10 @@ def _visible_approvals(request: Request) -> QuerySet[Approval]:
 
 
 def _get(qs: QuerySet[Any], what: str, **lookup: Any) -> Any:
+    # A value that is not text (`%00` in the path) names nothing; PostgreSQL would
+    # refuse the query itself, which read as "cannot reach its database" (503).
+    if not all(is_text(value) for value in lookup.values() if isinstance(value, str)):
+        raise NotFound("not_found", f"No such {what}.")
     try:
         return qs.get(**lookup)
     except (qs.model.DoesNotExist, ValueError, TypeError):
@@ -333,7 +338,7 @@ class GrantRequestDecideView(DecideView):
         now, actor = timezone.now(), actor_for(request)
         if self.approve:
             grant = grants.grant_approve(
-                grant_id=grant.pk, approver=request.user, actor=actor, at=now
+                grant_id=grant.pk, approver=request.user, reason=reason, actor=actor, at=now
             )
         else:
             grant = grants.grant_deny(

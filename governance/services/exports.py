@@ -2,7 +2,8 @@
 over a period, the decision log, and the audit log as read in the web UI.
 
 Every read that hands rows out writes its `report.exported` event in the same
-transaction that reads the rows (as reports.access_report_export does), and
+transaction that reads the rows (as reports.access_report_export does) and makes
+the file (a file that cannot be made leaves no record of an export), and
 every look at the audit log in the UI writes `audit.viewed`: who looked at the
 record is part of the record. Files are CSV (cells neutralised by
 reports.csv_cell), JSON or XLSX (same neutralisation: a spreadsheet would run
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -273,8 +275,11 @@ def export(
     fmt: str,
     actor: audit.Actor,
     now: datetime,
-) -> list[dict[str, Any]]:
-    """Read the rows and write who read them, in one transaction."""
+    build: Callable[[list[dict[str, Any]]], Any] | None = None,
+) -> Any:
+    """Read the rows and write who read them, in one transaction; with `build`, the
+    file is made in it too (and returned), so a file that cannot be made leaves no
+    record of an export that never left."""
     _check_format(fmt)
     with transaction.atomic():
         rows = rows_of()
@@ -284,7 +289,7 @@ def export(
             at=now,
             data={"report": report, "format": fmt, "rows": len(rows), **_jsonable(params)},
         )
-    return rows
+        return build(rows) if build is not None else rows
 
 
 def audit_viewed(*, actor: audit.Actor, at: datetime, what: str, params: dict[str, Any]) -> None:
@@ -316,11 +321,21 @@ def to_json(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return json.dumps({**meta, "count": len(rows), "rows": rows}, cls=DjangoJSONEncoder, indent=1)
 
 
+# The characters XML 1.0, so XLSX, cannot hold (openpyxl refuses a cell with one).
+_XLSX_ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
 def _xlsx_value(value: Any) -> Any:
-    # Numbers stay numbers; everything else is text that cannot be a formula.
+    # Numbers stay numbers; everything else is text that cannot be a formula, with the
+    # control characters XLSX cannot hold (XML 1.0) shown as `\x01`, as the audit log
+    # stores them, instead of failing the whole file.
     if isinstance(value, bool) or value is None or not isinstance(value, int | float):
-        return reports.csv_cell(value)
+        return _XLSX_ILLEGAL.sub(_escaped, reports.csv_cell(value))
     return value
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group(0)):02x}"
 
 
 def to_xlsx(rows: list[dict[str, Any]], columns: Sequence[str], title: str) -> bytes:

@@ -255,6 +255,7 @@ def _narrowing(
     actions: Sequence[str] | None,
     scope: str | None,
     duration: timedelta | None,
+    reason: str = "",
 ) -> dict[str, Any]:
     """What the approver cut from the request; never anything wider or longer.
 
@@ -300,17 +301,19 @@ def grant_approve(
     actions: Sequence[str] | None = None,
     scope: str | None = None,
     duration: timedelta | None = None,
+    reason: str = "",
 ) -> Grant:
     """Approval starts the clock: starts_at = now, expires_at = now + duration.
 
     `actions`, `scope` and `duration` optionally narrow the request (see
-    _narrowing); what was cut is recorded in the grant.issued event.
+    _narrowing); what was cut is recorded in the grant.issued event, as is the
+    approver's `reason` (also kept in decision_reason, as a denial's is).
     """
     with transaction.atomic():
         # The task first (task_close locks it before the grants it ends).
         require_open_task(Grant.objects.values_list("task_id", flat=True).get(pk=grant_id), at)
         grant = _lock_pending(grant_id)
-        extra = _approve_row(grant, approver, at, actions, scope, duration)
+        extra = _approve_row(grant, approver, at, actions, scope, duration, reason)
         _event(
             grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
         )
@@ -324,6 +327,7 @@ def _approve_row(
     actions: Sequence[str] | None,
     scope: str | None,
     duration: timedelta | None,
+    reason: str = "",
 ) -> dict[str, Any]:
     """Check and apply an approval to a locked pending request; returns what the
     grant.issued event adds (what was narrowed)."""
@@ -348,10 +352,14 @@ def _approve_row(
     grant.status = Grant.Status.ACTIVE
     grant.approved_by = approver
     grant.decided_at = at
+    grant.decision_reason = reason
     grant.starts_at = at
     grant.expires_at = at + window
     grant.save()
-    return {"narrowed": narrowed, "requested": requested} if narrowed else {}
+    extra: dict[str, Any] = {"narrowed": narrowed, "requested": requested} if narrowed else {}
+    if reason:
+        extra["reason"] = reason
+    return extra
 
 
 def grant_deny(

@@ -37,7 +37,6 @@ What the file means on import (the decisions, in one place):
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -60,6 +59,7 @@ from governance.services import agents as agent_service
 from governance.services import grants as grant_service
 from governance.services import tasks as task_service
 from governance.services import tools as tool_service
+from governance.text import is_text, json_problem, printable
 
 FORMAT_VERSION = 1
 LIMIT_KEYS = ("cpus", "memory_mb", "pids", "wall_seconds", "scratch_mb")
@@ -122,7 +122,8 @@ class Problem:
 
     def render(self, source: str) -> str:
         where = f"{source}:{self.line}"
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        text = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        return printable(text)  # a key the file spelled with a lone surrogate, shown escaped
 
 
 class MatrixInvalid(GovernanceError):
@@ -226,13 +227,24 @@ class _Reader:
             return None
         return list(node.value)
 
-    def _scalar(self, node: Node, path: str) -> Any:
-        if not isinstance(node, ScalarNode):
-            return self.error(node, path, "must be a single value")
+    def _construct(self, node: Node, path: str) -> Any:
         try:
             return self._loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             return self.error(node, path, f"unreadable value ({exc})")
+        except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as exc:
+            # A tag's constructor given what it cannot build (`!!int abc`, `!!bool abc`,
+            # a 30th of February, an offset of +99:00) raises its own error, not YAML's.
+            detail = f" ({exc})" if isinstance(exc, ValueError) else ""
+            if not isinstance(node, ScalarNode):
+                return self.error(node, path, f"holds a value that is not valid{detail}")
+            kind = node.tag.rsplit(":", 1)[-1]  # int, float, bool, timestamp, ...
+            return self.error(node, path, f"not a valid {kind}{detail}")
+
+    def _scalar(self, node: Node, path: str) -> Any:
+        if not isinstance(node, ScalarNode):
+            return self.error(node, path, "must be a single value")
+        return self._construct(node, path)
 
     def text(self, node: Node | None, path: str, *, nullable: bool = False) -> Any:
         if node is None:
@@ -242,7 +254,7 @@ class _Reader:
             return value
         if not isinstance(value, str) or not value.strip():
             return self.error(node, path, "must be a non-empty string")
-        return value
+        return self._storable(value, node, path)
 
     def free_text(self, node: Node | None, path: str) -> Any:
         """A string that may be empty (descriptions)."""
@@ -251,6 +263,12 @@ class _Reader:
         value = self._scalar(node, path)
         if value is not BAD and not isinstance(value, str):
             return self.error(node, path, "must be a string")
+        return value if value is BAD else self._storable(value, node, path)
+
+    def _storable(self, value: str, node: Node, path: str) -> Any:
+        # A double-quoted "\0" or "\ud800" is text the database cannot store.
+        if not is_text(value):
+            return self.error(node, path, "must be text: no NUL byte, no lone surrogate")
         return value
 
     def boolean(self, node: Node | None, path: str) -> Any:
@@ -288,7 +306,10 @@ class _Reader:
         if value is None or value is BAD:
             return value
         if isinstance(value, str):
-            value = parse_datetime(value) or value
+            try:
+                value = parse_datetime(value) or value
+            except ValueError as exc:  # well formed, but no such moment (February 30th)
+                return self.error(node, path, f"not a valid date-time ({exc})")
         if not isinstance(value, datetime):
             return self.error(node, path, "must be a date-time like 2026-11-29T12:00:00Z")
         if value.tzinfo is None:
@@ -301,17 +322,16 @@ class _Reader:
             return {}
         if not isinstance(node, MappingNode):
             return self.error(node, path, "must be a mapping")
-        try:
-            value = self._loader.construct_object(node, deep=True)
-            json.dumps(value)  # stored in a JSON column and hashed as JSON
-        except yaml.YAMLError as exc:
-            return self.error(node, path, f"unreadable value ({exc})")
-        except (TypeError, ValueError):
-            return self.error(node, path, "must hold plain JSON values (no dates or binary)")
+        value = self._construct(node, path)
+        # Stored in a JSON column and hashed as JSON, as the API's input_schema is.
+        problem = None if value is BAD else json_problem(value)
+        if problem:
+            return self.error(node, path, f"must be plain JSON; this {problem}")
         return value
 
 
-_DURATION = re.compile(r"(?:\d+[wdhms])+")
+# ASCII digits only: `\d` would read "١h" (an Arabic-Indic one) as an hour.
+_DURATION = re.compile(r"(?:[0-9]+[wdhms])+")
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
 
@@ -320,7 +340,7 @@ def parse_duration(text: str) -> timedelta | None:
     if not _DURATION.fullmatch(text):
         return None
     parts: dict[str, int] = {}
-    for amount, unit in re.findall(r"(\d+)([wdhms])", text):
+    for amount, unit in re.findall(r"([0-9]+)([wdhms])", text):
         parts[_UNITS[unit]] = parts.get(_UNITS[unit], 0) + int(amount)
     try:
         return timedelta(**parts)
@@ -597,8 +617,10 @@ class _Planner:
                 ends_at = r.when(window.get("ends_at"), f"{path}.window.ends_at")
         if key is BAD:
             return
-        if len(key) > 100 or key != key.strip():
-            r.error(keys["key"], f"{path}.key", "a task key is 1-100 characters, no padding")
+        try:
+            task_service.validate_key(key)
+        except GovernanceError as exc:
+            r.error(keys["key"], f"{path}.key", exc.message)
             return
         if self.defined_twice("task", key):
             r.error(keys["key"], f"{path}.key", f"task {key!r} is defined twice")
@@ -908,9 +930,37 @@ def _differences(grant: Grant, spec: dict[str, Any]) -> list[str]:
     return differs
 
 
+# Deeper than any matrix (an input_schema holds at most 32 levels, as over the API).
+MAX_DEPTH = 48
+_OPENS = (
+    yaml.BlockMappingStartToken,
+    yaml.BlockSequenceStartToken,
+    yaml.FlowMappingStartToken,
+    yaml.FlowSequenceStartToken,
+)
+_CLOSES = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+
+
+def _refuse_deep_nesting(text: str, source: str) -> None:
+    """The scanner is a loop; the composer recurses, and 5,000 `[` would exhaust the
+    stack (a RecursionError, not an error at its line). So depth is counted first."""
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, _OPENS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                problem = Problem(
+                    token.start_mark.line + 1, "", f"nested more than {MAX_DEPTH} levels deep"
+                )
+                raise MatrixInvalid(source, [problem])
+        elif isinstance(token, _CLOSES):
+            depth -= 1
+
+
 def _parse(text: str, source: str) -> tuple[_Reader, Node]:
     reader = _Reader()
     try:
+        _refuse_deep_nesting(text, source)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

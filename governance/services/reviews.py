@@ -222,9 +222,16 @@ def review_item_decide(
         raise GovernanceError("invalid_decision", f"Decision must be one of {DECISIONS}.")
     if not (comment or "").strip():
         raise GovernanceError("comment_required", "A review decision needs a comment.")
-    if decision == "narrow" and actions is None and scope is None and expires_at is None:
+    narrowing = actions is not None or scope is not None or expires_at is not None
+    if decision == "narrow" and not narrowing:
         raise GovernanceError(
             "invalid_decision", "Narrowing names fewer actions, a narrower scope or an expiry."
+        )
+    if decision != "narrow" and narrowing:
+        # Refused, not ignored: the reviewer meant something the decision would not do.
+        raise GovernanceError(
+            "invalid_decision",
+            f"Only a narrow decision takes actions, scope or expires_at; {decision} ignores them.",
         )
     with transaction.atomic():
         item = (

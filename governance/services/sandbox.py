@@ -17,6 +17,7 @@ the caller expects), so the runner and the reaper never both finish a run.
 from __future__ import annotations
 
 import functools
+import math
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -86,6 +87,13 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
     runner treats that as a denial.
     """
     arguments = spec.arguments()
+    # NaN and the infinities are not JSON: jsonb refused the run record, the whole
+    # transaction rolled back and the attempt went unrecorded. Kept as their text here;
+    # effective() refuses them below, on record.
+    arguments["limits"] = {
+        name: str(value) if isinstance(value, float) and not math.isfinite(value) else value
+        for name, value in arguments["limits"].items()
+    }
     with transaction.atomic():
         # Written once, at the end (one INSERT, no UPDATE): the requested event and
         # the decision come first, in this transaction.

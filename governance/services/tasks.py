@@ -14,6 +14,17 @@ from governance.errors import Conflict, GovernanceError
 from governance.models import Grant, Task
 from governance.services.claims import claim_each
 from governance.services.grants import grants_revoke
+from governance.text import is_line
+
+
+def validate_key(key: str) -> None:
+    """1-100 characters on one line: no padding, no control characters (a `\x01` in a
+    key hides in every list, and spreadsheet exports cannot hold it)."""
+    if not key or len(key) > 100 or key != key.strip() or not is_line(key):
+        raise GovernanceError(
+            "invalid_task_key",
+            "A task key is 1-100 characters on one line: no padding, no control characters.",
+        )
 
 
 def task_open(
@@ -25,8 +36,11 @@ def task_open(
     title: str = "",
     ends_at: datetime | None = None,
 ) -> Task:
-    if not key or len(key) > 100 or key != key.strip():
-        raise GovernanceError("invalid_task_key", "A task key is 1-100 characters, no padding.")
+    validate_key(key)
+    if not is_line(title):
+        raise GovernanceError(
+            "invalid_task_title", "A task title is one line of text, with no control characters."
+        )
     if ends_at is not None and ends_at <= at:
         raise GovernanceError("invalid_window", "A task must end after it starts.")
     try:

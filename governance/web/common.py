@@ -10,6 +10,7 @@ from django.shortcuts import render
 
 from governance import audit
 from governance.errors import GovernanceError
+from governance.text import is_text
 
 
 def actor(request: HttpRequest) -> audit.Actor:
@@ -28,7 +29,10 @@ def invalid(request: HttpRequest, form: Any) -> HttpResponse:
 
 
 def one(qs: Any, **lookup: Any) -> Any:
-    """The object, or 404 (also for a malformed id)."""
+    """The object, or 404 (also for a malformed id, or a name that is not text: a NUL
+    from `%00` would make PostgreSQL refuse the query, a 500)."""
+    if not all(is_text(value) for value in lookup.values() if isinstance(value, str)):
+        raise Http404("No such object.")
     try:
         found = qs.filter(**lookup).first()
     except (ValueError, TypeError, ValidationError) as exc:

@@ -57,6 +57,7 @@ class ApproveRequestForm(StrictForm):
     duration_hours = forms.DecimalField(
         min_value=0.01, max_digits=8, decimal_places=2, required=False
     )
+    reason = forms.CharField(max_length=1000, required=False, strip=True)
 
     def narrowing(self) -> dict[str, Any]:
         data = self.cleaned_data

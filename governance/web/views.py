@@ -238,6 +238,7 @@ def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
         grant = grant_services.grant_approve(
             grant_id=grant.pk,
             approver=request.user,
+            reason=form.cleaned_data["reason"],
             actor=common.actor(request),
             at=timezone.now(),
             **form.narrowing(),
@@ -604,17 +605,19 @@ def audit_export(request: HttpRequest) -> HttpResponse:
     fmt = form.cleaned_data["format"]
     now = timezone.now()
     try:
-        rows = exports.export(
+        return exports.export(
             report="audit",
             rows_of=lambda: exports.audit_rows(**filters),
             params=filters,
             fmt=fmt,
             actor=common.actor(request),
             now=now,
+            build=lambda rows: _file(
+                rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters}
+            ),
         )
     except GovernanceError as exc:
         return common.failed(request, exc)
-    return _file(rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters})
 
 
 def _explanation(reason: str, scope: str) -> list[dict[str, str]]:
@@ -754,25 +757,27 @@ def export_access(request: HttpRequest) -> HttpResponse:
     try:
         if data.get("start"):
             params = {"from": data["start"], "to": data["end"]}
-            rows = exports.export(
+            return exports.export(
                 report="access_period",
                 rows_of=lambda: exports.access_period_rows(data["start"], data["end"]),
                 params=params,
                 fmt=fmt,
                 actor=common.actor(request),
                 now=now,
+                build=lambda rows: _file(
+                    rows, exports.PERIOD_COLUMNS, fmt, "access-period", now, params
+                ),
             )
-            return _file(rows, exports.PERIOD_COLUMNS, fmt, "access-period", now, params)
         at = data.get("at") or now
-        rows = exports.export(
+        return exports.export(
             report="access",
             rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
             params={"at": at},
             fmt=fmt,
             actor=common.actor(request),
             now=now,
+            build=lambda rows: _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, {"at": at}),
         )
-        return _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, {"at": at})
     except GovernanceError as exc:
         return common.failed(request, exc)
 
@@ -786,7 +791,7 @@ def export_decisions(request: HttpRequest) -> HttpResponse:
     data, now = form.cleaned_data, timezone.now()
     params = {k: data[k] for k in ("start", "end", "agent", "task", "tool") if data.get(k)}
     try:
-        rows = exports.export(
+        return exports.export(
             report="decisions",
             rows_of=lambda: exports.decision_rows(
                 data["start"],
@@ -799,10 +804,12 @@ def export_decisions(request: HttpRequest) -> HttpResponse:
             fmt=data["format"],
             actor=common.actor(request),
             now=now,
+            build=lambda rows: _file(
+                rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params
+            ),
         )
     except GovernanceError as exc:
         return common.failed(request, exc)
-    return _file(rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params)
 
 
 @require("export")

@@ -74,6 +74,14 @@ def test_usage_errors(argv, capfd):
     assert "sandbox_runner:" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "two"])
+def test_cpus_must_be_a_finite_number(value, capfd):
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--agent", "a", "--cpus", value, "--", "true"])
+    assert caught.value.code == 2
+    assert "argument --cpus" in capfd.readouterr().err
+
+
 def test_the_http_adapter_needs_a_token(monkeypatch, capfd):
     monkeypatch.delenv("GOVERNANCE_TOKEN", raising=False)
     assert main(["run", "--agent", "a", "--api", "http://127.0.0.1:9", "--", "true"]) == EXIT_USAGE

@@ -225,6 +225,29 @@ def test_a_request_above_the_grant_is_denied_not_lowered(
     assert all_container_ids(docker_client) == before
 
 
+@pytest.mark.parametrize(
+    ("cpus", "message"),
+    [
+        (float("nan"), "cpus nan is not a number"),
+        (float("inf"), "cpus inf is above the grant's 1.0"),
+        (float("-inf"), "cpus must be a number of at least 0.01 (got -inf)"),
+    ],
+)
+def test_a_limit_that_is_not_a_finite_number_is_denied_on_record(
+    code_exec, spec_for, cpus, message
+):
+    """NaN passed every comparison, and no non-finite number can be stored as JSON: the
+    run record rolled back and the attempt went unrecorded. Now a denial on record."""
+    code_exec.grant()
+    spec = spec_for("print('never')", limits={"cpus": cpus})
+    auth = DatabaseAuthorizer().authorize(spec)
+    assert (auth.outcome, auth.reason, auth.message) == ("deny", "limit_exceeds_grant", message)
+    record = run_record(spec.run_id)
+    assert (record.status, record.message) == ("denied", message)
+    assert record.requested_limits["cpus"] == str(cpus)
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+
+
 def test_a_request_below_the_grant_is_honoured(docker_client, code_exec, spec_for):
     code_exec.grant(limits={"memory_mb": 128, "pids": 32, "wall_seconds": 20, "cpus": 1.0})
     spec = spec_for(

@@ -10,6 +10,10 @@ from governance.errors import GovernanceError
 from governance.models import Agent, Task, Tool
 from governance.services.breakglass import breakglass_open
 
+# As the API's bound; the service holds the lifetime to BREAKGLASS_MAX_TTL_MINUTES. Far
+# past it, the lifetime could not even be computed (OverflowError, a traceback).
+MAX_TTL_MINUTES = 7 * 24 * 60
+
 
 class Command(BaseCommand):
     help = (
@@ -26,7 +30,9 @@ class Command(BaseCommand):
         parser.add_argument("--scope", required=True)
         parser.add_argument("--ticket", required=True)
         parser.add_argument("--reason", required=True)
-        parser.add_argument("--ttl-minutes", type=int, default=None)
+        parser.add_argument(
+            "--ttl-minutes", type=int, default=None, help="BREAKGLASS_DEFAULT/MAX_TTL_MINUTES"
+        )
         parser.add_argument("--task", default=None, help="task key to bind the grant to")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -38,6 +44,8 @@ class Command(BaseCommand):
 
         user = one(get_user_model(), "active user", username=options["user"], is_active=True)
         ttl = options["ttl_minutes"]
+        if ttl is not None and not 1 <= ttl <= MAX_TTL_MINUTES:
+            raise CommandError(f"--ttl-minutes must be 1 to {MAX_TTL_MINUTES}, not {ttl}.")
         try:
             bg = breakglass_open(
                 opener=user,

@@ -10,6 +10,9 @@ from governance.errors import GovernanceError
 from governance.models import Agent
 from governance.services.reviews import review_campaign_open
 
+# As in the web UI's form; past a few thousand years the due date itself overflows.
+MAX_DUE_DAYS = 365
+
 
 class Command(BaseCommand):
     help = (
@@ -23,9 +26,11 @@ class Command(BaseCommand):
             "--kind", choices=["on_demand", "incident", "scheduled"], default="on_demand"
         )
         parser.add_argument("--agent", default=None, help="only this agent's grants")
-        parser.add_argument("--due-days", type=int, default=None)
+        parser.add_argument("--due-days", type=int, default=None, help=f"1-{MAX_DUE_DAYS}")
         parser.add_argument("--user", default=None, help="who opens it (username)")
-        parser.add_argument("--key", default=None, help="opening again with a key is a no-op")
+        parser.add_argument(
+            "--key", default=None, help="opening again with a key is a no-op (1-100 characters)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         user = None
@@ -39,12 +44,16 @@ class Command(BaseCommand):
             if agent is None:
                 raise CommandError(f"No agent {options['agent']!r}.")
         at = timezone.now()
-        due_days = options["due_days"]
+        due_days, key = options["due_days"], options["key"]
+        if due_days is not None and not 1 <= due_days <= MAX_DUE_DAYS:
+            raise CommandError(f"--due-days must be 1 to {MAX_DUE_DAYS}, not {due_days}.")
+        if key is not None and not 1 <= len(key) <= 100:
+            raise CommandError("--key must be 1 to 100 characters.")
         try:
             campaign = review_campaign_open(
                 kind=options["kind"],
                 reason=options["reason"],
-                key=options["key"],
+                key=key,
                 agent=agent,
                 opened_by=user,
                 due_at=at + timedelta(days=due_days) if due_days else None,

@@ -1,0 +1,70 @@
+"""What counts as text: one set of checks for every way in (API, web UI, matrix
+import), so a value one door refuses is not stored through another."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+# C0 controls and DEL: never part of a name, key or one-line title (they hide in a
+# list, and spreadsheet formats refuse most of them).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def is_utf8(value: str) -> bool:
+    """No lone UTF-16 surrogate (`\\ud800` sent as a JSON escape): such a string
+    cannot be encoded, so it can be neither stored nor written back in a response."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_text(value: str) -> bool:
+    """Text PostgreSQL can store: no NUL, no lone surrogate (not UTF-8)."""
+    return "\x00" not in value and is_utf8(value)
+
+
+def is_line(value: str) -> bool:
+    """Storable text on one line, with no control characters (keys, titles)."""
+    return is_utf8(value) and not _CONTROL.search(value)
+
+
+def printable(value: str) -> str:
+    """`value` as it can be written out: a lone surrogate becomes its `\\ud800` escape,
+    so quoting what a client sent can never make the reply itself fail."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def json_problem(value: Any, depth: int = 0, *, finite: bool = True) -> str | None:
+    """Why `value` cannot be stored and hashed as plain JSON (jsonb), or None: text that
+    is not text, a key that is not a string, a date or binary (YAML has them), a number
+    that is not finite (1e400 reads as Infinity, which jsonb refuses), or nesting
+    deeper than hashing and masking walk. `finite=False` leaves numbers to the caller."""
+    if depth > 32:
+        return "nested too deeply (at most 32 levels)"
+    if isinstance(value, str):
+        return None if is_text(value) else "holds text with a NUL byte or a lone surrogate"
+    if isinstance(value, float):
+        if finite and not math.isfinite(value):
+            return "holds a number that is not finite (NaN, or too big for a double: 1e400)"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return "has a key that is not a string"
+            problem = json_problem(key, depth + 1) or json_problem(item, depth + 1, finite=finite)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, list):
+        for item in value:
+            problem = json_problem(item, depth + 1, finite=finite)
+            if problem:
+                return problem
+        return None
+    if value is None or isinstance(value, bool | int):
+        return None
+    return "holds a value that is not plain JSON (a date, binary data or a set)"
