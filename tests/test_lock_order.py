@@ -81,26 +81,12 @@ def test_a_deferred_key_check_never_waits_under_the_chain_lock(postgres_only, no
 # lost, a 503), and every decision in the system would wait meanwhile.
 
 
-def _both(monkeypatch: pytest.MonkeyPatch, a: Any, b: Any) -> dict[str, BaseException | None]:
-    from governance.services import grants
-
-    locked = threading.Event()
-    real = grants._descendants
-
-    def held(ids: list[int]) -> Any:
-        found = real(ids)
-        if threading.current_thread().name == "B":
-            locked.set()
-            time.sleep(1.0)
-        return found
-
-    monkeypatch.setattr(grants, "_descendants", held)
+def _threads(a: Any, b: Any) -> dict[str, BaseException | None]:
+    """Run a as thread A and b as thread B, each on its own connection; what each raised."""
     out: dict[str, BaseException | None] = {}
 
     def run(name: str, fn: Any) -> None:
         try:
-            if name == "A":
-                assert locked.wait(10)
             fn()
             out[name] = None
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -114,6 +100,28 @@ def _both(monkeypatch: pytest.MonkeyPatch, a: Any, b: Any) -> dict[str, BaseExce
     for t in threads:
         t.join(timeout=30)
     return out
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, a: Any, b: Any) -> dict[str, BaseException | None]:
+    """B row-locks its grant and holds it a second; A starts once B holds it."""
+    from governance.services import grants
+
+    locked = threading.Event()
+    real = grants._descendants
+
+    def held(ids: list[int]) -> Any:
+        found = real(ids)
+        if threading.current_thread().name == "B":
+            locked.set()
+            time.sleep(1.0)
+        return found
+
+    def after_b_locked() -> None:
+        assert locked.wait(10)
+        a()
+
+    monkeypatch.setattr(grants, "_descendants", held)
+    return _threads(after_b_locked, b)
 
 
 def _revoke(grant_id: int) -> Any:
@@ -244,7 +252,6 @@ def test_a_decision_that_waited_out_a_revoke_is_made_again(
 
     monkeypatch.setattr(audit, "append", slow)
     result: dict[str, Any] = {}
-    out: dict[str, BaseException | None] = {}
 
     def kill_it() -> None:
         actor = audit.Actor.system("b")
@@ -260,21 +267,7 @@ def test_a_decision_that_waited_out_a_revoke_is_made_again(
             at=killed_at + timedelta(seconds=1),
         )  # fmt: skip
 
-    def run(name: str, fn: Any) -> None:
-        try:
-            fn()
-            out[name] = None
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            out[name] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=("A", decide), name="A"),
-               threading.Thread(target=run, args=("B", kill_it), name="B")]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    out = _threads(decide, kill_it)
     assert out == {"A": None, "B": None}, out
     decision = result["d"]
     assert not decision.allowed

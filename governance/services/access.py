@@ -109,18 +109,7 @@ def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview:
 
 
 def _decide_and_record(
-    *,
-    agent_name: str,
-    tool: str,
-    action: str,
-    scope: str,
-    at: datetime,
-    task: str | None,
-    arguments: Mapping[str, Any] | None,
-    approval: str | None,
-    actor: audit.Actor,
-    subject: dict[str, str],
-    args_json: str,
+    question: dict[str, Any], *, actor: audit.Actor, subject: dict[str, str], args_json: str
 ) -> tuple[Decision, audit.Written]:
     """One attempt: the decision, the gate's writes and the event, or StateChanged
     (nothing written) when the state changed after the decision read it."""
@@ -130,16 +119,8 @@ def _decide_and_record(
     # or, with the gate's writes, commits with them.
     alone = connection.vendor == "postgresql" and not connection.in_atomic_block
     with nullcontext() if alone else transaction.atomic():
-        decision = authorize(
-            agent=agent_name,
-            tool=tool,
-            action=action,
-            scope=scope,
-            at=at,
-            task=task,
-            arguments=arguments,
-            approval=approval,
-        )
+        decision = authorize(**question)
+        action, scope, at = question["action"], question["scope"], question["at"]
         gated = (decision.allowed and decision.approval_id) or (
             decision.decision == Verdict.APPROVAL_REQUIRED
         )
@@ -185,22 +166,22 @@ def access_check(
         "action": action,
         "scope": scope,
     }
+    question = {
+        "agent": agent_name,
+        "tool": tool,
+        "action": action,
+        "scope": scope,
+        "at": at,
+        "task": task,
+        "arguments": arguments,
+        "approval": approval,
+    }
     try:
         args_json = audit.masked_arguments_json(arguments if isinstance(arguments, Mapping) else {})
         for _attempt in range(ATTEMPTS):
             try:
                 decision, written = _decide_and_record(
-                    agent_name=agent_name,
-                    tool=tool,
-                    action=action,
-                    scope=scope,
-                    at=at,
-                    task=task,
-                    arguments=arguments,
-                    approval=approval,
-                    actor=actor,
-                    subject=subject,
-                    args_json=args_json,
+                    question, actor=actor, subject=subject, args_json=args_json
                 )
                 return replace(decision, decision_id=str(written.uid))
             except audit.StateChanged:
