@@ -9,9 +9,10 @@ DNS inside: names are resolved here, by egress.decide(), which also refuses
 internal addresses unless the grant names them exactly.
 
 A tunnel to a named host carries TLS for that host only: the first bytes the
-sandbox sends down it are held until they show they are not a ClientHello that
-names another server (SNI, see sandbox_runner.tls); one that does is refused
-and never sent.
+sandbox sends down it are held until they are a whole TLS ClientHello that names
+that host (SNI, see sandbox_runner.tls). Anything else (another name, no name,
+bytes that are not a ClientHello, or no whole one in time) is refused and never
+sent: the proxy does not try to tell which other protocol it might be.
 
 Every attempt, allowed or denied, is reported (destination, resolved address,
 reason) to `report`, which the runner turns into one audit event each. `report`
@@ -25,10 +26,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from sandbox_runner.egress import Destination, EgressDecision, Resolver, decide, system_resolver
@@ -40,11 +41,6 @@ LISTEN_PORT = 3128
 MAX_HEADER = 16 * 1024
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
-# An HTTP request line, the first thing down a tunnel: HTTP must go through the proxy's
-# forwarding path, which pins Host to the checked name (a tunnel would let it name any
-# other virtual host behind the same address, as many as it liked).
-_HTTP_REQUEST_LINE = re.compile(rb"[A-Za-z]{3,16} \S+ HTTP/[0-9]")
-_FIRST_LINE_MAX = 8192
 MAX_HANDLERS = 32  # connections served at once
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -261,9 +257,9 @@ class EgressProxy:
             if method == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if Destination(decision.host, decision.port).address is None:
-                    first = self._first_bytes(conn, upstream, early, decision)
+                    first = self._client_hello(conn, early, decision)
                     if first is None:
-                        return  # TLS to another server than the one allowed: refused
+                        return  # not TLS for the host allowed: refused, nothing sent
                     early = first
                 upstream.sendall(early)
             else:
@@ -287,57 +283,46 @@ class EgressProxy:
                     with contextlib.suppress(OSError):
                         s.close()
 
-    def _first_bytes(
-        self, conn: socket.socket, upstream: socket.socket, early: bytes, decision: EgressDecision
+    def _client_hello(
+        self, conn: socket.socket, early: bytes, decision: EgressDecision
     ) -> bytes | None:
         """What the sandbox sends first down a tunnel to a named host, held back until
-        it is clear it reaches that host only; if not, it is reported as refused, never
-        sent, and None is returned:
+        it is a whole TLS ClientHello naming that host (then returned, to be sent on).
+        Anything else is reported as refused, never sent, and None is returned:
 
-        - a TLS ClientHello must name the host (SNI): another name is `sni_mismatch`,
-          none at all `sni_missing` (the server would pick any site behind the address);
-        - a plain HTTP request line is `http_in_tunnel` (its Host could name any other
-          site behind the address; plain HTTP goes through the forwarding path);
-        - other bytes (SSH, a database protocol) go on as they are, and so does a tunnel
-          whose server speaks first (SSH, SMTP), where TLS cannot be."""
+        - a hello naming another server is `sni_mismatch`; one naming none is
+          `sni_missing` (the server would pick any site behind the address);
+        - anything that is not a whole, well-formed ClientHello within CONNECT_TIMEOUT
+          of the tunnel opening (plain HTTP, SSH, a malformed or oversized hello, a
+          pause, the sandbox closing, a server that speaks first) is `not_tls`. Which
+          protocol it might be is not guessed: every guess was a way around the check.
+          Plain HTTP goes through the forwarding path, which pins Host; other
+          protocols need a grant that names the address."""
         data = early
+        deadline = time.monotonic() + CONNECT_TIMEOUT
         while (hello := read_client_hello(data)).kind == "more":
-            if not data:
-                readable, _, _ = select.select([conn, upstream], [], [], IDLE_TIMEOUT)
-                if conn not in readable:
-                    return data  # the server spoke first, or nobody did
-            chunk = conn.recv(65536)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([conn], [], [], remaining)[0]:
+                break
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                chunk = b""
             if not chunk:
-                return data  # the sandbox closed its side; what it sent goes on
+                break
             data += chunk
-        wanted = tls_normalise(decision.host)
         reason, named = None, decision.host
-        if hello.kind == "malformed" or (hello.kind == "tls" and hello.name not in (None, wanted)):
-            reason, named = "sni_mismatch", hello.name or decision.host
-        elif hello.kind == "tls" and hello.name is None:
+        if hello.kind != "tls":
+            reason = "not_tls"
+        elif hello.name is None:
             reason = "sni_missing"
-        elif hello.kind == "not_tls" and data[:1].isalpha():
-            data = self._first_line(conn, data)
-            if _HTTP_REQUEST_LINE.match(data):
-                reason = "http_in_tunnel"
+        elif hello.name != tls_normalise(decision.host):
+            reason, named = "sni_mismatch", hello.name
         if reason is not None:
             self._record_refusal(
                 EgressDecision(False, reason, named, decision.port, decision.address)
             )
             return None
-        return data
-
-    @staticmethod
-    def _first_line(conn: socket.socket, data: bytes) -> bytes | None:
-        """Read on until the first line is whole, the sandbox pauses or closes, or the
-        line passes _FIRST_LINE_MAX (no HTTP server takes that as a request line), to
-        tell a request line from other text."""
-        while b"\n" not in data and len(data) < _FIRST_LINE_MAX:
-            readable, _, _ = select.select([conn], [], [], CONNECT_TIMEOUT)
-            chunk = conn.recv(65536) if readable else b""
-            if not chunk:
-                break
-            data += chunk
         return data
 
     def _record_refusal(self, decision: EgressDecision) -> None:

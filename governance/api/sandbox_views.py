@@ -57,7 +57,8 @@ EGRESS_REASONS = (
     "internal_address",
     "sni_mismatch",
     "sni_missing",
-    "http_in_tunnel",
+    "not_tls",
+    "http_in_tunnel",  # from runners older than not_tls, which replaced it
 )
 
 

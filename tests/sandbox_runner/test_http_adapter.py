@@ -25,8 +25,11 @@ from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 from tests.sandbox_runner.test_egress_proxy import SCRIPT
 from tests.sandbox_runner.test_egress_proxy import servers as egress_servers
+from tests.sandbox_runner.test_proxy import listener as proxy_listener
+from tests.sandbox_runner.test_proxy import wait_for
 
 servers = egress_servers  # the two local HTTP servers fixture, shared
+listener = proxy_listener  # a local server that keeps what it was sent
 
 RUNS = "/api/v1/sandbox/runs"
 
@@ -86,6 +89,46 @@ def test_a_docker_run_over_http_is_recorded_on_the_server_with_every_egress_atte
         "sandbox.run.started",
         "sandbox.run.finished",
     ]
+    assert leftovers("docker", spec.run_id) == []
+
+
+TUNNEL = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT localhost:{port} HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+s.sendall(b"\\r\\nGET /x HTTP/1.1\\r\\nHost: other-tenant.example\\r\\n\\r\\n")
+print(s.recv(1024))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_plain_http_down_a_tunnel_to_a_named_host_is_a_not_tls_denial_on_the_server(
+    live_server, docker_client, code_exec, spec_for, listener, alice
+):
+    """A blank line before the request line hid it from the proxy's HTTP check. A
+    tunnel to a named host now opens only for a ClientHello naming it: the server
+    receives nothing, and the denial is on record (the API takes `not_tls`)."""
+    port, received = listener
+    # localhost resolves (from /etc/hosts) to the test's own listener; the grant names
+    # the loopback addresses too, so the name is not refused as internal.
+    code_exec.grant(egress=[f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"])
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    spec = spec_for(TUNNEL.format(port=port), backend="docker")
+    outcome, out, err = run(spec, authorizer)
+    assert outcome.exit_code == 0, err
+    assert out.splitlines() == ["HTTP/1.1 200 Connection established", "b''"]
+    assert wait_for(received) == [b""]
+    denials = [
+        (e.event_type, e.reason, json.loads(e.data)["destination"])
+        for e in AuditEvent.objects.order_by("seq")
+        if e.event_type.startswith("sandbox.egress")
+    ]
+    assert denials == [
+        ("sandbox.egress.allowed", "egress_allowed", f"localhost:{port}"),
+        ("sandbox.egress.denied", "egress_not_tls", f"localhost:{port}"),
+    ]
+    assert run_record(spec.run_id).status == "finished"
     assert leftovers("docker", spec.run_id) == []
 
 
