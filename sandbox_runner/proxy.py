@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import select
 import socket
 import threading
@@ -99,6 +100,35 @@ def _read_head(conn: socket.socket) -> bytes | None:
     return data
 
 
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_METHOD = re.compile(_TOKEN)
+_TARGET = re.compile(rb"[^\x00-\x20\x7f]+")  # no control character, no space
+# name:value, the name a token (no space before the colon), the value with no control
+# character but HTAB; a line that starts with a space or HTAB (obs-fold) has no name.
+_FIELD = re.compile(_TOKEN + rb":[\t\x20-\x7e\x80-\xff]*")
+_VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, list[bytes]] | None:
+    """The method, target, version and header lines of a request head (up to its
+    blank line), or None if servers could read it otherwise than the proxy does:
+    a bare CR or LF (many servers end a line at a bare LF, so a second request,
+    to any Host, could hide inside one header line and pass the proxy's checks), any
+    other control character, a folded line (obs-fold), a header name that is not a
+    token (a space before its colon), a method that is not a token, a version other
+    than HTTP/1.0 or HTTP/1.1."""
+    line, *fields = head.split(b"\r\n")
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        return None
+    method, target, version = parts
+    if not (_METHOD.fullmatch(method) and _TARGET.fullmatch(target) and version in _VERSIONS):
+        return None
+    if not all(_FIELD.fullmatch(field) for field in fields):
+        return None
+    return method.decode(), target.decode("latin-1"), version.decode(), fields
+
+
 def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None:
     if authority.startswith("["):
         host, _, rest = authority[1:].partition("]")
@@ -117,12 +147,10 @@ def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None
 _HOP_HEADERS = {b"host", b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization"}
 
 
-def _pinned_headers(rest: bytes, host: str, port: int) -> bytes:
+def _pinned_headers(fields: list[bytes], host: str, port: int) -> bytes:
     """The request's header block with Host set to the checked destination and
-    `Connection: close`; `rest` is the header lines after the request line, ending
-    with the blank line."""
-    lines = [line for line in rest.split(b"\r\n") if line]
-    kept = [line for line in lines if line.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
+    `Connection: close`; `fields` are the header lines _parse_head checked."""
+    kept = [line for line in fields if line.split(b":", 1)[0].lower() not in _HOP_HEADERS]
     authority = f"[{host}]" if ":" in host else host
     if port != 80:
         authority += f":{port}"
@@ -130,7 +158,7 @@ def _pinned_headers(rest: bytes, host: str, port: int) -> bytes:
     return b"\r\n".join(kept) + b"\r\n\r\n"
 
 
-_STATUS = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
+_STATUS = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 def _answer(conn: socket.socket, status: int, text: str) -> None:
@@ -218,14 +246,12 @@ class EgressProxy:
             if head is None:
                 return
             head, _, early = head.partition(b"\r\n\r\n")  # early: bytes sent after it
-            line, _, rest = (head + b"\r\n\r\n").partition(b"\r\n")
-            parts = line.decode("latin-1").split(" ")
-            if len(parts) != 3:  # not a request line: still an attempt, logged as one
-                self._refuse(
-                    conn, EgressDecision(False, "bad_destination", line[:100].decode("latin-1"), 0)
-                )
+            request = _parse_head(head)
+            if request is None:  # not forwarded, still an attempt: logged as one
+                line = head.split(b"\r\n", 1)[0][:100].decode("latin-1")
+                self._refuse(conn, EgressDecision(False, "bad_request", line, 0), status=400)
                 return
-            method, target, version = parts
+            method, target, version, fields = request
             if method == "CONNECT":
                 where, path = _split_hostport(target, 443), ""
             elif target.startswith("http://"):
@@ -268,7 +294,7 @@ class EgressProxy:
                 # server closes after this one request (no second request, to any Host,
                 # down an already-checked connection). Other headers pass as they are.
                 request_line = f"{method} {path or '/'} {version}\r\n".encode("latin-1")
-                headers = _pinned_headers(rest, decision.host, decision.port)
+                headers = _pinned_headers(fields, decision.host, decision.port)
                 upstream.sendall(request_line + headers + early)
             conn.settimeout(None)
             upstream.settimeout(None)
@@ -331,9 +357,9 @@ class EgressProxy:
         with contextlib.suppress(Exception):
             self.report(decision)
 
-    def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
+    def _refuse(self, conn: socket.socket, decision: EgressDecision, status: int = 403) -> None:
         self._record_refusal(decision)
-        _answer(conn, 403, f"egress refused: {decision.reason}")
+        _answer(conn, status, f"egress refused: {decision.reason}")
 
     def stop(self) -> None:
         """Stop listening, cut open tunnels, wait for every handler to report."""

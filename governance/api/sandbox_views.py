@@ -53,6 +53,7 @@ EGRESS_REASONS = (
     "allowed",
     "not_allowlisted",
     "bad_destination",
+    "bad_request",
     "unresolvable",
     "internal_address",
     "sni_mismatch",

@@ -25,8 +25,8 @@ from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 from tests.sandbox_runner.test_egress_proxy import SCRIPT
 from tests.sandbox_runner.test_egress_proxy import servers as egress_servers
+from tests.sandbox_runner.test_proxy import SMUGGLED, wait_for
 from tests.sandbox_runner.test_proxy import listener as proxy_listener
-from tests.sandbox_runner.test_proxy import wait_for
 
 servers = egress_servers  # the two local HTTP servers fixture, shared
 listener = proxy_listener  # a local server that keeps what it was sent
@@ -128,6 +128,34 @@ def test_plain_http_down_a_tunnel_to_a_named_host_is_a_not_tls_denial_on_the_ser
         ("sandbox.egress.allowed", "egress_allowed", f"localhost:{port}"),
         ("sandbox.egress.denied", "egress_not_tls", f"localhost:{port}"),
     ]
+    assert run_record(spec.run_id).status == "finished"
+    assert leftovers("docker", spec.run_id) == []
+
+
+SMUGGLING = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall({payload!r})
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_with_a_second_one_behind_bare_lfs_is_a_bad_request_denial_on_the_server(
+    live_server, docker_client, code_exec, spec_for, servers, alice
+):
+    a, _ = servers
+    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    payload = SMUGGLED.format(port=a.port).encode()
+    spec = spec_for(SMUGGLING.format(payload=payload), backend="docker")
+    outcome, out, err = run(spec, authorizer)
+    assert outcome.exit_code == 0, err
+    assert out == "HTTP/1.1 400 Bad Request\n"
+    assert a.hits == []  # neither request reached the server
+    (denied,) = [e for e in AuditEvent.objects.all() if e.event_type.startswith("sandbox.egress")]
+    assert (denied.event_type, denied.reason) == ("sandbox.egress.denied", "egress_bad_request")
+    assert json.loads(denied.data)["run_id"] == spec.run_id
     assert run_record(spec.run_id).status == "finished"
     assert leftovers("docker", spec.run_id) == []
 

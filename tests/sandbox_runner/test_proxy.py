@@ -14,6 +14,7 @@ import pytest
 from sandbox_runner import proxy as proxy_module
 from sandbox_runner.egress import parse_destination
 from sandbox_runner.proxy import EgressProxy
+from tests.sandbox_runner.test_egress_proxy import _Server
 from tests.sandbox_runner.test_tls import client_hello, split_into_records
 
 
@@ -55,7 +56,6 @@ def ask(proxy: EgressProxy, payload: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
-        (b"garbage\r\n\r\n", "bad_destination"),
         (b"GET /relative HTTP/1.1\r\nHost: x\r\n\r\n", "bad_destination"),
         (b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n\r\n", "not_allowlisted"),
         (b"GET http://127.0.0.2:80/ HTTP/1.1\r\n\r\n", "not_allowlisted"),
@@ -147,6 +147,85 @@ def test_a_plain_request_goes_to_the_checked_host_only(upstream):
             "Connection: close\r\n\r\n"
         ).encode()
     )
+
+
+# The reviewer's payload: one request whose header line hides, behind bare LFs, a second
+# request to another virtual host (servers that end a line at a bare LF read two).
+SMUGGLED = (
+    "GET http://127.0.0.1:{port}/ HTTP/1.0\r\n"
+    "X: a\nConnection: keep-alive\n\n"
+    "GET /secret HTTP/1.1\nHost: other-tenant.example\nConnection: close\n\n"
+    "\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        SMUGGLED,
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\nHost: other-tenant.example\r\n\r\n",
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX: a\rHost: other-tenant.example\r\n\r\n",
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX: a\r\n b\r\n\r\n",  # obs-fold
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost : other-tenant.example\r\n\r\n",
+        "G(T http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n",
+        "GET http://127.0.0.1:{port}/\x0b HTTP/1.1\r\n\r\n",
+        "GET http://127.0.0.1:{port}/ HTTP/1.2\r\n\r\n",
+        "GET http://127.0.0.1:{port}/ http/1.1\r\n\r\n",
+        "GET  http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n",
+        "\r\nGET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n",
+        "garbage\r\n\r\n",
+    ],
+    ids=[
+        "bare-lf-smuggling",
+        "bare-lf",
+        "bare-cr",
+        "nul",
+        "obs-fold",
+        "space-before-colon",
+        "method-not-a-token",
+        "control-in-target",
+        "http-1.2",
+        "lower-case-version",
+        "two-spaces",
+        "blank-line-first",
+        "not-a-request-line",
+    ],
+)
+def test_a_request_head_servers_could_read_otherwise_is_refused_and_never_sent(head):
+    """The proxy checks one request and pins its Host; a head a server could split
+    differently (a bare LF ends a line for many) carried a second request to any
+    Host. Refused (400) on record; the server receives nothing."""
+    server = _Server("upstream")
+    try:
+        reports: list = []
+        proxy = EgressProxy([parse_destination(f"127.0.0.1:{server.port}")], report=reports.append)
+        answer = ask(proxy, head.format(port=server.port).encode("latin-1"))
+        time.sleep(0.2)  # time for the server to log what it was sent, had it been
+        assert server.hits == []
+        assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert answer.endswith(b"egress refused: bad_request\n")
+        assert [(r.allowed, r.reason, r.port) for r in reports] == [(False, "bad_request", 0)]
+    finally:
+        server.close()
+
+
+def test_a_well_formed_request_head_is_forwarded_with_its_headers():
+    server = _Server("upstream")
+    try:
+        reports: list = []
+        proxy = EgressProxy([parse_destination(f"127.0.0.1:{server.port}")], report=reports.append)
+        answer = ask(
+            proxy,
+            f"GET http://127.0.0.1:{server.port}/ok HTTP/1.0\r\nX-A: b\tc \xe9\r\n\r\n".encode(
+                "latin-1"
+            ),
+        )
+        assert answer.startswith(b"HTTP/1.0 200 ") and answer.endswith(b"upstream")
+        assert server.hits == ["/ok"]
+        assert [r.reason for r in reports] == ["allowed"]
+    finally:
+        server.close()
 
 
 # --- TLS down a tunnel to a named host: the ClientHello must name that host -----------------
