@@ -3,11 +3,11 @@
 The flags are the floor from DESIGN.md, not a menu: no network (or, with
 egress, only the namespace of a holder container where the runner's proxy
 listens on 127.0.0.1), read-only root, /workspace a tmpfs of the run's
-scratch_mb (never a host directory), a
-noexec tmpfs /tmp, the script and input mounted read-only, memory with no
-extra swap, cpus, pids, uid 1000, every capability dropped,
-no-new-privileges and the engine's default seccomp profile (never
-`seccomp=unconfined`). No Docker socket and no host path beyond those mounts.
+scratch_mb (never a host directory), a noexec tmpfs /tmp, the script and input
+mounted read-only, memory with no extra swap, cpus, pids, uid 1000, every
+capability dropped, no-new-privileges and the engine's default seccomp profile
+(never `seccomp=unconfined`), and no engine log (the output comes through the
+attach stream only). No Docker socket and no host path beyond those mounts.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ def hardening(limits: Limits) -> dict[str, Any]:
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "ipc_mode": "private",
+        # No engine log: the runner reads the output from the attach stream and keeps
+        # OUTPUT_CAP bytes of it; the engine's default json-file log kept every byte the
+        # code wrote, without limit, on the host's disk.
+        "log_config": {"type": "none"},
     }
 
 

@@ -574,6 +574,46 @@ def test_inspect_of_a_running_sandbox_shows_every_hardening_flag(
     assert run_record(spec.run_id).container_id == seen["Id"]
 
 
+FLOOD_STDOUT = """
+import sys, time
+line = b"x" * 65535 + b"\\n"
+for _ in range(64):  # 4 MiB, four times what the runner keeps
+    sys.stdout.buffer.write(line)
+sys.stdout.flush()
+time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
+def test_output_is_kept_by_the_runner_only_never_in_an_engine_log_on_the_host(
+    backend, docker_client, code_exec, spec_for
+):
+    """The engine's default json-file log kept every byte a run wrote on the host's
+    disk, without limit (the runner keeps 1 MiB). The sandbox and its network holder
+    have no engine log; the runner still reads the whole stream."""
+    # Egress (Docker only: refused under gVisor) gives the run its network holder too.
+    code_exec.grant(egress=["127.0.0.1:9"] if backend == "docker" else [])
+    seen = []
+
+    def inspect(spec, handle):
+        for item in (handle.container, handle.holder):
+            if item is not None:
+                seen.append(docker_client.api.inspect_container(item.id))
+
+    spec = spec_for(FLOOD_STDOUT, backend=backend)
+    outcome, out, _ = run(spec, on_started=inspect)
+    assert outcome.exit_code == 0
+    assert len(seen) == (2 if backend == "docker" else 1)
+    for container in seen:
+        assert container["HostConfig"]["LogConfig"]["Type"] == "none"
+        assert container["LogPath"] == ""  # no file on the host
+    assert len(out) == 64 * 65536  # the runner's own stream had every byte
+    record = run_record(spec.run_id)
+    assert record.stdout_bytes == 64 * 65536
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+    assert leftovers(backend, spec.run_id) == []
+
+
 def test_a_missing_image_fails_clearly_and_is_recorded(
     docker_client, make_agent, make_tool, make_task, make_grant, spec_for
 ):
