@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,6 +30,7 @@ from sandbox_runner.runner import (
     EXIT_UNREACHABLE,
     execute,
 )
+from sandbox_runner.spec import DEFAULT_IMAGE
 from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 
 pytestmark = pytest.mark.django_db
@@ -612,6 +614,40 @@ def test_output_is_kept_by_the_runner_only_never_in_an_engine_log_on_the_host(
     assert record.stdout_bytes == 64 * 65536
     assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
     assert leftovers(backend, spec.run_id) == []
+
+
+@pytest.fixture
+def image_with_a_volume(docker_client):
+    """governance-sandbox:bookworm plus a VOLUME, built here (no pull: the base is
+    local) and removed afterwards."""
+    tag = f"governance-sandbox-volume-test:{uuid.uuid4().hex[:12]}"
+    dockerfile = f"FROM {DEFAULT_IMAGE}\nVOLUME /data\n".encode()
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, pull=False, rm=True)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
+def test_an_image_that_declares_a_volume_is_refused_before_any_container(
+    backend, docker_client, code_exec, spec_for, image_with_a_volume
+):
+    """The engine gives each VOLUME an anonymous volume: a writable host directory
+    outside the read-only root and the scratch cap. Refused, and the run says why."""
+    code_exec.grant(egress=["127.0.0.1:9"] if backend == "docker" else [])  # holder too
+    containers, volumes = all_container_ids(docker_client), _volume_names(docker_client)
+    spec = spec_for("print('ran')", backend=backend, image=image_with_a_volume)
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == EXIT_BACKEND and out == ""
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and record.exit_code is None
+    assert f"image {image_with_a_volume!r} declares VOLUME /data: refused" in record.error
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert all_container_ids(docker_client) == containers
+    assert _volume_names(docker_client) == volumes
+
+
+def _volume_names(client) -> set[str]:
+    return {v.name for v in client.volumes.list()}
 
 
 def test_a_missing_image_fails_clearly_and_is_recorded(
