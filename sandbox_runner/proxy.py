@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import re
 import select
@@ -127,6 +128,16 @@ def _parse_head(head: bytes) -> tuple[str, str, str, list[bytes]] | None:
     if not all(_FIELD.fullmatch(field) for field in fields):
         return None
     return method.decode(), target.decode("latin-1"), version.decode(), fields
+
+
+MAX_REPORTED_HOST = 200  # characters of a refused host kept on record
+
+
+def _printable(text: str) -> str:
+    """Text as Python's ascii() shows it: control characters, backslashes and
+    anything beyond ASCII escaped (\\x00, \\n, \\xe9), cut at MAX_REPORTED_HOST."""
+    shown = ascii(text)[1:-1]
+    return shown if len(shown) <= MAX_REPORTED_HOST else shown[:MAX_REPORTED_HOST] + "..."
 
 
 def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None:
@@ -353,9 +364,10 @@ class EgressProxy:
 
     def _record_refusal(self, decision: EgressDecision) -> None:
         # Refused either way; a refusal that could not be recorded fails the run (the
-        # runner, whose write failed, stops it).
+        # runner, whose write failed, stops it). Its host is what the sandbox sent, as
+        # printable text of a bounded length (a NUL in it made the record unwritable).
         with contextlib.suppress(Exception):
-            self.report(decision)
+            self.report(dataclasses.replace(decision, host=_printable(decision.host)))
 
     def _refuse(self, conn: socket.socket, decision: EgressDecision, status: int = 403) -> None:
         self._record_refusal(decision)

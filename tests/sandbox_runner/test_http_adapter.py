@@ -160,6 +160,42 @@ def test_a_request_with_a_second_one_behind_bare_lfs_is_a_bad_request_denial_on_
     assert leftovers("docker", spec.run_id) == []
 
 
+NUL_HOST = """
+import socket
+print("the output the run's record must keep", flush=True)
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT a\\x00b:1 HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_in_a_connect_host_is_recorded_escaped_and_the_run_ends_on_record(
+    live_server, docker_client, code_exec, spec_for, alice
+):
+    """The proxy reported the raw text; the server refused it (400), and the runner
+    then never recorded how the run ended (its output's hash and exit status)."""
+    code_exec.grant(egress=["127.0.0.1:9"])
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    spec = spec_for(NUL_HOST, backend="docker")
+    outcome, out, err = run(spec, authorizer)
+    assert outcome.exit_code == 0, err
+    assert out.splitlines()[-1] == "HTTP/1.1 400 Bad Request"
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.exit_code == 0 and record.error == ""
+    assert record.stdout_sha256 == outcome.result.stdout.sha256
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.egress.denied",
+        "sandbox.run.finished",
+    ]
+    denied = AuditEvent.objects.get(event_type="sandbox.egress.denied")
+    assert denied.reason == "egress_bad_request"
+    assert json.loads(denied.data)["destination"] == "CONNECT a\\x00b:1 HTTP/1.1:0"
+    assert leftovers("docker", spec.run_id) == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_request_above_the_grant_is_denied_over_http_and_nothing_starts(
     live_server, docker_client, code_exec, spec_for, alice

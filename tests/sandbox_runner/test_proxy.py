@@ -419,6 +419,20 @@ def test_a_port_that_is_not_ascii_digits_is_a_logged_refusal():
     assert [(r.allowed, r.reason) for r in reports] == [(False, "bad_destination")]
 
 
+def test_a_refused_host_is_reported_as_printable_text_of_bounded_length():
+    """What the sandbox sent goes on record, escaped (a NUL made the record unwritable,
+    and the run's end went unrecorded) and cut to MAX_REPORTED_HOST characters."""
+    reports: list = []
+    proxy = EgressProxy([parse_destination("127.0.0.1:9")], report=reports.append)
+    for host in ("\xe9\xff" * 150, "a\\x00b"):
+        answer = ask(proxy, f"CONNECT {host}:9 HTTP/1.1\r\n\r\n".encode("latin-1"))
+        assert answer.startswith(b"HTTP/1.1 403 ")
+    assert [(r.allowed, r.reason, r.host) for r in reports] == [
+        (False, "bad_destination", "\\xe9\\xff" * 25 + "..."),
+        (False, "bad_destination", "a\\\\x00b"),  # a backslash the sandbox sent, escaped
+    ]
+
+
 def test_a_grant_that_names_an_address_is_not_held_to_a_name(upstream):
 
     reports: list = []
