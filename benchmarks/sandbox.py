@@ -144,7 +144,7 @@ def main() -> int:
         "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
         "--cpus", str(limits.cpus), "--pids-limit", str(limits.pids),
         "--user", "1000:1000", "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges", "--ipc", "private",
+        "--security-opt", "no-new-privileges", "--ipc", "private", "--log-driver", "none",
         "--tmpfs", f"/workspace:{scratch_options(limits)}",
         "-v", f"{bare_dir / 'in' / 'script'}:{SCRIPT_PATH}:ro",
         "-w", "/workspace", DEFAULT_IMAGE, *command,

@@ -50,8 +50,10 @@ class Destination:
 class EgressDecision:
     allowed: bool
     # allowed | not_allowlisted | bad_destination | unresolvable | internal_address |
-    # sni_mismatch, sni_missing, http_in_tunnel (the proxy's: a tunnel to an allowed
-    # name carrying TLS for another or no server name, or a plain HTTP request)
+    # bad_request (the proxy's: a request head it does not forward, see proxy._parse_head),
+    # sni_mismatch, sni_missing, not_tls (the proxy's: a tunnel to an allowed name
+    # whose first bytes are a ClientHello for another or no server name, or are not a
+    # whole ClientHello at all)
     reason: str
     host: str
     port: int

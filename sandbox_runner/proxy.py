@@ -9,9 +9,10 @@ DNS inside: names are resolved here, by egress.decide(), which also refuses
 internal addresses unless the grant names them exactly.
 
 A tunnel to a named host carries TLS for that host only: the first bytes the
-sandbox sends down it are held until they show they are not a ClientHello that
-names another server (SNI, see sandbox_runner.tls); one that does is refused
-and never sent.
+sandbox sends down it are held until they are a whole TLS ClientHello that names
+that host (SNI, see sandbox_runner.tls). Anything else (another name, no name,
+bytes that are not a ClientHello, or no whole one in time) is refused and never
+sent: the proxy does not try to tell which other protocol it might be.
 
 Every attempt, allowed or denied, is reported (destination, resolved address,
 reason) to `report`, which the runner turns into one audit event each. `report`
@@ -24,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import re
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from sandbox_runner.egress import Destination, EgressDecision, Resolver, decide, system_resolver
@@ -40,11 +43,6 @@ LISTEN_PORT = 3128
 MAX_HEADER = 16 * 1024
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
-# An HTTP request line, the first thing down a tunnel: HTTP must go through the proxy's
-# forwarding path, which pins Host to the checked name (a tunnel would let it name any
-# other virtual host behind the same address, as many as it liked).
-_HTTP_REQUEST_LINE = re.compile(rb"[A-Za-z]{3,16} \S+ HTTP/[0-9]")
-_FIRST_LINE_MAX = 8192
 MAX_HANDLERS = 32  # connections served at once
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -103,6 +101,45 @@ def _read_head(conn: socket.socket) -> bytes | None:
     return data
 
 
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_METHOD = re.compile(_TOKEN)
+_TARGET = re.compile(rb"[^\x00-\x20\x7f]+")  # no control character, no space
+# name:value, the name a token (no space before the colon), the value with no control
+# character but HTAB; a line that starts with a space or HTAB (obs-fold) has no name.
+_FIELD = re.compile(_TOKEN + rb":[\t\x20-\x7e\x80-\xff]*")
+_VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, list[bytes]] | None:
+    """The method, target, version and header lines of a request head (up to its
+    blank line), or None if servers could read it otherwise than the proxy does:
+    a bare CR or LF (many servers end a line at a bare LF, so a second request,
+    to any Host, could hide inside one header line and pass the proxy's checks), any
+    other control character, a folded line (obs-fold), a header name that is not a
+    token (a space before its colon), a method that is not a token, a version other
+    than HTTP/1.0 or HTTP/1.1."""
+    line, *fields = head.split(b"\r\n")
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        return None
+    method, target, version = parts
+    if not (_METHOD.fullmatch(method) and _TARGET.fullmatch(target) and version in _VERSIONS):
+        return None
+    if not all(_FIELD.fullmatch(field) for field in fields):
+        return None
+    return method.decode(), target.decode("latin-1"), version.decode(), fields
+
+
+MAX_REPORTED_HOST = 200  # characters of a refused host kept on record
+
+
+def _printable(text: str) -> str:
+    """Text as Python's ascii() shows it: control characters, backslashes and
+    anything beyond ASCII escaped (\\x00, \\n, \\xe9), cut at MAX_REPORTED_HOST."""
+    shown = ascii(text)[1:-1]
+    return shown if len(shown) <= MAX_REPORTED_HOST else shown[:MAX_REPORTED_HOST] + "..."
+
+
 def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None:
     if authority.startswith("["):
         host, _, rest = authority[1:].partition("]")
@@ -121,12 +158,10 @@ def _split_hostport(authority: str, default_port: int) -> tuple[str, int] | None
 _HOP_HEADERS = {b"host", b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization"}
 
 
-def _pinned_headers(rest: bytes, host: str, port: int) -> bytes:
+def _pinned_headers(fields: list[bytes], host: str, port: int) -> bytes:
     """The request's header block with Host set to the checked destination and
-    `Connection: close`; `rest` is the header lines after the request line, ending
-    with the blank line."""
-    lines = [line for line in rest.split(b"\r\n") if line]
-    kept = [line for line in lines if line.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
+    `Connection: close`; `fields` are the header lines _parse_head checked."""
+    kept = [line for line in fields if line.split(b":", 1)[0].lower() not in _HOP_HEADERS]
     authority = f"[{host}]" if ":" in host else host
     if port != 80:
         authority += f":{port}"
@@ -134,7 +169,7 @@ def _pinned_headers(rest: bytes, host: str, port: int) -> bytes:
     return b"\r\n".join(kept) + b"\r\n\r\n"
 
 
-_STATUS = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
+_STATUS = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 def _answer(conn: socket.socket, status: int, text: str) -> None:
@@ -222,14 +257,12 @@ class EgressProxy:
             if head is None:
                 return
             head, _, early = head.partition(b"\r\n\r\n")  # early: bytes sent after it
-            line, _, rest = (head + b"\r\n\r\n").partition(b"\r\n")
-            parts = line.decode("latin-1").split(" ")
-            if len(parts) != 3:  # not a request line: still an attempt, logged as one
-                self._refuse(
-                    conn, EgressDecision(False, "bad_destination", line[:100].decode("latin-1"), 0)
-                )
+            request = _parse_head(head)
+            if request is None:  # not forwarded, still an attempt: logged as one
+                line = head.split(b"\r\n", 1)[0][:100].decode("latin-1")
+                self._refuse(conn, EgressDecision(False, "bad_request", line, 0), status=400)
                 return
-            method, target, version = parts
+            method, target, version, fields = request
             if method == "CONNECT":
                 where, path = _split_hostport(target, 443), ""
             elif target.startswith("http://"):
@@ -261,9 +294,9 @@ class EgressProxy:
             if method == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if Destination(decision.host, decision.port).address is None:
-                    first = self._first_bytes(conn, upstream, early, decision)
+                    first = self._client_hello(conn, early, decision)
                     if first is None:
-                        return  # TLS to another server than the one allowed: refused
+                        return  # not TLS for the host allowed: refused, nothing sent
                     early = first
                 upstream.sendall(early)
             else:
@@ -272,7 +305,7 @@ class EgressProxy:
                 # server closes after this one request (no second request, to any Host,
                 # down an already-checked connection). Other headers pass as they are.
                 request_line = f"{method} {path or '/'} {version}\r\n".encode("latin-1")
-                headers = _pinned_headers(rest, decision.host, decision.port)
+                headers = _pinned_headers(fields, decision.host, decision.port)
                 upstream.sendall(request_line + headers + early)
             conn.settimeout(None)
             upstream.settimeout(None)
@@ -287,39 +320,41 @@ class EgressProxy:
                     with contextlib.suppress(OSError):
                         s.close()
 
-    def _first_bytes(
-        self, conn: socket.socket, upstream: socket.socket, early: bytes, decision: EgressDecision
+    def _client_hello(
+        self, conn: socket.socket, early: bytes, decision: EgressDecision
     ) -> bytes | None:
         """What the sandbox sends first down a tunnel to a named host, held back until
-        it is clear it reaches that host only; if not, it is reported as refused, never
-        sent, and None is returned:
+        it is a whole TLS ClientHello naming that host (then returned, to be sent on).
+        Anything else is reported as refused, never sent, and None is returned:
 
-        - a TLS ClientHello must name the host (SNI): another name is `sni_mismatch`,
-          none at all `sni_missing` (the server would pick any site behind the address);
-        - a plain HTTP request line is `http_in_tunnel` (its Host could name any other
-          site behind the address; plain HTTP goes through the forwarding path);
-        - other bytes (SSH, a database protocol) go on as they are, and so does a tunnel
-          whose server speaks first (SSH, SMTP), where TLS cannot be."""
+        - a hello naming another server is `sni_mismatch`; one naming none is
+          `sni_missing` (the server would pick any site behind the address);
+        - anything that is not a whole, well-formed ClientHello within CONNECT_TIMEOUT
+          of the tunnel opening (plain HTTP, SSH, a malformed or oversized hello, a
+          pause, the sandbox closing, a server that speaks first) is `not_tls`. Which
+          protocol it might be is not guessed: every guess was a way around the check.
+          Plain HTTP goes through the forwarding path, which pins Host; other
+          protocols need a grant that names the address."""
         data = early
+        deadline = time.monotonic() + CONNECT_TIMEOUT
         while (hello := read_client_hello(data)).kind == "more":
-            if not data:
-                readable, _, _ = select.select([conn, upstream], [], [], IDLE_TIMEOUT)
-                if conn not in readable:
-                    return data  # the server spoke first, or nobody did
-            chunk = conn.recv(65536)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([conn], [], [], remaining)[0]:
+                break
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                chunk = b""
             if not chunk:
-                return data  # the sandbox closed its side; what it sent goes on
+                break
             data += chunk
-        wanted = tls_normalise(decision.host)
         reason, named = None, decision.host
-        if hello.kind == "malformed" or (hello.kind == "tls" and hello.name not in (None, wanted)):
-            reason, named = "sni_mismatch", hello.name or decision.host
-        elif hello.kind == "tls" and hello.name is None:
+        if hello.kind != "tls":
+            reason = "not_tls"
+        elif hello.name is None:
             reason = "sni_missing"
-        elif hello.kind == "not_tls" and data[:1].isalpha():
-            data = self._first_line(conn, data)
-            if _HTTP_REQUEST_LINE.match(data):
-                reason = "http_in_tunnel"
+        elif hello.name != tls_normalise(decision.host):
+            reason, named = "sni_mismatch", hello.name
         if reason is not None:
             self._record_refusal(
                 EgressDecision(False, reason, named, decision.port, decision.address)
@@ -327,28 +362,16 @@ class EgressProxy:
             return None
         return data
 
-    @staticmethod
-    def _first_line(conn: socket.socket, data: bytes) -> bytes | None:
-        """Read on until the first line is whole, the sandbox pauses or closes, or the
-        line passes _FIRST_LINE_MAX (no HTTP server takes that as a request line), to
-        tell a request line from other text."""
-        while b"\n" not in data and len(data) < _FIRST_LINE_MAX:
-            readable, _, _ = select.select([conn], [], [], CONNECT_TIMEOUT)
-            chunk = conn.recv(65536) if readable else b""
-            if not chunk:
-                break
-            data += chunk
-        return data
-
     def _record_refusal(self, decision: EgressDecision) -> None:
         # Refused either way; a refusal that could not be recorded fails the run (the
-        # runner, whose write failed, stops it).
+        # runner, whose write failed, stops it). Its host is what the sandbox sent, as
+        # printable text of a bounded length (a NUL in it made the record unwritable).
         with contextlib.suppress(Exception):
-            self.report(decision)
+            self.report(dataclasses.replace(decision, host=_printable(decision.host)))
 
-    def _refuse(self, conn: socket.socket, decision: EgressDecision) -> None:
+    def _refuse(self, conn: socket.socket, decision: EgressDecision, status: int = 403) -> None:
         self._record_refusal(decision)
-        _answer(conn, 403, f"egress refused: {decision.reason}")
+        _answer(conn, status, f"egress refused: {decision.reason}")
 
     def stop(self) -> None:
         """Stop listening, cut open tunnels, wait for every handler to report."""

@@ -254,14 +254,22 @@ def execute(
             with contextlib.suppress(Exception):
                 egress.close(authorizer, spec)
             proxy.stop()
+    egress_lost = False
     try:
         egress.close(authorizer, spec)
+    except Exception as exc:  # the run's record still ends, and says so
+        egress_lost = True
+        result.error = "; ".join(filter(None, (result.error, str(exc))))
+        _say(str(exc))
+    try:
         authorizer.finished(spec, auth, result)
     except Exception as exc:
         _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
         return Outcome(EXIT_ERROR, auth, result)
     finally:
         watch.thread.join()
+    if egress_lost:
+        return Outcome(EXIT_ERROR, auth, result)
     if result.error and result.exit_code is None:
         return Outcome(EXIT_BACKEND, auth, result)
     if result.timed_out:

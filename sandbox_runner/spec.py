@@ -85,6 +85,13 @@ class RunSpec:
     script_hash: str = ""
     input_hash: str = ""
 
+    def __post_init__(self) -> None:
+        # The run id names the run's cgroups, work directory and containers on the host,
+        # and a refused run removes (killing what is inside) the cgroups it names: only
+        # a UUID's canonical text can never name a path elsewhere ("../victim").
+        if not is_run_id(self.run_id):
+            raise ValueError(f"run_id must be a UUID in canonical form, not {self.run_id!r:.80}")
+
     @property
     def script_sha256(self) -> str:
         if self.script is None:
@@ -114,6 +121,14 @@ class RunSpec:
             "limits": {name: self.limits.get(name) for name in LIMIT_NAMES},
             "egress": list(self.egress) if self.egress is not None else None,
         }
+
+
+def is_run_id(value: object) -> bool:
+    """A UUID as str(uuid.UUID(...)) writes it: lower-case hex with four hyphens."""
+    try:
+        return isinstance(value, str) and str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
 
 
 class OverCeiling(ValueError):

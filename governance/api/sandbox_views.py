@@ -53,11 +53,13 @@ EGRESS_REASONS = (
     "allowed",
     "not_allowlisted",
     "bad_destination",
+    "bad_request",
     "unresolvable",
     "internal_address",
     "sni_mismatch",
     "sni_missing",
-    "http_in_tunnel",
+    "not_tls",
+    "http_in_tunnel",  # from runners older than not_tls, which replaced it
 )
 
 

@@ -137,7 +137,8 @@ class Cgroups:
     def make(self) -> None:
         """Make the run's groups, empty and without limits yet (no process is in
         them until limit() has set every limit). Errors are not raised: a group
-        that could not be made is a limit that falls back to an rlimit."""
+        that could not be made (or exists already: see _make) is a limit that falls
+        back to an rlimit."""
         if os.geteuid() != 0:
             return
         with contextlib.suppress(OSError):
@@ -191,7 +192,11 @@ class Cgroups:
             raise OSError(f"no cgroup hierarchy at {root}")
         d = self.dirs.get(key) or root / CGROUP_NAME / self.run_id
         if key not in self.dirs:
-            d.mkdir(parents=True, exist_ok=True)
+            # Made here or not used: a group that already exists is another run's (the
+            # same run id, refused by governance as a duplicate), and what this run
+            # holds it removes, killing every process in it.
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.mkdir()
             self.dirs[key] = d
         return d
 

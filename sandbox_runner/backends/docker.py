@@ -3,11 +3,11 @@
 The flags are the floor from DESIGN.md, not a menu: no network (or, with
 egress, only the namespace of a holder container where the runner's proxy
 listens on 127.0.0.1), read-only root, /workspace a tmpfs of the run's
-scratch_mb (never a host directory), a
-noexec tmpfs /tmp, the script and input mounted read-only, memory with no
-extra swap, cpus, pids, uid 1000, every capability dropped,
-no-new-privileges and the engine's default seccomp profile (never
-`seccomp=unconfined`). No Docker socket and no host path beyond those mounts.
+scratch_mb (never a host directory), a noexec tmpfs /tmp, the script and input
+mounted read-only, memory with no extra swap, cpus, pids, uid 1000, every
+capability dropped, no-new-privileges and the engine's default seccomp profile
+(never `seccomp=unconfined`), and no engine log (the output comes through the
+attach stream only). No Docker socket and no host path beyond those mounts.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ def hardening(limits: Limits) -> dict[str, Any]:
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "ipc_mode": "private",
+        # No engine log: the runner reads the output from the attach stream and keeps
+        # OUTPUT_CAP bytes of it; the engine's default json-file log kept every byte the
+        # code wrote, without limit, on the host's disk.
+        "log_config": {"type": "none"},
     }
 
 
@@ -186,12 +190,35 @@ class DockerBackend(Backend):
                 return f"the engine has no {self.runtime!r} runtime registered"
         return None
 
-    def _holder(self, spec: RunSpec, workdir: Path, deadline: float) -> Any:
+    def _image(self, name: str) -> str:
+        """The id of the image a run's containers are made from (by id: what is checked
+        here is what runs, even if the name is moved meanwhile). An image that declares
+        a VOLUME is refused: the engine would mount an anonymous volume there, a
+        writable host directory outside the read-only root and the scratch limit."""
+        import docker.errors
+
+        try:
+            image = self.client.images.get(name)
+        except docker.errors.ImageNotFound as exc:
+            raise BackendUnavailable(
+                f"image {name!r} is not on this engine; build it with "
+                "scripts/build_sandbox_image.sh"
+            ) from exc
+        volumes = sorted((image.attrs.get("Config") or {}).get("Volumes") or {})
+        if volumes:
+            raise BackendUnavailable(
+                f"image {name!r} declares VOLUME {', '.join(volumes)}: refused (a volume "
+                "is a writable host directory outside the read-only root and the scratch "
+                "limit)"
+            )
+        return str(image.id)
+
+    def _holder(self, image: str, spec: RunSpec, workdir: Path, deadline: float) -> Any:
         """A do-nothing container whose empty network namespace the sandbox
         joins; the runner's proxy listens inside it on 127.0.0.1."""
         tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0, scratch_mb=1)
         holder = self.client.containers.create(
-            spec.image,
+            image,
             # The entrypoint too: an image's own ENTRYPOINT would run (with these as its
             # arguments) before the run's start is on record, its output uncaptured.
             entrypoint=["sleep", "infinity"],
@@ -220,8 +247,7 @@ class DockerBackend(Backend):
         network: NetworkHook,
     ) -> Handle:
         assert auth.limits is not None
-        import docker.errors
-
+        image = self._image(spec.image)
         volumes: dict[str, dict[str, str]] = {}
         if spec.script is not None:
             volumes[str(workdir / "in" / "script")] = {"bind": SCRIPT_PATH, "mode": "ro"}
@@ -245,14 +271,14 @@ class DockerBackend(Backend):
             options["runtime"] = self.runtime
         try:
             if network is not None:
-                holder = self._holder(spec, workdir, deadline)
+                holder = self._holder(image, spec, workdir, deadline)
                 network(int(holder.attrs["State"]["Pid"]))
                 network_mode = f"container:{holder.id}"
                 proxy = f"http://127.0.0.1:{PROXY_PORT}"
                 for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                     environment[name] = proxy
             container = self.client.containers.create(
-                spec.image,
+                image,
                 list(spec.command),
                 network_mode=network_mode,
                 volumes=volumes,
@@ -261,13 +287,6 @@ class DockerBackend(Backend):
                 labels=labels(spec, deadline, workdir, "sandbox"),
                 **options,
             )
-        except docker.errors.ImageNotFound as exc:
-            if holder is not None:
-                holder.remove(force=True)
-            raise BackendUnavailable(
-                f"image {spec.image!r} is not on this engine; build it with "
-                "scripts/build_sandbox_image.sh"
-            ) from exc
         except Exception:
             if holder is not None:
                 holder.remove(force=True)

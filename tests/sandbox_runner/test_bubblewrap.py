@@ -4,11 +4,15 @@ refusal leaves nothing behind; the start is recorded before the code runs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
+import uuid
 
 import pytest
 
+from governance.models import AuditEvent, SandboxRun
 from sandbox_runner.authorizers import DatabaseAuthorizer
 from sandbox_runner.backends import bubblewrap
 from sandbox_runner.runner import EXIT_BACKEND, EXIT_DENIED, workdir_root
@@ -82,6 +86,89 @@ def test_a_refused_run_leaves_nothing_behind(bwrap_available, code_exec, spec_fo
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
     assert leftovers("bubblewrap", spec.run_id) == []
     assert list(workdir_root().glob(f"run-{spec.run_id}-*")) == []
+
+
+@pytest.fixture
+def victim():
+    """A process in a cgroup of its own (the test's, beside the runner's groups), as
+    another service on the host would be."""
+    name = f"governance-test-victim-{uuid.uuid4().hex[:8]}"
+    groups = [bubblewrap.CGROUP_ROOT / c / name for c in ("memory", "pids", "cpu")]
+    if os.geteuid() != 0 or not groups[1].parent.is_dir():
+        pytest.skip("needs root and a cgroup v1 pids hierarchy")
+    groups[1].mkdir()
+    proc = subprocess.Popen(["sleep", "60"])
+    (groups[1] / "cgroup.procs").write_text(str(proc.pid))
+    yield name, proc
+    proc.kill()
+    proc.wait()
+    for group in groups:
+        with contextlib.suppress(FileNotFoundError):
+            group.rmdir()
+
+
+@pytest.mark.parametrize("run_id", ["../{victim}", "../../pids/{victim}"])
+def test_a_run_id_that_is_not_a_uuid_is_refused_before_anything_is_touched(
+    bwrap_available, victim, spec_for, run_id
+):
+    """The run id names the run's cgroups, and a refused run removes its cgroups,
+    killing every process in them: "../victim" named another group on the host."""
+    name, proc = victim
+    with pytest.raises(ValueError, match="run_id must be a UUID"):
+        spec = spec_for("print('never')", backend="bubblewrap", run_id=run_id.format(victim=name))
+        run(spec)  # no grant: refused (before, its cgroups were the victim's)
+    time.sleep(0.2)
+    assert proc.poll() is None  # still running
+    assert [c for c in ("memory", "cpu") if (bubblewrap.CGROUP_ROOT / c / name).exists()] == []
+    assert not SandboxRun.objects.exists() and not AuditEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "run_id",
+    [
+        "",
+        "not-a-uuid",
+        "0B5F2C1E-8F43-4C59-9E0F-3B7C2A1D9E10",  # upper case
+        "{0b5f2c1e-8f43-4c59-9e0f-3b7c2a1d9e10}",
+        "0b5f2c1e8f434c599e0f3b7c2a1d9e10",
+        "0b5f2c1e-8f43-4c59-9e0f-3b7c2a1d9e10/..",
+    ],
+)
+def test_only_a_canonical_uuid_is_a_run_id(spec_for, run_id):
+    with pytest.raises(ValueError, match="run_id must be a UUID in canonical form"):
+        spec_for(None, "true", run_id=run_id)
+    run_id = str(uuid.uuid4())
+    assert spec_for(None, "true", run_id=run_id).run_id == run_id
+
+
+def test_a_refused_run_with_a_live_runs_id_leaves_that_run_alone(
+    bwrap_available, code_exec, spec_for
+):
+    """A second request with the id of a run in progress is refused (the id is on
+    record already); its cgroups were that run's, so its refusal killed it. A group
+    that exists is never taken over: the live run finishes as it would have."""
+    code_exec.grant()
+    spec = spec_for("import time; time.sleep(1); print('finished')", backend="bubblewrap")
+    refusals = []
+
+    def second_request(spec, handle):  # the first run is released and running
+        again = spec_for("print('never')", backend="bubblewrap", run_id=spec.run_id)
+        refusals.append(run(again))
+
+    outcome, out, _ = run(spec, on_started=second_request)
+    ((refused, refused_out, _),) = refusals
+    assert refused.exit_code == EXIT_DENIED and refused_out == ""
+    assert refused.auth.reason == "error" and "run_id" in refused.auth.message  # a duplicate
+    assert outcome.exit_code == 0 and out == "finished\n"
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.exit_code == 0
+    assert record.enforcement["pids"] == "cgroup"  # the first run's own groups
+    assert events_of(spec.run_id) == [  # the refusal wrote nothing of its own
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.finished",
+    ]
+    assert leftovers("bubblewrap", spec.run_id) == []
 
 
 class StartNotRecorded(DatabaseAuthorizer):

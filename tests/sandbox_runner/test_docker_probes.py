@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,6 +30,7 @@ from sandbox_runner.runner import (
     EXIT_UNREACHABLE,
     execute,
 )
+from sandbox_runner.spec import DEFAULT_IMAGE
 from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 
 pytestmark = pytest.mark.django_db
@@ -595,6 +597,80 @@ def test_inspect_of_a_running_sandbox_shows_every_hardening_flag(
     assert float(config["Labels"]["governance.sandbox.deadline"]) > 0
     assert config["Labels"]["governance.sandbox.agent"] == "coder"
     assert run_record(spec.run_id).container_id == seen["Id"]
+
+
+FLOOD_STDOUT = """
+import sys, time
+line = b"x" * 65535 + b"\\n"
+for _ in range(64):  # 4 MiB, four times what the runner keeps
+    sys.stdout.buffer.write(line)
+sys.stdout.flush()
+time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
+def test_output_is_kept_by_the_runner_only_never_in_an_engine_log_on_the_host(
+    backend, docker_client, code_exec, spec_for
+):
+    """The engine's default json-file log kept every byte a run wrote on the host's
+    disk, without limit (the runner keeps 1 MiB). The sandbox and its network holder
+    have no engine log; the runner still reads the whole stream."""
+    # Egress (Docker only: refused under gVisor) gives the run its network holder too.
+    code_exec.grant(egress=["127.0.0.1:9"] if backend == "docker" else [])
+    seen = []
+
+    def inspect(spec, handle):
+        for item in (handle.container, handle.holder):
+            if item is not None:
+                seen.append(docker_client.api.inspect_container(item.id))
+
+    spec = spec_for(FLOOD_STDOUT, backend=backend)
+    outcome, out, _ = run(spec, on_started=inspect)
+    assert outcome.exit_code == 0
+    assert len(seen) == (2 if backend == "docker" else 1)
+    for container in seen:
+        assert container["HostConfig"]["LogConfig"]["Type"] == "none"
+        assert container["LogPath"] == ""  # no file on the host
+    assert len(out) == 64 * 65536  # the runner's own stream had every byte
+    record = run_record(spec.run_id)
+    assert record.stdout_bytes == 64 * 65536
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+    assert leftovers(backend, spec.run_id) == []
+
+
+@pytest.fixture
+def image_with_a_volume(docker_client):
+    """governance-sandbox:bookworm plus a VOLUME, built here (no pull: the base is
+    local) and removed afterwards."""
+    tag = f"governance-sandbox-volume-test:{uuid.uuid4().hex[:12]}"
+    dockerfile = f"FROM {DEFAULT_IMAGE}\nVOLUME /data\n".encode()
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, pull=False, rm=True)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
+def test_an_image_that_declares_a_volume_is_refused_before_any_container(
+    backend, docker_client, code_exec, spec_for, image_with_a_volume
+):
+    """The engine gives each VOLUME an anonymous volume: a writable host directory
+    outside the read-only root and the scratch cap. Refused, and the run says why."""
+    code_exec.grant(egress=["127.0.0.1:9"] if backend == "docker" else [])  # holder too
+    containers, volumes = all_container_ids(docker_client), _volume_names(docker_client)
+    spec = spec_for("print('ran')", backend=backend, image=image_with_a_volume)
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == EXIT_BACKEND and out == ""
+    record = run_record(spec.run_id)
+    assert record.status == "failed" and record.exit_code is None
+    assert f"image {image_with_a_volume!r} declares VOLUME /data: refused" in record.error
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert all_container_ids(docker_client) == containers
+    assert _volume_names(docker_client) == volumes
+
+
+def _volume_names(client) -> set[str]:
+    return {v.name for v in client.volumes.list()}
 
 
 def test_a_missing_image_fails_clearly_and_is_recorded(

@@ -194,7 +194,7 @@ def test_an_attempt_that_cannot_be_recorded_never_connects_and_fails_the_run(
 ):
     """Recorded first, then connected: an allowed destination whose attempt could not
     be put on record is refused (503) before the proxy connects anywhere, and the run
-    fails instead of carrying on unrecorded."""
+    fails instead of carrying on unrecorded. Its record still ends, saying why."""
     a, _ = servers
     if not _granted(backend, code_exec, spec_for, f"127.0.0.1:{a.port}"):
         return
@@ -202,10 +202,17 @@ def test_an_attempt_that_cannot_be_recorded_never_connects_and_fails_the_run(
     spec = spec_for(script.format(a=a.port, b=a.port), backend=backend)
     outcome, out, _ = run(spec, EgressNotRecorded())
     assert a.hits == []  # nothing reached the server
-    assert outcome.exit_code == EXIT_ERROR  # the outcome could not be recorded either
+    assert outcome.exit_code == EXIT_ERROR  # an attempt of the run is not on record
     assert out in ("", "GET 503 egress refused: the attempt could not be recorded\n")
     assert not [e for e in AuditEvent.objects.all() if e.event_type.startswith("sandbox.egress")]
-    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.started"]
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.finished",
+    ]
+    record = run_record(spec.run_id)
+    assert "an egress attempt was not recorded" in record.error
+    assert "the audit log refused the egress event" in record.error
     assert leftovers(backend, spec.run_id) == []
 
 

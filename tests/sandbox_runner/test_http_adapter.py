@@ -25,8 +25,11 @@ from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 from tests.sandbox_runner.test_egress_proxy import SCRIPT
 from tests.sandbox_runner.test_egress_proxy import servers as egress_servers
+from tests.sandbox_runner.test_proxy import SMUGGLED, wait_for
+from tests.sandbox_runner.test_proxy import listener as proxy_listener
 
 servers = egress_servers  # the two local HTTP servers fixture, shared
+listener = proxy_listener  # a local server that keeps what it was sent
 
 RUNS = "/api/v1/sandbox/runs"
 
@@ -86,6 +89,110 @@ def test_a_docker_run_over_http_is_recorded_on_the_server_with_every_egress_atte
         "sandbox.run.started",
         "sandbox.run.finished",
     ]
+    assert leftovers("docker", spec.run_id) == []
+
+
+TUNNEL = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT localhost:{port} HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+s.sendall(b"\\r\\nGET /x HTTP/1.1\\r\\nHost: other-tenant.example\\r\\n\\r\\n")
+print(s.recv(1024))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_plain_http_down_a_tunnel_to_a_named_host_is_a_not_tls_denial_on_the_server(
+    live_server, docker_client, code_exec, spec_for, listener, alice
+):
+    """A blank line before the request line hid it from the proxy's HTTP check. A
+    tunnel to a named host now opens only for a ClientHello naming it: the server
+    receives nothing, and the denial is on record (the API takes `not_tls`)."""
+    port, received = listener
+    # localhost resolves (from /etc/hosts) to the test's own listener; the grant names
+    # the loopback addresses too, so the name is not refused as internal.
+    code_exec.grant(egress=[f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"])
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    spec = spec_for(TUNNEL.format(port=port), backend="docker")
+    outcome, out, err = run(spec, authorizer)
+    assert outcome.exit_code == 0, err
+    assert out.splitlines() == ["HTTP/1.1 200 Connection established", "b''"]
+    assert wait_for(received) == [b""]
+    denials = [
+        (e.event_type, e.reason, json.loads(e.data)["destination"])
+        for e in AuditEvent.objects.order_by("seq")
+        if e.event_type.startswith("sandbox.egress")
+    ]
+    assert denials == [
+        ("sandbox.egress.allowed", "egress_allowed", f"localhost:{port}"),
+        ("sandbox.egress.denied", "egress_not_tls", f"localhost:{port}"),
+    ]
+    assert run_record(spec.run_id).status == "finished"
+    assert leftovers("docker", spec.run_id) == []
+
+
+SMUGGLING = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall({payload!r})
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_with_a_second_one_behind_bare_lfs_is_a_bad_request_denial_on_the_server(
+    live_server, docker_client, code_exec, spec_for, servers, alice
+):
+    a, _ = servers
+    code_exec.grant(egress=[f"127.0.0.1:{a.port}"])
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    payload = SMUGGLED.format(port=a.port).encode()
+    spec = spec_for(SMUGGLING.format(payload=payload), backend="docker")
+    outcome, out, err = run(spec, authorizer)
+    assert outcome.exit_code == 0, err
+    assert out == "HTTP/1.1 400 Bad Request\n"
+    assert a.hits == []  # neither request reached the server
+    (denied,) = [e for e in AuditEvent.objects.all() if e.event_type.startswith("sandbox.egress")]
+    assert (denied.event_type, denied.reason) == ("sandbox.egress.denied", "egress_bad_request")
+    assert json.loads(denied.data)["run_id"] == spec.run_id
+    assert run_record(spec.run_id).status == "finished"
+    assert leftovers("docker", spec.run_id) == []
+
+
+NUL_HOST = """
+import socket
+print("the output the run's record must keep", flush=True)
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT a\\x00b:1 HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_in_a_connect_host_is_recorded_escaped_and_the_run_ends_on_record(
+    live_server, docker_client, code_exec, spec_for, alice
+):
+    """The proxy reported the raw text; the server refused it (400), and the runner
+    then never recorded how the run ended (its output's hash and exit status)."""
+    code_exec.grant(egress=["127.0.0.1:9"])
+    authorizer = HttpAuthorizer(live_server.url, _token(code_exec.agent, alice))
+    spec = spec_for(NUL_HOST, backend="docker")
+    outcome, out, err = run(spec, authorizer)
+    assert outcome.exit_code == 0, err
+    assert out.splitlines()[-1] == "HTTP/1.1 400 Bad Request"
+    record = run_record(spec.run_id)
+    assert record.status == "finished" and record.exit_code == 0 and record.error == ""
+    assert record.stdout_sha256 == outcome.result.stdout.sha256
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.egress.denied",
+        "sandbox.run.finished",
+    ]
+    denied = AuditEvent.objects.get(event_type="sandbox.egress.denied")
+    assert denied.reason == "egress_bad_request"
+    assert json.loads(denied.data)["destination"] == "CONNECT a\\x00b:1 HTTP/1.1:0"
     assert leftovers("docker", spec.run_id) == []
 
 
