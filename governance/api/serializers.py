@@ -76,6 +76,8 @@ NOT_BLANK_PATTERN = rf"[^{_SPACE}]"
 # characters (C0 and DEL).
 _CONTROL = r"\x00-\x1f\x7f"
 TASK_KEY_PATTERN = rf"^[^{_SPACE}{_CONTROL}](?:[^{_CONTROL}]*[^{_SPACE}{_CONTROL}])?$"
+# services.tasks.task_open: a title is one line with no control characters.
+TASK_TITLE_PATTERN = rf"^[^{_CONTROL}]*$"
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -686,7 +688,13 @@ class ToolOut(serializers.Serializer):
 
 class TaskIn(StrictSerializer):
     key = exact_char(max_length=100, declared={"pattern": TASK_KEY_PATTERN})
-    title = exact_char(max_length=200, required=False, allow_blank=True, default="")
+    title = exact_char(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        default="",
+        declared={"pattern": TASK_TITLE_PATTERN},
+    )
     owner = exact_char(max_length=150, required=False, help_text="Username; default: you")
     ends_at = serializers.DateTimeField(required=False, allow_null=True)
 
