@@ -110,14 +110,16 @@ _FIELD = re.compile(_TOKEN + rb":[\t\x20-\x7e\x80-\xff]*")
 _VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
 
 
-def _parse_head(head: bytes) -> tuple[str, str, str, list[bytes]] | None:
-    """The method, target, version and header lines of a request head (up to its
-    blank line), or None if servers could read it otherwise than the proxy does:
+def _parse_head(head: bytes) -> tuple[str, str, str, list[bytes], int] | None:
+    """The method, target, version, header lines and body length of a request head (up
+    to its blank line), or None if servers could read it otherwise than the proxy does:
     a bare CR or LF (many servers end a line at a bare LF, so a second request,
     to any Host, could hide inside one header line and pass the proxy's checks), any
     other control character, a folded line (obs-fold), a header name that is not a
     token (a space before its colon), a method that is not a token, a version other
-    than HTTP/1.0 or HTTP/1.1."""
+    than HTTP/1.0 or HTTP/1.1, or a body whose end is not one plain Content-Length
+    (Transfer-Encoding, two lengths, a length that is not digits: where the proxy and
+    a server disagree on the body's end, the rest is a second request)."""
     line, *fields = head.split(b"\r\n")
     parts = line.split(b" ")
     if len(parts) != 3:
@@ -127,7 +129,14 @@ def _parse_head(head: bytes) -> tuple[str, str, str, list[bytes]] | None:
         return None
     if not all(_FIELD.fullmatch(field) for field in fields):
         return None
-    return method.decode(), target.decode("latin-1"), version.decode(), fields
+    named = [field.split(b":", 1) for field in fields]
+    if any(name.lower() == b"transfer-encoding" for name, _ in named):
+        return None
+    lengths = [value.strip(b" \t") for name, value in named if name.lower() == b"content-length"]
+    if len(lengths) > 1 or (lengths and not re.fullmatch(rb"[0-9]{1,15}", lengths[0])):
+        return None
+    length = int(lengths[0]) if lengths else 0
+    return method.decode(), target.decode("latin-1"), version.decode(), fields, length
 
 
 MAX_REPORTED_HOST = 200  # characters of a refused host kept on record
@@ -179,6 +188,18 @@ def _answer(conn: socket.socket, status: int, text: str) -> None:
         + f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
+
+
+def _copy(src: socket.socket, dst: socket.socket, count: int | None) -> None:
+    """Copy `count` bytes (None: until src closes) from src to dst; stops early if src
+    closes or stays silent for IDLE_TIMEOUT (the sockets' timeout)."""
+    while count is None or count > 0:
+        data = src.recv(65536 if count is None else min(65536, count))
+        if not data:
+            return
+        dst.sendall(data)
+        if count is not None:
+            count -= len(data)
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
@@ -262,7 +283,7 @@ class EgressProxy:
                 line = head.split(b"\r\n", 1)[0][:100].decode("latin-1")
                 self._refuse(conn, EgressDecision(False, "bad_request", line, 0), status=400)
                 return
-            method, target, version, fields = request
+            method, target, version, fields, length = request
             if method == "CONNECT":
                 where, path = _split_hostport(target, 443), ""
             elif target.startswith("http://"):
@@ -304,9 +325,16 @@ class EgressProxy:
                 # allowed one (no other virtual host behind the same address) and the
                 # server closes after this one request (no second request, to any Host,
                 # down an already-checked connection). Other headers pass as they are.
+                # The body is forwarded to its Content-Length and not a byte more:
+                # whatever the sandbox sends after it never reaches the server.
                 request_line = f"{method} {path or '/'} {version}\r\n".encode("latin-1")
                 headers = _pinned_headers(fields, decision.host, decision.port)
-                upstream.sendall(request_line + headers + early)
+                upstream.sendall(request_line + headers + early[:length])
+                conn.settimeout(IDLE_TIMEOUT)
+                upstream.settimeout(IDLE_TIMEOUT)
+                _copy(conn, upstream, length - min(len(early), length))
+                _copy(upstream, conn, None)
+                return
             conn.settimeout(None)
             upstream.settimeout(None)
             _pipe(conn, upstream)

@@ -175,6 +175,9 @@ SMUGGLED = (
         "GET  http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n",
         "\r\nGET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n",
         "garbage\r\n\r\n",
+        "POST http://127.0.0.1:{port}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST http://127.0.0.1:{port}/ HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 40\r\n\r\n",
+        "POST http://127.0.0.1:{port}/ HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello",
     ],
     ids=[
         "bare-lf-smuggling",
@@ -190,6 +193,9 @@ SMUGGLED = (
         "two-spaces",
         "blank-line-first",
         "not-a-request-line",
+        "transfer-encoding",
+        "two-lengths",
+        "length-not-digits",
     ],
 )
 def test_a_request_head_servers_could_read_otherwise_is_refused_and_never_sent(head):
@@ -206,6 +212,46 @@ def test_a_request_head_servers_could_read_otherwise_is_refused_and_never_sent(h
         assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert answer.endswith(b"egress refused: bad_request\n")
         assert [(r.allowed, r.reason, r.port) for r in reports] == [(False, "bad_request", 0)]
+    finally:
+        server.close()
+
+
+def test_a_body_is_forwarded_to_its_length_and_not_a_byte_more():
+    """A second request behind the first one's body (any server reading on after the
+    body would take it as the next request, to any Host) never reaches the server."""
+    received = bytearray()
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(0.5)
+            with contextlib.suppress(OSError):
+                while chunk := conn.recv(4096):
+                    received.extend(chunk)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = server.getsockname()[1]
+    try:
+        reports: list = []
+        proxy = EgressProxy([parse_destination(f"127.0.0.1:{port}")], report=reports.append)
+        smuggled = b"GET /secret HTTP/1.1\r\nHost: other-tenant.example\r\n\r\n"
+        answer = ask(
+            proxy,
+            f"POST http://127.0.0.1:{port}/in HTTP/1.1\r\nContent-Length: 5\r\n\r\n".encode()
+            + b"hello"
+            + smuggled,
+        )
+        thread.join(timeout=5)
+        assert answer.endswith(b"\r\n\r\nok")
+        head, _, body = bytes(received).partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /in HTTP/1.1\r\n") and b"Connection: close" in head
+        assert body == b"hello"  # the second request stayed with the proxy
+        assert [r.reason for r in reports] == ["allowed"]
     finally:
         server.close()
 
