@@ -25,6 +25,9 @@ from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from sandbox_runner.egress import parse_destination
 
+MAX_FIELDS = 100  # as the API schema declares (GrantRequestIn.fields)
+MAX_FIELD_NAME = 100
+
 
 def validate_shape(
     *,
@@ -48,8 +51,12 @@ def validate_shape(
             "Scope must be a canonical pattern like repo:acme/api/* ('*' only as a whole "
             "segment; no '..', '%', '\\', empty segments or non-ASCII)."
         )
-    if any(not isinstance(f, str) or not f for f in fields):
-        errors["fields"] = "Fields must be non-empty names."
+    if len(fields) > MAX_FIELDS or any(
+        not isinstance(f, str) or not 0 < len(f) <= MAX_FIELD_NAME for f in fields
+    ):
+        errors["fields"] = (
+            f"Fields must be at most {MAX_FIELDS} names of 1-{MAX_FIELD_NAME} characters."
+        )
     for item in egress:
         # The runner's own parser, so a grant can never hold an entry its proxy reads
         # differently (or refuses) at run time.
