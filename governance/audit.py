@@ -42,6 +42,7 @@ from django.db import connection, transaction
 
 from governance import db
 from governance.codes import ActorType, EventType
+from governance.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +355,15 @@ _PG_APPEND = (
 )
 
 
+class ChainBroken(Exception):
+    """The log no longer holds what a checkpoint signed (or a checkpoint is unreadable):
+    no new checkpoint is signed over it. `problem` is (bad seq, what is wrong)."""
+
+    def __init__(self, problem: tuple[int, str]) -> None:
+        super().__init__(f"seq {problem[0]}: {problem[1]}")
+        self.problem = problem
+
+
 class StateChanged(Exception):
     """A decision's event was refused: a state change committed after the decision read
     the state (migration 0013). Nothing was written; decide again."""
@@ -545,58 +555,76 @@ def _walk(after: int, prev_hash: str) -> Verdict:
 
 def verify_since(seq: int, head: str) -> Verdict | None:
     """The events after `seq`, linked onto `head` (a link this process verified
-    itself), and the latest checkpoint held against them: work in proportion to
-    the new events only. None when the log no longer has `head` at `seq` (a
-    different database, or the row changed): only a full walk can say more."""
+    itself), and the checkpoints written over them held against the log: work in
+    proportion to the new events only. None when the log no longer has `head` at
+    `seq` (a different database, or the row changed): only a full walk can say more."""
     if seq and _hash_at(seq) != head:
         return None
     verdict = _walk(seq, head)
     if not verdict.ok:
         return verdict
-    latest = latest_checkpoint()
-    if latest is not None:
-        if not hmac.compare_digest(_sign_checkpoint(latest), str(latest.get("signature", ""))):
-            return Verdict(
-                False,
-                verdict.count,
-                verdict.head,
-                latest.get("seq", 0),
-                f"checkpoint {latest['file']} has a bad signature",
-            )
-        problem = _against_checkpoint(latest, verdict.count)
-        if problem:
-            return Verdict(False, verdict.count, verdict.head, problem[0], problem[1])
+    try:
+        problem = _unchained() or _against_checkpoints(_checkpoints_after(seq), verdict.count)
+    except ChainBroken as exc:
+        problem = exc.problem
+    if problem:
+        return Verdict(False, verdict.count, verdict.head, problem[0], problem[1])
     return verdict
 
 
-def _against_checkpoint(latest: Mapping[str, Any], count: int) -> tuple[int, str] | None:
-    """Does a log of `count` events still hold what the checkpoint signed?"""
-    if latest["seq"] > count:
+def _unchained() -> tuple[int, str] | None:
+    """An event outside the chain (seq below 1) is never walked, yet exports and
+    reports would show it: its presence alone is the finding."""
+    from governance.models import AuditEvent
+
+    seq = AuditEvent.objects.filter(seq__lt=1).order_by("seq").values_list("seq", flat=True).first()
+    if seq is None:
+        return None
+    return seq, f"an event at seq {seq} is outside the chain (it starts at seq 1): inserted"
+
+
+def _against_checkpoints(checkpoints: list[dict[str, Any]], count: int) -> tuple[int, str] | None:
+    """Does a log of `count` events still hold what each checkpoint signed? Every one,
+    not only the newest: newest events deleted and then written again before the next
+    checkpoint would otherwise pass, that checkpoint signing the new head."""
+    from governance.models import AuditEvent
+
+    if not checkpoints:
+        return None
+    newest = max(checkpoints, key=lambda cp: cp["seq"])
+    if newest["seq"] > count:
         return (
             count + 1,
-            f"checkpoint {latest['file']} covers seq {latest['seq']} but the log ends at "
-            f"seq {count}: the newest {latest['seq'] - count} event(s) were deleted",
+            f"checkpoint {newest['file']} covers seq {newest['seq']} but the log ends at "
+            f"seq {count}: the newest {newest['seq'] - count} event(s) were deleted",
         )
-    if latest["seq"] > 0 and _hash_at(latest["seq"]) != latest["head"]:
-        return latest["seq"], f"event hash differs from checkpoint {latest['file']}"
+    seqs = sorted({cp["seq"] for cp in checkpoints if cp["seq"] > 0})
+    hashes: dict[int, str] = {}
+    for i in range(0, len(seqs), 1000):
+        found = AuditEvent.objects.filter(seq__in=seqs[i : i + 1000]).values_list("seq", "hash")
+        hashes.update(found)
+    for cp in sorted(checkpoints, key=lambda cp: cp["seq"]):
+        if cp["seq"] > 0 and hashes.get(cp["seq"]) != cp["head"]:
+            return cp["seq"], f"event hash differs from checkpoint {cp['file']}"
     return None
 
 
 def verify_chain(at: datetime | None = None) -> Verdict:
-    """Walk the chain from genesis, then hold it against the latest checkpoint, which
-    must exist (once there are events) and be recent (AUDIT_CHECKPOINT_MAX_AGE)."""
+    """Walk the chain from genesis, look for events outside it, then hold it against
+    every checkpoint; the latest must exist (once there are events) and be recent
+    (AUDIT_CHECKPOINT_MAX_AGE)."""
     verdict = _walk(0, GENESIS)
     if not verdict.ok:
         return verdict
     count, prev_hash = verdict.count, verdict.head
     checkpoints = load_checkpoints()
-    problem = _check_checkpoint_chain(checkpoints)
+    problem = (
+        _unchained()
+        or _check_checkpoint_chain(checkpoints)
+        or _against_checkpoints(checkpoints, count)
+    )
     if problem:
         return Verdict(False, count, prev_hash, problem[0], problem[1])
-    if checkpoints:
-        found = _against_checkpoint(checkpoints[-1], count)
-        if found:
-            return Verdict(False, count, prev_hash, found[0], found[1])
     stale = _checkpoint_stale(checkpoints, count, at or datetime.now(UTC))
     if stale:
         return Verdict(False, count, prev_hash, stale[0], stale[1])
@@ -674,35 +702,75 @@ def _checkpoint_dir() -> Path:
     return Path(settings.AUDIT_CHECKPOINT_DIR)
 
 
+# What a checkpoint file holds. A file that is not this (someone wrote garbage into the
+# directory) is a finding for verify, never a crash that skips its alert.
+_CHECKPOINT_FIELDS = {
+    "seq": int, "head": str, "count": int, "time": str, "prev_signature": str, "signature": str,
+}  # fmt: skip
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        body = json.loads(path.read_text())
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
+        for key, kind in _CHECKPOINT_FIELDS.items():
+            value = body.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"{key!r} is missing or not a {kind.__name__}")
+        datetime.fromisoformat(body["time"])
+    except (OSError, ValueError) as exc:
+        return {"file": path.name, "seq": 0, "unreadable": printable(str(exc))[:200]}
+    body["file"] = path.name
+    return body
+
+
+def _checkpoint_paths() -> list[Path]:
+    directory = _checkpoint_dir()
+    return sorted(directory.glob("checkpoint-*.json")) if directory.is_dir() else []
+
+
 def load_checkpoints() -> list[dict[str, Any]]:
     """All checkpoints, oldest first (file names sort by sequence of writing)."""
-    directory = _checkpoint_dir()
-    if not directory.is_dir():
-        return []
-    result = []
-    for path in sorted(directory.glob("checkpoint-*.json")):
-        body = json.loads(path.read_text())
-        body["file"] = path.name
-        result.append(body)
-    return result
+    return [_read_checkpoint(path) for path in _checkpoint_paths()]
+
+
+def _checkpoints_after(seq: int) -> list[dict[str, Any]]:
+    """The newest checkpoints, back to the first one at or below `seq` (read newest
+    first, so the work is the checkpoints written since, not the whole series)."""
+    found: list[dict[str, Any]] = []
+    for path in reversed(_checkpoint_paths()):
+        body = _read_checkpoint(path)
+        found.append(body)
+        if "unreadable" not in body and body["seq"] <= seq:
+            break
+    found.reverse()
+    problem = _check_checkpoint_chain(found, continues=True)
+    if problem:
+        raise ChainBroken(problem)
+    return found
 
 
 def latest_checkpoint() -> dict[str, Any] | None:
     """The newest checkpoint alone (a page needs only that, not the whole series)."""
-    directory = _checkpoint_dir()
-    newest = max(directory.glob("checkpoint-*.json"), default=None) if directory.is_dir() else None
-    if newest is None:
-        return None
-    body = json.loads(newest.read_text())
-    body["file"] = newest.name
-    return body
+    paths = _checkpoint_paths()
+    return _read_checkpoint(paths[-1]) if paths else None
 
 
-def _check_checkpoint_chain(checkpoints: list[dict[str, Any]]) -> tuple[int, str] | None:
-    prev_signature = ""
+def _check_checkpoint_chain(
+    checkpoints: list[dict[str, Any]], *, continues: bool = False
+) -> tuple[int, str] | None:
+    """Each checkpoint readable, signed, and following the one before. `continues`:
+    the list is the tail of the series, so its first one's predecessor is not in it."""
+    prev_signature = checkpoints[0].get("prev_signature", "") if continues and checkpoints else ""
     prev_seq = 0
     for body in checkpoints:
         name = body["file"]
+        if "unreadable" in body:
+            return prev_seq + 1, (
+                f"checkpoint {name} is unreadable ({body['unreadable']}): the events it "
+                "should cover are not protected by it"
+            )
         if not hmac.compare_digest(_sign_checkpoint(body), str(body.get("signature", ""))):
             return body.get("seq", 0), f"checkpoint {name} has a bad signature"
         if body["prev_signature"] != prev_signature:
@@ -731,13 +799,24 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
         with transaction.atomic():
             # Read a head no writer is half-way through extending.
             seq, head = _lock_and_read_head()
-        existing = load_checkpoints()
+        existing = _checkpoint_paths()
+        previous = _read_checkpoint(existing[-1]) if existing else None
+        if previous is not None:
+            # Never sign over damage: if the log no longer holds what the previous
+            # checkpoint signed (its newest events deleted and written again, say), a
+            # new signature would bless the forged head. Refused; verify reports it.
+            problem = _check_checkpoint_chain([previous], continues=True) or (
+                _against_checkpoints([previous], seq)
+            )
+            if problem:
+                log.error("audit checkpoint refused at seq %s: %s", *problem)
+                raise ChainBroken(problem)
         body: dict[str, Any] = {
             "seq": seq,
             "head": head,
             "count": seq,
             "time": _iso(at),
-            "prev_signature": existing[-1]["signature"] if existing else "",
+            "prev_signature": previous["signature"] if previous else "",
         }
         body["signature"] = _sign_checkpoint(body)
         index = len(existing) + 1

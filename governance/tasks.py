@@ -24,7 +24,15 @@ def expire_due() -> dict[str, int]:
 
 @app.task(name="governance.tasks.audit_checkpoint")
 def audit_checkpoint() -> dict[str, Any]:
-    body = audit.write_checkpoint(timezone.now())
+    """Sign the head; refused over a damaged log, which is then verified and recorded
+    (the audit.verify_failed event and its alert) as the nightly job would."""
+    try:
+        body = audit.write_checkpoint(timezone.now())
+    except audit.ChainBroken as exc:
+        audit.verify_and_record(
+            actor=audit.Actor.system("celery:audit_checkpoint"), at=timezone.now()
+        )
+        return {"refused": True, "bad_seq": exc.problem[0], "problem": exc.problem[1]}
     return {"file": body["file"], "seq": body["seq"]}
 
 

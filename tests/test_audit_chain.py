@@ -371,6 +371,124 @@ def test_a_forged_checkpoint_is_detected(chain, capsys, settings):
     assert "bad signature" in text
 
 
+@pytest.mark.parametrize("seq", [0, -1])
+def test_an_event_outside_the_chain_is_found(chain, capsys, seq):
+    """A plain INSERT (no trigger to bypass, no key) at seq 0 or below is never walked,
+    yet exports and reports would show it as real: verify names it."""
+    call_command("audit_checkpoint")
+    head = audit.verify_chain(NOW)
+    sql(
+        "INSERT INTO governance_auditevent (seq, uid, created_at, event_type, actor_type, actor,"
+        " agent, task, tool, action, scope, arguments, arguments_hash, decision, reason,"
+        " grant_id, approval_id, break_glass, data, prev_hash, hash) VALUES (%s, %s, %s,"
+        " 'access.allowed', 'agent', 'agent:bot', 'bot', '', 'repo', 'delete', 'repo:acme/p',"
+        " '{}', '', 'allow', 'allowed', NULL, '', %s, '{}', 'x', 'y')",
+        [seq, "0" * 32, NOW, False],
+    )
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert f"FAILED at seq {seq}: an event at seq {seq} is outside the chain" in text
+    assert (
+        json.loads(AuditEvent.objects.get(event_type="audit.verify_failed").data)["bad_seq"] == seq
+    )
+    since = audit.verify_since(head.count, head.head)  # the page's quick check, too
+    assert since is not None and not since.ok and since.bad_seq == seq
+
+
+def _delete_tail_and_write_again(chain: int, keep: int) -> None:
+    """Delete the events after seq `keep` and let ordinary traffic write as many again."""
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [keep])
+    for i in range(chain - keep + 2):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/again-{i}", at=NOW
+        )
+
+
+def test_a_checkpointed_tail_deleted_and_written_again_is_caught(chain, capsys):
+    """The newest events, already signed by a checkpoint, deleted and the log refilled
+    past that seq before the next checkpoint: held against the newest checkpoint alone
+    it looked whole; every checkpoint is held against the log, and the next checkpoint
+    is refused rather than signed over the forged head."""
+    first = audit.write_checkpoint(NOW)
+    assert first["seq"] == chain
+    _delete_tail_and_write_again(chain, keep=chain - 3)
+    assert AuditEvent.objects.filter(seq__gt=chain).exists()
+    with pytest.raises(audit.ChainBroken) as refused:
+        audit.write_checkpoint(NOW + timedelta(minutes=1))
+    assert refused.value.problem[0] == chain
+    assert len(audit.load_checkpoints()) == 1  # nothing signed
+    with pytest.raises(CommandError, match=f"refused: not signed over a damaged log: seq {chain}"):
+        call_command("audit_checkpoint")
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert f"FAILED at seq {chain}: event hash differs from checkpoint {first['file']}" in text
+
+
+def test_an_older_checkpoint_is_held_against_the_log_too(chain, capsys, settings):
+    """Two checkpoints, the events under the first deleted and written again past the
+    second: the newest checkpoint still matches the log, the first one does not."""
+    first = audit.write_checkpoint(NOW)
+    access.access_check(agent="bot", tool="repo", action="read", scope="repo:acme/n", at=NOW)
+    audit.write_checkpoint(NOW + timedelta(minutes=1))
+    _delete_tail_and_write_again(chain, keep=chain - 2)
+    verdict = audit.verify_chain(NOW + timedelta(minutes=2))
+    assert not verdict.ok and verdict.bad_seq == chain
+    assert f"differs from checkpoint {first['file']}" in verdict.problem
+
+
+def test_the_pages_quick_check_holds_every_new_checkpoint_against_the_log(chain, monkeypatch):
+    """verify_since (the status page between full walks) walks only the new events: a
+    refilled tail links up fine. A checkpoint signed over it by a writer that did not
+    hold the previous one against the log (any writer before this check existed) matches
+    the forged head; the one before it does not, and the quick check says so."""
+    walked = audit.verify_chain(NOW)
+    first = audit.write_checkpoint(NOW)
+    _delete_tail_and_write_again(chain, keep=chain - 1)
+    with monkeypatch.context() as old_writer:
+        old_writer.setattr(audit, "_against_checkpoints", lambda *args: None, raising=False)
+        audit.write_checkpoint(NOW + timedelta(minutes=1))
+    since = audit.verify_since(walked.count - 2, _hash_at(walked.count - 2))
+    assert since is not None and not since.ok
+    assert since.bad_seq == chain and first["file"] in since.problem
+
+
+def _hash_at(seq: int) -> str:
+    return AuditEvent.objects.get(seq=seq).hash
+
+
+def test_the_checkpoint_job_refuses_and_records_the_damage(chain):
+    from governance import tasks
+
+    audit.write_checkpoint(NOW)
+    _delete_tail_and_write_again(chain, keep=chain - 3)
+    result = tasks.audit_checkpoint.run()
+    assert result["refused"] and result["bad_seq"] == chain
+    failed = AuditEvent.objects.get(event_type="audit.verify_failed")
+    assert json.loads(failed.data)["bad_seq"] == chain
+    assert len(audit.load_checkpoints()) == 1
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ["not json", "{}", "[1, 2]", '{"seq": "5", "head": "x", "count": 5, "time": "now",'
+     ' "prev_signature": "", "signature": ""}'],
+)  # fmt: skip
+def test_an_unreadable_checkpoint_is_a_finding_not_a_crash(chain, capsys, settings, garbage):
+    """Garbage dropped into the checkpoint directory made verify raise, so no
+    audit.verify_failed event was written and no alert went out."""
+    audit.write_checkpoint(NOW)
+    (settings.AUDIT_CHECKPOINT_DIR / "checkpoint-999999999-x.json").write_text(garbage)
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "checkpoint checkpoint-999999999-x.json is unreadable" in text
+    failed = AuditEvent.objects.get(event_type="audit.verify_failed")
+    assert json.loads(failed.data)["bad_seq"] == chain + 1
+    with pytest.raises(audit.ChainBroken):
+        audit.write_checkpoint(NOW + timedelta(minutes=1))
+    assert audit.latest_checkpoint()["unreadable"]  # a page shows it, never a 500
+
+
 def test_events_after_a_checkpoint_still_verify(chain, capsys):
     call_command("audit_checkpoint")
     access.access_check(
