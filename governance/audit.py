@@ -20,6 +20,7 @@ though the remaining chain is internally consistent.
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import functools
 import hashlib
@@ -88,22 +89,26 @@ SECRET_KEY_WORDS = frozenset(
 )
 SECRET_KEY_ENDINGS = (
     "password", "passwd", "passphrase", "passcode", "pincode", "secret", "token", "apikey",
-    "privatekey", "cardnumber", "credential", "credentials", "cookie",
+    "privatekey", "accesskey", "secretkey", "signingkey", "encryptionkey", "cardnumber",
+    "credential", "credentials", "cookie", "sessionid",
 )  # fmt: skip
 _KEY_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 def secret_key_name(key: str) -> bool:
     words = [w.lower() for w in _KEY_WORD.findall(key)]
-    if any(w in SECRET_KEY_WORDS for w in words):
-        return True
     joined = "".join(words)
-    return any(w.endswith(SECRET_KEY_ENDINGS) for w in (*words, joined))
+    # Plurals name the same secrets: `passwords`, `api_keys`, `privateKeys`.
+    candidates = [*words, joined]
+    candidates += [w[:-1] for w in candidates if len(w) > 3 and w.endswith("s")]
+    if any(w in SECRET_KEY_WORDS for w in candidates):
+        return True
+    return any(w.endswith(SECRET_KEY_ENDINGS) for w in candidates)
 
 
 SECRET_VALUES = re.compile(
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----|$)"
-    r"|\bBearer\s+\S+"
+    r"|\b(?i:bearer)\s+\S+"
     r"|\bsk-[A-Za-z0-9_-]{16,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
     r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
@@ -125,6 +130,18 @@ SSN = re.compile(r"(?<![0-9-])[0-9]{3}-[0-9]{2}-[0-9]{4}(?![0-9-])")
 HIGH_ENTROPY = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
 HEX = re.compile(r"[0-9a-fA-F]+")
 
+# HTTP Basic credentials: base64 of `user:password` after the word Basic.
+BASIC = re.compile(r"\b(?i:basic)\s+([A-Za-z0-9+/]{4,}={0,2})")
+# `name=value` / `name: value` inside text (a command line, an env file, JSON in a
+# string): the value goes when the name is a secret's (secret_key_name, so `bypass=1`
+# stays). Quoted names and values too.
+KEY_VALUE = re.compile(
+    r"""(?P<key>["']?[A-Za-z_][A-Za-z0-9_.-]*["']?)(?P<sep>\s*[=:]\s*)"""
+    r"""(?P<value>"[^"]*"|'[^']*'|[^\s,;&}\]"'\[][^\s,;&}\]"']*)"""
+)
+# A password in a URL: scheme://user:password@host.
+URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s@]+@")
+
 
 def _luhn(digits: str) -> bool:
     total = 0
@@ -139,8 +156,27 @@ def _card(match: re.Match[str]) -> str:
     return "[card]" if _luhn(re.sub(r"[ -]", "", text)) else text
 
 
+def _basic(match: re.Match[str]) -> str:
+    try:
+        decoded = base64.b64decode(match.group(1), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return match.group(0)
+    return "Basic [secret]" if ":" in decoded else match.group(0)
+
+
+def _key_value(match: re.Match[str]) -> str:
+    if not secret_key_name(match.group("key").strip("\"'")):
+        return match.group(0)
+    value = match.group("value")
+    quote = value[0] if value[0] in "\"'" else ""
+    return f"{match.group('key')}{match.group('sep')}{quote}[secret]{quote}"
+
+
 def _mask_string(value: str) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
+    value = BASIC.sub(_basic, value)
+    value = URL_PASSWORD.sub(r"\1[secret]@", value)
+    value = KEY_VALUE.sub(_key_value, value)
     value = EMAIL.sub("[email]", value)
     value = CARD.sub(_card, value)
     value = PHONE.sub("[phone]", value)
@@ -170,7 +206,11 @@ def mask(value: Any, depth: int = 0) -> Any:
         return [mask(v, depth + 1) for v in value]
     if isinstance(value, str):
         return _mask_string(value)
-    if value is None or isinstance(value, bool | int | float):
+    if isinstance(value, int) and not isinstance(value, bool):
+        # A card number sent as a JSON number is still a card number.
+        digits = str(value)
+        return "[card]" if CARD.fullmatch(digits) and _luhn(digits) else value
+    if value is None or isinstance(value, bool | float):
         return value
     return _mask_string(str(value))
 
@@ -369,6 +409,14 @@ class StateChanged(Exception):
     the state (migration 0013). Nothing was written; decide again."""
 
 
+# Event data written by people, not by the code: masked like arguments are.
+FREE_TEXT_KEYS = frozenset({"justification", "reason", "comment", "note", "message"})
+
+
+def _masked_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: mask(v) if k in FREE_TEXT_KEYS else v for k, v in data.items()}
+
+
 def append(
     *,
     event_type: str,
@@ -426,7 +474,7 @@ def append(
         "grant_id": grant_id,
         "approval_id": approval_id,
         "break_glass": break_glass,
-        "data": canonical_json(dict(data or {})) if data else "{}",
+        "data": canonical_json(_masked_data(data)) if data else "{}",
     }
     held = getattr(_held, "rows", None)
     if held is not None and not standalone:

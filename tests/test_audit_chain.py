@@ -623,7 +623,10 @@ def test_secrets_and_pii_are_masked_and_the_full_arguments_hashed(chain):
     "key",
     ["db_pass", "apiKey", "x-api-key", "X-Auth-Token", "csrftoken", "accessToken",
      "privateKey", "card_number", "sessionId", "client_secret", "AWS_SECRET_ACCESS_KEY",
-     "pwd", "passcode", "auth", "otp", "cvc", "pin_code", "smtpPasscode"],
+     "pwd", "passcode", "auth", "otp", "cvc", "pin_code", "smtpPasscode",
+     # Plurals and compound names (they went through unmasked).
+     "passwords", "PASSWORDS", "api_keys", "apiKeys", "private_keys", "sessionid",
+     "access_key", "secretKey"],
 )  # fmt: skip
 def test_secret_key_names_are_masked_by_their_words(chain, key):
     result = access.access_check(
@@ -658,6 +661,105 @@ def test_card_numbers_phone_numbers_and_ssns_in_text_are_masked(chain):
     for secret in ("4111-1111", "4111111111111111", "5500 0000", "555-0100", "123-45-6789"):
         assert secret not in event.arguments
     assert event.arguments_hash == audit.arguments_digest(arguments)
+
+
+def test_secrets_written_inside_text_are_masked(chain):
+    """A command line, an env line, a header or JSON held in a string value carries
+    secrets under names the key check never sees; look-alikes stay readable."""
+    arguments = {
+        "cmd": "deploy --password=hunter2 --dry-run",
+        "env": "export API_KEY=hunter2",
+        "header": "Authorization: bearer abc.def",
+        "loud": "BEARER xyz123",
+        "basic": "Basic aHVudGVyMjpwdw==",
+        "json": '{"password": "hunter2", "user": "ci"}',
+        "dsn": "postgres://ci:pw12345@db.internal/x",
+        "card_number_as_number": 4111111111111111,
+        # Look-alikes kept as they are.
+        "note": "basic configuration here",
+        "flags": "bypass=1 compass: north",
+        "at": "time: 12:30",
+        "count": 1700000000000,
+    }
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    stored = json.loads(event.arguments)
+    assert stored["cmd"] == "deploy --password=[secret] --dry-run"
+    assert stored["env"] == "export API_KEY=[secret]"
+    assert stored["header"] == "Authorization: [secret]"
+    assert stored["loud"] == "[secret]"
+    assert stored["basic"] == "Basic [secret]"
+    assert json.loads(stored["json"]) == {"password": "[secret]", "user": "ci"}
+    assert stored["dsn"] == "postgres://ci:[secret]@db.internal/x"
+    assert stored["card_number_as_number"] == "[card]"
+    for key in ("note", "flags", "at", "count"):
+        assert stored[key] == arguments[key]
+    for secret in ("hunter2", "abc.def", "xyz123", "aHVudGVy", "pw12345", "4111111111111111"):
+        assert secret not in event.arguments
+    assert event.arguments_hash == audit.arguments_digest(arguments)
+
+
+def test_an_outcome_excerpt_holding_json_is_masked(chain):
+    from governance.models import Agent
+    from governance.services import outcomes
+
+    decided = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW
+    )
+    written = outcomes.outcome_report(
+        agent=Agent.objects.get(name="bot"),
+        decision_id=decided.decision_id,
+        outcome="succeeded",
+        at=NOW,
+        excerpt='{"password": "hunter2", "db": "postgres://u:pw12345@h/x"}',
+    )
+    event = AuditEvent.objects.get(uid=written.uid)
+    excerpt = json.loads(event.data)["excerpt"]
+    assert json.loads(excerpt) == {"password": "[secret]", "db": "postgres://u:[secret]@h/x"}
+    assert "hunter2" not in event.data and "pw12345" not in event.data
+
+
+def test_people_written_text_in_event_data_is_masked(chain, alice, system):
+    """A justification or a reason is typed by a person and can carry a pasted token
+    or an address: masked in the event as arguments are (the grant row keeps it for
+    the people who decide on it)."""
+    from governance.models import Agent, Tool
+    from governance.services import grants
+
+    token = "ghp_0123456789abcdefghijABCDEFGHIJ"
+    grant = grants.grant_request(
+        agent=Agent.objects.get(name="bot"),
+        tool=Tool.objects.get(name="repo"),
+        actions=["read"],
+        scope="repo:acme/x/*",
+        duration=timedelta(hours=1),
+        justification=f"deploy with {token}, mail jane@example.com",
+        requested_by=alice,
+        actor=system,
+        at=NOW,
+    )
+    event = AuditEvent.objects.get(event_type="grant.requested", grant_id=grant.pk)
+    assert json.loads(event.data)["justification"] == "deploy with [secret], mail [email]"
+    assert token not in event.data and "jane@" not in event.data
+    assert grants.Grant.objects.get(pk=grant.pk).justification.startswith("deploy with ghp_")
+
+
+def test_a_plural_secret_key_is_masked_in_the_approval_preview(make_agent, make_tool, make_grant):
+    bot, repo = make_agent("bot"), make_tool("repo")
+    make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
+    decided = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/1", at=NOW,
+        arguments={"passwords": ["hunter2"], "branch": "main"},
+    )  # fmt: skip
+    assert decided.decision == "approval_required"
+    from governance.models import Approval
+
+    approval = Approval.objects.get(pk=decided.approval_id)
+    assert approval.arguments_preview == {"passwords": "[masked]", "branch": "main"}
+    event = AuditEvent.objects.get(uid=decided.decision_id)
+    assert event.decision == "approval_required" and "hunter2" not in event.arguments
 
 
 def test_a_key_that_only_contains_a_secret_word_is_not_masked(chain):
