@@ -343,6 +343,11 @@ def test_reading_the_audit_log_is_itself_an_audit_event_and_shows_the_chain() ->
     detail = client.get("/ui/audit/1/")
     assert detail.status_code == 200
     assert json.loads(last_event().data) == {"view": "event", "seq": 1}
+    decision = AuditEvent.objects.filter(event_type="access.allowed").first()
+    explained = client.get(f"/ui/explain/{decision.uid}/")
+    assert explained.status_code == 200
+    assert json.loads(last_event().data) == {"view": "explain", "seq": decision.seq}
+    assert last_event().actor == "user:carol"
 
 
 def test_the_chain_status_names_the_latest_checkpoint_and_a_break() -> None:

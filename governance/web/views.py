@@ -641,6 +641,10 @@ def _explanation(reason: str, scope: str) -> list[dict[str, str]]:
 @require_GET
 def explain(request: HttpRequest, uid: str) -> HttpResponse:
     event = common.one(AuditEvent.objects.filter(event_type__in=DECISION_EVENTS), uid=uid)
+    # It shows a logged decision and its arguments: reading it is logged, as for the log.
+    exports.audit_viewed(
+        actor=common.actor(request), at=timezone.now(), what="explain", params={"seq": event.seq}
+    )
     grant = _grants().filter(pk=event.grant_id).first() if event.grant_id else None
     return render(
         request,
