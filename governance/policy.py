@@ -220,7 +220,7 @@ WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, rev
     FROM governance_grant p JOIN chain ON p.id = chain.parent_id
     WHERE chain.depth < 32
 )
-SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status
+SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status, a.id
 FROM chain JOIN governance_agent a ON a.id = chain.agent_id
 ORDER BY chain.depth
 """
@@ -261,12 +261,22 @@ def _task_open_at(starts: int | None, ends: int | None, closed: int | None, at: 
 _DEAD_PRECEDENCE = (Reason.GRANT_REVOKED, Reason.GRANT_EXPIRED, Reason.GRANT_NOT_STARTED)
 
 
-def _ancestors_reason(parent_id: int, at: int) -> Reason | None:
+@dataclass(frozen=True)
+class PastState:
+    """Which agents were suspended and which tools quarantined at a past moment. The rows
+    say only how they are now; a report about that moment builds this from the audit log
+    (services.reports.state_at) and hands it to grant_dead_reason()."""
+
+    suspended_agents: frozenset[int] = frozenset()
+    quarantined_tools: frozenset[int] = frozenset()
+
+
+def _ancestors_reason(parent_id: int, at: int, past: PastState | None = None) -> Reason | None:
     """Why a delegated grant is dead because of an ancestor, or None. An ancestor
     that was refused, or whose agent is suspended, cuts the chain: `grant_revoked`."""
-    rows = db.query(_ANCESTORS_QUERY, [parent_id], "sttts")
-    for status, starts, expires, revoked, agent_status in rows:
-        if agent_status != "active":
+    rows = db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "i")
+    for status, starts, expires, revoked, agent_status, agent_id in rows:
+        if (agent_id in past.suspended_agents) if past else agent_status != "active":
             return Reason.GRANT_REVOKED
         reason = _window_reason(status, starts, expires, revoked, at)
         if reason is not None:
@@ -277,7 +287,7 @@ def _ancestors_reason(parent_id: int, at: int) -> Reason | None:
 _GRANT_QUERY = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
        a.status, t.definition_hash = t.approved_hash,
-       k.id, k.starts_at, k.ends_at, k.closed_at
+       k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
@@ -286,19 +296,23 @@ WHERE g.id = %s
 """
 
 
-def grant_dead_reason(grant_id: int, at: datetime) -> Reason | None:
+def grant_dead_reason(grant_id: int, at: datetime, past: PastState | None = None) -> Reason | None:
     """None if the grant could allow something at `at`, else the reason it cannot.
 
     Used where the question is about a grant rather than a call (delegation):
     the same window, task and ancestor rules as authorize(), in the same module. A
     grant bound to a task is dead once the task is not open (closed, or past its
     ends_at even before the job closes it); its delegations carry the same task.
+    `past`: `at` is a past moment, and agent and tool state are as they were then.
     """
-    rows = db.query(_GRANT_QUERY, [grant_id], "stttisb" + "ittt")
+    rows = db.query(_GRANT_QUERY, [grant_id], "stttisb" + "ittt" + "ii")
     if not rows:
         return Reason.NO_GRANT
     status, starts, expires, revoked, parent_id, agent_status, approved = rows[0][:7]
-    task_id, task_starts, task_ends, task_closed = rows[0][7:]
+    task_id, task_starts, task_ends, task_closed, agent_id, tool_id = rows[0][7:]
+    if past is not None:
+        agent_status = "suspended" if agent_id in past.suspended_agents else "active"
+        approved = tool_id not in past.quarantined_tools
     if agent_status != "active":
         return Reason.AGENT_SUSPENDED
     if not approved:
@@ -309,7 +323,7 @@ def grant_dead_reason(grant_id: int, at: datetime) -> Reason | None:
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us)
     if reason is None and parent_id is not None:
-        reason = _ancestors_reason(parent_id, at_us)
+        reason = _ancestors_reason(parent_id, at_us, past)
     return reason
 
 

@@ -730,6 +730,50 @@ def test_nobody_approves_their_own_tool_definition_change(repo, alice, bob, syst
     assert not repo.is_quarantined and last_event().event_type == "tool.approved"
 
 
+def test_the_access_report_at_a_past_moment_uses_agent_and_tool_state_of_that_moment(
+    make_agent, make_tool, make_grant, system, alice, bob
+):
+    """An agent suspended an hour after T was not blocked at T, and a tool quarantined
+    before T and approved again since was: the report read both as they are now."""
+    from governance.services import reports
+
+    later, steady = make_agent("later-bot"), make_agent("steady-bot")
+    repo, wiki = make_tool("repo"), make_tool("wiki")
+    four_hours = timedelta(hours=4)
+    make_grant(later, repo, ("read",), "repo:acme/*", duration=four_hours)
+    make_grant(steady, wiki, ("read",), "wiki:acme/*", duration=four_hours)
+    tools.tool_update_definition(
+        tool=wiki, description="changed", input_schema={}, actor=system,
+        at=NOW - timedelta(minutes=10), updated_by=alice,
+    )  # fmt: skip
+    wiki.refresh_from_db()
+    agents.agent_suspend(agent=later, reason="incident", actor=system, at=NOW + timedelta(hours=1))
+    at_t = {row["agent"]: row["blocked_by"] for row in reports.access_rows(NOW)}
+    assert at_t == {"later-bot": None, "steady-bot": "tool_quarantined"}
+    tools.tool_approve_definition(
+        tool=wiki, definition_hash=wiki.definition_hash, approver=bob, actor=system,
+        at=NOW + timedelta(hours=1),
+    )  # fmt: skip
+    assert {row["agent"]: row["blocked_by"] for row in reports.access_rows(NOW)} == at_t
+    later_on = {
+        row["agent"]: row["blocked_by"] for row in reports.access_rows(NOW + timedelta(hours=2))
+    }
+    assert later_on == {"later-bot": "agent_suspended", "steady-bot": None}
+    # Only the chain's events are evidence: a suspension inserted outside it is not.
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO governance_auditevent (seq, uid, created_at, event_type, actor_type,"
+            " actor, agent, task, tool, action, scope, arguments, arguments_hash, decision,"
+            " reason, grant_id, approval_id, break_glass, data, prev_hash, hash) VALUES (-1,"
+            " %s, %s, 'agent.suspended', 'system', 'system:x', 'steady-bot', '', '', '', '',"
+            " '{}', '', '', '', NULL, '', %s, '{}', 'x', 'y')",
+            ["0" * 32, NOW - timedelta(hours=1), False],
+        )
+    assert {row["agent"]: row["blocked_by"] for row in reports.access_rows(NOW)} == at_t
+
+
 def test_the_access_report_says_what_blocks_a_live_window(make_agent, repo, make_grant, system):
     from governance.services import reports
 

@@ -21,8 +21,8 @@ from django.utils.dateparse import parse_datetime
 from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import GovernanceError
-from governance.models import AuditEvent, Grant
-from governance.policy import grant_dead_reason
+from governance.models import Agent, AuditEvent, Grant, Tool
+from governance.policy import PastState, grant_dead_reason
 
 ACCESS_COLUMNS = (
     "grant",
@@ -66,7 +66,7 @@ def shapes_at(grants: Iterable[Grant], at: datetime) -> dict[int, dict[str, Any]
         for g in grants
     }
     narrowed = AuditEvent.objects.filter(
-        event_type=EventType.GRANT_NARROWED, created_at__gt=at
+        event_type=EventType.GRANT_NARROWED, created_at__gt=at, seq__gt=0
     ).order_by("-seq")  # latest first: the earliest after `at` is written last
     for grant_id, data in narrowed.values_list("grant_id", "data").iterator():
         if grant_id in shapes:
@@ -87,6 +87,7 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
     )
     shapes = shapes_at(grants, at)
+    past = state_at(at)
     return [
         {
             "grant": g.pk,
@@ -104,11 +105,52 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
             "break_glass": g.break_glass,
             # A live window is not yet access: the decision module says whether
             # anything else (suspended agent, quarantined tool, dead ancestor)
-            # would refuse it. Agent and tool state are as of now.
-            "blocked_by": grant_dead_reason(g.pk, at),
+            # would refuse it, with agent and tool state as they were at `at`.
+            "blocked_by": grant_dead_reason(g.pk, at, past),
         }
         for g in grants
     ]
+
+
+# The events that set an agent's or a tool's state, and the state each one leaves.
+_STATE_EVENTS = {
+    EventType.AGENT_SUSPENDED: ("agent", True),
+    EventType.AGENT_REACTIVATED: ("agent", False),
+    EventType.TOOL_QUARANTINED: ("tool", True),
+    EventType.TOOL_APPROVED: ("tool", False),
+    EventType.TOOL_UPDATED: ("tool", False),  # written only when the change left it approved
+}
+
+
+def state_at(at: datetime) -> PastState:
+    """Agents suspended and tools quarantined at `at`, from the audit log: the last
+    state event of each at or before `at` (an agent or tool with none was as created,
+    active and approved). Events outside the chain (seq below 1) are not evidence."""
+    last: dict[tuple[str, str], bool] = {}
+    events = (
+        AuditEvent.objects.filter(event_type__in=_STATE_EVENTS, created_at__lte=at, seq__gt=0)
+        .order_by("created_at", "seq")
+        .values_list("event_type", "agent", "tool")
+    )
+    for event_type, agent, tool in events.iterator():
+        kind, down = _STATE_EVENTS[event_type]
+        last[(kind, agent if kind == "agent" else tool)] = down
+    agents = dict(Agent.objects.values_list("name", "pk"))
+    tools = dict(Tool.objects.values_list("name", "pk"))
+    return PastState(
+        suspended_agents=frozenset(
+            agents[name]
+            for (kind, name), down in last.items()
+            if down and kind == "agent"
+            if name in agents
+        ),
+        quarantined_tools=frozenset(
+            tools[name]
+            for (kind, name), down in last.items()
+            if down and kind == "tool"
+            if name in tools
+        ),
+    )
 
 
 def access_report_export(
