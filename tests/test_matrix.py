@@ -640,11 +640,16 @@ grants:
 """,
     )
 
+    plan = matrix_service.matrix_plan(text=path.read_text(), source="matrix.yaml", at=NOW)
+    assert [w.message for w in plan.warnings] == [
+        "agent 'child' is suspended with 'grandchild-parent', an agent above it"
+    ]
     run_import(path, "--as", "alice")
 
     child = Agent.objects.get(name="child")
     assert child.parent.name == "grandchild-parent" and child.parent.parent.name == "bot"
-    assert child.parent.status == "suspended"
+    # Suspending an agent suspends every agent below it, so the child is suspended too.
+    assert (child.parent.status, child.status) == ("suspended", "suspended")
     assert Tool.objects.get(name="wiki").description == "The wiki"
     assert Task.objects.get(key="OPS-7").ends_at == NOW.replace(day=1, month=12, hour=0)
     request = Grant.objects.get(agent=child)
@@ -657,8 +662,9 @@ grants:
     )
     assert kinds == [
         "agent.created",
-        "agent.suspended",
         "agent.created",
+        "agent.suspended",
+        "agent.suspended",
         "tool.registered",
         "task.opened",
         "grant.requested",
@@ -716,6 +722,19 @@ def test_an_admin_may_import_approved_grants_and_a_non_admin_requests(exported_c
     path, _ = exported_clean
     run_import(path, "--as", "ada", "--apply-approved", "--approver", "cy")
     assert Grant.objects.filter(status="active").count() == 2
+
+
+def test_no_agent_is_created_under_an_agent_the_database_holds_suspended(
+    world, tmp_path, alice, system
+):
+    from governance.services import agents as agent_service
+
+    agent_service.agent_suspend(agent=world["bot"], reason="incident", actor=system, at=NOW)
+    path = write(tmp_path, "agents:\n- {name: newcomer, owner: alice, parent: bot}\n")
+    before = counts()
+    message = rejected(path, "--as", "alice")
+    assert "agents[0].parent: agent 'bot' is suspended; no agent is created under it" in message
+    assert counts() == before
 
 
 # --- the service directly ----------------------------------------------------------------

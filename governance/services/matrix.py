@@ -489,25 +489,43 @@ class _Planner:
         self.changes.append(Change("agent", "unchanged", name, _line(node), path))
 
     def check_agent_parents(self) -> None:
-        """New agents' parents exist somewhere, without cycles among the new ones."""
+        """New agents' parents exist somewhere, without cycles among the new ones, and
+        none is created under an agent the database holds suspended. A new agent below
+        one the file suspends is suspended with it (agent_suspend): a warning."""
         for name, spec in self.new_agents.items():
             parent, seen = spec["parent"], {name}
+            suspended_above = None
             while parent is not None and parent is not BAD and parent in self.new_agents:
                 if parent in seen:
                     self.reader.error(spec["node"], spec["path"], "the parents form a cycle")
                     break
                 seen.add(parent)
+                if self.new_agents[parent]["status"] == Agent.Status.SUSPENDED:
+                    suspended_above = suspended_above or parent
                 parent = self.new_agents[parent]["parent"]
             else:
-                if (
-                    parent is not None
-                    and parent is not BAD
-                    and not Agent.objects.filter(name=parent).exists()
-                ):
+                existing = (
+                    Agent.objects.filter(name=parent).first()
+                    if parent is not None and parent is not BAD
+                    else None
+                )
+                if parent is not None and parent is not BAD and existing is None:
                     self.reader.error(
                         spec["node"],
                         spec["path"],
                         f"unknown agent {parent!r} (not in the database, not defined under agents)",
+                    )
+                elif existing is not None and existing.status != Agent.Status.ACTIVE:
+                    self.reader.error(
+                        spec["node"],
+                        spec["path"],
+                        f"agent {parent!r} is suspended; no agent is created under it",
+                    )
+                elif suspended_above is not None and spec["status"] != Agent.Status.SUSPENDED:
+                    self.warn(
+                        spec["node"],
+                        spec["path"],
+                        f"agent {name!r} is suspended with {suspended_above!r}, an agent above it",
                     )
 
     # tools ------------------------------------------------------------------
@@ -1086,16 +1104,24 @@ def _apply(
                 agent = agent_service.agent_create(
                     name=spec["name"], owner=spec["owner"], parent=parent, actor=actor, at=at
                 )
-                if spec["status"] == Agent.Status.SUSPENDED:
-                    agent = agent_service.agent_suspend(
-                        agent=agent, reason=f"suspended in {result.source}", actor=actor, at=at
-                    )
             agents[agent.name] = agent
         if len(still_waiting) == len(waiting):  # planning rules this out; belt and braces
             raise MatrixInvalid(
                 result.source, [Problem(c.line, c.path, "parent cycle") for c in waiting]
             )
         waiting = still_waiting
+    # Suspended once the whole tree exists: suspending an agent suspends every agent
+    # below it, and no agent can be created under a suspended one.
+    for change in result.changes:
+        if change.kind == "agent" and change.outcome == "create":
+            if change.spec["status"] == Agent.Status.SUSPENDED:
+                with _entry(change, result.source):
+                    agents[change.spec["name"]] = agent_service.agent_suspend(
+                        agent=agents[change.spec["name"]],
+                        reason=f"suspended in {result.source}",
+                        actor=actor,
+                        at=at,
+                    )
 
     for change in result.changes:
         if change.outcome != "create" or change.kind == "agent":
