@@ -29,7 +29,15 @@ from django.utils import timezone
 from governance import roles
 from governance.api import urls as api_urls
 from governance.audit import Actor
-from governance.models import Agent, AgentToken, DecisionOutcome, Grant, ReviewItem, Tool
+from governance.models import (
+    Agent,
+    AgentToken,
+    AuditEvent,
+    DecisionOutcome,
+    Grant,
+    ReviewItem,
+    Tool,
+)
 from governance.services import access, agents, breakglass, grants, sandbox
 from sandbox_runner.spec import RunSpec
 
@@ -290,6 +298,19 @@ def test_b_cannot_request_a_grant_in_as_name(bot_b, world):
     response = bot_b.post(f"{API}grant-requests", REQUEST, format="json")
     assert response.json()["error"]["code"] == "agent_mismatch"
     assert Grant.objects.count() == before
+
+
+def test_an_auditor_files_no_request_even_for_an_agent_they_own(world, human_client, carol):
+    """Auditors are read-only: owning an agent does not let carol ask for its grants
+    (the service refuses, so the UI and commands agree)."""
+    Agent.objects.filter(name="bot-b").update(owner=carol)  # test setup: carol owns it
+    auditor = human_client(carol, roles.AUDITORS)
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+    response = auditor.post(f"{API}grant-requests", REQUEST | {"agent": "bot-b"}, format="json")
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "auditor_read_only" and "read-only" in error["message"]
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
 
 
 @pytest.mark.parametrize("child", ["bot-b-sub", "bot-a-sub"])

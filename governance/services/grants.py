@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from governance import audit, notifications
+from governance import audit, notifications, roles
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Approval, Grant, Task, Tool
@@ -190,6 +190,8 @@ def _request_row(
         raise GovernanceError("justification_required", "Say why the grant is needed.")
     if requested_by is None and requested_by_agent is None:
         raise GovernanceError("requester_required", "A grant request needs a requester.")
+    if requested_by is not None and roles.is_read_only(requested_by):
+        raise Forbidden("auditor_read_only", "Auditors are read-only: they cannot request grants.")
     try:
         with transaction.atomic():
             require_open_task(task.pk if task else None, at)
