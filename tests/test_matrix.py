@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 import yaml
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from governance import audit, selectors
+from governance import audit, roles, selectors
 from governance.audit import verify_chain
 from governance.models import Agent, AuditEvent, Grant, Task, Tool
 from governance.services import grants as grant_service
@@ -36,8 +36,16 @@ def frozen(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
 
 @pytest.fixture
 def ada(db: None) -> User:
-    """An admin who imports."""
-    return User.objects.create_user("ada", is_staff=True)
+    """An admin who imports (the admins group: governance.roles decides who is admin)."""
+    user = User.objects.create_user("ada")
+    user.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    return user
+
+
+@pytest.fixture
+def sam(db: None) -> User:
+    """Staff (may open Django's read-only admin site) and in no role: not an admin."""
+    return User.objects.create_user("sam", is_staff=True)
 
 
 @pytest.fixture
@@ -705,13 +713,16 @@ def test_existing_entries_that_omit_optional_keys_are_unchanged(world, tmp_path)
         (["--as", "alice", "--apply-approved", "--approver", "cy"], "not_admin"),
         (["--as", "ada", "--apply-approved", "--approver", "ada"], "self_approval"),
         (["--as", "ada", "--apply-approved", "--approver", "bob"], "approver_not_admin"),
+        # is_staff is not a role: neither an importing admin nor an approving one.
+        (["--as", "sam", "--apply-approved", "--approver", "cy"], "not_admin"),
+        (["--as", "ada", "--apply-approved", "--approver", "sam"], "approver_not_admin"),
         (["--as", "ada", "--apply-approved"], "approver_required"),
         (["--as", "ada", "--approver", "cy"], "approver_without_apply"),
         ([], "requester_required"),
         (["--as", "nobody"], "--as: no user is named 'nobody'"),
     ],
 )
-def test_who_may_import_what(exported_clean, ada, cy, args, expected):
+def test_who_may_import_what(exported_clean, ada, cy, sam, args, expected):
     path, _ = exported_clean
     before = counts()
     assert expected in rejected(path, *args)

@@ -50,7 +50,7 @@ from django.db import transaction
 from django.utils.dateparse import parse_datetime
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from governance import audit, selectors
+from governance import audit, roles, selectors
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
@@ -1041,7 +1041,9 @@ def matrix_plan(*, text: str, source: str, at: datetime, mode: str = "requests")
 
 
 def _is_admin(user: Any) -> bool:
-    return bool(user is not None and user.is_active and (user.is_staff or user.is_superuser))
+    """An active admin by the one role rule (governance.roles): is_staff only opens
+    Django's read-only admin site and makes nobody an approver."""
+    return bool(user is not None and user.is_active and roles.is_admin(user))
 
 
 def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry_run: bool) -> None:
@@ -1061,7 +1063,7 @@ def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry
         raise GovernanceError("approver_required", "--apply-approved needs --approver USERNAME.")
     if not _is_admin(requested_by):
         raise Forbidden(
-            "not_admin", "Only an admin (staff or superuser) may import approved grants."
+            "not_admin", "Only an admin (group admins or superuser) may import approved grants."
         )
     if approver.pk == requested_by.pk:
         raise Forbidden("self_approval", "Nobody approves their own request: name another admin.")
