@@ -239,6 +239,27 @@ def test_ratifying_turns_it_into_a_normal_request_decided_once(
     assert "frank@example.test" not in {n.target for n in pending} and pending.count() == 3
 
 
+def test_the_opener_cannot_approve_the_request_its_ratification_files(open_bg, setup):
+    """erin elevated the access; frank ratified it into a request; erin approving that
+    request would make her own emergency access a normal grant. grace may."""
+    from governance.services.grants import grant_approve
+
+    erin, frank, grace = setup["erin"], setup["frank"], setup["grace"]
+    bg = bgs.breakglass_ratify(
+        breakglass_id=open_bg().pk, reviewer=frank, comment="ok", actor=Actor.user(frank), at=NOW
+    )
+    request = bg.ratified_request
+    with pytest.raises(Forbidden) as caught:
+        grant_approve(grant_id=request.pk, approver=erin, actor=Actor.user(erin), at=NOW)
+    assert caught.value.code == "self_approval"
+    assert Grant.objects.get(pk=request.pk).status == "pending"
+    assert events(EventType.GRANT_ISSUED, grant_id=request.pk) == []
+    granted = grant_approve(grant_id=request.pk, approver=grace, actor=Actor.user(grace), at=NOW)
+    assert (granted.status, granted.approved_by) == ("active", grace)
+    (issued,) = events(EventType.GRANT_ISSUED, grant_id=request.pk)
+    assert issued.actor == "user:grace"
+
+
 def test_an_auditor_never_opens_break_glass_even_for_an_agent_they_own(
     open_bg, setup, person, make_agent
 ):

@@ -735,6 +735,19 @@ def test_an_admin_may_import_approved_grants_and_a_non_admin_requests(exported_c
     assert Grant.objects.filter(status="active").count() == 2
 
 
+def test_an_approver_with_a_stake_in_the_agent_cannot_approve_an_imported_grant(
+    exported_clean, ada, alice
+):
+    """alice, an admin, owns the file's agent: as the approver she would approve her
+    own agent's access. The import is refused whole, naming the grant's line."""
+    path, _ = exported_clean
+    alice.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    before = counts()
+    message = rejected(path, "--as", "ada", "--apply-approved", "--approver", "alice")
+    assert "grants[0]" in message and "cannot approve its grants" in message
+    assert counts() == before  # no agent, tool, task, grant or event written
+
+
 def test_no_agent_is_created_under_an_agent_the_database_holds_suspended(
     world, tmp_path, alice, system
 ):

@@ -664,6 +664,83 @@ def test_no_subagent_is_created_under_a_suspended_agent(make_agent, alice, syste
     assert AuditEvent.objects.count() == before
 
 
+def test_an_agents_owner_cannot_approve_a_request_another_person_filed_for_it(
+    bot, repo, alice, bob, system
+):
+    """bob files the request for alice's agent; alice, its owner, may not approve it
+    (she would approve her own agent's access), as she may not confirm its calls."""
+    from django.contrib.auth.models import User
+
+    asked = request(bot, repo, bob, actor=Actor.user(bob))
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_approve(grant_id=asked.pk, approver=alice, actor=Actor.user(alice), at=NOW)
+    assert refused.value.code == "self_approval"
+    assert Grant.objects.get(pk=asked.pk).status == "pending"
+    assert last_event().event_type == "grant.requested"
+    carol = User.objects.create_user("carol")
+    approved = grants.grant_approve(
+        grant_id=asked.pk, approver=carol, actor=Actor.user(carol), at=NOW
+    )
+    assert approved.status == "active" and approved.approved_by == carol
+    assert (last_event().event_type, last_event().actor) == ("grant.issued", "user:carol")
+
+
+def test_whoever_held_a_token_for_the_agent_cannot_approve_what_it_asked(
+    bot, repo, make_grant, alice, bob, system
+):
+    """dave issues himself a token for alice's agent, so he can act as it: he may not
+    approve a grant the agent requests while his token is live, nor confirm a
+    destructive call it makes. A token revoked before the request bars nobody."""
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from governance.services import approvals
+
+    dave = User.objects.create_user("dave")
+    # Tokens and requests carry the wall clock (created_at), so this test does too.
+    revoked, _ = agents.token_issue(created_by=bob, agent=bot, actor=system, at=timezone.now())
+    agents.token_revoke(token=revoked, actor=system, at=timezone.now())
+    agents.token_issue(created_by=dave, agent=bot, actor=Actor.user(dave), at=timezone.now())
+    asked = grants.grant_request(
+        agent=bot,
+        tool=repo,
+        actions=["read"],
+        scope="repo:acme/*",
+        duration=timedelta(hours=1),
+        justification="triage",
+        requested_by_agent=bot,
+        actor=Actor.agent(bot),
+        at=timezone.now(),
+    )
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_approve(
+            grant_id=asked.pk, approver=dave, actor=Actor.user(dave), at=timezone.now()
+        )
+    assert refused.value.code == "self_approval"
+    assert Grant.objects.get(pk=asked.pk).status == "pending"
+    assert last_event().event_type == "grant.requested"
+    # bob's token was revoked before the request: he has no stake and may approve.
+    grants.grant_approve(grant_id=asked.pk, approver=bob, actor=Actor.user(bob), at=timezone.now())
+    assert (last_event().event_type, last_event().actor) == ("grant.issued", "user:bob")
+
+    now = timezone.now()
+    make_grant(bot, repo, ("delete",), "repo:prod/*", starts_at=now - timedelta(minutes=1))
+    gated = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:prod/db", at=now
+    )
+    assert gated.decision == "approval_required"
+    with pytest.raises(Forbidden) as refused:
+        approvals.approval_approve(
+            approval_id=gated.approval_id, approver=dave, actor=Actor.user(dave), at=now
+        )
+    assert refused.value.code == "self_approval"
+    assert last_event().event_type == "access.approval_required"  # nothing decided
+    approvals.approval_approve(
+        approval_id=gated.approval_id, approver=bob, actor=Actor.user(bob), at=now
+    )
+    assert (last_event().event_type, last_event().actor) == ("approval.approved", "user:bob")
+
+
 def test_revoking_a_grant_voids_its_approvals_and_a_new_grant_needs_a_new_one(
     bot, repo, make_grant, alice, bob, system
 ):

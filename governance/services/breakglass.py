@@ -18,7 +18,8 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
     breakglass_ratify(*, breakglass_id, reviewer, comment, actor, at, duration=None)
         -> BreakGlass
         Closes the review by turning the access into a normal grant request (pending,
-        requested by the reviewer, needs a different approver). `ratified_request`.
+        requested by the reviewer, needs a different approver, never the opener:
+        grants._approve_row). `ratified_request`.
     breakglass_confirm_closed(*, breakglass_id, reviewer, comment, actor, at) -> BreakGlass
         Closes the review: the incident is over; a still-live grant is revoked now.
     breakglass_reviews_mark_overdue(*, actor, at) -> int      (the job)

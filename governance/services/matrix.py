@@ -13,9 +13,10 @@ planning and writes nothing.
 
 What the file means on import (the decisions, in one place):
 - Grants become pending requests, requested by the importing user; with
-  `apply_approved` (an admin importing, a different admin approving) they
-  become live grants. Who the file names as requester/approver is history,
-  not authority: nobody's approval is copied from a file.
+  `apply_approved` (an admin importing, a different admin approving, who has
+  no stake in the grant's agent: approvals.stakeholders) they become live grants.
+  Who the file names as requester/approver is history, not authority: nobody's
+  approval is copied from a file.
 - A grant already present (live, or pending) with the same agent, tool, task,
   actions and scope is `unchanged`, never duplicated.
 - Duration: the grant's `duration` ("8h", "2d", "1d12h"), else
