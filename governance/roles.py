@@ -36,5 +36,11 @@ def is_auditor(user: Any) -> bool:
     return _in(user, ADMINS, AUDITORS)
 
 
+def is_read_only(user: Any) -> bool:
+    """An auditor and nothing more (not an approver, admin or superuser): may read
+    everything and change nothing, not even for an agent they own."""
+    return _in(user, AUDITORS) and not is_approver(user)
+
+
 def is_human(user: Any) -> bool:
     return hasattr(user, "groups") and getattr(user, "is_authenticated", False)

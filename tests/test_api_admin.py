@@ -112,6 +112,16 @@ def test_a_subagent_names_its_parent_and_the_parent_lists_it(admin, world):
     assert admin.get(f"{API}/agents/bot").json()["subagents"] == ["helper", "scout"]
 
 
+def test_no_subagent_is_created_under_a_suspended_agent(admin, world):
+    assert (
+        admin.post(f"{API}/agents/bot/suspend", {"reason": "x"}, format="json").status_code == 200
+    )
+    body = {"name": "scout", "owner": "alice", "parent": "bot"}
+    with _Unchanged(Agent):
+        error = _error(admin.post(f"{API}/agents", body, format="json"), 409, "parent_suspended")
+    assert "bot is suspended" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code", "field"),
     [
@@ -174,9 +184,15 @@ def test_suspending_needs_a_reason_then_stops_the_agent_at_once(admin, world, ag
     response = admin.post(url, {"reason": "leaked token"}, format="json")
     assert response.status_code == 200 and response.json()["status"] == "suspended"
     assert Agent.objects.get(name="bot").suspended_at is not None
-    event = last_event()
-    assert (event.event_type, event.actor, event.agent) == ("agent.suspended", "user:dave", "bot")
-    assert "leaked token" in event.data
+    # The agent, then every subagent below it (helper), one event each, in that order.
+    suspended = AuditEvent.objects.filter(event_type="agent.suspended").order_by("seq")
+    assert [(e.actor, e.agent) for e in suspended] == [
+        ("user:dave", "bot"),
+        ("user:dave", "helper"),
+    ]
+    assert "leaked token" in suspended[0].data and '"cascade_from":"bot"' in suspended[1].data
+    assert last_event() == suspended[1]
+    assert Agent.objects.get(name="helper").status == "suspended"
     assert bot_client.get(f"{API}/me").status_code == 401
 
     with _Unchanged():  # the kill switch is idempotent

@@ -46,7 +46,9 @@ def test_an_agents_token_never_opens_break_glass(world, agent_client):
         ("admin", ("admins",), 201, None),
         ("owner", (), 201, None),  # alice owns the agent
         ("stranger", (), 403, "not_allowed"),
-        ("auditor", ("auditors",), 403, "not_allowed"),
+        ("auditor", ("auditors",), 403, "auditor_read_only"),
+        # Auditors are read-only even for an agent they own.
+        ("owner", ("auditors",), 403, "auditor_read_only"),
     ],
 )
 def test_who_may_open_break_glass(world, human_client, person, alice, who, roles, expected, code):

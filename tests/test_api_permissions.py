@@ -25,13 +25,24 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import resolve
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from governance import roles
 from governance.api import urls as api_urls
 from governance.audit import Actor
-from governance.models import Agent, AgentToken, DecisionOutcome, Grant, ReviewItem, Tool
+from governance.models import (
+    Agent,
+    AgentToken,
+    Approval,
+    AuditEvent,
+    DecisionOutcome,
+    Grant,
+    ReviewItem,
+    Tool,
+)
 from governance.services import access, agents, breakglass, grants, sandbox
 from sandbox_runner.spec import RunSpec
+from tests.conftest import last_event
 
 API = "/api/v1/"
 CALLERS = ("A", "B", "admin", "approver", "auditor", "user", "anon")
@@ -290,6 +301,58 @@ def test_b_cannot_request_a_grant_in_as_name(bot_b, world):
     response = bot_b.post(f"{API}grant-requests", REQUEST, format="json")
     assert response.json()["error"]["code"] == "agent_mismatch"
     assert Grant.objects.count() == before
+
+
+def test_an_auditor_files_no_request_even_for_an_agent_they_own(world, human_client, carol):
+    """Auditors are read-only: owning an agent does not let carol ask for its grants
+    (the service refuses, so the UI and commands agree)."""
+    Agent.objects.filter(name="bot-b").update(owner=carol)  # test setup: carol owns it
+    auditor = human_client(carol, roles.AUDITORS)
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+    response = auditor.post(f"{API}grant-requests", REQUEST | {"agent": "bot-b"}, format="json")
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "auditor_read_only" and "read-only" in error["message"]
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+
+
+def test_an_admin_who_issues_himself_an_agents_token_approves_nothing_it_asks(
+    world, human_client, dave, bob
+):
+    """dave (admin) issues a token for alice's bot-a, asks as the agent for a grant
+    and makes a destructive call as it: while that token is live he is a stakeholder
+    and approves neither; bob, with no stake, may."""
+    admin = human_client(dave, roles.ADMINS)
+    minted = admin.post(f"{API}agents/bot-a/tokens", {}, format="json")
+    assert minted.status_code == 201
+    as_agent = APIClient()
+    as_agent.credentials(HTTP_AUTHORIZATION=f"Bearer {minted.json()['token']}")
+    asked = as_agent.post(
+        f"{API}grant-requests",
+        {"tool": "repo", "actions": ["read", "delete"], "scope": "repo:mine/*",
+         "duration_seconds": 3600, "justification": "x"},
+        format="json",
+    )  # fmt: skip
+    assert asked.status_code == 201
+    gid = asked.json()["id"]
+    refused = admin.post(f"{API}grant-requests/{gid}/approve", {}, format="json")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "self_approval"
+    assert Grant.objects.get(pk=gid).status == "pending"
+    assert not AuditEvent.objects.filter(event_type="grant.issued", grant_id=gid).exists()
+
+    gated = as_agent.post(
+        f"{API}authorize", {"tool": "repo", "action": "delete", "scope": "repo:acme/y"},
+        format="json",
+    ).json()  # fmt: skip
+    assert gated["decision"] == "approval_required"
+    refused = admin.post(f"{API}approvals/{gated['approval']}/approve", {}, format="json")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "self_approval"
+    assert Approval.objects.get(pk=gated["approval"]).status == "pending"
+    assert last_event().event_type == "access.approval_required"
+    approver = human_client(bob, roles.APPROVERS)
+    ok = approver.post(f"{API}approvals/{gated['approval']}/approve", {}, format="json")
+    assert ok.status_code == 200
+    assert (last_event().event_type, last_event().actor) == ("approval.approved", "user:bob")
 
 
 @pytest.mark.parametrize("child", ["bot-b-sub", "bot-a-sub"])

@@ -9,10 +9,11 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core import mail
 from django.core.management import CommandError, call_command
 
-from governance import selectors
+from governance import roles, selectors
 from governance.api.auth import AgentPrincipal
 from governance.audit import Actor
 from governance.codes import EventType, NotificationEvent, Reason
@@ -236,6 +237,44 @@ def test_ratifying_turns_it_into_a_normal_request_decided_once(
     # The new request goes to the approvers like any other (not to frank, its requester).
     pending = Notification.objects.filter(event=NotificationEvent.REQUEST_PENDING)
     assert "frank@example.test" not in {n.target for n in pending} and pending.count() == 3
+
+
+def test_the_opener_cannot_approve_the_request_its_ratification_files(open_bg, setup):
+    """erin elevated the access; frank ratified it into a request; erin approving that
+    request would make her own emergency access a normal grant. grace may."""
+    from governance.services.grants import grant_approve
+
+    erin, frank, grace = setup["erin"], setup["frank"], setup["grace"]
+    bg = bgs.breakglass_ratify(
+        breakglass_id=open_bg().pk, reviewer=frank, comment="ok", actor=Actor.user(frank), at=NOW
+    )
+    request = bg.ratified_request
+    with pytest.raises(Forbidden) as caught:
+        grant_approve(grant_id=request.pk, approver=erin, actor=Actor.user(erin), at=NOW)
+    assert caught.value.code == "self_approval"
+    assert Grant.objects.get(pk=request.pk).status == "pending"
+    assert events(EventType.GRANT_ISSUED, grant_id=request.pk) == []
+    granted = grant_approve(grant_id=request.pk, approver=grace, actor=Actor.user(grace), at=NOW)
+    assert (granted.status, granted.approved_by) == ("active", grace)
+    (issued,) = events(EventType.GRANT_ISSUED, grant_id=request.pk)
+    assert issued.actor == "user:grace"
+
+
+def test_an_auditor_never_opens_break_glass_even_for_an_agent_they_own(
+    open_bg, setup, person, make_agent
+):
+    """Auditors are read-only, whichever door they come through (service, API, UI)."""
+    olga = person("olga", roles.AUDITORS)
+    setup["agent"] = make_agent("olga-bot", owner=olga)
+    with pytest.raises(Forbidden) as caught:
+        open_bg(olga)
+    assert caught.value.code == "auditor_read_only"
+    assert Grant.objects.count() == 0 and events(EventType.BREAKGLASS_OPENED) == []
+    # An auditor who is also an approver is not read-only.
+    olga.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    del olga._role_names  # roles caches a user's groups on the object
+    assert open_bg(olga).opened_by == olga
+    assert len(events(EventType.BREAKGLASS_OPENED)) == 1
 
 
 def test_nobody_reviews_their_own_break_glass(open_bg, setup, person):

@@ -236,6 +236,35 @@ def test_a_second_look_is_decided_once_by_another_approver(
     assert row.target == "heidi@example.test"  # the admin
 
 
+def test_whoever_held_a_token_for_the_agent_takes_none_of_its_second_looks(
+    approved_yesterday, system
+):
+    """olga, an admin, issued herself a token for the agent before its grants and
+    calls were approved: she could act as it, so she re-checks none of them."""
+    from django.contrib.auth.models import User
+
+    from governance.models import Agent
+
+    olga = User.objects.create_user("olga", email="olga@example.test")
+    olga.groups.add(Group.objects.get_or_create(name="admins")[0])
+    token, _ = agent_services.token_issue(
+        created_by=olga, agent=Agent.objects.get(), actor=Actor.user(olga), at=NOW - timedelta(1)
+    )
+    # Test setup: the row's wall-clock creation time, as if issued then.
+    AgentToken.objects.filter(pk=token.pk).update(created_at=NOW - timedelta(1))
+    second_look.second_looks_sample(actor=system, at=NOW + timedelta(hours=1), fraction=1.0)
+    looks = list(SecondLook.objects.select_related("reviewer"))
+    assert len(looks) == 22 and all(look.reviewer.username != "olga" for look in looks)
+    sampled = events(EventType.SECOND_LOOK_SAMPLED)
+    assert "olga" not in {json.loads(e.data)["reviewer"] for e in sampled}
+    for kind in ("grant", "approval"):
+        look = SecondLook.objects.filter(kind=kind).first()
+        with pytest.raises(Forbidden) as caught:
+            look_decide(look, olga, "confirm", "looks fine")
+        assert caught.value.code == "self_review"
+    assert events(EventType.SECOND_LOOK_DECIDED) == []
+
+
 def test_nobody_with_a_stake_in_the_agent_takes_its_second_look(approved_yesterday, system):
     """The agent's owner (olga: an admin who neither requested nor approved anything) is
     never drawn as the reviewer and may not decide a look on her agent's calls or

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 import yaml
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from governance import audit, selectors
+from governance import audit, roles, selectors
 from governance.audit import verify_chain
 from governance.models import Agent, AuditEvent, Grant, Task, Tool
 from governance.services import grants as grant_service
@@ -36,8 +36,16 @@ def frozen(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
 
 @pytest.fixture
 def ada(db: None) -> User:
-    """An admin who imports."""
-    return User.objects.create_user("ada", is_staff=True)
+    """An admin who imports (the admins group: governance.roles decides who is admin)."""
+    user = User.objects.create_user("ada")
+    user.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    return user
+
+
+@pytest.fixture
+def sam(db: None) -> User:
+    """Staff (may open Django's read-only admin site) and in no role: not an admin."""
+    return User.objects.create_user("sam", is_staff=True)
 
 
 @pytest.fixture
@@ -640,11 +648,16 @@ grants:
 """,
     )
 
+    plan = matrix_service.matrix_plan(text=path.read_text(), source="matrix.yaml", at=NOW)
+    assert [w.message for w in plan.warnings] == [
+        "agent 'child' is suspended with 'grandchild-parent', an agent above it"
+    ]
     run_import(path, "--as", "alice")
 
     child = Agent.objects.get(name="child")
     assert child.parent.name == "grandchild-parent" and child.parent.parent.name == "bot"
-    assert child.parent.status == "suspended"
+    # Suspending an agent suspends every agent below it, so the child is suspended too.
+    assert (child.parent.status, child.status) == ("suspended", "suspended")
     assert Tool.objects.get(name="wiki").description == "The wiki"
     assert Task.objects.get(key="OPS-7").ends_at == NOW.replace(day=1, month=12, hour=0)
     request = Grant.objects.get(agent=child)
@@ -657,8 +670,9 @@ grants:
     )
     assert kinds == [
         "agent.created",
-        "agent.suspended",
         "agent.created",
+        "agent.suspended",
+        "agent.suspended",
         "tool.registered",
         "task.opened",
         "grant.requested",
@@ -699,13 +713,16 @@ def test_existing_entries_that_omit_optional_keys_are_unchanged(world, tmp_path)
         (["--as", "alice", "--apply-approved", "--approver", "cy"], "not_admin"),
         (["--as", "ada", "--apply-approved", "--approver", "ada"], "self_approval"),
         (["--as", "ada", "--apply-approved", "--approver", "bob"], "approver_not_admin"),
+        # is_staff is not a role: neither an importing admin nor an approving one.
+        (["--as", "sam", "--apply-approved", "--approver", "cy"], "not_admin"),
+        (["--as", "ada", "--apply-approved", "--approver", "sam"], "approver_not_admin"),
         (["--as", "ada", "--apply-approved"], "approver_required"),
         (["--as", "ada", "--approver", "cy"], "approver_without_apply"),
         ([], "requester_required"),
         (["--as", "nobody"], "--as: no user is named 'nobody'"),
     ],
 )
-def test_who_may_import_what(exported_clean, ada, cy, args, expected):
+def test_who_may_import_what(exported_clean, ada, cy, sam, args, expected):
     path, _ = exported_clean
     before = counts()
     assert expected in rejected(path, *args)
@@ -716,6 +733,32 @@ def test_an_admin_may_import_approved_grants_and_a_non_admin_requests(exported_c
     path, _ = exported_clean
     run_import(path, "--as", "ada", "--apply-approved", "--approver", "cy")
     assert Grant.objects.filter(status="active").count() == 2
+
+
+def test_an_approver_with_a_stake_in_the_agent_cannot_approve_an_imported_grant(
+    exported_clean, ada, alice
+):
+    """alice, an admin, owns the file's agent: as the approver she would approve her
+    own agent's access. The import is refused whole, naming the grant's line."""
+    path, _ = exported_clean
+    alice.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    before = counts()
+    message = rejected(path, "--as", "ada", "--apply-approved", "--approver", "alice")
+    assert "grants[0]" in message and "cannot approve its grants" in message
+    assert counts() == before  # no agent, tool, task, grant or event written
+
+
+def test_no_agent_is_created_under_an_agent_the_database_holds_suspended(
+    world, tmp_path, alice, system
+):
+    from governance.services import agents as agent_service
+
+    agent_service.agent_suspend(agent=world["bot"], reason="incident", actor=system, at=NOW)
+    path = write(tmp_path, "agents:\n- {name: newcomer, owner: alice, parent: bot}\n")
+    before = counts()
+    message = rejected(path, "--as", "alice")
+    assert "agents[0].parent: agent 'bot' is suspended; no agent is created under it" in message
+    assert counts() == before
 
 
 # --- the service directly ----------------------------------------------------------------

@@ -106,6 +106,27 @@ def test_nobody_reviews_a_grant_they_requested_or_approved(world, person):
     assert events(EventType.REVIEW_ITEM_DECIDED) == []
 
 
+def test_nobody_re_certifies_their_own_agents_grant(world, person, make_agent, make_grant):
+    """olga, an admin, owns the agent (and so does whoever is behind the agent above a
+    subagent): she is never assigned its grants and may not decide them, though she
+    neither requested nor approved them."""
+    olga = person("olga", "admins")
+    mine = make_agent("olga-bot", owner=olga)
+    tool = world["grants"][0].tool
+    make_grant(mine, tool, duration=timedelta(days=5))
+    for _ in range(len(selectors.approver_users())):  # every rotation offset: never olga
+        campaign = open_campaign(agent=mine)
+        item = campaign.items.get()
+        assert item.reviewer is not None and item.reviewer != olga
+        opened = events(EventType.REVIEW_CAMPAIGN_OPENED)[-1]
+        assert "olga" not in {i["reviewer"] for i in json.loads(opened.data)["items"]}
+    with pytest.raises(Forbidden) as caught:
+        decide(item, "keep", reviewer=olga, comment="fine")
+    assert caught.value.code == "self_review"
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []
+
+
 def test_a_delegated_grant_is_certified_on_its_own(world):
     """Keeping the parent does not keep what was handed down: the subagent's grant has
     its own item, which nobody behind the parent may decide, and revoking it ends only

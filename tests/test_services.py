@@ -203,6 +203,7 @@ def delegate(parent, child, **kw):
 def test_suspending_the_parent_agent_ends_what_it_delegated(family, system):
     """The kill switch reaches every grant handed down from the suspended agent's,
     for calls and for every question about the grant (the reaper, reports)."""
+    from governance.models import Agent
     from governance.policy import grant_dead_reason
 
     parent, child, _, _ = family
@@ -211,6 +212,12 @@ def test_suspending_the_parent_agent_ends_what_it_delegated(family, system):
     assert access.access_check(at=NOW, **ask).allowed
     assert grant_dead_reason(handed_down.pk, NOW) is None
     agents.agent_suspend(agent=parent.agent, reason="compromised", actor=system, at=NOW)
+    # The subagent is suspended with its parent (agent_suspend), so that is the answer.
+    result = access.access_check(at=NOW, **ask)
+    assert (result.decision, result.reason) == ("deny", "agent_suspended")
+    # The handed-down grant is dead through its parent's agent all the same, even for a
+    # subagent that is active (rows from before suspension reached subagents).
+    Agent.objects.filter(pk=child.pk).update(status="active")
     result = access.access_check(at=NOW, **ask)
     assert (result.decision, result.reason) == ("deny", "grant_revoked")
     event = last_event()
@@ -570,6 +577,168 @@ def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, m
         agent="bot", tool="repo", action="read", scope="repo:acme/x", at=NOW
     )
     assert result.reason == "agent_suspended"
+
+
+def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, make_grant, system):
+    """The kill switch reaches the whole subtree: a subagent's own grants and tokens
+    stop with its parent's. Rows first, then one event per agent suspended; an agent
+    already suspended is left as it is (no second event)."""
+    from governance.api.auth import BearerAuthentication
+    from governance.models import Agent, Approval
+
+    parent = make_agent("parent")
+    child = make_agent("child", parent=parent)
+    grandchild = make_agent("grandchild", parent=child)
+    already = make_agent("already", parent=parent)
+    stranger = make_agent("stranger")
+    agents.agent_suspend(agent=already, reason="earlier", actor=system, at=NOW - MS)
+    make_grant(child, repo, ("read",), "repo:child/*")  # the child's own, not delegated
+    make_grant(grandchild, repo, ("delete",), "repo:gc/*")
+    pending = access.access_check(
+        agent="grandchild", tool="repo", action="delete", scope="repo:gc/x", at=NOW
+    )
+    assert pending.decision == "approval_required"
+    before = AuditEvent.objects.order_by("-seq").first().seq
+
+    agents.agent_suspend(agent=parent, reason="compromised", actor=system, at=NOW)
+
+    statuses = dict(Agent.objects.values_list("name", "status"))
+    assert statuses == {
+        "parent": "suspended",
+        "child": "suspended",
+        "grandchild": "suspended",
+        "already": "suspended",
+        "stranger": "active",
+    }
+    assert Agent.objects.get(name="already").suspended_at == NOW - MS  # left as it was
+    events = [
+        (e.event_type, e.agent, json.loads(e.data))
+        for e in AuditEvent.objects.filter(seq__gt=before).order_by("seq")
+    ]
+    assert events == [
+        ("agent.suspended", "parent", {"reason": "compromised", "approvals_voided": 0}),
+        (
+            "agent.suspended",
+            "child",
+            {"reason": "compromised", "approvals_voided": 0, "cascade_from": "parent"},
+        ),
+        (
+            "agent.suspended",
+            "grandchild",
+            {"reason": "compromised", "approvals_voided": 1, "cascade_from": "parent"},
+        ),
+    ]
+    assert Approval.objects.get(pk=pending.approval_id).status == "expired"
+    own = access.access_check(
+        agent="child", tool="repo", action="read", scope="repo:child/x", at=NOW
+    )
+    assert (own.decision, own.reason) == ("deny", "agent_suspended")
+    assert last_event().event_type == "access.denied"
+    _, plaintext = agents.token_issue(created_by=stranger.owner, agent=child, actor=system, at=NOW)
+    from rest_framework.exceptions import AuthenticationFailed
+    from rest_framework.test import APIRequestFactory
+
+    asked = APIRequestFactory().get("/", HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    with pytest.raises(AuthenticationFailed):
+        BearerAuthentication().authenticate(asked)
+
+
+def test_no_subagent_is_created_under_a_suspended_agent(make_agent, alice, system):
+    """Not under the suspended agent, nor anywhere below it: a 409 with a code, and
+    nothing written."""
+    from governance.models import Agent
+
+    parent = make_agent("parent")
+    child = make_agent("child", parent=parent)
+    agents.agent_suspend(agent=parent, reason="incident", actor=system, at=NOW)
+    before = AuditEvent.objects.count()
+    assert Agent.objects.get(pk=child.pk).status == "suspended"
+    # Rows from before suspension reached subagents: the child active, its parent not.
+    Agent.objects.filter(pk=child.pk).update(status="active")
+    for above in (parent, child):
+        with pytest.raises(Conflict) as refused:
+            agents.agent_create(name="newcomer", owner=alice, parent=above, actor=system, at=NOW)
+        assert refused.value.code == "parent_suspended" and refused.value.status == 409
+        assert "The agent parent is suspended" in refused.value.message
+    assert not Agent.objects.filter(name="newcomer").exists()
+    assert AuditEvent.objects.count() == before
+
+
+def test_an_agents_owner_cannot_approve_a_request_another_person_filed_for_it(
+    bot, repo, alice, bob, system
+):
+    """bob files the request for alice's agent; alice, its owner, may not approve it
+    (she would approve her own agent's access), as she may not confirm its calls."""
+    from django.contrib.auth.models import User
+
+    asked = request(bot, repo, bob, actor=Actor.user(bob))
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_approve(grant_id=asked.pk, approver=alice, actor=Actor.user(alice), at=NOW)
+    assert refused.value.code == "self_approval"
+    assert Grant.objects.get(pk=asked.pk).status == "pending"
+    assert last_event().event_type == "grant.requested"
+    carol = User.objects.create_user("carol")
+    approved = grants.grant_approve(
+        grant_id=asked.pk, approver=carol, actor=Actor.user(carol), at=NOW
+    )
+    assert approved.status == "active" and approved.approved_by == carol
+    assert (last_event().event_type, last_event().actor) == ("grant.issued", "user:carol")
+
+
+def test_whoever_held_a_token_for_the_agent_cannot_approve_what_it_asked(
+    bot, repo, make_grant, alice, bob, system
+):
+    """dave issues himself a token for alice's agent, so he can act as it: he may not
+    approve a grant the agent requests while his token is live, nor confirm a
+    destructive call it makes. A token revoked before the request bars nobody."""
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from governance.services import approvals
+
+    dave = User.objects.create_user("dave")
+    # Tokens and requests carry the wall clock (created_at), so this test does too.
+    revoked, _ = agents.token_issue(created_by=bob, agent=bot, actor=system, at=timezone.now())
+    agents.token_revoke(token=revoked, actor=system, at=timezone.now())
+    agents.token_issue(created_by=dave, agent=bot, actor=Actor.user(dave), at=timezone.now())
+    asked = grants.grant_request(
+        agent=bot,
+        tool=repo,
+        actions=["read"],
+        scope="repo:acme/*",
+        duration=timedelta(hours=1),
+        justification="triage",
+        requested_by_agent=bot,
+        actor=Actor.agent(bot),
+        at=timezone.now(),
+    )
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_approve(
+            grant_id=asked.pk, approver=dave, actor=Actor.user(dave), at=timezone.now()
+        )
+    assert refused.value.code == "self_approval"
+    assert Grant.objects.get(pk=asked.pk).status == "pending"
+    assert last_event().event_type == "grant.requested"
+    # bob's token was revoked before the request: he has no stake and may approve.
+    grants.grant_approve(grant_id=asked.pk, approver=bob, actor=Actor.user(bob), at=timezone.now())
+    assert (last_event().event_type, last_event().actor) == ("grant.issued", "user:bob")
+
+    now = timezone.now()
+    make_grant(bot, repo, ("delete",), "repo:prod/*", starts_at=now - timedelta(minutes=1))
+    gated = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:prod/db", at=now
+    )
+    assert gated.decision == "approval_required"
+    with pytest.raises(Forbidden) as refused:
+        approvals.approval_approve(
+            approval_id=gated.approval_id, approver=dave, actor=Actor.user(dave), at=now
+        )
+    assert refused.value.code == "self_approval"
+    assert last_event().event_type == "access.approval_required"  # nothing decided
+    approvals.approval_approve(
+        approval_id=gated.approval_id, approver=bob, actor=Actor.user(bob), at=now
+    )
+    assert (last_event().event_type, last_event().actor) == ("approval.approved", "user:bob")
 
 
 def test_revoking_a_grant_voids_its_approvals_and_a_new_grant_needs_a_new_one(

@@ -14,7 +14,7 @@ from openpyxl import load_workbook
 
 from governance import policy
 from governance.audit import Actor
-from governance.models import AgentToken, Approval, AuditEvent, Grant, Task
+from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task
 from governance.services import access, grants, tools
 from tests import ui_world
 from tests.conftest import last_event
@@ -249,8 +249,13 @@ def test_the_kill_switch_denies_every_decision_and_voids_pending_approvals() -> 
     assert response.status_code == 302
     world.approval.refresh_from_db()
     assert world.approval.status == Approval.Status.EXPIRED
-    event = AuditEvent.objects.filter(event_type="agent.suspended").get()
+    event = AuditEvent.objects.filter(event_type="agent.suspended", agent="bot-a").get()
     assert json.loads(event.data) == {"reason": "incident 42", "approvals_voided": 1}
+    # Its subagents are suspended with it, one event each after the agent's own.
+    below = AuditEvent.objects.filter(event_type="agent.suspended", seq__gt=event.seq)
+    assert [e.agent for e in below] == ["bot-a.sub"]
+    assert Agent.objects.get(name="bot-a.sub").status == "suspended"
+    assert all(json.loads(e.data)["cascade_from"] == "bot-a" for e in below)
     decision = access.access_check(
         agent="bot-a", tool="repo", action="read", scope="repo:acme/api", at=timezone.now()
     )

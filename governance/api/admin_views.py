@@ -111,7 +111,10 @@ class AgentListView(AdminView):
         operation_id="agent_create",
         request=s.AgentIn,
         responses={201: s.AgentOut, **CONFLICT, **ERRORS},
-        description="Create an agent with an accountable human owner, optionally a subagent.",
+        description=(
+            "Create an agent with an accountable human owner, optionally a subagent "
+            "(409 `parent_suspended` under a suspended agent)."
+        ),
     )
     def post(self, request: Request) -> Response:
         data = _parse(s.AgentIn, request.data)
@@ -154,8 +157,8 @@ class AgentSuspendView(AdminView):
         responses={200: s.AgentOut, **ERRORS},
         description=(
             "The kill switch: every decision for the agent is denied from now on, its "
-            "tokens stop working and its open approvals are voided. Suspending a "
-            "suspended agent changes nothing."
+            "tokens stop working and its open approvals are voided; so for every "
+            "subagent below it. Suspending a suspended agent changes nothing."
         ),
     )
     def post(self, request: Request, name: str) -> Response:

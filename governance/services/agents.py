@@ -32,9 +32,18 @@ def agent_create(
     parent: Agent | None = None,
     description: str = "",
 ) -> Agent:
+    """A new, active agent. Refused (Conflict `parent_suspended`) under a suspended
+    parent: a subagent of a suspended agent is suspended too (agent_suspend), so a
+    new active one would be a way around the kill switch."""
     validate_name(name, "agent")
     try:
         with transaction.atomic():
+            if parent is not None:
+                # Locked, so a suspend of the parent (which locks it first) cannot slip
+                # between this check and the new row: either it sees the child or the
+                # child sees the suspension.
+                parent = Agent.objects.select_for_update(no_key=True).get(pk=parent.pk)
+                _refuse_suspended_parent(parent, name)
             agent = Agent.objects.create(
                 name=name, owner=owner, parent=parent, description=description
             )
@@ -50,23 +59,79 @@ def agent_create(
     return agent
 
 
+def _refuse_suspended_parent(parent: Agent, name: str) -> None:
+    """Refuse when the parent or any agent above it is suspended (bounded walk)."""
+    above: Agent | None = parent
+    for _ in range(32):
+        if above is None:
+            return
+        if above.status != Agent.Status.ACTIVE:
+            raise Conflict(
+                "parent_suspended",
+                f"The agent {above.name} is suspended, so {name} cannot act under it: "
+                "a subagent of a suspended agent is suspended too.",
+            )
+        above = above.parent
+
+
+def _tree_locked(agent: Agent) -> list[Agent]:
+    """The agent and every agent below it, each row locked, parents before children.
+    Bounded as the delegation walk is, and each agent once, so a corrupted cycle
+    cannot loop."""
+    found = list(Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk))
+    seen = {a.pk for a in found}
+    frontier = list(seen)
+    for _ in range(32):
+        if not frontier:
+            break
+        children = [
+            child
+            for child in Agent.objects.select_for_update(no_key=True)
+            .filter(parent_id__in=frontier)
+            .order_by("pk")
+            if child.pk not in seen
+        ]
+        found.extend(children)
+        seen.update(c.pk for c in children)
+        frontier = [c.pk for c in children]
+    return found
+
+
 def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime) -> Agent:
     """Every decision for the agent is denied from this moment; its open
-    approval requests are voided so nothing queued can fire later."""
+    approval requests are voided so nothing queued can fire later.
+
+    Every agent below it (subagents, theirs, ...) is suspended with it, in the same
+    transaction: a parent controls its subagents, so a compromised parent's
+    subagents must not keep acting on their own grants and tokens. The rows are
+    locked and changed first, then one `agent.suspended` event per agent newly
+    suspended (a subagent's names the agent it was suspended through in
+    `cascade_from`); agents already suspended are left as they are.
+
+    There is no resume here. Resuming an agent would not resume its subagents (each
+    is resumed on its own, and never while an agent above it is suspended), and a
+    subagent cannot be created under a suspended agent (agent_create)."""
     with transaction.atomic():
-        updated = Agent.objects.filter(pk=agent.pk, status=Agent.Status.ACTIVE).update(
-            status=Agent.Status.SUSPENDED, suspended_at=at
-        )
-        if updated:
-            voided = Approval.objects.filter(
-                agent=agent, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
-            ).update(status=Approval.Status.EXPIRED)
+        suspended: list[tuple[Agent, int]] = []
+        for member in _tree_locked(agent):
+            updated = Agent.objects.filter(pk=member.pk, status=Agent.Status.ACTIVE).update(
+                status=Agent.Status.SUSPENDED, suspended_at=at
+            )
+            if updated:
+                voided = Approval.objects.filter(
+                    agent=member, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+                ).update(status=Approval.Status.EXPIRED)
+                suspended.append((member, voided))
+        for member, voided in suspended:
+            data: dict[str, Any] = {"reason": reason, "approvals_voided": voided}
+            if member.pk != agent.pk:
+                data["cascade_from"] = agent.name
             audit.append(
                 event_type=EventType.AGENT_SUSPENDED,
                 actor=actor,
                 at=at,
-                agent=agent.name,
-                data={"reason": reason, "approvals_voided": voided},
+                agent=member.name,
+                data=data,
             )
     agent.refresh_from_db()
     return agent

@@ -6,11 +6,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
-from governance.models import Agent, Approval, Grant
+from governance.models import Agent, AgentToken, Approval, Grant
 from governance.services.claims import claim_each
 
 
@@ -34,20 +35,34 @@ def _event(
     )
 
 
-def stakeholders(agent: Agent | None, grant: Grant | None) -> set[Any]:
+def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> set[Any]:
     """Who has a stake in what `agent` does under `grant`, and so may not confirm or
     re-check it: the agent's owner and the owners of the agents above it (a parent
     controls its subagents), and, up a delegated grant's chain, every grant's
     requester and holder's owner (a delegated grant has no human requester of its
-    own: the person behind it asked for the parent)."""
+    own: the person behind it asked for the parent).
+
+    Also whoever could act as the agent at `at` (the moment the request or the
+    approval was created): the creator of every token of the agent, or of an agent
+    above it, that was live then (created by then, not yet revoked or expired). An
+    admin who issues himself a token for someone else's agent can file requests as
+    that agent; he must not then approve them under his own name."""
     users = set()
+    tree: list[int] = []
     for _ in range(32):  # bounded, as the delegation walk is
         if agent is None:
             break
         users.add(agent.owner_id)
+        tree.append(agent.pk)
         agent = agent.parent
     for link in grant.chain() if grant is not None else ():
         users.update((link.requested_by_id, link.agent.owner_id))
+        tree.append(link.agent_id)
+    users.update(
+        AgentToken.objects.filter(agent_id__in=tree, created_at__lte=at, expires_at__gt=at)
+        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
+        .values_list("created_by_id", flat=True)
+    )
     users.discard(None)
     return users
 
@@ -64,7 +79,8 @@ def _decide(
         if approval.status != Approval.Status.PENDING or approval.expires_at <= at:
             raise Conflict("not_pending", f"The approval is {approval.status}, not pending.")
         # Nobody with a stake in the call confirms it (separation of duties).
-        if approver.pk in stakeholders(approval.agent, approval.grant):
+        # Whoever could act as the agent when the call was asked counts too.
+        if approver.pk in stakeholders(approval.agent, approval.grant, at=approval.requested_at):
             raise Forbidden("self_approval", "Nobody approves their own agent's action.")
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
         approval.decided_by = approver

@@ -6,7 +6,8 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
                     ttl=None, task=None) -> BreakGlass
         A live grant at once (flagged break_glass), the review item due in
         BREAKGLASS_REVIEW_WITHIN, every skipped approver notified. Raises Forbidden
-        `human_only` (not a person) / `not_allowed` (neither approver, admin nor the
+        `human_only` (not a person) / `auditor_read_only` (an auditor and nothing
+        more, even the agent's owner) / `not_allowed` (neither approver, admin nor the
         agent's owner), GovernanceError `invalid_ticket` / `reason_required` /
         `breakglass_ttl_too_long` / `invalid_ttl` / `invalid_grant`, RateLimited
         `breakglass_rate_limited`. Calling it again with the same opener, agent,
@@ -17,7 +18,8 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
     breakglass_ratify(*, breakglass_id, reviewer, comment, actor, at, duration=None)
         -> BreakGlass
         Closes the review by turning the access into a normal grant request (pending,
-        requested by the reviewer, needs a different approver). `ratified_request`.
+        requested by the reviewer, needs a different approver, never the opener:
+        grants._approve_row). `ratified_request`.
     breakglass_confirm_closed(*, breakglass_id, reviewer, comment, actor, at) -> BreakGlass
         Closes the review: the incident is over; a still-live grant is revoked now.
     breakglass_reviews_mark_overdue(*, actor, at) -> int      (the job)
@@ -71,6 +73,11 @@ def _check_opener(opener: Any, agent: Agent) -> None:
     # Agents (and their tokens) never elevate themselves or anyone else.
     if not roles.is_human(opener):
         raise Forbidden("human_only", "Only a person can open break-glass, never an agent.")
+    # Auditors are read-only, even for an agent they own.
+    if roles.is_read_only(opener):
+        raise Forbidden(
+            "auditor_read_only", "Auditors are read-only: they cannot open break-glass."
+        )
     if not (roles.is_approver(opener) or agent.owner_id == opener.pk):
         raise Forbidden(
             "not_allowed",

@@ -16,10 +16,10 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from governance import audit, notifications
+from governance import audit, notifications, roles
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Agent, Approval, Grant, Task, Tool
+from governance.models import Agent, Approval, BreakGlass, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
@@ -190,6 +190,8 @@ def _request_row(
         raise GovernanceError("justification_required", "Say why the grant is needed.")
     if requested_by is None and requested_by_agent is None:
         raise GovernanceError("requester_required", "A grant request needs a requester.")
+    if requested_by is not None and roles.is_read_only(requested_by):
+        raise Forbidden("auditor_read_only", "Auditors are read-only: they cannot request grants.")
     try:
         with transaction.atomic():
             require_open_task(task.pk if task else None, at)
@@ -337,14 +339,27 @@ def _approve_row(
     reason: str = "",
 ) -> dict[str, Any]:
     """Check and apply an approval to a locked pending request; returns what the
-    grant.issued event adds (what was narrowed)."""
+    grant.issued event adds (what was narrowed).
+
+    Refused (Forbidden `self_approval`): the requester; anyone with a stake in the
+    agent (approvals.stakeholders as of the request's creation: the owners up the
+    agent tree and whoever held a live token for them then), whoever filed the
+    request (the agent or a person); and the person who opened the break-glass this
+    request ratifies."""
     if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
         raise Forbidden("self_approval", "Nobody approves their own request.")
-    if grant.requested_by_agent_id is not None and approver.pk in stakeholders(grant.agent, None):
+    # Every request, not only the agent's own: an owner approving a request someone
+    # else filed for their agent is still approving their own agent's access.
+    if approver.pk in stakeholders(grant.agent, grant, at=grant.created_at):
         raise Forbidden(
             "self_approval",
-            "An agent's owner (or the owner of an agent above it) cannot approve the "
-            "agent's own request.",
+            "An agent's owner (or the owner of an agent above it), or anyone who held a "
+            "token for it when the request was made, cannot approve its grants.",
+        )
+    if BreakGlass.objects.filter(ratified_request_id=grant.pk, opened_by_id=approver.pk).exists():
+        raise Forbidden(
+            "self_approval",
+            "Nobody approves the request that ratifies a break-glass they opened.",
         )
     assert grant.requested_duration is not None
     narrowed = _narrowing(grant, actions, scope, duration)

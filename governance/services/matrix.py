@@ -13,9 +13,10 @@ planning and writes nothing.
 
 What the file means on import (the decisions, in one place):
 - Grants become pending requests, requested by the importing user; with
-  `apply_approved` (an admin importing, a different admin approving) they
-  become live grants. Who the file names as requester/approver is history,
-  not authority: nobody's approval is copied from a file.
+  `apply_approved` (an admin importing, a different admin approving, who has
+  no stake in the grant's agent: approvals.stakeholders) they become live grants.
+  Who the file names as requester/approver is history, not authority: nobody's
+  approval is copied from a file.
 - A grant already present (live, or pending) with the same agent, tool, task,
   actions and scope is `unchanged`, never duplicated.
 - Duration: the grant's `duration` ("8h", "2d", "1d12h"), else
@@ -50,7 +51,7 @@ from django.db import transaction
 from django.utils.dateparse import parse_datetime
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from governance import audit, selectors
+from governance import audit, roles, selectors
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
@@ -489,25 +490,43 @@ class _Planner:
         self.changes.append(Change("agent", "unchanged", name, _line(node), path))
 
     def check_agent_parents(self) -> None:
-        """New agents' parents exist somewhere, without cycles among the new ones."""
+        """New agents' parents exist somewhere, without cycles among the new ones, and
+        none is created under an agent the database holds suspended. A new agent below
+        one the file suspends is suspended with it (agent_suspend): a warning."""
         for name, spec in self.new_agents.items():
             parent, seen = spec["parent"], {name}
+            suspended_above = None
             while parent is not None and parent is not BAD and parent in self.new_agents:
                 if parent in seen:
                     self.reader.error(spec["node"], spec["path"], "the parents form a cycle")
                     break
                 seen.add(parent)
+                if self.new_agents[parent]["status"] == Agent.Status.SUSPENDED:
+                    suspended_above = suspended_above or parent
                 parent = self.new_agents[parent]["parent"]
             else:
-                if (
-                    parent is not None
-                    and parent is not BAD
-                    and not Agent.objects.filter(name=parent).exists()
-                ):
+                existing = (
+                    Agent.objects.filter(name=parent).first()
+                    if parent is not None and parent is not BAD
+                    else None
+                )
+                if parent is not None and parent is not BAD and existing is None:
                     self.reader.error(
                         spec["node"],
                         spec["path"],
                         f"unknown agent {parent!r} (not in the database, not defined under agents)",
+                    )
+                elif existing is not None and existing.status != Agent.Status.ACTIVE:
+                    self.reader.error(
+                        spec["node"],
+                        spec["path"],
+                        f"agent {parent!r} is suspended; no agent is created under it",
+                    )
+                elif suspended_above is not None and spec["status"] != Agent.Status.SUSPENDED:
+                    self.warn(
+                        spec["node"],
+                        spec["path"],
+                        f"agent {name!r} is suspended with {suspended_above!r}, an agent above it",
                     )
 
     # tools ------------------------------------------------------------------
@@ -1023,7 +1042,9 @@ def matrix_plan(*, text: str, source: str, at: datetime, mode: str = "requests")
 
 
 def _is_admin(user: Any) -> bool:
-    return bool(user is not None and user.is_active and (user.is_staff or user.is_superuser))
+    """An active admin by the one role rule (governance.roles): is_staff only opens
+    Django's read-only admin site and makes nobody an approver."""
+    return bool(user is not None and user.is_active and roles.is_admin(user))
 
 
 def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry_run: bool) -> None:
@@ -1043,7 +1064,7 @@ def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry
         raise GovernanceError("approver_required", "--apply-approved needs --approver USERNAME.")
     if not _is_admin(requested_by):
         raise Forbidden(
-            "not_admin", "Only an admin (staff or superuser) may import approved grants."
+            "not_admin", "Only an admin (group admins or superuser) may import approved grants."
         )
     if approver.pk == requested_by.pk:
         raise Forbidden("self_approval", "Nobody approves their own request: name another admin.")
@@ -1086,16 +1107,24 @@ def _apply(
                 agent = agent_service.agent_create(
                     name=spec["name"], owner=spec["owner"], parent=parent, actor=actor, at=at
                 )
-                if spec["status"] == Agent.Status.SUSPENDED:
-                    agent = agent_service.agent_suspend(
-                        agent=agent, reason=f"suspended in {result.source}", actor=actor, at=at
-                    )
             agents[agent.name] = agent
         if len(still_waiting) == len(waiting):  # planning rules this out; belt and braces
             raise MatrixInvalid(
                 result.source, [Problem(c.line, c.path, "parent cycle") for c in waiting]
             )
         waiting = still_waiting
+    # Suspended once the whole tree exists: suspending an agent suspends every agent
+    # below it, and no agent can be created under a suspended one.
+    for change in result.changes:
+        if change.kind == "agent" and change.outcome == "create":
+            if change.spec["status"] == Agent.Status.SUSPENDED:
+                with _entry(change, result.source):
+                    agents[change.spec["name"]] = agent_service.agent_suspend(
+                        agent=agents[change.spec["name"]],
+                        reason=f"suspended in {result.source}",
+                        actor=actor,
+                        at=at,
+                    )
 
     for change in result.changes:
         if change.outcome != "create" or change.kind == "agent":

@@ -18,9 +18,10 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
                        actions=None, scope=None, expires_at=None) -> ReviewItem
         decision: "keep" | "narrow" (any of actions/scope/expires_at, never wider) |
         "revoke"; effective at once. Raises GovernanceError `comment_required` /
-        `invalid_decision`, Forbidden `self_review` (the grant's approver or requester)
+        `invalid_decision`, Forbidden `self_review` (the grant's approver or requester,
         or, for a delegated grant, anyone who requested or approved a grant up its
-        chain) / `not_assigned` (neither the assigned reviewer nor an admin), Conflict
+        chain, or anyone with a stake in the agent: approvals.stakeholders) /
+        `not_assigned` (neither the assigned reviewer nor an admin), Conflict
         `already_decided` (a second decision changes nothing).
     review_items_apply_due_rule(*, actor, at) -> int     (the job: items whose grant
         ended are closed `ended`; items undecided at the due date get REVIEW_DEFAULT_RULE)
@@ -29,7 +30,9 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
 
 Reviewers rotate among approvers (groups approvers/admins, superusers; governance.roles)
 in username order, skipping whoever is barred from the grant (its approver and
-requester, and up a delegated grant's chain every ancestor's); an item nobody may
+requester, and up a delegated grant's chain every ancestor's; the owners of the agent
+and the agents above it; whoever held a live token for them when the grant was
+created); an item nobody may
 review is left unassigned (admins decide it) and still falls under the due-date rule.
 Selectors: review_items_for(user, at), unused_grants(at) in governance/selectors.py.
 """
@@ -48,6 +51,7 @@ from governance.codes import EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
 from governance.selectors import approver_users, live_grants, unused_grants
+from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from governance.services.grants import grant_event, grant_narrow, grant_revoke
 from governance.services.usage import usage_fold
@@ -64,8 +68,11 @@ def _grant_event(
 def _barred(grant: Grant) -> set[int]:
     """Who may not re-certify this grant: whoever requested or approved it and, up a
     delegated grant's chain, each ancestor's requester and approver (a delegated
-    grant has no human of its own: the people behind its parent stand behind it)."""
+    grant has no human of its own: the people behind its parent stand behind it);
+    and everyone with a stake in the agent (approvals.stakeholders as of the grant's
+    creation: the owners up the agent tree, whoever held a live token for it)."""
     people = {pk for g in grant.chain() for pk in (g.requested_by_id, g.approved_by_id)}
+    people |= stakeholders(grant.agent, grant, at=grant.created_at)
     people.discard(None)
     return people
 

@@ -11,8 +11,9 @@ Signatures (keyword-only):
         -> SecondLook
         verdict: "confirm" | "flag" (flag notifies the admins). Raises Forbidden
         `self_review` (the original approver, or anyone with a stake in the agent's
-        call: approvals.stakeholders, which includes the requester and the owners of
-        the agent and the agents above it) / `not_assigned` (neither the sampled
+        call: approvals.stakeholders, which includes the requester, the owners of
+        the agent and the agents above it, and whoever held a live token for them
+        when the request or call was made) / `not_assigned` (neither the sampled
         reviewer nor an admin) / `not_allowed`,
         GovernanceError `comment_required` / `invalid_verdict`, Conflict
         `already_decided`.
@@ -69,11 +70,19 @@ def _event(
     )
 
 
-def _barred(approver_id: Any, agent: Any, grant: Grant | None) -> set[Any]:
+def _barred(
+    approver_id: Any, agent: Any, grant: Grant | None, approval: Approval | None
+) -> set[Any]:
     """Who may not take the second look: the approver whose decision it re-checks and
     everyone with a stake in the agent's access (its owner up the agent tree, the
-    requesters up the grant chain)."""
-    return {approver_id} | stakeholders(agent, grant)
+    requesters up the grant chain, whoever held a live token for the agent when the
+    approved request or call was made)."""
+    if approval is not None:
+        at = approval.requested_at
+    else:
+        assert grant is not None
+        at = grant.created_at
+    return {approver_id} | stakeholders(agent, grant, at=at)
 
 
 def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | None = None) -> int:
@@ -85,7 +94,7 @@ def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | N
         .exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
         .select_related("agent")
     ):
-        barred = _barred(grant.approved_by_id, grant.agent, grant)
+        barred = _barred(grant.approved_by_id, grant.agent, grant, None)
         candidates.append(("grant", grant, grant.approved_by_id, barred))
     for approval in Approval.objects.filter(
         decided_by__isnull=False,
@@ -93,7 +102,7 @@ def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | N
         decided_at__lte=at,
         status__in=[Approval.Status.APPROVED, Approval.Status.CONSUMED, Approval.Status.EXPIRED],
     ).select_related("agent", "grant"):
-        barred = _barred(approval.decided_by_id, approval.agent, approval.grant)
+        barred = _barred(approval.decided_by_id, approval.agent, approval.grant, approval)
         candidates.append(("approval", approval, approval.decided_by_id, barred))
     pool = approver_users()
     users = get_user_model().objects.in_bulk([c[2] for c in candidates])
@@ -151,7 +160,7 @@ def second_look_decide(
         if look.status != SecondLook.Status.PENDING:
             raise Conflict("already_decided", f"The second look is already {look.status}.")
         agent = look.approval.agent if look.approval_id else look.grant.agent
-        if reviewer.pk in _barred(look.original_approver_id, agent, look.grant):
+        if reviewer.pk in _barred(look.original_approver_id, agent, look.grant, look.approval):
             raise Forbidden(
                 "self_review",
                 "A second look is by a different approver, with no stake in the agent.",
