@@ -741,6 +741,37 @@ def test_whoever_held_a_token_for_the_agent_cannot_approve_what_it_asked(
     assert (last_event().event_type, last_event().actor) == ("approval.approved", "user:bob")
 
 
+def test_a_token_issued_after_the_call_was_asked_still_bars_its_creator(
+    bot, repo, make_grant, bob, system
+):
+    """erin issues herself a token for the agent only after its destructive call is
+    waiting: approving it herself, she could then make the approved call with that
+    token. Whoever could act as the agent at any moment since the call was asked is
+    barred, not only who could when it was asked."""
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from governance.models import Approval
+    from governance.services import approvals
+
+    erin = User.objects.create_user("erin")
+    now = timezone.now()
+    make_grant(bot, repo, ("delete",), "repo:prod/*", starts_at=now - timedelta(minutes=1))
+    gated = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:prod/db", at=now
+    )
+    assert gated.decision == "approval_required"
+    agents.token_issue(created_by=erin, agent=bot, actor=Actor.user(erin), at=timezone.now())
+    with pytest.raises(Forbidden) as refused:
+        approvals.approval_approve(
+            approval_id=gated.approval_id, approver=erin, actor=Actor.user(erin),
+            at=timezone.now(),
+        )  # fmt: skip
+    assert refused.value.code == "self_approval"
+    assert Approval.objects.get(pk=gated.approval_id).status == "pending"
+    assert last_event().event_type == "agent_token.issued"  # nothing decided
+
+
 def test_revoking_a_grant_voids_its_approvals_and_a_new_grant_needs_a_new_one(
     bot, repo, make_grant, alice, bob, system
 ):

@@ -42,11 +42,12 @@ def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> s
     requester and holder's owner (a delegated grant has no human requester of its
     own: the person behind it asked for the parent).
 
-    Also whoever could act as the agent at `at` (the moment the request or the
-    approval was created): the creator of every token of the agent, or of an agent
-    above it, that was live then (created by then, not yet revoked or expired). An
-    admin who issues himself a token for someone else's agent can file requests as
-    that agent; he must not then approve them under his own name."""
+    Also whoever could act as the agent from `at` (the moment the request or the
+    approval was created) on: the creator of every token of the agent, or of an agent
+    above it, that was live at any moment since (not revoked or expired by `at`,
+    whenever it was created). An admin who issues himself a token for someone else's
+    agent can file requests as that agent, or make the approved call with it once he
+    has approved it himself; he must do neither under his own name."""
     users = set()
     tree: list[int] = []
     for _ in range(32):  # bounded, as the delegation walk is
@@ -59,7 +60,7 @@ def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> s
         users.update((link.requested_by_id, link.agent.owner_id))
         tree.append(link.agent_id)
     users.update(
-        AgentToken.objects.filter(agent_id__in=tree, created_at__lte=at, expires_at__gt=at)
+        AgentToken.objects.filter(agent_id__in=tree, expires_at__gt=at)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
         .values_list("created_by_id", flat=True)
     )
