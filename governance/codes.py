@@ -98,6 +98,9 @@ class EventType(models.TextChoices):
     BREAKGLASS_OPENED = "breakglass.opened"
     BREAKGLASS_RATIFIED = "breakglass.ratified"
     BREAKGLASS_CONFIRMED_CLOSED = "breakglass.confirmed_closed"
+    # Closed early after its grant had already ended elsewhere (a live one's close is
+    # its grant.revoked event).
+    BREAKGLASS_CLOSED = "breakglass.closed"
     BREAKGLASS_REVIEW_OVERDUE = "breakglass.review_overdue"
     REVIEW_CAMPAIGN_OPENED = "review.campaign_opened"
     REVIEW_CAMPAIGN_CLOSED = "review.campaign_closed"
