@@ -70,6 +70,9 @@ def _decide(
         )
         if approval.status != Approval.Status.PENDING or approval.expires_at <= at:
             raise Conflict("not_pending", f"The approval is {approval.status}, not pending.")
+        # Nobody with a stake in the call confirms it (separation of duties).
+        if approver.pk in stakeholders(approval.agent, approval.grant):
+            raise Forbidden("self_approval", "Nobody approves their own agent's action.")
         # The call it confirms can no longer happen: its grant ended (expired, revoked,
         # task closed, agent suspended) after the approval was asked for.
         if approval.grant_id is not None and (dead := grant_dead_reason(approval.grant_id, at)):
@@ -77,9 +80,6 @@ def _decide(
                 "grant_not_live",
                 f"The grant this approval is for is no longer live ({dead}); nothing to decide.",
             )
-        # Nobody with a stake in the call confirms it (separation of duties).
-        if approver.pk in stakeholders(approval.agent, approval.grant):
-            raise Forbidden("self_approval", "Nobody approves their own agent's action.")
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
         approval.decided_by = approver
         approval.decided_at = at
