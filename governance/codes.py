@@ -47,6 +47,8 @@ class Reason(models.TextChoices):
     SCOPE_MISMATCH = "scope_mismatch"
     APPROVAL_REQUIRED = "approval_required"
     APPROVAL_INVALID = "approval_invalid"
+    # A person denied this exact call within APPROVAL_TTL: not asked again.
+    APPROVAL_DENIED = "approval_denied"
     ERROR = "error"
 
 
@@ -96,6 +98,9 @@ class EventType(models.TextChoices):
     # Unused for UNUSED_GRANT_DAYS: proposed for removal (or narrowing to read).
     GRANT_UNUSED_FLAGGED = "grant.unused_flagged"
     BREAKGLASS_OPENED = "breakglass.opened"
+    # Closed early after its grant had already ended elsewhere (a live one's close is
+    # its grant.revoked event).
+    BREAKGLASS_CLOSED = "breakglass.closed"
     BREAKGLASS_RATIFIED = "breakglass.ratified"
     BREAKGLASS_CONFIRMED_CLOSED = "breakglass.confirmed_closed"
     BREAKGLASS_REVIEW_OVERDUE = "breakglass.review_overdue"

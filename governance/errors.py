@@ -39,6 +39,20 @@ class Unavailable(GovernanceError):
 
 
 class RateLimited(GovernanceError):
-    """Too many of something per person per period; try later or another way."""
+    """Too many of something per person per period; try later or another way.
+
+    `retry_after` (seconds) is when trying again can succeed; the API sends it as
+    the Retry-After header."""
 
     status = 429
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        fields: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, message, fields=fields)
+        self.retry_after = retry_after

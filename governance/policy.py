@@ -577,7 +577,7 @@ CHECKLIST: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "gate",
         "A destructive action carries a matching, unused, unexpired approval",
-        (Reason.APPROVAL_REQUIRED, Reason.APPROVAL_INVALID),
+        (Reason.APPROVAL_REQUIRED, Reason.APPROVAL_INVALID, Reason.APPROVAL_DENIED),
     ),
 )
 

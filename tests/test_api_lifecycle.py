@@ -87,13 +87,17 @@ def test_bad_break_glass_input_is_a_clear_4xx_and_writes_nothing(
     assert BreakGlass.objects.count() == 0 and Grant.objects.count() == 0
 
 
-def test_the_hourly_limit_is_a_429(world, human_client, person, settings):
+def test_the_hourly_limit_is_a_429(world, make_tool, human_client, person, settings):
     settings.BREAKGLASS_MAX_PER_HOUR = 1
+    make_tool("deploy")  # one live break-glass per agent and tool: the second is elsewhere
     client = human_client(person("erin"), "approvers")
     assert client.post("/api/v1/breakglass", BODY, format="json").status_code == 201
-    second = client.post("/api/v1/breakglass", {**BODY, "ticket": "INC-2"}, format="json")
+    second = client.post(
+        "/api/v1/breakglass", {**BODY, "tool": "deploy", "ticket": "INC-2"}, format="json"
+    )
     assert second.status_code == 429
     assert second.json()["error"]["code"] == "breakglass_rate_limited"
+    assert 3500 <= int(second.headers["Retry-After"]) <= 3600
 
 
 def test_break_glass_review_over_the_api(world, human_client, person, agent_client):
@@ -151,3 +155,47 @@ def test_a_review_item_is_decided_over_the_api(world, make_grant, human_client, 
     again = client.post(url, {"decision": "keep", "comment": "x"}, format="json")
     assert (again.status_code, again.json()["error"]["code"]) == (409, "already_decided")
     assert grant.expires_at - timezone.now() < timedelta(hours=2)
+
+
+def test_the_owner_who_opened_break_glass_closes_it_early(world, human_client, alice, person):
+    """alice may open (the agent's owner) but got 403 closing it: close needed IsApprover."""
+    client = human_client(alice)
+    opened = client.post("/api/v1/breakglass", BODY, format="json")
+    assert opened.status_code == 201, opened.json()
+    pk = opened.json()["id"]
+    stranger = human_client(person("mallory")).post(
+        f"/api/v1/breakglass/{pk}/close", {"comment": "x"}, format="json"
+    )
+    assert stranger.status_code == 403 and stranger.json()["error"]["code"] == "not_allowed"
+    assert BreakGlass.objects.get(pk=pk).closed_at is None
+    closed = client.post(f"/api/v1/breakglass/{pk}/close", {"comment": "fixed"}, format="json")
+    assert closed.status_code == 200, closed.json()
+    bg = BreakGlass.objects.get(pk=pk)
+    assert bg.closed_by == alice and bg.grant.status == "revoked"
+    revoked = AuditEvent.objects.get(event_type=EventType.GRANT_REVOKED, grant_id=bg.grant_id)
+    assert revoked.actor.endswith("alice") and revoked.break_glass
+    # Reviewing stays with approvers.
+    ratify = client.post(f"/api/v1/breakglass/{pk}/ratify", {"comment": "ok"}, format="json")
+    assert ratify.status_code == 403
+
+
+def test_break_glass_conflicts_and_the_hourly_limit_answer_with_codes(
+    world, make_tool, human_client, approvers, settings
+):
+    settings.BREAKGLASS_MAX_PER_HOUR = 1
+    client = human_client(approvers[0])
+    assert client.post("/api/v1/breakglass", BODY, format="json").status_code == 201
+    busy = human_client(approvers[1]).post(
+        "/api/v1/breakglass", {**BODY, "ticket": "INC-2"}, format="json"
+    )
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "breakglass_active"
+    assert "INC-1" in busy.json()["error"]["message"]
+    make_tool("deploy")
+    limited = client.post(
+        "/api/v1/breakglass", {**BODY, "tool": "deploy", "ticket": "INC-3"}, format="json"
+    )
+    assert limited.status_code == 429
+    assert limited.json()["error"]["code"] == "breakglass_rate_limited"
+    assert 3500 <= int(limited.headers["Retry-After"]) <= 3600
+    assert BreakGlass.objects.count() == 1
+    assert AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_OPENED).count() == 1

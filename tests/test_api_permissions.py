@@ -48,7 +48,8 @@ API = "/api/v1/"
 CALLERS = ("A", "B", "admin", "approver", "auditor", "user", "anon")
 
 ASK = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
-BREAKGLASS = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:bg/*",
+# bot-b: the world's break-glass (alice's) is live for bot-a on repo, one at a time.
+BREAKGLASS = {"agent": "bot-b", "tool": "repo", "actions": ["read"], "scope": "repo:bg/*",
               "ticket": "INC-2", "reason": "outage"}  # fmt: skip
 REQUEST = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:new/*",
            "duration_seconds": 600, "justification": "needed"}  # fmt: skip
@@ -140,6 +141,7 @@ TABLE: list[tuple[str, str, Any, str]] = [
     # The OpenAPI schema and its viewer are public.
     # Break-glass (opened by alice, the agent's owner, in the world) and reviews.
     ("POST",  "breakglass",                       BREAKGLASS,    "403 403 201 201 403 403 401"),
+    # Closing early: approvers, admins and the opener (alice: tests/test_api_lifecycle.py).
     ("POST",  "breakglass/{breakglass}/close",    {"comment": "x"},
                                                                  "403 403 200 200 403 403 401"),
     ("POST",  "breakglass/{breakglass}/ratify",   {"comment": "x"},

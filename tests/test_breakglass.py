@@ -51,8 +51,8 @@ def open_bg(setup):
         opener = opener or setup["erin"]
         return bgs.breakglass_open(
             opener=opener,
-            agent=setup["agent"],
-            tool=setup["tool"],
+            agent=kw.pop("agent", setup["agent"]),
+            tool=kw.pop("tool", setup["tool"]),
             actions=kw.pop("actions", ["read", "update"]),
             scope=scope,
             ticket=ticket,
@@ -174,18 +174,35 @@ def test_longer_than_the_hard_maximum_is_refused_not_clamped(open_bg, settings):
     assert open_bg(ttl=timedelta(hours=2)).expires_at == NOW + timedelta(hours=2)
 
 
-def test_more_than_the_hourly_limit_per_person_is_refused(open_bg, setup, settings):
+def test_more_than_the_hourly_limit_per_person_is_refused(open_bg, setup, make_tool, settings):
     settings.BREAKGLASS_MAX_PER_HOUR = 2
-    open_bg(ticket="INC-1")
-    open_bg(ticket="INC-2", at=NOW + timedelta(minutes=1))
+    # One break-glass per agent and tool at a time: each of these is for another tool.
+    tools = [make_tool(f"repo{i}") for i in range(4)]
+    open_bg(ticket="INC-1", tool=tools[0])
+    open_bg(ticket="INC-2", at=NOW + timedelta(minutes=1), tool=tools[1])
     with pytest.raises(RateLimited) as caught:
-        open_bg(ticket="INC-3", at=NOW + timedelta(minutes=2))
+        open_bg(ticket="INC-3", at=NOW + timedelta(minutes=2), tool=tools[2])
     assert caught.value.code == "breakglass_rate_limited" and caught.value.status == 429
+    # Free again when the first open leaves the hour: 58 minutes from now.
+    assert caught.value.retry_after == 58 * 60
     assert BreakGlass.objects.count() == 2
     # Someone else is not limited by erin's count, and erin is again after the hour.
-    open_bg(setup["frank"], ticket="INC-3", at=NOW + timedelta(minutes=2))
-    open_bg(ticket="INC-4", at=NOW + timedelta(hours=1))
+    open_bg(setup["frank"], ticket="INC-3", at=NOW + timedelta(minutes=2), tool=tools[2])
+    open_bg(ticket="INC-4", at=NOW + timedelta(hours=1), tool=tools[3])
     assert BreakGlass.objects.count() == 4
+    assert len(events(EventType.BREAKGLASS_OPENED)) == 4
+
+
+def test_retry_after_counts_down_to_when_enough_opens_leave_the_hour(open_bg, make_tool, settings):
+    settings.BREAKGLASS_MAX_PER_HOUR = 3
+    tools = [make_tool(f"repo{i}") for i in range(4)]
+    for i in range(3):
+        open_bg(ticket=f"INC-{i}", at=NOW + timedelta(minutes=10 * i), tool=tools[i])
+    settings.BREAKGLASS_MAX_PER_HOUR = 2  # lowered: two must leave, not just the oldest
+    with pytest.raises(RateLimited) as caught:
+        open_bg(ticket="INC-9", at=NOW + timedelta(minutes=25, seconds=0.5), tool=tools[3])
+    assert caught.value.retry_after == 45 * 60  # NOW + 10 min + 1 h, rounded up
+    assert BreakGlass.objects.count() == 3
 
 
 def test_closing_early_ends_the_grant_once(open_bg, setup):
@@ -438,3 +455,112 @@ def test_the_breakglass_open_command_refuses_an_absurd_lifetime_with_a_line(setu
     with pytest.raises(CommandError, match="--ttl-minutes must be 1 to 10080"):
         call_command("breakglass_open", *argv, f"--ttl-minutes={ttl}", stdout=StringIO())
     assert not BreakGlass.objects.exists() and AuditEvent.objects.count() == before
+
+
+# --- One at a time, and reviewed before the next -------------------------------------------
+
+
+def test_one_live_break_glass_per_agent_and_tool_whoever_opens_it(open_bg, setup, make_tool):
+    """A second person could open an overlapping one, stretching the elevation."""
+    bg = open_bg()
+    before = AuditEvent.objects.count()
+    for opener, ticket, scope in [
+        (setup["frank"], "INC-43", "repo:acme/web/*"),  # someone else
+        (setup["erin"], "INC-44", SCOPE),  # the same person, another ticket
+    ]:
+        with pytest.raises(Conflict) as caught:
+            open_bg(opener, ticket=ticket, scope=scope, at=NOW + timedelta(minutes=50))
+        assert caught.value.code == "breakglass_active" and caught.value.status == 409
+        assert "INC-42" in caught.value.message
+        assert bg.expires_at.isoformat() in caught.value.message
+        assert caught.value.fields["ticket"] == "INC-42"
+    assert BreakGlass.objects.count() == 1 and Grant.objects.count() == 1
+    assert AuditEvent.objects.count() == before
+    assert not authorize(**ask(bg.expires_at)).allowed  # nothing stretched past its end
+    # Another tool for the same agent is another matter (under its own limit).
+    other = open_bg(setup["frank"], ticket="INC-45", tool=make_tool("deploy"))
+    assert other.pk != bg.pk
+    assert len(events(EventType.BREAKGLASS_OPENED)) == 2
+
+
+def test_no_new_break_glass_while_an_earlier_one_awaits_its_review(open_bg, setup, settings):
+    """The same opener re-opened the instant one expired: 24 h of elevation on one
+    ticket with six reviews pending. Now a second person reviews before the next."""
+    cap = settings.BREAKGLASS_MAX_TTL
+    bg = open_bg(ttl=cap)
+    for opener in (setup["erin"], setup["frank"]):
+        with pytest.raises(Conflict) as caught:
+            open_bg(opener, ttl=cap, at=bg.expires_at)
+        assert caught.value.code == "breakglass_unreviewed"
+        assert "INC-42" in caught.value.message and "review" in caught.value.message
+    assert not authorize(**ask(bg.expires_at)).allowed
+    assert BreakGlass.objects.count() == 1 and len(events(EventType.BREAKGLASS_OPENED)) == 1
+    frank = setup["frank"]
+    bgs.breakglass_confirm_closed(
+        breakglass_id=bg.pk, reviewer=frank, comment="over", actor=Actor.user(frank),
+        at=bg.expires_at + MS,
+    )  # fmt: skip
+    again = open_bg(ttl=cap, at=bg.expires_at + 2 * MS)
+    assert again.pk != bg.pk and authorize(**ask(bg.expires_at + 3 * MS)).allowed
+    assert len(events(EventType.BREAKGLASS_OPENED)) == 2
+
+
+def test_only_the_exact_repeat_returns_the_live_one(open_bg, setup, make_task, system):
+    bg = open_bg(actions=["read"])
+    assert open_bg(actions=["read"], at=NOW + MS).pk == bg.pk
+    # Wider actions, or another task, are not the same request: never the narrower row.
+    for change in ({"actions": ["read", "update"]}, {"actions": ["read"], "task": make_task()}):
+        with pytest.raises(Conflict) as caught:
+            open_bg(at=NOW + MS, **change)
+        assert caught.value.code == "breakglass_active"
+    assert Grant.objects.get().actions == ["read"]
+    # Its grant revoked elsewhere: a repeat is not handed the dead row with a 201.
+    from governance.services.grants import grant_revoke
+
+    grant_revoke(grant_id=bg.grant_id, reason="not needed", actor=system, at=NOW + 2 * MS)
+    with pytest.raises(Conflict) as caught:
+        open_bg(actions=["read"], at=NOW + 3 * MS)
+    assert caught.value.code == "breakglass_unreviewed"
+    assert BreakGlass.objects.count() == 1 and len(events(EventType.BREAKGLASS_OPENED)) == 1
+
+
+def test_closing_one_whose_grant_ended_elsewhere_marks_it_closed_once(open_bg, setup, system):
+    from governance.services.grants import grant_revoke
+
+    bg = open_bg()
+    grant_revoke(grant_id=bg.grant_id, reason="not needed", actor=system, at=NOW + MS)
+    frank = setup["frank"]
+    for _ in range(2):
+        closed = bgs.breakglass_close(
+            breakglass_id=bg.pk, closed_by=frank, comment="tidy", actor=Actor.user(frank),
+            at=NOW + 2 * MS,
+        )  # fmt: skip
+    assert (closed.closed_at, closed.closed_by) == (NOW + 2 * MS, frank)
+    (event,) = events(EventType.BREAKGLASS_CLOSED)
+    assert event.break_glass and event.grant_id == bg.grant_id and event.actor == "user:frank"
+    assert json.loads(event.data)["grant_status"] == "revoked"
+    assert len(events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)) == 1
+
+
+def test_the_opener_may_close_their_own_early_and_nobody_else_without_a_role(
+    open_bg, alice, person
+):
+    """The agent's owner may open break-glass but could not close it early."""
+    bg = open_bg(alice)  # alice owns the agent and holds no role
+    mallory = person("mallory")
+    with pytest.raises(Forbidden) as caught:
+        bgs.breakglass_close(
+            breakglass_id=bg.pk, closed_by=mallory, comment="x", actor=Actor.user(mallory),
+            at=NOW + MS,
+        )  # fmt: skip
+    assert caught.value.code == "not_allowed"
+    assert BreakGlass.objects.get(pk=bg.pk).closed_at is None
+    assert events(EventType.GRANT_REVOKED) == []
+    closed = bgs.breakglass_close(
+        breakglass_id=bg.pk, closed_by=alice, comment="fixed", actor=Actor.user(alice),
+        at=NOW + MS,
+    )  # fmt: skip
+    assert (closed.closed_at, closed.closed_by, closed.grant.status) == (NOW + MS, alice, "revoked")
+    (revoked,) = events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)
+    assert revoked.actor == "user:alice" and revoked.break_glass
+    assert not authorize(**ask(NOW + MS)).allowed

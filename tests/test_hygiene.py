@@ -212,6 +212,42 @@ def test_a_partial_sample_is_the_same_set_every_run(approved_yesterday, system):
     assert 0 < first < 22
 
 
+def test_a_late_run_samples_the_gap_since_the_last_one(
+    make_agent, make_tool, alice, bob, approvers, system
+):
+    """A fixed 24 h window never saw an approval made 30 s after one run when the next
+    ran 40 s late; nor anything in a gap of days. The watermark covers it."""
+    from governance.models import SecondLookMark
+    from governance.services import grants as grant_services
+
+    bob.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    agent, tool = make_agent(), make_tool()
+
+    def approved(at, scope):
+        request = grant_services.grant_request(
+            agent=agent, tool=tool, actions=["read"], scope=scope, duration=timedelta(hours=1),
+            justification="j", requested_by=alice, actor=system, at=at,
+        )  # fmt: skip
+        return grant_services.grant_approve(grant_id=request.pk, approver=bob, actor=system, at=at)
+
+    assert second_look.second_looks_sample(actor=system, at=NOW, fraction=1.0) == 0
+    assert SecondLookMark.objects.get().sampled_through == NOW
+    first = approved(NOW + timedelta(seconds=30), "repo:acme/a/*")
+    # The next daily run is 40 s late.
+    late = NOW + timedelta(days=1, seconds=40)
+    assert second_look.second_looks_sample(actor=system, at=late, fraction=1.0) == 1
+    (sampled,) = events(EventType.SECOND_LOOK_SAMPLED)
+    assert sampled.grant_id == first.pk
+    # Then no run for three days: an approval just after `late` is still sampled.
+    second = approved(late + timedelta(minutes=1), "repo:acme/b/*")
+    gap = late + timedelta(days=3)
+    assert second_look.second_looks_sample(actor=system, at=gap, fraction=1.0) == 1
+    assert events(EventType.SECOND_LOOK_SAMPLED)[-1].grant_id == second.pk
+    assert second_look.second_looks_sample(actor=system, at=gap, fraction=1.0) == 0
+    assert SecondLookMark.objects.get().sampled_through == gap
+    assert SecondLook.objects.count() == 2
+
+
 def test_a_second_look_is_decided_once_by_another_approver(
     approved_yesterday, system, django_capture_on_commit_callbacks
 ):

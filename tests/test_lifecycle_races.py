@@ -21,11 +21,11 @@ from tests.test_races import together
 ROUNDS = 15
 
 
-def _open(setup, round_no, opener):
+def _open(setup, round_no, opener, tool=None):
     return bgs.breakglass_open(
         opener=opener,
         agent=setup["agent"],
-        tool=setup["tool"],
+        tool=tool or setup["tool"],
         actions=["read"],
         scope=f"repo:acme/r{round_no}/*",
         ticket=f"INC-{round_no}",
@@ -43,6 +43,9 @@ def setup(make_agent, make_tool, approvers, settings):
     return {
         "agent": make_agent(),
         "tool": make_tool(),
+        # One live break-glass per agent and tool: a round that leaves one live (ratified)
+        # must not block the next, so each round has its own tool.
+        "tool_for": lambda n: make_tool(f"repo-{n}"),
         "erin": erin,
         "frank": frank,
         "grace": grace,
@@ -54,7 +57,7 @@ def setup(make_agent, make_tool, approvers, settings):
 def test_two_reviewers_closing_one_break_glass_at_once_decide_it_once(postgres_only, setup):
     frank, grace = setup["frank"], setup["grace"]
     for round_no in range(ROUNDS):
-        bg = _open(setup, round_no, setup["erin"])
+        bg = _open(setup, round_no, setup["erin"], setup["tool_for"](round_no))
         ratify = partial(
             bgs.breakglass_ratify,
             breakglass_id=bg.pk,
@@ -160,10 +163,37 @@ def test_two_opens_at_once_cannot_both_slip_under_the_hourly_limit(postgres_only
     for round_no in range(4):
         opener = people[round_no]
         outcomes = together(
-            partial(_open, setup, 100 + 2 * round_no, opener),
-            partial(_open, setup, 101 + 2 * round_no, opener),
+            partial(
+                _open, setup, 100 + 2 * round_no, opener, setup["tool_for"](100 + 2 * round_no)
+            ),
+            partial(
+                _open, setup, 101 + 2 * round_no, opener, setup["tool_for"](101 + 2 * round_no)
+            ),
         )
         assert sorted(o is None for o in outcomes) == [False, True], outcomes
         loser = next(o for o in outcomes if o is not None)
         assert isinstance(loser, RateLimited)
         assert BreakGlass.objects.filter(opened_by=opener).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_people_opening_for_one_agent_and_tool_at_once_open_one(postgres_only, setup):
+    """Each opener's own row lock did not serialise two different people: both could
+    open overlapping break-glass for the same agent and tool."""
+    pairs = [("erin", "frank"), ("grace", "heidi")]
+    for round_no, (a, b) in enumerate(pairs * 4):
+        tool = setup["tool_for"](200 + round_no)
+        outcomes = together(
+            partial(_open, setup, 300 + 2 * round_no, setup[a], tool),
+            partial(_open, setup, 301 + 2 * round_no, setup[b], tool),
+        )
+        assert sorted(o is None for o in outcomes) == [False, True], outcomes
+        loser = next(o for o in outcomes if o is not None)
+        assert isinstance(loser, Conflict) and loser.code == "breakglass_active"
+        assert BreakGlass.objects.filter(grant__tool=tool).count() == 1
+        assert (
+            AuditEvent.objects.filter(
+                event_type=EventType.BREAKGLASS_OPENED, tool=tool.name
+            ).count()
+            == 1
+        )

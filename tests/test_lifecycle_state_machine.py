@@ -7,7 +7,8 @@ time passing, the expiry job, break-glass (open, confirm closed), delegation and
    never an allow without a live grant;
 2. no grant the machine revoked, and none past its expiry, ever allows anything;
 3. every transition wrote exactly the audit events it should (one per object changed,
-   none for a refused call);
+   none for a refused call), and break-glass opens only when no other is live for the
+   agent and tool and none awaits its review;
 4. a delegated grant that is still active never exceeds its parent (actions, scope,
    expiry), and one whose parent was revoked is not active.
 
@@ -183,21 +184,41 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert grants.grants_expire(actor=SYSTEM, at=self.now) == 0
         self.expect(*[("grant.expired", g) for g in due])
 
-    @rule(scope=st.sampled_from(SCOPES), minutes=st.sampled_from([30, 60]))
-    def breakglass_open(self, scope: str, minutes: int) -> None:
-        carol = self.users["carol"]
-        bg = breakglass.breakglass_open(
-            opener=carol,
-            agent=self.bot,
-            tool=self.tool,
-            actions=["read", "update"],
-            scope=scope,
-            ticket=f"INC-{BreakGlass.objects.count() + 1}",
-            reason="machine",
-            ttl=timedelta(minutes=minutes),
-            actor=Actor.user(carol),
-            at=self.now,
-        )
+    @rule(
+        scope=st.sampled_from(SCOPES),
+        minutes=st.sampled_from([30, 60]),
+        opener=st.sampled_from(["carol", "bob"]),
+    )
+    def breakglass_open(self, scope: str, minutes: int, opener: str) -> None:
+        carol = self.users[opener]
+        # The rules, read from the rows: at most one live break-glass per agent and
+        # tool (whoever opened it), and none while an earlier one awaits its review.
+        live = [
+            bg
+            for bg in BreakGlass.objects.select_related("grant").filter(closed_at=None)
+            if bg.expires_at > self.now
+            and bg.grant.status == "active"
+            and bg.grant.expires_at > self.now
+        ]
+        unreviewed = BreakGlass.objects.filter(review_status="pending").exists()
+        try:
+            bg = breakglass.breakglass_open(
+                opener=carol,
+                agent=self.bot,
+                tool=self.tool,
+                actions=["read", "update"],
+                scope=scope,
+                ticket=f"INC-{BreakGlass.objects.count() + 1}",
+                reason="machine",
+                ttl=timedelta(minutes=minutes),
+                actor=Actor.user(carol),
+                at=self.now,
+            )
+        except GovernanceError as exc:
+            assert exc.code == ("breakglass_active" if live else "breakglass_unreviewed"), exc
+            assert live or unreviewed
+            return self.expect()  # refused: nothing written
+        assert not live and not unreviewed
         assert bg.grant.break_glass
         self.expect(("breakglass.opened", bg.grant_id))
         again = breakglass.breakglass_open(
@@ -214,6 +235,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         assert again.pk == bg.pk
         self.expect()  # the same break-glass asked for twice: still one
+        with pytest.raises(GovernanceError) as other:
+            breakglass.breakglass_open(
+                opener=self.users["bob" if opener == "carol" else "carol"],
+                agent=self.bot,
+                tool=self.tool,
+                actions=["read"],
+                scope=scope,
+                ticket=f"INC-{BreakGlass.objects.count() + 1}",
+                reason="machine",
+                actor=Actor.user(carol),
+                at=self.now,
+            )
+        assert other.value.code == "breakglass_active"
+        self.expect()  # someone else, at the same time: refused, nothing written
 
     @precondition(lambda self: BreakGlass.objects.filter(review_status="pending").exists())
     @rule(data=st.data())

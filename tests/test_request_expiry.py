@@ -148,3 +148,31 @@ def test_a_bad_request_ttl_stops_start_up(value):
     )
     assert proc.returncode != 0
     assert "ImproperlyConfigured" in proc.stderr and "GRANT_REQUEST_TTL_HOURS" in proc.stderr
+
+
+def test_a_request_past_its_ttl_is_refused_even_if_the_job_never_ran(request_at, bob, system):
+    """Decided by time, not by the job: a two-week-old request was still approvable."""
+    grant = request_at(NOW)
+    late = NOW + settings.GRANT_REQUEST_TTL
+    before = AuditEvent.objects.count()
+    with pytest.raises(Conflict) as approving:
+        grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=late)
+    assert approving.value.code == "request_expired" and approving.value.status == 409
+    assert "expired undecided" in approving.value.message
+    with pytest.raises(Conflict) as denying:
+        grants.grant_deny(
+            grant_id=grant.pk, approver=bob, reason="no", actor=Actor.user(bob), at=late
+        )
+    assert denying.value.code == "request_expired"
+    grant.refresh_from_db()
+    assert (grant.status, grant.starts_at, grant.approved_by) == (Grant.Status.PENDING, None, None)
+    assert AuditEvent.objects.count() == before  # nothing recorded, nothing issued
+    # One millisecond younger it is still an ordinary decision, with its event.
+    young = request_at(NOW + MS, scope="repo:acme/web/*")
+    issued = grants.grant_approve(grant_id=young.pk, approver=bob, actor=Actor.user(bob), at=late)
+    assert issued.status == Grant.Status.ACTIVE
+    (event,) = events(EventType.GRANT_ISSUED, grant_id=young.pk)
+    assert event.actor == "user:bob"
+    # The job then closes the stale one as usual, once.
+    assert grant_requests_expire(actor=system, at=late) == 1
+    assert len(events(EventType.GRANT_REQUEST_EXPIRED, grant_id=grant.pk)) == 1

@@ -458,3 +458,79 @@ def test_selectors_for_the_ui(world, system):
     decide(item, "keep")
     assert selectors.review_campaigns(open_only=True).get().pending == 3
     assert list(selectors.second_looks_for(item.reviewer)) == []
+
+
+@pytest.mark.parametrize("decision", ["keep", "narrow", "revoke"])
+def test_at_the_due_date_a_decision_is_refused_and_the_rule_applies_at_once(
+    world, decision, django_capture_on_commit_callbacks
+):
+    """A late "keep" (the job not run yet) used to be recorded and defeat the revoke
+    rule. At or after the due date the rule applies, whoever asks and whenever the
+    job runs: the reviewer gets 409 past_due saying so."""
+    campaign = open_campaign()
+    item = campaign.items.get(grant=world["grants"][0])
+    Grant.objects.update(expires_at=campaign.due_at + timedelta(days=1))  # outlive the due date
+    kw = {"actions": ["read"]} if decision == "narrow" else {}
+    with django_capture_on_commit_callbacks(execute=True):
+        with pytest.raises(Conflict) as caught:
+            decide(item, decision, at=campaign.due_at, **kw)
+    assert caught.value.code == "past_due" and "'revoke'" in caught.value.message
+    item.refresh_from_db()
+    assert (item.status, item.decided_by, item.decided_at) == (
+        "auto_revoked",
+        None,
+        campaign.due_at,
+    )
+    assert Grant.objects.get(pk=item.grant_id).status == "revoked"
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []
+    (rule,) = events(EventType.REVIEW_ITEM_DUE_RULE)
+    assert rule.grant_id == item.grant_id and json.loads(rule.data)["rule"] == "revoke"
+    assert events(EventType.GRANT_REVOKED, grant_id=item.grant_id)[0].seq < rule.seq
+    # The job finds nothing more to do for it; a second late try is already_decided.
+    assert reviews.review_items_apply_due_rule(actor=Actor.system("t"), at=campaign.due_at) == 3
+    assert len(events(EventType.REVIEW_ITEM_DUE_RULE, grant_id=item.grant_id)) == 1
+    with pytest.raises(Conflict) as again:
+        decide(item, "keep", at=campaign.due_at)
+    assert again.value.code == "already_decided"
+
+
+def test_a_late_decision_under_the_keep_rule_is_auto_kept(world, settings):
+    settings.REVIEW_DEFAULT_RULE = "keep"
+    campaign = open_campaign()
+    item = campaign.items.get(grant=world["grants"][1])
+    Grant.objects.update(expires_at=campaign.due_at + timedelta(days=1))
+    with pytest.raises(Conflict) as caught:
+        decide(item, "revoke", at=campaign.due_at + MS)
+    assert caught.value.code == "past_due" and "'keep'" in caught.value.message
+    item.refresh_from_db()
+    assert item.status == "auto_kept" and Grant.objects.get(pk=item.grant_id).status == "active"
+    (rule,) = events(EventType.REVIEW_ITEM_DUE_RULE)
+    assert json.loads(rule.data)["rule"] == "keep"
+    # One millisecond before the due date a decision is an ordinary one.
+    other = campaign.items.get(grant=world["grants"][2])
+    assert decide(other, "keep", at=campaign.due_at - MS).status == "kept"
+
+
+@pytest.mark.parametrize("decision", ["keep", "revoke"])
+def test_deciding_an_item_whose_grant_ended_closes_it_as_ended(world, system, decision):
+    """ "kept" used to be recorded for a grant revoked meanwhile."""
+    campaign = open_campaign()
+    g2 = world["grants"][1]
+    item = campaign.items.get(grant=g2)
+    grant_services.grant_revoke(grant_id=g2.pk, reason="incident", actor=system, at=NOW + MS)
+    with pytest.raises(Conflict) as caught:
+        decide(item, decision, at=NOW + 2 * MS)
+    assert caught.value.code == "grant_not_live" and "closed as ended" in caught.value.message
+    item.refresh_from_db()
+    assert (item.status, item.decided_by) == ("ended", None)
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []
+    (rule,) = events(EventType.REVIEW_ITEM_DUE_RULE)
+    assert rule.grant_id == g2.pk and json.loads(rule.data)["rule"] == "ended"
+    assert len(events(EventType.GRANT_REVOKED, grant_id=g2.pk)) == 1  # not revoked twice
+    # Past its expiry (before the expiry job ran) is ended too.
+    g3 = world["grants"][2]
+    item3 = campaign.items.get(grant=g3)
+    with pytest.raises(Conflict) as caught:
+        decide(item3, decision, at=g3.expires_at)
+    assert caught.value.code == "grant_not_live"
+    assert ReviewItem.objects.get(pk=item3.pk).status == "ended"

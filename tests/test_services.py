@@ -987,3 +987,89 @@ def test_the_access_report_says_what_blocks_a_live_window(make_agent, repo, make
     # The same answer the decision gives.
     ask = {"tool": "repo", "action": "read", "scope": "repo:acme/x", "at": NOW}
     assert access.access_check(agent="frozen-bot", **ask).reason == "agent_suspended"
+
+
+def _deny_destructive(approval_id, at):
+    from django.contrib.auth.models import User
+
+    from governance.services import approvals
+
+    bob = User.objects.get(username="bob")
+    return approvals.approval_deny(
+        approval_id=approval_id, approver=bob, reason="not now", actor=Actor.user(bob), at=at
+    )
+
+
+def test_a_denied_call_asked_again_is_denied_without_a_new_approval(
+    bot, repo, make_grant, settings, django_capture_on_commit_callbacks
+):
+    """Approval fatigue: re-asking a call a person just denied opened a fresh pending
+    approval (and notified the approvers) every time."""
+    from governance.models import Approval, Notification
+
+    settings.NOTIFY_WEBHOOK_URLS = []
+    granted = make_grant(bot, repo, ("delete",), "repo:acme/*")
+    call = dict(agent="bot", tool="repo", action="delete", scope="repo:acme/x", arguments={"n": 1})
+    with django_capture_on_commit_callbacks(execute=True):
+        first = access.access_check(**call, at=NOW)
+    assert first.decision == "approval_required"
+    notified = Notification.objects.count()
+    _deny_destructive(first.approval_id, NOW + MS)
+    with django_capture_on_commit_callbacks(execute=True):
+        again = access.access_check(**call, at=NOW + 2 * MS)
+    assert (again.decision, again.reason, again.approval_id) == (
+        "deny",
+        "approval_denied",
+        first.approval_id,
+    )
+    assert "denied this exact call" in again.message
+    event = last_event()
+    assert (event.event_type, event.decision, event.reason) == (
+        "access.denied",
+        "deny",
+        "approval_denied",
+    )
+    assert (event.approval_id, event.grant_id) == (first.approval_id, granted.pk)
+    assert Approval.objects.count() == 1 and Notification.objects.count() == notified
+    # Other arguments are another call: asked anew.
+    other = access.access_check(**{**call, "arguments": {"n": 2}}, at=NOW + 3 * MS)
+    assert other.decision == "approval_required" and other.approval_id != first.approval_id
+    # Once APPROVAL_TTL has passed since the denial, the same call may be asked again.
+    later = access.access_check(**call, at=NOW + MS + settings.APPROVAL_TTL)
+    assert later.decision == "approval_required"
+    assert later.approval_id not in (first.approval_id, other.approval_id)
+    assert last_event().event_type == "access.approval_required"
+
+
+def test_an_approval_whose_grant_died_can_no_longer_be_decided(bot, repo, make_grant, bob, system):
+    from governance.models import Approval
+    from governance.services import approvals
+
+    granted = make_grant(
+        bot, repo, ("delete",), "repo:acme/*", starts_at=NOW - timedelta(minutes=59)
+    )
+    asked = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/x", at=NOW
+    )
+    assert asked.decision == "approval_required"
+    dead = granted.expires_at  # the grant ends; the approval has not expired yet
+    assert Approval.objects.get(pk=asked.approval_id).expires_at > dead
+    before = AuditEvent.objects.count()
+    for decide in (approvals.approval_approve, approvals.approval_deny):
+        with pytest.raises(Conflict) as caught:
+            decide(
+                approval_id=asked.approval_id,
+                approver=bob,
+                actor=Actor.user(bob),
+                at=dead,
+                reason="x",
+            )
+        assert caught.value.code == "grant_not_live" and caught.value.status == 409
+        assert "grant_expired" in caught.value.message
+    assert Approval.objects.get(pk=asked.approval_id).status == "pending"
+    assert AuditEvent.objects.count() == before
+    # A millisecond earlier it is decided as ever, with its event.
+    approved = approvals.approval_approve(
+        approval_id=asked.approval_id, approver=bob, actor=Actor.user(bob), at=dead - MS
+    )
+    assert approved.status == "approved" and last_event().event_type == "approval.approved"

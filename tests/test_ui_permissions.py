@@ -35,8 +35,10 @@ from tests import ui_world
 from tests.ui_world import World
 
 ROLES = ("anon", "auditor", "approver", "admin")
-BREAK_GLASS = {"agent": "bot-a", "tool": "repo", "actions": ["read"], "scope": "repo:acme/hot/*",
-               "ticket": "INC-2", "reason": "db down", "ttl_minutes": "30"}  # fmt: skip
+# Another agent than the world's own break-glass (one live per agent and tool).
+BREAK_GLASS = {"agent": "bot-a.sub", "tool": "repo", "actions": ["read"],
+               "scope": "repo:acme/hot/*", "ticket": "INC-2", "reason": "db down",
+               "ttl_minutes": "30"}  # fmt: skip
 LIFECYCLE = ("/ui/break-glass/", "/ui/reviews/", "/ui/inbox/second-look/")
 
 # fmt: off

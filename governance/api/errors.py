@@ -58,7 +58,12 @@ def _flatten(detail: Any) -> dict[str, str]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, GovernanceError):
-        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+        retry = getattr(exc, "retry_after", None)
+        return Response(
+            error_body(exc.code, exc.message, exc.fields),
+            status=exc.status,
+            headers={"Retry-After": str(retry)} if retry else None,
+        )
     if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()
     if isinstance(exc, exceptions.ValidationError):

@@ -4,6 +4,7 @@ Break-glass is opened by people only: an agent's token gets 403 here before the 
 is reached (HumanOnly), and the service refuses agents again (human_only). Reviews and
 break-glass reviews are decided by approvers and admins (IsApprover); the services
 enforce who in particular (never the opener, the grant's approver or its requester).
+Closing break-glass early is for approvers, admins and whoever opened it (the service).
 """
 
 from __future__ import annotations
@@ -85,10 +86,17 @@ class BreakGlassOpenView(APIView):
 
 
 class BreakGlassActView(APIView):
-    """close | ratify | confirm-closed, each with a comment."""
+    """close | ratify | confirm-closed, each with a comment. Closing early is also open
+    to the person who opened it (an agent's owner need not be an approver); the
+    service checks who, so any person's token gets that far."""
 
     permission_classes = [IsApprover]
     act = "close"
+
+    def get_permissions(self) -> list[BasePermission]:
+        if self.act == "close":
+            return [HumanOnly()]
+        return super().get_permissions()  # type: ignore[return-value]
 
     @extend_schema(request=s.CommentIn, responses={200: s.BreakGlassOut, **CONFLICT, **ERRORS})
     def post(self, request: Request, breakglass_id: int) -> Response:

@@ -12,6 +12,7 @@ from governance.models.reviews import (
     ReviewCampaign,
     ReviewItem,
     SecondLook,
+    SecondLookMark,
 )
 from governance.models.sandbox import SandboxRun
 from governance.models.tasks import Task
@@ -34,4 +35,5 @@ __all__ = [
     "ReviewCampaign",
     "ReviewItem",
     "SecondLook",
+    "SecondLookMark",
 ]

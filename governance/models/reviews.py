@@ -182,3 +182,16 @@ class SecondLook(models.Model):
 
     def __str__(self) -> str:
         return f"second look #{self.pk} {self.kind}"
+
+
+class SecondLookMark(models.Model):
+    """How far second-look sampling has read (one row, pk 1): the upper bound of the
+    last run's window. The next run samples from here (or the last 24 h, whichever
+    is longer), so a run that comes late or after a gap still sees every approval
+    decided since the one before (services.second_look; the pattern of UsageFold).
+    """
+
+    sampled_through = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"second looks sampled through {self.sampled_through}"

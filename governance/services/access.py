@@ -53,25 +53,34 @@ WHERE id = %s AND status = 'approved' AND expires_at > %s
 def _pending_approval(
     decision: Decision, *, action: str, scope: str, at: datetime, preview: str = "{}"
 ) -> Approval:
-    """Reuse the caller's open request for this exact call, or open one."""
+    """Reuse the caller's open request for this exact call, or open one; or, when a
+    person denied this exact call within APPROVAL_TTL, that denied request (the
+    gate answers `approval_denied`: no new request, nobody notified again, so an
+    agent cannot wear approvers down by asking again and again)."""
     assert decision.agent_id and decision.tool_id and decision.grant_id
+    same_call = Approval.objects.filter(
+        agent_id=decision.agent_id,
+        tool_id=decision.tool_id,
+        grant_id=decision.grant_id,
+        action=action,
+        scope=scope,
+        arguments_hash=decision.arguments_hash,
+        task_id=decision.task_id,
+    )
     existing = (
-        Approval.objects.filter(
-            agent_id=decision.agent_id,
-            tool_id=decision.tool_id,
-            grant_id=decision.grant_id,
-            action=action,
-            scope=scope,
-            arguments_hash=decision.arguments_hash,
-            task_id=decision.task_id,
-            status=Approval.Status.PENDING,
-            expires_at__gt=at,
-        )
+        same_call.filter(status=Approval.Status.PENDING, expires_at__gt=at)
         .order_by("-requested_at")
         .first()
     )
     if existing is not None:
         return existing
+    denied = (
+        same_call.filter(status=Approval.Status.DENIED, decided_at__gt=at - settings.APPROVAL_TTL)
+        .order_by("-decided_at")
+        .first()
+    )
+    if denied is not None:
+        return denied
     created = Approval.objects.create(
         agent_id=decision.agent_id,
         tool_id=decision.tool_id,
@@ -93,7 +102,9 @@ def _pending_approval(
 
 def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview: str) -> Decision:
     """The confirmation gate's writes: consume the named approval (once, atomically)
-    or open a pending one for this exact call. Inside the decision's transaction."""
+    or open a pending one for this exact call, unless a person denied this exact
+    call within APPROVAL_TTL (deny `approval_denied`, naming that approval). Inside
+    the decision's transaction; only destructive calls get here."""
     if decision.allowed and decision.approval_id:
         consumed = db.change(_CONSUME, [at, db.param_uuid(decision.approval_id), at])
         if consumed != 1:
@@ -105,6 +116,16 @@ def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview:
             )
         return decision
     pending = _pending_approval(decision, action=action, scope=scope, at=at, preview=preview)
+    if pending.status == Approval.Status.DENIED:
+        assert pending.decided_at is not None
+        again = (pending.decided_at + settings.APPROVAL_TTL).isoformat()
+        return replace(
+            decision,
+            decision=Verdict.DENY,
+            reason=Reason.APPROVAL_DENIED,
+            approval_id=str(pending.id),
+            message=f"A person denied this exact call; it is not asked again before {again}.",
+        )
     return replace(decision, approval_id=str(pending.id))
 
 

@@ -1,4 +1,10 @@
-"""The confirmation gate's human side: approve or deny one pending call."""
+"""The confirmation gate's human side: approve or deny one pending call.
+
+Deciding refuses an approval that is not pending (Conflict `not_pending`), whose
+grant is no longer live (Conflict `grant_not_live`), or that someone with a stake
+in the call would confirm (Forbidden `self_approval`). A denial also answers the
+same call asked again within APPROVAL_TTL (services.access: `approval_denied`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
 from governance.models import Agent, AgentToken, Approval, Grant
+from governance.policy import grant_dead_reason
 from governance.services.claims import claim_each
 
 
@@ -83,6 +90,13 @@ def _decide(
         # Whoever could act as the agent when the call was asked counts too.
         if approver.pk in stakeholders(approval.agent, approval.grant, at=approval.requested_at):
             raise Forbidden("self_approval", "Nobody approves their own agent's action.")
+        # The call it confirms can no longer happen: its grant ended (expired, revoked,
+        # task closed, agent suspended) after the approval was asked for.
+        if approval.grant_id is not None and (dead := grant_dead_reason(approval.grant_id, at)):
+            raise Conflict(
+                "grant_not_live",
+                f"The grant this approval is for is no longer live ({dead}); nothing to decide.",
+            )
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
         approval.decided_by = approver
         approval.decided_at = at

@@ -10,11 +10,20 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
         more, even the agent's owner) / `not_allowed` (neither approver, admin nor the
         agent's owner), GovernanceError `invalid_ticket` / `reason_required` /
         `breakglass_ttl_too_long` / `invalid_ttl` / `invalid_grant`, RateLimited
-        `breakglass_rate_limited`. Calling it again with the same opener, agent,
-        tool, scope and ticket while that one is live returns the same row.
+        `breakglass_rate_limited` (with `retry_after`, the seconds until an open
+        leaves the hour), Conflict `breakglass_active` (a break-glass for this agent
+        and tool is live: at most one at a time, whoever opened it) /
+        `breakglass_unreviewed` (an earlier one for this agent and tool still awaits
+        its review: a second person ratifies or confirms it closed before elevation
+        continues, so nobody chains break-glass back to back). Calling it again with
+        the same opener, agent, tool, actions, scope, task and ticket while that one's
+        grant is live returns the same row (the one exact repeat).
     breakglass_close(*, breakglass_id, closed_by, comment, actor, at) -> BreakGlass
-        Ends the grant early (revoked, with anything delegated from it). Closing a
-        closed or ended one changes nothing.
+        Ends the grant early (revoked, with anything delegated from it; that
+        `grant.revoked` is the one event). `closed_by` is an approver, an admin or
+        the person who opened it (Forbidden `not_allowed`). A break-glass whose
+        grant already ended elsewhere is marked closed too (`breakglass.closed`
+        event); closing a closed one changes nothing.
     breakglass_ratify(*, breakglass_id, reviewer, comment, actor, at, duration=None)
         -> BreakGlass
         Closes the review by turning the access into a normal grant request (pending,
@@ -35,6 +44,7 @@ with `.is_overdue`), in governance/selectors.py.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -98,6 +108,42 @@ def _check_ttl(ttl: timedelta) -> None:
         )
 
 
+def _live_for(agent: Agent, tool: Tool, at: datetime) -> Any:
+    """Break-glass for this agent and tool whose grant can still allow something."""
+    return (
+        BreakGlass.objects.select_related("grant")
+        .filter(
+            grant__agent=agent,
+            grant__tool=tool,
+            grant__status=Grant.Status.ACTIVE,
+            grant__expires_at__gt=at,
+            closed_at__isnull=True,
+            expires_at__gt=at,
+        )
+        .order_by("-opened_at", "-pk")
+    )
+
+
+def _is_repeat(
+    live: BreakGlass,
+    opener: Any,
+    ticket: str,
+    actions: Sequence[str],
+    scope: str,
+    task: Task | None,
+) -> bool:
+    """The exact same request again (a retry, a double click): nothing wider, nothing
+    for another task, nobody else's."""
+    grant = live.grant
+    return (
+        live.opened_by_id == opener.pk
+        and live.ticket == ticket
+        and sorted(grant.actions) == sorted(actions)
+        and grant.scope == scope
+        and grant.task_id == (task.pk if task else None)
+    )
+
+
 def breakglass_open(
     *,
     opener: Any,
@@ -129,31 +175,50 @@ def breakglass_open(
     with transaction.atomic():
         # One opener at a time: the per-hour count below cannot be raced past.
         get_user_model().objects.select_for_update(no_key=True).filter(pk=opener.pk).first()
-        same = (
-            BreakGlass.objects.select_related("grant")
-            .filter(
-                opened_by=opener,
-                ticket=ticket,
-                grant__agent=agent,
-                grant__tool=tool,
-                grant__scope=scope,
-                closed_at__isnull=True,
-                expires_at__gt=at,
+        # One agent at a time: two people opening for it at once see each other's.
+        Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk).first()
+        live = _live_for(agent, tool, at).first()
+        if live is not None:
+            if _is_repeat(live, opener, ticket, actions, scope, task):
+                return live  # the same emergency, asked twice: one break-glass
+            raise Conflict(
+                "breakglass_active",
+                f"Break-glass {live.ticket} is already open for {agent.name} on "
+                f"{tool.name} until {live.grant.expires_at.isoformat()}; one at a time. "
+                "Use it, or close it and open a new one once it is reviewed.",
+                fields={"ticket": live.ticket, "expires_at": live.grant.expires_at.isoformat()},
             )
+        earlier = (
+            BreakGlass.objects.filter(
+                grant__agent=agent, grant__tool=tool, review_status=BreakGlass.Review.PENDING
+            )
+            .order_by("opened_at", "pk")
             .first()
         )
-        if same is not None:
-            return same  # the same emergency, asked twice: one break-glass
+        if earlier is not None:
+            raise Conflict(
+                "breakglass_unreviewed",
+                f"Break-glass {earlier.ticket} (#{earlier.pk}) for {agent.name} on "
+                f"{tool.name} still awaits its review: an approver other than its opener "
+                "ratifies it or confirms it closed before break-glass is opened again.",
+                fields={"ticket": earlier.ticket, "breakglass_id": str(earlier.pk)},
+            )
         # No upper bound: a concurrent open whose clock read a microsecond later than
         # ours still counts (it committed before we got the lock).
-        recent = BreakGlass.objects.filter(
-            opened_by=opener, opened_at__gt=at - timedelta(hours=1)
-        ).count()
-        if recent >= settings.BREAKGLASS_MAX_PER_HOUR:
+        recent = sorted(
+            BreakGlass.objects.filter(
+                opened_by=opener, opened_at__gt=at - timedelta(hours=1)
+            ).values_list("opened_at", flat=True)
+        )
+        if len(recent) >= settings.BREAKGLASS_MAX_PER_HOUR:
+            # Free again when enough of them have left the hour (with a lowered limit,
+            # more than the oldest one).
+            frees_at = recent[len(recent) - settings.BREAKGLASS_MAX_PER_HOUR] + timedelta(hours=1)
             raise RateLimited(
                 "breakglass_rate_limited",
-                f"You opened break-glass {recent} times in the last hour (the limit is "
+                f"You opened break-glass {len(recent)} times in the last hour (the limit is "
                 f"{settings.BREAKGLASS_MAX_PER_HOUR}); ask an approver for a normal grant.",
+                retry_after=max(1, math.ceil((frees_at - at).total_seconds())),
             )
         require_open_task(task.pk if task else None, at)
         grant = Grant.objects.create(
@@ -220,23 +285,45 @@ def _locked(breakglass_id: int) -> BreakGlass:
 def breakglass_close(
     *, breakglass_id: int, closed_by: Any, comment: str, actor: audit.Actor, at: datetime
 ) -> BreakGlass:
-    """End the elevation early. The grant's `grant.revoked` event is the one event."""
+    """End the elevation early. The grant's `grant.revoked` event is the one event;
+    if the grant already ended elsewhere, `breakglass.closed` records the close."""
     if not (comment or "").strip():
         raise GovernanceError("comment_required", "Say why break-glass is closed.")
     with transaction.atomic():
         bg = _locked(breakglass_id)
-        if bg.closed_at is not None or bg.grant.status != Grant.Status.ACTIVE:
+        # The person who opened it may end it early (less access is never a risk);
+        # anyone else needs to be an approver or admin.
+        if not (
+            roles.is_human(closed_by)
+            and (roles.is_approver(closed_by) or bg.opened_by_id == closed_by.pk)
+        ):
+            raise Forbidden(
+                "not_allowed",
+                "Break-glass is closed early by an approver, an admin or whoever opened it.",
+            )
+        if bg.closed_at is not None:
             return bg
         bg.closed_at = at
         bg.closed_by = closed_by
         bg.save(update_fields=["closed_at", "closed_by"])
-        grant_revoke(
-            grant_id=bg.grant_id,
-            reason=f"break-glass {bg.ticket} closed early: {comment}",
-            actor=actor,
-            at=at,
-            revoked_by=closed_by,
-        )
+        if bg.grant.status == Grant.Status.ACTIVE:
+            grant_revoke(
+                grant_id=bg.grant_id,
+                reason=f"break-glass {bg.ticket} closed early: {comment}",
+                actor=actor,
+                at=at,
+                revoked_by=closed_by,
+            )
+        else:
+            _event(
+                bg,
+                EventType.BREAKGLASS_CLOSED,
+                actor,
+                at,
+                closed_by=closed_by.get_username(),
+                comment=comment,
+                grant_status=bg.grant.status,
+            )
     bg.grant.refresh_from_db()
     return bg
 

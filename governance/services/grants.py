@@ -246,9 +246,13 @@ def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
     return {f"limit_{k}": v for k, v in limits.items()}
 
 
-def _lock_pending(grant_id: int) -> Grant:
+def _lock_pending(grant_id: int, at: datetime) -> Grant:
     """The request, row-locked: two approvers (or approve and deny) at once
-    decide it exactly once; the loser gets a clear Conflict."""
+    decide it exactly once; the loser gets a clear Conflict.
+
+    A request older than GRANT_REQUEST_TTL is closed by time, not by the job:
+    it is refused (`request_expired`) even if grant_requests_expire has not run
+    yet, so a stale request can never become a live grant."""
     grant = (
         Grant.objects.select_for_update(of=("self",), no_key=True)
         .select_related("agent", "tool", "task")
@@ -256,6 +260,13 @@ def _lock_pending(grant_id: int) -> Grant:
     )
     if grant.status != Grant.Status.PENDING:
         raise Conflict("not_pending", f"The request is already {grant.status}.")
+    if grant.created_at <= at - settings.GRANT_REQUEST_TTL:
+        hours = settings.GRANT_REQUEST_TTL.total_seconds() / 3600
+        raise Conflict(
+            "request_expired",
+            f"The request was made {grant.created_at.isoformat()} and expired undecided "
+            f"after {hours:g} hours; ask again if it is still needed.",
+        )
     return grant
 
 
@@ -321,7 +332,7 @@ def grant_approve(
     with transaction.atomic():
         # The task first (task_close locks it before the grants it ends).
         require_open_task(Grant.objects.values_list("task_id", flat=True).get(pk=grant_id), at)
-        grant = _lock_pending(grant_id)
+        grant = _lock_pending(grant_id, at)
         extra = _approve_row(grant, approver, at, actions, scope, duration, reason)
         _event(
             grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
@@ -388,7 +399,7 @@ def grant_deny(
     *, grant_id: int, approver: Any, reason: str, actor: audit.Actor, at: datetime
 ) -> Grant:
     with transaction.atomic():
-        grant = _lock_pending(grant_id)
+        grant = _lock_pending(grant_id, at)
         grant.status = Grant.Status.DENIED
         grant.approved_by = approver if approver.pk != grant.requested_by_id else None
         grant.decided_at = at

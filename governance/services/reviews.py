@@ -22,7 +22,13 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
         or, for a delegated grant, anyone who requested or approved a grant up its
         chain, or anyone with a stake in the agent: approvals.stakeholders) /
         `not_assigned` (neither the assigned reviewer nor an admin), Conflict
-        `already_decided` (a second decision changes nothing).
+        `already_decided` (a second decision changes nothing), Conflict `past_due` (at
+        or after the item's due date the reviewer's decision is refused and
+        REVIEW_DEFAULT_RULE is applied to the item at once, exactly as the job would:
+        a late "keep" can never override the revoke rule, and the outcome does not
+        depend on when the job last ran), Conflict `grant_not_live` (the grant has
+        ended (revoked, expired): the item is closed as `ended` at once, as the job
+        would, instead of recording a decision about nothing).
     review_items_apply_due_rule(*, actor, at) -> int     (the job: items whose grant
         ended are closed `ended`; items undecided at the due date get REVIEW_DEFAULT_RULE)
     review_campaigns_close(*, actor, at) -> int          (the job)
@@ -257,49 +263,139 @@ def review_item_decide(
             )
         if not (item.reviewer_id == reviewer.pk or roles.is_admin(reviewer)):
             raise Forbidden("not_assigned", "The item is assigned to another reviewer.")
-        item.status = {
-            "keep": ReviewItem.Status.KEPT,
-            "narrow": ReviewItem.Status.NARROWED,
-            "revoke": ReviewItem.Status.REVOKED,
-        }[decision]
-        item.decided_by = reviewer
-        item.decided_at = at
-        item.comment = comment
-        item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
-        # Then the grant (its own events), and this item's event last.
-        if decision == "narrow":
-            grant_narrow(
-                grant_id=grant.pk,
-                actions=actions,
-                scope=scope,
-                expires_at=expires_at,
-                reason=f"review: {comment}",
-                narrowed_by=reviewer,
-                actor=actor,
-                at=at,
+        late = at >= item.due_at
+        # Ended as the job reads it (the row: revoked, denied, expired, or past its
+        # expiry before the job ran). A suspended agent's grant is not ended: it may
+        # come back, so it is still reviewed (and may be revoked).
+        ended = grant.status != Grant.Status.ACTIVE or grant.expires_at <= at
+        if not (late or ended):
+            _record_decision(
+                item, reviewer, decision, comment, actor, at, actions, scope, expires_at
             )
-            grant.refresh_from_db()
-        elif decision == "revoke":
-            grant_revoke(
-                grant_id=grant.pk,
-                reason=f"review: {comment}",
-                revoked_by=reviewer,
-                actor=actor,
-                at=at,
-            )
-        _grant_event(
-            grant,
-            EventType.REVIEW_ITEM_DECIDED,
-            actor,
-            at,
-            item_id=item.pk,
-            campaign_id=item.campaign_id,
-            decision=decision,
-            comment=comment,
-            decided_by=reviewer.get_username(),
-            proposal=item.proposal,
+            return item
+    # Refused: nothing of the reviewer's is written. What the job would do to this item
+    # is done now, in its own transaction, so the refusal is the last word.
+    applied = _close_now(item.pk, ended=ended, actor=actor, at=at)
+    if late:
+        raise Conflict(
+            "past_due",
+            f"Review item #{item.pk} was due at {item.due_at.isoformat()}; past that, "
+            f"the rule '{applied}' applies instead of a reviewer's decision, and it was "
+            "applied now.",
         )
-    return item
+    raise Conflict(
+        "grant_not_live",
+        f"Grant #{grant.pk} is no longer live, so there is nothing to keep, narrow or "
+        f"revoke; review item #{item.pk} was closed as ended.",
+    )
+
+
+def _record_decision(
+    item: ReviewItem,
+    reviewer: Any,
+    decision: str,
+    comment: str,
+    actor: audit.Actor,
+    at: datetime,
+    actions: Sequence[str] | None,
+    scope: str | None,
+    expires_at: datetime | None,
+) -> None:
+    """The locked, pending, in-time item: its row, then the grant's, then its event."""
+    grant = item.grant
+    item.status = {
+        "keep": ReviewItem.Status.KEPT,
+        "narrow": ReviewItem.Status.NARROWED,
+        "revoke": ReviewItem.Status.REVOKED,
+    }[decision]
+    item.decided_by = reviewer
+    item.decided_at = at
+    item.comment = comment
+    item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
+    # Then the grant (its own events), and this item's event last.
+    if decision == "narrow":
+        grant_narrow(
+            grant_id=grant.pk,
+            actions=actions,
+            scope=scope,
+            expires_at=expires_at,
+            reason=f"review: {comment}",
+            narrowed_by=reviewer,
+            actor=actor,
+            at=at,
+        )
+        grant.refresh_from_db()
+    elif decision == "revoke":
+        grant_revoke(
+            grant_id=grant.pk,
+            reason=f"review: {comment}",
+            revoked_by=reviewer,
+            actor=actor,
+            at=at,
+        )
+    _grant_event(
+        grant,
+        EventType.REVIEW_ITEM_DECIDED,
+        actor,
+        at,
+        item_id=item.pk,
+        campaign_id=item.campaign_id,
+        decision=decision,
+        comment=comment,
+        decided_by=reviewer.get_username(),
+        proposal=item.proposal,
+    )
+
+
+def _close_now(item_id: int, *, ended: bool, actor: audit.Actor, at: datetime) -> str:
+    """The job's transition for one pending item, now: `ended` for a grant that has
+    ended, else REVIEW_DEFAULT_RULE. Claimed like the job's (a
+    conditional UPDATE), so a job running at the same moment applies it once."""
+    if ended:
+        claim_each(
+            [item_id],
+            claim=lambda pk: ReviewItem.objects.filter(
+                pk=pk, status=ReviewItem.Status.PENDING
+            ).update(status=ReviewItem.Status.ENDED, decided_at=at, comment="grant already ended"),
+            announce=lambda pk: _item_event(pk, actor, at, rule="ended"),
+        )
+        return "ended"
+    rule = settings.REVIEW_DEFAULT_RULE
+    claim_each(
+        [item_id],
+        claim=lambda pk: _claim_due(pk, rule, at),
+        announce=lambda pk: _announce_due(pk, rule, actor, at),
+    )
+    return rule
+
+
+def _claim_due(pk: int, rule: str, at: datetime) -> int:
+    status = ReviewItem.Status.AUTO_REVOKED if rule == "revoke" else ReviewItem.Status.AUTO_KEPT
+    return ReviewItem.objects.filter(
+        pk=pk, status=ReviewItem.Status.PENDING, due_at__lte=at
+    ).update(status=status, decided_at=at, comment=f"due-date rule: {rule}")
+
+
+def _announce_due(pk: int, rule: str, actor: audit.Actor, at: datetime) -> None:
+    if rule == "revoke":  # the grant's rows and events first, the item's event last
+        grant_revoke(
+            grant_id=ReviewItem.objects.values_list("grant_id", flat=True).get(pk=pk),
+            reason=f"review item #{pk} not decided by its due date",
+            actor=actor,
+            at=at,
+        )
+    item = _item_event(pk, actor, at, rule=rule)
+    notifications.review_overdue(
+        users=[item.reviewer] if item.reviewer else approver_users(),
+        subject=f"Review item #{item.pk} was not decided in time: {rule} applied",
+        body=(
+            f"Grant #{item.grant_id} ({item.grant.agent.name} on {item.grant.tool.name} "
+            f"{item.grant.scope}) was due for review by {item.due_at.isoformat()}; the "
+            f"rule '{rule}' was applied."
+        ),
+        data={"item_id": item.pk, "grant_id": item.grant_id, "rule": rule},
+        at=at,
+    )
 
 
 def _pending_with_ended_grant(at: datetime) -> Any:
@@ -323,38 +419,13 @@ def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
         announce=lambda pk: _item_event(pk, actor, at, rule="ended"),
     )
     rule = settings.REVIEW_DEFAULT_RULE
-    status = ReviewItem.Status.AUTO_REVOKED if rule == "revoke" else ReviewItem.Status.AUTO_KEPT
     due = ReviewItem.objects.filter(status=ReviewItem.Status.PENDING, due_at__lte=at).values_list(
         "pk", flat=True
     )
-
-    def announce(pk: int) -> None:
-        if rule == "revoke":  # the grant's rows and events first, the item's event last
-            grant_revoke(
-                grant_id=ReviewItem.objects.values_list("grant_id", flat=True).get(pk=pk),
-                reason=f"review item #{pk} not decided by its due date",
-                actor=actor,
-                at=at,
-            )
-        item = _item_event(pk, actor, at, rule=rule)
-        notifications.review_overdue(
-            users=[item.reviewer] if item.reviewer else approver_users(),
-            subject=f"Review item #{item.pk} was not decided in time: {rule} applied",
-            body=(
-                f"Grant #{item.grant_id} ({item.grant.agent.name} on {item.grant.tool.name} "
-                f"{item.grant.scope}) was due for review by {item.due_at.isoformat()}; the "
-                f"rule '{rule}' was applied."
-            ),
-            data={"item_id": item.pk, "grant_id": item.grant_id, "rule": rule},
-            at=at,
-        )
-
     return ended + claim_each(
         due,
-        claim=lambda pk: ReviewItem.objects.filter(
-            pk=pk, status=ReviewItem.Status.PENDING, due_at__lte=at
-        ).update(status=status, decided_at=at, comment=f"due-date rule: {rule}"),
-        announce=announce,
+        claim=lambda pk: _claim_due(pk, rule, at),
+        announce=lambda pk: _announce_due(pk, rule, actor, at),
     )
 
 

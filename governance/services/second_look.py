@@ -1,12 +1,15 @@
-"""Second look: a sample of yesterday's approvals, re-read by a different approver.
+"""Second look: a sample of recent approvals, re-read by a different approver.
 
 Signatures (keyword-only):
 
     second_looks_sample(*, actor, at, fraction=None) -> int     (the job, daily)
-        Approved grant requests and approved destructive actions decided in the 24 h
-        before `at`, each sampled with probability SECOND_LOOK_FRACTION. The draw is a
-        keyed hash of the item (SECRET_KEY), so it is stable (running twice samples the
-        same set, once: a unique constraint) and an approver cannot predict it.
+        Approved grant requests and approved destructive actions decided since the
+        last run's upper bound (the SecondLookMark watermark; at least the 24 h
+        before `at`, so a decision that committed just after a run is still read),
+        each sampled with probability SECOND_LOOK_FRACTION. A run that comes late,
+        or after days without one, covers the whole gap. The draw is a keyed hash of
+        the item (SECRET_KEY), so it is stable (running twice samples the same set,
+        once: a unique constraint) and an approver cannot predict it.
     second_look_decide(*, second_look_id, reviewer, verdict, comment, actor, at)
         -> SecondLook
         verdict: "confirm" | "flag" (flag notifies the admins). Raises Forbidden
@@ -33,7 +36,7 @@ from django.db import IntegrityError, transaction
 from governance import audit, notifications, roles
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Approval, Grant, SecondLook
+from governance.models import Approval, Grant, SecondLook, SecondLookMark
 from governance.selectors import approver_users
 from governance.services.approvals import stakeholders
 
@@ -87,7 +90,26 @@ def _barred(
 
 def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | None = None) -> int:
     fraction = settings.SECOND_LOOK_FRACTION if fraction is None else fraction
-    since = at - WINDOW
+    try:
+        with transaction.atomic():
+            SecondLookMark.objects.get_or_create(pk=1)
+    except IntegrityError:
+        pass  # another worker created it first
+    with transaction.atomic():
+        # Locked: two workers sample one window after the other, never the same gap
+        # twice at once (the unique constraints would hold anyway).
+        mark = SecondLookMark.objects.select_for_update().get(pk=1)
+        since = at - WINDOW
+        if mark.sampled_through is not None:
+            since = min(since, mark.sampled_through)
+        if mark.sampled_through is None or at > mark.sampled_through:
+            mark.sampled_through = at  # rows first, the sampled events last
+            mark.save(update_fields=["sampled_through"])
+        return _sample(since, at, actor, fraction)
+
+
+def _sample(since: datetime, at: datetime, actor: audit.Actor, fraction: float) -> int:
+    """Sample the approvals decided in (since, at]."""
     candidates: list[tuple[str, Any, Any, set[Any]]] = []
     for grant in (
         Grant.objects.filter(approved_by__isnull=False, decided_at__gt=since, decided_at__lte=at)

@@ -20,7 +20,10 @@ def actor(request: HttpRequest) -> audit.Actor:
 def failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
     """A service said no: the person sees its code and sentence, the status says
     what kind of no (400, 403, 409, 429); nothing was written."""
-    return render(request, "ui/error.html", {"error": exc}, status=exc.status)
+    response = render(request, "ui/error.html", {"error": exc}, status=exc.status)
+    if retry := getattr(exc, "retry_after", None):
+        response["Retry-After"] = str(retry)  # a 429 says when to try again
+    return response
 
 
 def invalid(request: HttpRequest, form: Any) -> HttpResponse:
