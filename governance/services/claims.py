@@ -5,9 +5,9 @@ same job at once each announce a transition exactly once."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 Row = TypeVar("Row")
 
@@ -25,3 +25,15 @@ def claim_each(
                 announce(row)
                 won += 1
     return won
+
+
+def locked_mark(model: Any) -> Any:
+    """A job's watermark: the one row (pk 1) of `model`, created if missing, locked
+    until the caller's transaction ends, so two workers running the job take turns
+    over it. Call inside transaction.atomic()."""
+    try:
+        with transaction.atomic():  # a savepoint: losing the race to create it is fine
+            model.objects.get_or_create(pk=1)
+    except IntegrityError:
+        pass  # another worker created it first
+    return model.objects.select_for_update().get(pk=1)

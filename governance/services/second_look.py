@@ -39,6 +39,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Approval, Grant, SecondLook, SecondLookMark
 from governance.selectors import approver_users
 from governance.services.approvals import stakeholders
+from governance.services.claims import locked_mark
 
 WINDOW = timedelta(days=1)
 VERDICTS = {"confirm": SecondLook.Status.CONFIRMED, "flag": SecondLook.Status.FLAGGED}
@@ -90,15 +91,10 @@ def _barred(
 
 def second_looks_sample(*, actor: audit.Actor, at: datetime, fraction: float | None = None) -> int:
     fraction = settings.SECOND_LOOK_FRACTION if fraction is None else fraction
-    try:
-        with transaction.atomic():
-            SecondLookMark.objects.get_or_create(pk=1)
-    except IntegrityError:
-        pass  # another worker created it first
     with transaction.atomic():
         # Locked: two workers sample one window after the other, never the same gap
         # twice at once (the unique constraints would hold anyway).
-        mark = SecondLookMark.objects.select_for_update().get(pk=1)
+        mark = locked_mark(SecondLookMark)
         since = at - WINDOW
         if mark.sampled_through is not None:
             since = min(since, mark.sampled_through)

@@ -18,24 +18,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Count, F, Max, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from governance.codes import EventType
 from governance.models import AuditEvent, Grant, UsageFold
+from governance.services.claims import locked_mark
 
 
 def usage_fold(*, at: datetime | None = None) -> int:
     """Fold every allowed decision since the last fold into its grant; return how many."""
-    try:
-        with transaction.atomic():
-            UsageFold.objects.get_or_create(pk=1)
-    except IntegrityError:
-        pass  # another worker created it first
     with transaction.atomic():
-        mark = UsageFold.objects.select_for_update().get(pk=1)
+        mark = locked_mark(UsageFold)
         head = AuditEvent.objects.aggregate(head=Max("seq"))["head"] or 0
         if head <= mark.seq:
             return 0
