@@ -82,8 +82,16 @@ def _represent_list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.SequenceN
     return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
 
 
+# Characters YAML reads as line breaks: inside a plain, quoted or literal scalar they
+# come back folded or changed, so a value holding one is written double-quoted, where
+# YAML escapes them (\N, \L, \P).
+_YAML_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None  # multi-line justifications stay readable
+    if any(c in value for c in _YAML_BREAKS):
+        style = '"'
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
@@ -897,7 +905,10 @@ class _Planner:
         same = Grant.objects.filter(
             agent=spec["agent"], tool=spec["tool"], task=spec["task"], scope=spec["scope"]
         )
-        for grant in selectors.live_grants(self.at).filter(pk__in=same.values("pk")):
+        # Only an ordinary grant makes an entry "unchanged": a break-glass grant ends
+        # within hours and a delegated one with its parent.
+        ordinary = same.filter(break_glass=False, delegated_from__isnull=True)
+        for grant in selectors.live_grants(self.at).filter(pk__in=ordinary.values("pk")):
             if sorted(grant.actions) == wanted:
                 if differs := _differences(grant, spec):
                     # Never "unchanged" while the live grant allows what the file does not.
@@ -1054,6 +1065,8 @@ def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry
         )
     if requested_by is not None and not requested_by.is_active:
         raise Forbidden("inactive_user", f"User {requested_by.get_username()!r} is not active.")
+    if requested_by is not None and roles.is_read_only(requested_by):
+        raise Forbidden("auditor_read_only", "Auditors are read-only: they cannot import a matrix.")
     if approver is not None and not apply_approved:
         raise GovernanceError(
             "approver_without_apply", "An approver is only used with --apply-approved."
@@ -1072,6 +1085,18 @@ def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry
         raise Forbidden(
             "approver_not_admin",
             f"{approver.get_username()!r} is not an active admin and cannot approve grants.",
+        )
+
+
+def _check_creations(result: ImportResult, requested_by: Any) -> None:
+    """Agents, tools and tasks are created by admins, as through the API: a file is not
+    a way around that."""
+    made = sorted({c.kind for c in result.changes if c.outcome == "create" and c.kind != "grant"})
+    if made and requested_by is not None and not _is_admin(requested_by):
+        raise Forbidden(
+            "not_admin",
+            f"The file creates {' and '.join(k + 's' for k in made)}: only an admin (group "
+            "admins or superuser) may import it; others may import grants only.",
         )
 
 
@@ -1224,7 +1249,9 @@ def matrix_import(
     )
     mode = "approved" if apply_approved else "requests"
     if dry_run:
-        return matrix_plan(text=text, source=source, at=at, mode=mode)
+        planned = matrix_plan(text=text, source=source, at=at, mode=mode)
+        _check_creations(planned, requested_by)
+        return planned
     assert actor is not None
     with transaction.atomic(), audit.deferred():
         # Planned inside the transaction that applies it, so what was checked
@@ -1233,6 +1260,7 @@ def matrix_import(
         # lock, which every decision waits for, is not held through the import.
         result = matrix_plan(text=text, source=source, at=at, mode=mode)
         result.dry_run = False
+        _check_creations(result, requested_by)
         _apply(result, requested_by=requested_by, approver=approver, actor=actor, at=at)
         created = result.count("create")
         if created:
