@@ -156,6 +156,53 @@ def test_the_expire_task_and_command_call_the_same_services(
     assert event.actor == "system:celery:expire_due"
 
 
+def test_one_failing_part_of_the_expiry_job_does_not_stop_the_others(
+    make_agent, make_tool, make_grant, approvals, monkeypatch
+):
+    """A bad row in one part (tasks) used to stop every part after it, on every run
+    while the row stayed: grants and approvals were never marked expired. Each part
+    runs; the job still fails, naming the part, so the run is not silently green."""
+    from governance.services import claims, hygiene
+
+    def boom(**kw: object) -> int:
+        raise RuntimeError("one bad task row")
+
+    monkeypatch.setattr(hygiene, "tasks_end", boom)
+    grant = Grant.objects.get()
+    with pytest.raises(claims.PartlyFailed, match="expire_due: tasks failed"):
+        tasks.expire_due()
+    grant.refresh_from_db()
+    assert grant.status == Grant.Status.EXPIRED
+    (event,) = events(EventType.GRANT_EXPIRED, grant_id=grant.pk)
+    assert event.actor == "system:celery:expire_due"
+    assert len(events(EventType.APPROVAL_EXPIRED)) == 2
+
+
+def test_one_failing_row_does_not_stop_the_rows_after_it(make_agent, make_tool, make_grant, system):
+    """claim_each: the row that fails is rolled back (no half-announced claim), the
+    others are claimed and announced, and PartlyFailed says how many failed."""
+    from governance.services import claims
+
+    first = make_grant(make_agent("a1"), make_tool("t1"))
+    second = make_grant(make_agent("a2"), make_tool("t2"))
+    calls: list[int] = []
+
+    def claim(grant: Grant) -> int:
+        calls.append(grant.pk)
+        return Grant.objects.filter(pk=grant.pk).update(status=Grant.Status.EXPIRED)
+
+    def announce(grant: Grant) -> None:
+        if grant.pk == first.pk:
+            raise RuntimeError("cannot announce")
+
+    with pytest.raises(claims.PartlyFailed, match="1 row\\(s\\) failed, 1 done"):
+        claims.claim_each([first, second], claim, announce)
+    assert calls == [first.pk, second.pk]
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, second.status) == ("active", "expired")
+
+
 def test_the_checkpoint_task_writes_a_checkpoint_even_with_nothing_new(db):
     first = tasks.audit_checkpoint()
     second = tasks.audit_checkpoint()

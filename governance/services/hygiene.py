@@ -26,7 +26,7 @@ from governance.codes import EventType
 from governance.models import AgentToken, Grant, LiveGrantSnapshot
 from governance.selectors import live_grants, unused_grants
 from governance.services.approvals import approvals_expire
-from governance.services.claims import claim_each
+from governance.services.claims import claim_each, run_parts
 from governance.services.grants import grant_event, grant_requests_expire, grants_expire
 from governance.services.tasks import tasks_end
 from governance.services.usage import usage_fold
@@ -149,11 +149,15 @@ def expire_due(*, actor: audit.Actor, at: datetime) -> dict[str, int]:
     ends_at closed (their grants revoked), grants and approvals past their end expired,
     grant requests left undecided past GRANT_REQUEST_TTL closed, and expired tokens
     announced. Bookkeeping only: authorize() and authentication already refuse all of
-    these from the end of their window on. How many of each, by name."""
-    return {
-        "tasks": tasks_end(actor=actor, at=at),
-        "grants": grants_expire(actor=actor, at=at),
-        "approvals": approvals_expire(actor=actor, at=at),
-        "requests": grant_requests_expire(actor=actor, at=at),
-        "tokens": tokens_expire(actor=actor, at=at),
-    }
+    these from the end of their window on. How many of each, by name. Each part runs
+    even if one before it failed (claims.run_parts)."""
+    return run_parts(
+        "expire_due",
+        {
+            "tasks": lambda: tasks_end(actor=actor, at=at),
+            "grants": lambda: grants_expire(actor=actor, at=at),
+            "approvals": lambda: approvals_expire(actor=actor, at=at),
+            "requests": lambda: grant_requests_expire(actor=actor, at=at),
+            "tokens": lambda: tokens_expire(actor=actor, at=at),
+        },
+    )
