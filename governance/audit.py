@@ -117,7 +117,7 @@ SECRET_VALUES = re.compile(
     r"|\bagt_[0-9a-f]{8}_\S+"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
-EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
 # Payment card numbers in text: 13-19 digits starting as card numbers do (2-6), single
 # spaces or dashes between groups, that pass the Luhn check (so millisecond timestamps,
 # which start with 1, and most order numbers do not).
@@ -135,10 +135,23 @@ BASIC = re.compile(r"\b(?i:basic)\s+([A-Za-z0-9+/]{4,}={0,2})")
 # `name=value` / `name: value` inside text (a command line, an env file, JSON in a
 # string): the value goes when the name is a secret's (secret_key_name, so `bypass=1`
 # stays). Quoted names and values too.
+# Linear time: a name starts only where a run of name characters starts (the
+# lookbehind), so a long run without `=` or `:` is scanned once, not once per position.
+# `:` separates only as `name: value` (a space after it) or after a quoted name (JSON),
+# so `secret:prod/db` and `https://` are not pairs.
 KEY_VALUE = re.compile(
-    r"""(?P<key>["']?[A-Za-z_][A-Za-z0-9_.-]*["']?)(?P<sep>\s*[=:]\s*)"""
+    r"""(?<![A-Za-z0-9_.\-"'])(?P<key>-*["']?[A-Za-z_][A-Za-z0-9_.-]*["']?)"""
+    r"""(?P<sep>\s*=\s*|:\s+|(?<=["']):\s*)"""
     r"""(?P<value>"[^"]*"|'[^']*'|[^\s,;&}\]"'\[][^\s,;&}\]"']*)"""
 )
+# In text, a name is a secret's only when it ends in a secret noun (`--password`,
+# `GITHUB_TOKEN`, `API_KEY`), not when a secret word is merely in it: `--secret-id`,
+# `--auth-method`, `max_tokens` and `AUTH-1234` name things an approver must see.
+TEXT_SECRET_LAST_WORDS = frozenset(
+    "password passwd pwd passphrase passcode secret token credential credentials cookie "
+    "authorization apikey".split()
+)
+TEXT_SECRET_LAST_TWO = frozenset("apikey accesskey secretkey privatekey signingkey".split())
 # A password in a URL: scheme://user:password@host.
 URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s@]+@")
 
@@ -164,8 +177,15 @@ def _basic(match: re.Match[str]) -> str:
     return "Basic [secret]" if ":" in decoded else match.group(0)
 
 
+def _text_secret_name(name: str) -> bool:
+    words = [w.lower() for w in _KEY_WORD.findall(name)]
+    if not words:
+        return False
+    return words[-1] in TEXT_SECRET_LAST_WORDS or "".join(words[-2:]) in TEXT_SECRET_LAST_TWO
+
+
 def _key_value(match: re.Match[str]) -> str:
-    if not secret_key_name(match.group("key").strip("\"'")):
+    if not _text_secret_name(match.group("key")):
         return match.group(0)
     value = match.group("value")
     quote = value[0] if value[0] in "\"'" else ""

@@ -12,6 +12,9 @@ import hashlib
 import hmac
 import importlib
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -699,6 +702,41 @@ def test_secrets_written_inside_text_are_masked(chain):
     for secret in ("hunter2", "abc.def", "xyz123", "aHVudGVy", "pw12345", "4111111111111111"):
         assert secret not in event.arguments
     assert event.arguments_hash == audit.arguments_digest(arguments)
+
+
+def test_names_that_only_contain_a_secret_word_stay_readable_in_text(chain):
+    """In text a value is masked only when its name ends in a secret noun: a secret's
+    id, an auth method, a token budget or a ticket key are what an approver judges."""
+    kept = [
+        "aws secretsmanager delete-secret --secret-id=prod/payments-db",
+        "vault kv delete secret:prod/db",
+        "git push --auth-method=ssh",
+        "max_tokens=512",
+        "AUTH-1234: login outage",
+        "see https://example.org/a?b=c",
+    ]
+    arguments = {f"k{i}": text for i, text in enumerate(kept)}
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    assert json.loads(AuditEvent.objects.get(uid=result.decision_id).arguments) == arguments
+
+
+@pytest.mark.parametrize("shape", ["'a' * 200_000", "'a.' * 100_000", "'-a' * 100_000",
+                                   "'a' * 200_000 + '@'", "'a=' * 100_000"])  # fmt: skip
+def test_masking_a_long_string_finishes(shape):
+    """A guard, not a benchmark: the key=value pattern once tried every position of a
+    run of name characters, so 100,000 of them held a worker for two minutes (any agent
+    token could send that). Linear now. Run in a child process, so a regression is a
+    clean failure here (the regex engine holds the GIL: a thread could not time out)."""
+    code = (
+        f"import django; django.setup(); from governance import audit; audit._mask_string({shape})"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "governance.settings"}
+    try:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("masking did not finish in 60 s")
 
 
 def test_an_outcome_excerpt_holding_json_is_masked(chain):
