@@ -37,7 +37,9 @@ def expiry_interval() -> timedelta:
     integer; the integration test sets 1 so it need not wait a minute)."""
     from governance.settings import env_int
 
-    return timedelta(seconds=env_int("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", 60, minimum=1))
+    return timedelta(
+        seconds=env_int("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", 60, minimum=1, maximum=3600)
+    )
 
 
 def beat_schedule() -> dict[str, dict[str, Any]]:

@@ -16,17 +16,27 @@ A timeout, a refused connection, a redirect, a 401, a 429, a 5xx, a body that
 is not JSON or not a decision: each becomes a *denial* with its own reason
 (`unreachable`, `error`, `unauthenticated`, `rate_limited`, ...), never an
 exception that a careless caller could swallow on the way to running the tool
-anyway, and never an allow.
+anyway, and never an allow. The timeout bounds the whole call (connect, send
+and every read), so a server dripping its answer cannot hold a call open.
+
+`async def` tools are awaited inside the check (the question is asked in a
+thread, off the event loop); generator functions are refused when decorated,
+since their body would run after the check, outside it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
+import http.client
 import inspect
+import io
 import ipaddress
 import json
 import logging
+import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -118,6 +128,14 @@ def _deny(reason: str, message: str, status: int | None = None) -> Decision:
     return Decision(decision="deny", reason=reason, message=message, status=status)
 
 
+def _name(exc: BaseException) -> str:
+    """An exception as "Type: message", for a denial; only "Type" if str() fails too."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
+
+
 # --- Transport ---------------------------------------------------------------------------
 
 
@@ -128,12 +146,88 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
+# A socket timeout bounds one read, not the call: a server sending a byte just
+# before each read times out could hold a call (and its allow) for as long as it
+# liked. So connect, send and every read share one deadline instead.
+
+
+def _time_left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket reader http.client reads an answer through, each read given only
+    the time left."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+        # The socket's own reader, so the socket stays open until this is closed.
+        self._raw = sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int | None:
+        self._sock.settimeout(_time_left(self._deadline))
+        return self._raw.readinto(b)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # http.client's own reader: nothing was read from it yet
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+        self.response_class = functools.partial(_DeadlineResponse, deadline=deadline)  # type: ignore[assignment]
+
+    def connect(self) -> None:
+        self.timeout = _time_left(self.deadline)
+        super().connect()
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_time_left(self.deadline))
+        super().send(data)
+
+
+class _DeadlineHTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _Request(urllib.request.Request):
+    deadline: float
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: _Request) -> http.client.HTTPResponse:  # type: ignore[override]
+        return self.do_open(functools.partial(_DeadlineConnection, deadline=req.deadline), req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: _Request) -> http.client.HTTPResponse:  # type: ignore[override]
+        connection = functools.partial(_DeadlineHTTPSConnection, deadline=req.deadline)
+        return self.do_open(connection, req, context=self._context)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class _Answer:
     status: int | None  # None: no HTTP answer at all
     body: Any = None  # parsed JSON, or None
     problem: str = ""  # why there is no usable answer
     retry_after: int | None = None
+    unsent: bool = False  # the request itself could not be formed: nothing was sent
 
 
 def _retry_after(headers: Any) -> int | None:
@@ -176,15 +270,23 @@ class GovernanceClient:
         # the environment (which would see the token); https keeps the environment's
         # proxy, which only tunnels (TLS end to end).
         handlers: list[Any] = [urllib.request.ProxyHandler({})] if plain else []
-        self._opener = urllib.request.build_opener(*handlers, _NoRedirects)
+        self._opener = urllib.request.build_opener(
+            *handlers, _NoRedirects, _DeadlineHTTPHandler, _DeadlineHTTPSHandler
+        )
 
     def __repr__(self) -> str:  # never the token
         return f"GovernanceClient({self.base_url!r})"
 
     def _call(self, method: str, path: str, payload: Any = None) -> _Answer:
-        """One request. Never raises: every failure comes back as an _Answer."""
-        data = None if payload is None else json.dumps(payload).encode()
-        request = urllib.request.Request(  # noqa: S310 (scheme checked in __init__)
+        """One request, done within self.timeout from now or not at all. Never raises:
+        every failure comes back as an _Answer."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            data = None if payload is None else json.dumps(payload).encode()
+        except Exception as exc:  # not JSON, too deep (RecursionError), a repr that raises
+            problem = f"the request cannot be sent as JSON: {_name(exc)}"
+            return _Answer(None, problem=problem, unsent=True)
+        request = _Request(  # noqa: S310 (scheme checked in __init__)
             self.base_url + API_PREFIX + path,
             data=data,
             method=method,
@@ -195,6 +297,7 @@ class GovernanceClient:
                 "User-Agent": "governance-client/1",
             },
         )
+        request.deadline = deadline
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
                 status, raw, headers = response.status, response.read(MAX_BODY_BYTES + 1), None
@@ -216,12 +319,14 @@ class GovernanceClient:
             return _Answer(status, problem="answer too large", retry_after=retry_after)
         try:
             body = json.loads(raw)
-        except ValueError:
+        except Exception:  # ValueError, and RecursionError for "[[[[..." nested deep
             return _Answer(status, problem="answer is not JSON", retry_after=retry_after)
         return _Answer(status, body=body, retry_after=retry_after)
 
     def _checked(self, answer: _Answer, *, expect: int) -> dict[str, Any]:
         """The body of a successful non-decision call, or GovernanceClientError."""
+        if answer.unsent:
+            raise GovernanceClientError("invalid_request", answer.problem)
         if answer.status is None:
             raise GovernanceClientError("unreachable", answer.problem)
         if answer.status == expect and isinstance(answer.body, dict):
@@ -264,12 +369,18 @@ class GovernanceClient:
                 # Round-trip now so what is hashed server-side is exactly what was sent;
                 # values JSON cannot carry are sent as their repr.
                 payload["arguments"] = json.loads(json.dumps(dict(arguments), default=repr))
-            except (TypeError, ValueError) as exc:
-                return _deny("invalid_request", f"arguments cannot be sent as JSON: {exc}")
-        return self._decision(self._call("POST", "/authorize", payload))
+            except Exception as exc:  # also RecursionError (nested deep), a repr that raises
+                return _deny("invalid_request", f"arguments cannot be sent as JSON: {_name(exc)}")
+        answer = self._call("POST", "/authorize", payload)
+        try:
+            return self._decision(answer)
+        except Exception as exc:  # a shape nothing above foresaw is still only a denial
+            return _deny("error", f"unusable answer: {_name(exc)}", answer.status)
 
     @staticmethod
     def _decision(answer: _Answer) -> Decision:
+        if answer.unsent:
+            return _deny("invalid_request", answer.problem)
         if answer.status is None:
             return _deny("unreachable", f"The governance API did not answer: {answer.problem}")
         body = answer.body
@@ -367,9 +478,17 @@ class GovernanceClient:
         """
 
         def decorate(fn: F) -> F:
+            if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+                # Calling one only makes a generator: the body would run later, as it is
+                # iterated, after the check and outside it, with "succeeded" already sent.
+                raise TypeError(
+                    f"guarded() cannot wrap the generator function {fn.__qualname__}: its "
+                    "body would run outside the check; guard a function that does the work"
+                )
             signature = inspect.signature(fn)
 
-            def run(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            def ask(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+                """The decision id of an allow for this call; AccessDenied otherwise."""
                 try:
                     call_scope = scope(*args, **kwargs) if callable(scope) else scope
                     call_task = task(*args, **kwargs) if callable(task) else task
@@ -380,19 +499,54 @@ class GovernanceClient:
                     }
                 except Exception as exc:  # cannot even form the question: do not run
                     raise AccessDenied(
-                        _deny("invalid_request", f"cannot describe the call: {exc}")
+                        _deny("invalid_request", f"cannot describe the call: {_name(exc)}")
                     ) from exc
                 decision = self.authorize(
                     tool, action, call_scope, task=call_task, arguments=arguments, approval=approval
                 ).raise_unless_allowed()
                 assert decision.decision_id  # _parse_decision requires it on allow
+                return decision.decision_id
+
+            if inspect.iscoroutinefunction(fn):
+                # The body runs when the coroutine is awaited, so the check and the
+                # report go around the await; the HTTP calls block, so they run in a
+                # thread and the event loop goes on meanwhile.
+                async def arun(
+                    approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+                ) -> Any:
+                    decision_id = await asyncio.to_thread(ask, approval, args, kwargs)
+                    try:
+                        result = await fn(*args, **kwargs)
+                    except BaseException as exc:
+                        excerpt = type(exc).__name__
+                        await asyncio.to_thread(
+                            self._report_quietly, decision_id, "failed", excerpt=excerpt
+                        )
+                        raise
+                    digest = _digest(result)
+                    await asyncio.to_thread(
+                        self._report_quietly, decision_id, "succeeded", result_digest=digest
+                    )
+                    return result
+
+                @functools.wraps(fn)
+                async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                    return await arun(None, args, kwargs)
+
+                async def async_with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
+                    return await arun(approval_id, args, kwargs)
+
+                async_wrapper.with_approval = async_with_approval  # type: ignore[attr-defined]
+                return async_wrapper  # type: ignore[return-value]
+
+            def run(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                decision_id = ask(approval, args, kwargs)
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as exc:
-                    self._report_quietly(decision.decision_id, "failed", excerpt=type(exc).__name__)
+                    self._report_quietly(decision_id, "failed", excerpt=type(exc).__name__)
                     raise
-                digest = hashlib.sha256(repr(result).encode("utf-8", "replace")).hexdigest()
-                self._report_quietly(decision.decision_id, "succeeded", result_digest=digest)
+                self._report_quietly(decision_id, "succeeded", result_digest=_digest(result))
                 return result
 
             @functools.wraps(fn)
@@ -409,11 +563,20 @@ class GovernanceClient:
 
     def _report_quietly(self, decision_id: str, outcome: str, **kw: Any) -> None:
         # The call already ran: failing it now (and tempting a retry) would do it
-        # twice. The decision itself is on the server's record; log and go on.
+        # twice. The decision itself is on the server's record; log and go on,
+        # whatever goes wrong (a typed error, or an answer json cannot even parse).
         try:
             self.report_outcome(decision_id, outcome, **kw)
-        except GovernanceClientError as exc:
-            log.warning("could not report the outcome of decision %s: %s", decision_id, exc)
+        except Exception as exc:
+            log.warning("could not report the outcome of decision %s: %s", decision_id, _name(exc))
+
+
+def _digest(result: Any) -> str | None:
+    """sha256 of repr(result); None when repr() raises: the call ran, and is reported."""
+    try:
+        return hashlib.sha256(repr(result).encode("utf-8", "replace")).hexdigest()
+    except Exception:
+        return None
 
 
 def _parse_decision(body: Mapping[str, Any], status: int) -> Decision | None:

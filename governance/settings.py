@@ -8,6 +8,7 @@ GRANT_MAX_TTL_HOURS must not quietly hand out week-long grants.
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
@@ -42,10 +43,10 @@ def env_int(name: str, default: int, *, minimum: int = 0, maximum: int | None = 
     value = os.environ.get(name)
     if value is None:
         return default
-    try:
-        number = int(value.strip(), 10)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+    # ASCII digits only: int() would also take "1_000" and "٣" (Arabic-Indic 3).
+    if not re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer")
+    number = int(value.strip(), 10)
     if number < minimum or (maximum is not None and number > maximum):
         raise ImproperlyConfigured(f"{name}={number} is outside [{minimum}, {maximum}]")
     return number
@@ -124,28 +125,36 @@ SECRET_KEY = env_str("SECRET_KEY", "dev-only-insecure-secret-key-change-me")
 # Separate from SECRET_KEY on purpose: rotating the session key must not
 # invalidate the audit chain, and leaking one must not forge the other.
 AUDIT_HMAC_KEY = env_str("AUDIT_HMAC_KEY", "dev-only-insecure-audit-key-change-me")
-if AUDIT_HMAC_KEY == SECRET_KEY:
+# Compared stripped: the same key with a stray space or newline is still the same key.
+if AUDIT_HMAC_KEY.strip() == SECRET_KEY.strip():
     raise ImproperlyConfigured("AUDIT_HMAC_KEY must differ from SECRET_KEY")
 AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR", str(BASE_DIR / "var" / "checkpoints")))
 # Deleting the newest events is caught only back to the newest checkpoint: verify fails
 # when events exist with no checkpoint, or the newest is older than this (the job that
 # writes one a minute has stopped). 0 turns the check off.
 AUDIT_CHECKPOINT_MAX_AGE = timedelta(
-    minutes=env_int("AUDIT_CHECKPOINT_MAX_AGE_MINUTES", 15, minimum=0)
+    minutes=env_int("AUDIT_CHECKPOINT_MAX_AGE_MINUTES", 15, minimum=0, maximum=7 * 24 * 60)
 )
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 
 # --- Governance policy knobs -------------------------------------------------
-# There are no permanent grants: every grant's window is capped by this.
-GRANT_MAX_TTL = timedelta(hours=env_int("GRANT_MAX_TTL_HOURS", 24 * 7, minimum=1))
+# Every duration below has a maximum: no permanent grants by a huge number, and no
+# OverflowError from timedelta at start-up instead of a message naming the setting.
+YEAR_HOURS = 365 * 24
+# There are no permanent grants: every grant's window is capped by this (a year at most).
+GRANT_MAX_TTL = timedelta(
+    hours=env_int("GRANT_MAX_TTL_HOURS", 24 * 7, minimum=1, maximum=YEAR_HOURS)
+)
 # A request nobody decides within this long is closed (denied, undecided), so
 # a stale request cannot be approved weeks later by someone missing the context.
-GRANT_REQUEST_TTL = timedelta(hours=env_int("GRANT_REQUEST_TTL_HOURS", 72, minimum=1))
+GRANT_REQUEST_TTL = timedelta(
+    hours=env_int("GRANT_REQUEST_TTL_HOURS", 72, minimum=1, maximum=30 * 24)
+)
 # Approvals for destructive actions are meant to be used right away.
 APPROVAL_TTL = timedelta(minutes=env_int("APPROVAL_TTL_MINUTES", 15, minimum=1, maximum=24 * 60))
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)
-AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1)
+AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1, maximum=365)
 
 
 def env_backends(name: str) -> list[str]:
@@ -273,8 +282,29 @@ SPECTACULAR_SETTINGS = {
         "ReasonEnum": "governance.codes.Reason",
     },
 }
-# Unset: rate limits are counted in this process's memory (embedded mode).
-REDIS_URL = os.environ.get("REDIS_URL") or None
+
+
+def env_redis_url(name: str) -> str | None:
+    """A redis:// or rediss:// URL, or None when unset. Set but empty is an error, not
+    "no Redis": that would quietly count rate limits per process. unix:// is refused
+    too: redis-py reads it, but Celery's broker (kombu) has no such transport."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    value = env_str(name, "").strip()
+    try:
+        scheme = urlsplit(value).scheme
+    except ValueError:  # e.g. an unclosed [ in an IPv6 host
+        scheme = ""
+    if scheme not in {"redis", "rediss"}:
+        # The value may hold a password: name the problem, never echo it.
+        raise ImproperlyConfigured(f"{name} must be a redis:// or rediss:// URL")
+    return value
+
+
+# Unset: rate limits are counted in this process's memory, and the Celery broker is a
+# folder (embedded mode; production settings require it).
+REDIS_URL = env_redis_url("REDIS_URL")
 # Requests per minute per token, by bucket.
 RATE_LIMITS = {
     "authorize": env_int("RATE_LIMIT_AUTHORIZE_PER_MINUTE", 6000, minimum=1),
@@ -363,21 +393,29 @@ NOTIFY_WEBHOOK_FORMAT = env_choice("NOTIFY_WEBHOOK_FORMAT", "json", {"json", "sl
 NOTIFY_WEBHOOK_TIMEOUT_SECONDS = env_int("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=60)
 # Delivery attempts before a notification is given up as failed (backoff doubles each time).
 NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6, minimum=1, maximum=20)
-NOTIFY_RETRY_BASE_SECONDS = env_int("NOTIFY_RETRY_BASE_SECONDS", 30, minimum=1)
+NOTIFY_RETRY_BASE_SECONDS = env_int("NOTIFY_RETRY_BASE_SECONDS", 30, minimum=1, maximum=3600)
 # Grants expiring within this window are announced once to requester and agent owner.
 GRANT_EXPIRING_NOTICE = timedelta(
-    minutes=env_int("GRANT_EXPIRING_NOTICE_MINUTES", 24 * 60, minimum=1)
+    minutes=env_int("GRANT_EXPIRING_NOTICE_MINUTES", 24 * 60, minimum=1, maximum=30 * 24 * 60)
 )
 
 # Break-glass: a ticket reference in this format is required (full match).
 BREAKGLASS_TICKET_PATTERN = env_regex("BREAKGLASS_TICKET_PATTERN", r"[A-Z][A-Z0-9]+-[0-9]+")
-BREAKGLASS_DEFAULT_TTL = timedelta(minutes=env_int("BREAKGLASS_DEFAULT_TTL_MINUTES", 60, minimum=1))
+# Both at most a day: break-glass must end by its review deadline (at most 24 h, below).
+BREAKGLASS_DEFAULT_TTL = timedelta(
+    minutes=env_int("BREAKGLASS_DEFAULT_TTL_MINUTES", 60, minimum=1, maximum=24 * 60)
+)
 # Longer requests are refused, never clamped: the opener must know what they got.
-BREAKGLASS_MAX_TTL = timedelta(minutes=env_int("BREAKGLASS_MAX_TTL_MINUTES", 4 * 60, minimum=1))
+BREAKGLASS_MAX_TTL = timedelta(
+    minutes=env_int("BREAKGLASS_MAX_TTL_MINUTES", 4 * 60, minimum=1, maximum=24 * 60)
+)
 if BREAKGLASS_DEFAULT_TTL > BREAKGLASS_MAX_TTL:
     raise ImproperlyConfigured("BREAKGLASS_DEFAULT_TTL_MINUTES exceeds BREAKGLASS_MAX_TTL_MINUTES")
 BREAKGLASS_MAX_PER_HOUR = env_int("BREAKGLASS_MAX_PER_HOUR", 3, minimum=1)
-BREAKGLASS_REVIEW_WITHIN = timedelta(hours=env_int("BREAKGLASS_REVIEW_HOURS", 24, minimum=1))
+# DESIGN: break-glass is "ratified by a review within 24 h": sooner may be asked, later not.
+BREAKGLASS_REVIEW_WITHIN = timedelta(
+    hours=env_int("BREAKGLASS_REVIEW_HOURS", 24, minimum=1, maximum=24)
+)
 if BREAKGLASS_MAX_TTL > BREAKGLASS_REVIEW_WITHIN:
     # Unreviewed break-glass must have ended by the time its review is overdue
     # (DESIGN: "ratified by a review within 24 h, or it is flagged and expires").
@@ -389,12 +427,14 @@ if BREAKGLASS_MAX_TTL > BREAKGLASS_REVIEW_WITHIN:
 BREAKGLASS_OPENS_CAMPAIGN = env_bool("BREAKGLASS_OPENS_CAMPAIGN", True)
 
 # Re-certification campaigns.
-REVIEW_DUE = timedelta(days=env_int("REVIEW_DUE_DAYS", 14, minimum=1))
+REVIEW_DUE = timedelta(days=env_int("REVIEW_DUE_DAYS", 14, minimum=1, maximum=90))
 # What happens to an item nobody decided by its due date.
 REVIEW_DEFAULT_RULE = env_choice("REVIEW_DEFAULT_RULE", "revoke", {"revoke", "keep"})
-REVIEW_REMIND_BEFORE = timedelta(hours=env_int("REVIEW_REMIND_BEFORE_HOURS", 72, minimum=1))
+REVIEW_REMIND_BEFORE = timedelta(
+    hours=env_int("REVIEW_REMIND_BEFORE_HOURS", 72, minimum=1, maximum=90 * 24)
+)
 # A grant unused this long is proposed for removal (write/destructive: narrowing to read).
-UNUSED_GRANT_DAYS = env_int("UNUSED_GRANT_DAYS", 30, minimum=1)
+UNUSED_GRANT_DAYS = env_int("UNUSED_GRANT_DAYS", 30, minimum=1, maximum=365)
 # Share of yesterday's approved grant requests and destructive actions sampled for a
 # second look by another approver.
 SECOND_LOOK_FRACTION = env_fraction("SECOND_LOOK_FRACTION", 0.1)

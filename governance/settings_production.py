@@ -11,12 +11,17 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from governance.settings import *  # noqa: F403
-from governance.settings import AUDIT_HMAC_KEY, SECRET_KEY, env_bool, env_int
+from governance.settings import AUDIT_HMAC_KEY, REDIS_URL, SECRET_KEY, env_bool, env_int
 
 if SECRET_KEY.startswith("dev-only") or len(SECRET_KEY) < 50:
     raise ImproperlyConfigured("SECRET_KEY must be set to a random value of 50+ characters")
-if AUDIT_HMAC_KEY.startswith("dev-only"):
-    raise ImproperlyConfigured("AUDIT_HMAC_KEY must be set in production")
+# Whoever holds this key can rewrite the audit chain undetected: a guessable one is none.
+if AUDIT_HMAC_KEY.startswith("dev-only") or len(AUDIT_HMAC_KEY.strip()) < 32:
+    raise ImproperlyConfigured("AUDIT_HMAC_KEY must be set to a random value of 32+ characters")
+# Without Redis, each web process counts rate limits on its own (N processes: N times
+# the limit) and the Celery broker is a local folder that other machines never see.
+if REDIS_URL is None:
+    raise ImproperlyConfigured("REDIS_URL must be set in production (redis:// or rediss://)")
 
 DEBUG = False
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto.

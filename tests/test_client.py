@@ -447,3 +447,203 @@ def test_a_decision_is_allowed_only_when_it_says_allow():
     assert Decision("allow", "allowed", "").allowed
     for verdict in ("deny", "approval_required", "Allow", ""):
         assert not Decision(verdict, "x", "").allowed
+
+
+# --- One deadline for the whole call ------------------------------------------------------
+
+
+@pytest.fixture
+def dripping_server() -> Iterator[int]:
+    """A port on 127.0.0.1 whose server answers allow in 8-byte pieces 0.15 s apart,
+    headers and body alike: each piece comes well within a 0.5 s socket timeout."""
+    body = json.dumps(ALLOW).encode()
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                try:
+                    request = b""
+                    while b"\r\n\r\n" not in request:
+                        request += conn.recv(65536)
+                    for start in range(0, len(answer), 8):
+                        time.sleep(0.15)
+                        conn.sendall(answer[start : start + 8])
+                except OSError:  # the client gave up
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1]
+    listener.close()
+
+
+def test_an_allow_dripped_out_past_the_timeout_is_a_denial(dripping_server):
+    """A socket timeout bounds one read; the client's bounds the whole call. Before,
+    the ~30 pieces each arrived in time and the call ended in allow after ~4.5 s."""
+    client = GovernanceClient(f"http://127.0.0.1:{dripping_server}", "t", timeout=0.5)
+    started = time.monotonic()
+    denied = assert_denied(client, "unreachable")
+    assert time.monotonic() - started < 1.5
+    assert "timed out" in denied.message and denied.decision.status is None
+
+
+# --- Nothing escapes: a denial before the call, a log line after it -----------------------
+
+
+DEEP_JSON = b"[" * 200_000 + b"]" * 200_000  # json.loads raises RecursionError, not ValueError
+
+
+def test_an_answer_nested_too_deep_to_parse_is_a_denial(stub):
+    stub.answer(200, DEEP_JSON)
+    decision = GovernanceClient(stub.url, "t").authorize("repo", "read", "repo:acme/x")
+    assert (decision.decision, decision.reason, decision.status) == ("deny", "error", 200)
+    assert_denied(GovernanceClient(stub.url, "t"), "error")
+
+
+def test_arguments_nested_too_deep_to_send_are_a_denial_and_nothing_is_sent(stub):
+    stub.answer(200, ALLOW)
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    client = GovernanceClient(stub.url, "t")
+    decision = client.authorize("repo", "read", "repo:acme/x", arguments={"x": deep})
+    assert (decision.decision, decision.reason) == ("deny", "invalid_request")
+    assert "RecursionError" in decision.message
+    calls = []
+
+    @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+    def probe(x: Any) -> None:
+        calls.append(1)
+
+    with pytest.raises(AccessDenied) as caught:
+        probe(deep)
+    assert caught.value.reason == "invalid_request" and calls == [] and stub.requests == []
+
+
+def test_an_outcome_answer_nested_too_deep_does_not_fail_the_call_that_ran(stub, caplog):
+    """Raising after the side effect would invite a retry, and the tool would run twice."""
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    calls = []
+
+    @client.guarded(tool="repo", action="delete", scope="repo:acme/x")
+    def pay() -> str:
+        calls.append(1)
+        stub.answer(201, DEEP_JSON)
+        return "paid"
+
+    assert pay() == "paid" and calls == [1] and len(stub.requests) == 2
+    assert "could not report the outcome" in caplog.text
+
+
+def test_a_result_whose_repr_raises_is_still_returned_and_reported(stub):
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+
+    class Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    result = Unprintable()
+
+    @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+    def probe() -> Unprintable:
+        return result
+
+    assert probe() is result
+    asked, reported = stub.requests
+    assert reported["path"] == f"/api/v1/decisions/{ALLOW['decision_id']}/outcome"
+    assert json.loads(reported["body"]) == {"outcome": "succeeded"}  # no digest to give
+
+
+# --- async and generator tools -------------------------------------------------------------
+
+
+def outcomes(stub: Stub) -> list[str]:
+    return [
+        json.loads(r["body"])["outcome"] for r in stub.requests if r["path"].endswith("/outcome")
+    ]
+
+
+def test_an_async_tool_runs_inside_the_check_and_its_real_outcome_is_reported(stub):
+    import asyncio
+
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    seen: list[int] = []
+
+    @client.guarded(tool="repo", action="delete", scope=lambda p: f"repo:acme/{p}")
+    async def delete(p: str) -> str:
+        seen.append(len(stub.requests))  # asked, not yet reported
+        await asyncio.sleep(0)
+        if p == "bad":
+            raise RuntimeError("failed for real")
+        return "deleted"
+
+    assert asyncio.run(delete("old.py")) == "deleted" and seen == [1]
+    assert outcomes(stub) == ["succeeded"]
+    with pytest.raises(RuntimeError):
+        asyncio.run(delete("bad"))
+    assert outcomes(stub) == ["succeeded", "failed"]  # before: "succeeded" for both
+    assert json.loads(stub.requests[0]["body"])["arguments"] == {"p": "old.py"}
+
+    stub.answer(200, {**ALLOW, "decision": "deny", "reason": "no_grant"})
+    with pytest.raises(AccessDenied):
+        asyncio.run(delete.with_approval("a-1", "x"))
+    assert seen == [1, 3]  # the denied call never ran
+
+
+def test_an_async_tool_asks_without_blocking_the_event_loop(silent_port):
+    import asyncio
+
+    client = GovernanceClient(f"http://127.0.0.1:{silent_port}", "t", timeout=0.5)
+
+    @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+    async def probe() -> None:
+        raise AssertionError("must not run")
+
+    async def main() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        tick = asyncio.create_task(ticker())
+        with pytest.raises(AccessDenied) as caught:
+            await probe()
+        tick.cancel()
+        assert caught.value.reason == "unreachable"
+        return ticks
+
+    assert asyncio.run(main()) >= 5
+
+
+def test_a_generator_tool_is_refused_when_decorated(stub):
+    """Calling one only makes a generator: its body would run later, unchecked."""
+    client = GovernanceClient(stub.url, "t")
+    guard = client.guarded(tool="repo", action="delete", scope="repo:acme/x")
+
+    def lines() -> Iterator[str]:
+        yield "x"
+
+    async def async_lines() -> Any:
+        yield "x"
+
+    for fn in (lines, async_lines):
+        with pytest.raises(TypeError, match="generator"):
+            guard(fn)
+    assert stub.requests == []

@@ -242,7 +242,8 @@ def test_the_expiry_interval_is_parsed_strictly(monkeypatch):
     assert expiry_interval() == timedelta(minutes=1)
     monkeypatch.setenv("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", "2")
     assert expiry_interval() == timedelta(seconds=2)
-    for bad in ("1.5", "soon", "0", ""):
+    # "1_0" is 10 to int(); past 3600 (and past timedelta's range) it is refused too.
+    for bad in ("1.5", "soon", "0", "", "1_0", "3601", "100000000000000000"):
         monkeypatch.setenv("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", bad)
         with pytest.raises(ImproperlyConfigured):
             expiry_interval()

@@ -185,6 +185,7 @@ def test_check_deploy_reports_no_warnings_with_production_settings(tmp_path: Pat
         "DJANGO_SETTINGS_MODULE": "governance.settings_production",
         "SECRET_KEY": secrets.token_urlsafe(64),
         "AUDIT_HMAC_KEY": secrets.token_urlsafe(64),
+        "REDIS_URL": "redis://127.0.0.1:6379/0",  # required in production
         "ALLOWED_HOSTS": "governance.example.org",
         "SQLITE_PATH": str(tmp_path / "db.sqlite3"),
     }

@@ -1,0 +1,155 @@
+"""Settings read from the environment: integers in ASCII digits within a maximum,
+REDIS_URL a Redis URL or unset, and production refusing what would quietly weaken it.
+
+Each case starts Django in a fresh interpreter, as a deployment would: the settings
+module runs once per process, so that is where a bad value has to stop it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from governance import settings as app_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD_SECRET = secrets.token_urlsafe(64)
+GOOD_AUDIT_KEY = secrets.token_urlsafe(32)
+
+
+def start(module: str, **env: str | None) -> subprocess.CompletedProcess[str]:
+    """`django.setup()` with these variables (None: unset) in a fresh interpreter."""
+    environ = {**os.environ, "DJANGO_SETTINGS_MODULE": module}
+    for name in ("REDIS_URL", "SECRET_KEY", "AUDIT_HMAC_KEY", "DATABASE_URL"):
+        environ.pop(name, None)
+    environ.update({name: value for name, value in env.items() if value is not None})
+    return subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode != 0, proc.stderr
+    assert "ImproperlyConfigured" in proc.stderr
+    for word in words:
+        assert word in proc.stderr, proc.stderr
+
+
+# --- Integers -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1_000", "٣", "１２", "0x10", "1e3", "12 34", "+", ""])
+def test_an_integer_is_ascii_digits_only(monkeypatch, value):
+    # int() alone takes "1_000" (1000), "٣" (Arabic-Indic 3) and "１２" (fullwidth 12).
+    monkeypatch.setenv("SOME_NUMBER", value)
+    with pytest.raises(ImproperlyConfigured, match="SOME_NUMBER"):
+        app_settings.env_int("SOME_NUMBER", 5, minimum=1)
+
+
+@pytest.mark.parametrize(("value", "number"), [("12", 12), (" +7 ", 7), ("-0", 0)])
+def test_a_plain_integer_still_parses(monkeypatch, value, number):
+    monkeypatch.setenv("SOME_NUMBER", value)
+    assert app_settings.env_int("SOME_NUMBER", 5) == number
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        # Past timedelta's range: before, an OverflowError that named no setting.
+        ("GRANT_MAX_TTL_HOURS", "100000000000"),
+        ("GRANT_MAX_TTL_HOURS", str(365 * 24 + 1)),  # no grant longer than a year
+        ("GRANT_REQUEST_TTL_HOURS", str(30 * 24 + 1)),
+        ("AGENT_TOKEN_MAX_DAYS", "366"),
+        # DESIGN: break-glass "ratified by a review within 24 h".
+        ("BREAKGLASS_REVIEW_HOURS", "25"),
+        ("BREAKGLASS_MAX_TTL_MINUTES", "100000000000000"),
+        ("REVIEW_DUE_DAYS", "1000000000"),
+        ("GRANT_EXPIRING_NOTICE_MINUTES", "100000000000000"),
+        ("AUDIT_CHECKPOINT_MAX_AGE_MINUTES", "100000000000000"),
+    ],
+)
+def test_a_duration_past_its_maximum_stops_start_up(name, value):
+    assert_refused(start("governance.settings", **{name: value}), name, "outside")
+
+
+def test_the_largest_allowed_durations_start():
+    proc = start(
+        "governance.settings",
+        GRANT_MAX_TTL_HOURS=str(365 * 24),
+        BREAKGLASS_REVIEW_HOURS="24",
+        BREAKGLASS_MAX_TTL_MINUTES=str(24 * 60),
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- REDIS_URL ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("", "REDIS_URL is set but empty"),  # before: silently "no Redis"
+        ("   ", "REDIS_URL is set but empty"),
+        ("notaurl", "redis:// or rediss://"),
+        ("http://127.0.0.1:6379/0", "redis:// or rediss://"),
+        ("unix:///run/redis.sock", "redis:// or rediss://"),  # Celery has no unix transport
+    ],
+)
+def test_a_bad_redis_url_stops_start_up(value, words):
+    assert_refused(start("governance.settings", REDIS_URL=value), words)
+
+
+def test_a_bad_redis_url_is_not_echoed(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "memcache://:s3cret@cache:11211")
+    with pytest.raises(ImproperlyConfigured) as caught:
+        app_settings.env_redis_url("REDIS_URL")
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["redis://127.0.0.1:6379/0", "rediss://:pw@redis.internal/1"])
+def test_a_redis_url_is_taken(monkeypatch, value):
+    monkeypatch.setenv("REDIS_URL", f" {value} ")
+    assert app_settings.env_redis_url("REDIS_URL") == value
+    monkeypatch.delenv("REDIS_URL")
+    assert app_settings.env_redis_url("REDIS_URL") is None
+
+
+# --- The audit key and production ---------------------------------------------------------
+
+
+def test_the_audit_key_must_differ_from_the_secret_key_even_by_a_trailing_space():
+    proc = start("governance.settings", SECRET_KEY=GOOD_SECRET, AUDIT_HMAC_KEY=GOOD_SECRET + " ")
+    assert_refused(proc, "AUDIT_HMAC_KEY must differ from SECRET_KEY")
+
+
+PRODUCTION = {
+    "SECRET_KEY": GOOD_SECRET,
+    "AUDIT_HMAC_KEY": GOOD_AUDIT_KEY,
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+}
+
+
+def test_production_settings_start_with_a_key_a_redis_url_and_a_secret():
+    proc = start("governance.settings_production", **PRODUCTION)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("key", ["a", "x" * 31, " " * 20 + "y" * 31])
+def test_production_refuses_a_short_audit_key(key):
+    proc = start("governance.settings_production", **{**PRODUCTION, "AUDIT_HMAC_KEY": key})
+    assert_refused(proc, "AUDIT_HMAC_KEY must be set to a random value of 32+ characters")
+
+
+def test_production_requires_redis():
+    proc = start("governance.settings_production", **{**PRODUCTION, "REDIS_URL": None})
+    assert_refused(proc, "REDIS_URL must be set in production")
