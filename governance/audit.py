@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -847,6 +847,54 @@ def _check_checkpoint_chain(
             return body["seq"], f"checkpoint {name} goes backwards from seq {prev_seq}"
         prev_signature, prev_seq = body["signature"], body["seq"]
     return None
+
+
+def refusal_recorded_within(at: datetime, window: timedelta) -> bool:
+    """Was a failed verification recorded in the `window` before `at`? The minutely
+    checkpoint job, refused over a damaged log, records and alerts at most once per
+    window instead of every minute (the nightly verify records its own)."""
+    from governance.models import AuditEvent
+
+    return AuditEvent.objects.filter(
+        event_type=EventType.AUDIT_VERIFY_FAILED, seq__gt=0, created_at__gt=at - window
+    ).exists()
+
+
+def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str, Any]:
+    """Start a new checkpoint series: after the database was restored from a backup
+    (its newest events are gone, as checkpoints say), every checkpoint is refused until
+    someone who knows why says so. The old series is moved aside, not deleted (its
+    files are evidence), an `audit.checkpoints_restarted` event names it and the
+    reason, then the first checkpoint of the new series signs the head. Whoever runs
+    it holds AUDIT_HMAC_KEY, and with it could sign anything anyway; the event and the
+    kept files are what make this visible."""
+    if not (reason or "").strip():
+        raise ValueError("say why the checkpoint series is restarted (--reason)")
+    directory = _checkpoint_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    aside = directory / f"archived-{at.strftime('%Y%m%dT%H%M%S%fZ')}"
+    with open(directory / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = _checkpoint_paths()
+        last = _read_checkpoint(old[-1]) if old else None
+        aside.mkdir()
+        for path in old:
+            path.rename(aside / path.name)
+        with transaction.atomic():
+            append(
+                event_type=EventType.AUDIT_CHECKPOINTS_RESTARTED,
+                actor=actor,
+                at=at,
+                reason="checkpoints_restarted",
+                data={
+                    "comment": reason,
+                    "archived": aside.name,
+                    "files": len(old),
+                    "last_seq": last.get("seq") if last else None,
+                    "last_head": last.get("head") if last else None,
+                },
+            )
+    return write_checkpoint(at)
 
 
 def write_checkpoint(at: datetime) -> dict[str, Any]:

@@ -87,6 +87,9 @@ class EventType(models.TextChoices):
     # Reading who-could-do-what is itself recorded: an export leaves the system.
     REPORT_EXPORTED = "report.exported"
     AUDIT_CHECKPOINT = "audit.checkpoint"
+    # An admin started a new checkpoint series (after restoring the database from a
+    # backup, say): the old series is kept aside, named in the event.
+    AUDIT_CHECKPOINTS_RESTARTED = "audit.checkpoints_restarted"
     # The nightly chain walk found tampering (or a broken checkpoint).
     AUDIT_VERIFY_FAILED = "audit.verify_failed"
     # Someone read the audit log in the web UI (exports are report.exported).

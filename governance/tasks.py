@@ -4,6 +4,7 @@ lives in governance/celery.py."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -25,13 +26,16 @@ def expire_due() -> dict[str, int]:
 @app.task(name="governance.tasks.audit_checkpoint")
 def audit_checkpoint() -> dict[str, Any]:
     """Sign the head; refused over a damaged log, which is then verified and recorded
-    (the audit.verify_failed event and its alert) as the nightly job would."""
+    (the audit.verify_failed event and its alert) as the nightly job would, at most
+    once an hour while the damage stays."""
+    now = timezone.now()
     try:
-        body = audit.write_checkpoint(timezone.now())
+        body = audit.write_checkpoint(now)
     except audit.ChainBroken as exc:
-        audit.verify_and_record(
-            actor=audit.Actor.system("celery:audit_checkpoint"), at=timezone.now()
-        )
+        # Every minute while the damage stays: recorded and alerted once an hour, not
+        # sixty times (each record is itself an event, and a mail to every admin).
+        if not audit.refusal_recorded_within(now, timedelta(hours=1)):
+            audit.verify_and_record(actor=audit.Actor.system("celery:audit_checkpoint"), at=now)
         return {"refused": True, "bad_seq": exc.problem[0], "problem": exc.problem[1]}
     return {"file": body["file"], "seq": body["seq"]}
 

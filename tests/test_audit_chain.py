@@ -472,6 +472,68 @@ def test_the_checkpoint_job_refuses_and_records_the_damage(chain):
     assert len(audit.load_checkpoints()) == 1
 
 
+def test_a_refused_checkpoint_job_records_and_alerts_once_an_hour_not_every_minute(
+    chain, person, settings, monkeypatch
+):
+    """A checkpoint ahead of the log (the newest events gone) refuses every minute's
+    checkpoint; each refusal used to append audit.verify_failed and mail every admin."""
+    from django.utils import timezone
+
+    from governance import tasks
+
+    person("heidi", "admins")
+    audit.write_checkpoint(NOW)
+    _delete_tail_and_write_again(chain, keep=chain - 3)
+    clock = [datetime.now(UTC)]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])
+    for _minute in range(3):
+        assert tasks.audit_checkpoint.run()["refused"]
+        clock[0] += timedelta(minutes=1)
+    failed = AuditEvent.objects.filter(event_type="audit.verify_failed")
+    assert failed.count() == 1
+    clock[0] += timedelta(hours=1)
+    assert tasks.audit_checkpoint.run()["refused"]
+    assert failed.count() == 2  # still broken an hour later: said again
+    assert len(audit.load_checkpoints()) == 1
+
+
+def test_after_a_restore_an_admin_starts_a_new_checkpoint_series(chain, person, settings, capsys):
+    """The database restored from a backup lacks the newest events the checkpoints
+    signed: every checkpoint is refused until an admin says why. The old series is
+    kept aside and named in an event; the new one verifies."""
+    admin = person("heidi", "admins")
+    person("olga", "approvers")
+    first = audit.write_checkpoint(NOW)
+    signed = first["seq"]
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [signed - 2])  # "the restore"
+    with pytest.raises(CommandError, match="--start-new-series"):
+        call_command("audit_checkpoint")
+    for args, refused in [
+        (["--as", "heidi"], "--reason"),
+        (["--reason", "restored"], "needs --as"),
+        (["--reason", "restored", "--as", "olga"], "not an active admin"),
+    ]:
+        with pytest.raises(CommandError, match=refused):
+            call_command("audit_checkpoint", "--start-new-series", *args)
+    assert [c["file"] for c in audit.load_checkpoints()] == [first["file"]]
+    call_command(
+        "audit_checkpoint", "--start-new-series", "--as", "heidi",
+        "--reason", "restored from the 03:00 backup after disk loss (INC-7)",
+    )  # fmt: skip
+    (new,) = audit.load_checkpoints()
+    assert new["prev_signature"] == "" and new["seq"] == signed - 1
+    event = AuditEvent.objects.get(event_type="audit.checkpoints_restarted")
+    data = json.loads(event.data)
+    assert event.actor == f"user:{admin.username}" and event.seq == signed - 1
+    assert (data["files"], data["last_seq"], data["last_head"]) == (1, signed, first["head"])
+    assert "INC-7" in data["comment"]
+    kept = settings.AUDIT_CHECKPOINT_DIR / data["archived"] / first["file"]
+    assert json.loads(kept.read_text())["signature"] == first["signature"]
+    code, text = verify_output(capsys)
+    assert code == 0 and f"ok: {signed - 1} events" in text
+
+
 @pytest.mark.parametrize(
     "garbage",
     ["not json", "{}", "[1, 2]", '{"seq": "5", "head": "x", "count": 5, "time": "now",'

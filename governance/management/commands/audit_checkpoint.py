@@ -1,19 +1,49 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from governance import audit
+from governance import audit, roles
 
 
 class Command(BaseCommand):
-    help = "Sign the audit chain's head to AUDIT_CHECKPOINT_DIR (outside the database)."
+    help = (
+        "Sign the audit chain's head to AUDIT_CHECKPOINT_DIR (outside the database). "
+        "--start-new-series --reason TEXT --as ADMIN: after restoring the database from a "
+        "backup, move the old series aside (kept, named in an audit event) and start anew."
+    )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--start-new-series", action="store_true")
+        parser.add_argument("--reason", default="")
+        parser.add_argument("--as", dest="as_user", default=None, metavar="USERNAME")
+
+    def handle(self, *args: object, **options: Any) -> None:
+        now = timezone.now()
         try:
-            body = audit.write_checkpoint(timezone.now())
+            if options["start_new_series"]:
+                body = audit.restart_checkpoints(
+                    reason=options["reason"], actor=audit.Actor.user(self._admin(options)), at=now
+                )
+            else:
+                body = audit.write_checkpoint(now)
         except audit.ChainBroken as exc:
             # Exit 1: signing over a damaged log would bless the damage.
             seq, problem = exc.problem
             raise CommandError(
-                f"refused: not signed over a damaged log: seq {seq}: {problem}"
+                f"refused: not signed over a damaged log: seq {seq}: {problem} (after a "
+                "restore from backup: --start-new-series --reason TEXT --as ADMIN)"
             ) from None
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(f"checkpoint {body['file']}: seq {body['seq']}, head {body['head']}")
+
+    def _admin(self, options: dict[str, Any]) -> Any:
+        name = options["as_user"]
+        if not name:
+            raise CommandError("--start-new-series needs --as ADMIN (who restarts the series)")
+        user = get_user_model().objects.filter(username=name, is_active=True).first()
+        if user is None or not roles.is_admin(user):
+            raise CommandError(f"--as: {name!r} is not an active admin")
+        return user
