@@ -12,6 +12,11 @@ def test_the_openapi_schema_describes_the_api_and_its_auth(client, db):
     assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     authorize = schema["paths"]["/api/v1/authorize"]["post"]
     assert {"200", "400", "401", "503"} <= set(authorize["responses"])
+    # Break-glass open answers 409 (one live for the agent and tool, or one unreviewed)
+    # and 429 (the opener's hourly limit): both documented.
+    breakglass = schema["paths"]["/api/v1/breakglass"]["post"]
+    assert {"201", "403", "409", "429"} <= set(breakglass["responses"])
+    assert "breakglass_unreviewed" in breakglass["description"]
 
 
 def test_the_docs_page_loads_its_assets_from_this_server(client, db):

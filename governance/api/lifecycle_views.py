@@ -58,12 +58,15 @@ class BreakGlassOpenView(APIView):
     @extend_schema(
         operation_id="breakglass_open",
         request=s.BreakGlassIn,
-        responses={201: s.BreakGlassOut, **ERRORS},
+        responses={201: s.BreakGlassOut, **CONFLICT, **ERRORS},
         description=(
             "Open break-glass: a live grant at once, flagged break-glass in every decision "
             "and audit event, every other approver notified, a post-incident review due "
-            "within 24 h. People only (approvers, admins, the agent's owner); a ticket "
-            "reference is required; longer than the hard maximum is refused."
+            "within 24 h. People only (approvers, admins, the agent's owner; never an "
+            "auditor: 403 auditor_read_only); a ticket reference is required; longer than "
+            "the hard maximum is refused. 409 breakglass_active: one is already live for "
+            "this agent and tool; 409 breakglass_unreviewed: an earlier one for them awaits "
+            "its review. 429 (with Retry-After): the opener's hourly limit."
         ),
     )
     def post(self, request: Request) -> Response:

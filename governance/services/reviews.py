@@ -274,7 +274,10 @@ def review_item_decide(
             )
             return item
     # Refused: nothing of the reviewer's is written. What the job would do to this item
-    # is done now, in its own transaction, so the refusal is the last word.
+    # is done now, in its own transaction, so the refusal is the last word. (Callers
+    # run this outside a transaction of their own, as the API and UI views do: inside
+    # one, raising the refusal would roll the applied rule back with the rest, and the
+    # job would apply it at its next run.)
     applied = _close_now(item.pk, ended=ended, actor=actor, at=at)
     if late:
         raise Conflict(
