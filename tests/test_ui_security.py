@@ -225,3 +225,34 @@ def test_the_admin_sites_sign_in_goes_through_the_rate_limited_door() -> None:
     response = Client().get("/admin/login/?next=/admin/")
     assert response.status_code == 302
     assert response["Location"] == "/ui/login/?next=/admin/"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("role", ["approver", "auditor"])
+def test_a_signed_in_person_who_may_not_use_the_admin_site_is_not_sent_round_in_circles(
+    role: str,
+) -> None:
+    """/admin/ sends a person without staff status to its sign-in, which is the UI's,
+    which sent a signed-in person straight on to `next` = /admin/: a redirect loop (the
+    browser's "too many redirects"). They land on the UI instead; staff still go on."""
+    ui_world.build()
+    client = ui_world.signed_in(role)
+    response = client.get("/ui/login/?next=/admin/")
+    assert response.status_code == 302 and response["Location"] == "/ui/"
+    staff = User.objects.get(username=ui_world.ROLE_USERS["admin"])
+    staff.is_staff = True
+    staff.save(update_fields=["is_staff"])
+    admin_client = ui_world.signed_in("admin")
+    assert admin_client.get("/ui/login/?next=/admin/")["Location"] == "/admin/"
+
+
+@pytest.mark.django_db
+def test_the_start_page_obeys_its_own_content_security_policy() -> None:
+    """Its inline <style> was blocked by the CSP it is sent with (script and style from
+    this server only), so browsers showed it unstyled; and it linked the admin site to
+    people who may not use it."""
+    ui_world.build()
+    page = ui_world.signed_in("approver").get("/")
+    html = page.content.decode()
+    assert page.status_code == 200 and "<style" not in html and "style=" not in html
+    assert 'href="/static/ui/home.css"' in html and 'href="/admin/"' not in html

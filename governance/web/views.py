@@ -75,6 +75,15 @@ class LoginView(auth_views.LoginView):
         context = self.get_context_data(form=self.get_form_class()(self.request), refused=message)
         return render(self.request, self.template_name, context, status=status)
 
+    def get_redirect_url(self) -> str:
+        """Where `next` points, unless that is Django's admin site for someone who may
+        not use it: the site sends them back here, and sending them on would loop."""
+        url = super().get_redirect_url()
+        user = self.request.user
+        if url.startswith("/admin/") and not (user.is_authenticated and user.is_staff):
+            return ""  # the UI's start page instead
+        return url
+
 
 class LogoutView(auth_views.LogoutView):
     next_page = "/ui/login/"
