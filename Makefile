@@ -23,7 +23,7 @@ install: $(STAMP)
 # when the server exits, however it exits.
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_demo --address $(HOST)
 	$(PY) manage.py audit_checkpoint
 	@mkdir -p var/celery
 	@echo "Serving on http://$(HOST)/ (with a Celery worker and beat)"

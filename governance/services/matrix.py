@@ -758,8 +758,9 @@ class _Planner:
             change.outcome, change.note = "skipped", "delegated: made by its parent agent"
         elif break_glass:
             change.outcome, change.note = "skipped", "break-glass: opened by the incident process"
-        elif not self._duplicate_in_file(change, keys, node):
+        elif not self._duplicate_in_file(change, node):
             self._compare_with_database(change, keys, node)
+            self._second_request_in_file(change, keys)
         self.changes.append(change)
 
     def _limits(self, node: Node | None, path: str) -> Any:
@@ -873,27 +874,35 @@ class _Planner:
             tuple(sorted(spec["actions"])),
         )
 
-    def _duplicate_in_file(self, change: Change, keys: dict[str, Node], node: Node) -> bool:
+    def _duplicate_in_file(self, change: Change, node: Node) -> bool:
         ident = self._identity(change.spec)
         for earlier in self.changes:
-            if earlier.kind != "grant" or earlier.outcome == "skipped":
-                continue
-            other = self._identity(earlier.spec)
-            if other == ident:
-                self.reader.error(
-                    node, change.path, f"repeats {earlier.path} (line {earlier.line})"
-                )
-                return True
-            if self.mode == "requests" and other[:4] == ident[:4]:
-                # One pending request per agent, tool, task and scope (a database rule).
-                self.reader.error(
-                    keys["actions"],
-                    f"{change.path}.actions",
-                    f"{earlier.path} (line {earlier.line}) already requests this agent, tool, "
-                    "task and scope; merge the actions or import with --apply-approved",
-                )
-                return True
+            if earlier.kind == "grant" and earlier.outcome != "skipped":
+                if self._identity(earlier.spec) == ident:
+                    self.reader.error(
+                        node, change.path, f"repeats {earlier.path} (line {earlier.line})"
+                    )
+                    return True
         return False
+
+    def _second_request_in_file(self, change: Change, keys: dict[str, Node]) -> None:
+        """One pending request per agent, tool, task and scope (a database rule): two
+        entries that would both become requests for them cannot be. Entries already
+        live (unchanged), such as two grants that differ only in actions, are fine."""
+        if self.mode != "requests" or change.outcome != "create":
+            return
+        ident = self._identity(change.spec)[:4]
+        for earlier in self.changes:
+            if earlier.kind == "grant" and earlier.outcome == "create":
+                if self._identity(earlier.spec)[:4] == ident:
+                    self.reader.error(
+                        keys["actions"],
+                        f"{change.path}.actions",
+                        f"{earlier.path} (line {earlier.line}) already requests this agent, "
+                        "tool, task and scope; merge the actions or import with "
+                        "--apply-approved",
+                    )
+                    return
 
     def _compare_with_database(self, change: Change, keys: dict[str, Node], node: Node) -> None:
         spec = change.spec

@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group, User
@@ -24,7 +25,12 @@ ROLES = ("admins", "approvers", "auditors")
 class Command(BaseCommand):
     help = "Create the demo data set (idempotent) and print how to sign in."
 
-    def handle(self, *args: object, **options: object) -> None:
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--address", default="127.0.0.1:8000", help="where the server will listen (HOST)"
+        )
+
+    def handle(self, *args: object, **options: Any) -> None:
         password_file = Path(settings.BASE_DIR) / "var" / "demo-admin-password"
         if Agent.objects.filter(name="triage-bot").exists():
             self.stdout.write("Demo data already present.")
@@ -36,7 +42,7 @@ class Command(BaseCommand):
             password_file.chmod(0o600)
         password = password_file.read_text() if password_file.exists() else "(see var/)"
         self.stdout.write(
-            "\nSign in at http://127.0.0.1:8000/admin/login/ as "
+            f"\nSign in at http://{options['address']}/ui/login/ as "
             f"'admin' with password '{password}'\n"
             "(approver: bob, auditor: carol; same password; stored in var/demo-admin-password)"
         )
