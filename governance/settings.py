@@ -315,7 +315,8 @@ RATE_LIMITS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"no_4xx_tracebacks": {"()": "governance.logs.NoClientErrorTracebacks"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["no_4xx_tracebacks"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
 

@@ -256,3 +256,27 @@ def test_the_start_page_obeys_its_own_content_security_policy() -> None:
     html = page.content.decode()
     assert page.status_code == 200 and "<style" not in html and "style=" not in html
     assert 'href="/static/ui/home.css"' in html and 'href="/admin/"' not in html
+
+
+def test_a_refused_request_is_logged_in_one_line_and_a_server_error_with_its_traceback() -> None:
+    """The console handler's filter (settings.LOGGING): Django logs a 403 with the
+    PermissionDenied traceback, a screenful per refusal that buries real errors."""
+    import logging
+    import sys
+
+    from django.conf import settings
+
+    from governance.logs import NoClientErrorTracebacks
+
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["no_4xx_tracebacks"]
+    try:
+        raise PermissionError("no")
+    except PermissionError:
+        info = sys.exc_info()
+    refused = logging.LogRecord("django.request", logging.WARNING, "x", 1, "Forbidden", (), info)
+    refused.status_code = 403
+    failed = logging.LogRecord("django.request", logging.ERROR, "x", 1, "Error", (), info)
+    failed.status_code = 500
+    keep = NoClientErrorTracebacks()
+    assert keep.filter(refused) and refused.exc_info is None
+    assert keep.filter(failed) and failed.exc_info is info
