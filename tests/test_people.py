@@ -110,3 +110,64 @@ def test_an_account_added_in_the_django_admin_is_an_event_naming_the_admin(clien
     assert (kind, actor, data["person_id"]) == ("person.created", "user:boss", mallory.pk)
     assert data["is_superuser"] is False
     assert mallory.date_joined <= timezone.now()
+
+
+def _audit_write_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from governance import audit
+
+    def refused(**kwargs: object) -> None:
+        raise RuntimeError("the audit write failed")
+
+    monkeypatch.setattr(audit, "append", refused)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_shell_change_whose_event_cannot_be_written_does_not_stand(monkeypatch):
+    """Outside a transaction (a shell, createsuperuser) the change committed before its
+    signal ran: a failed event left a new superuser with no trace. It is undone."""
+    from governance import roles
+
+    sam = User.objects.create_user("sam", password="first-pass-123")
+    before = person_events()
+    with monkeypatch.context() as broken:
+        _audit_write_fails(broken)
+        sam.is_superuser = True
+        sam.set_password("second-pass-456")
+        with pytest.raises(RuntimeError, match="audit write failed"):
+            sam.save()
+        with pytest.raises(RuntimeError, match="audit write failed"):
+            User.objects.create_superuser("root2", password="pw-123456")
+    stored = User.objects.get(pk=sam.pk)
+    assert not stored.is_superuser and not roles.is_admin(stored)
+    assert stored.check_password("first-pass-123")
+    assert not User.objects.filter(username="root2").exists()
+    assert person_events() == before
+
+
+def test_renaming_or_deleting_a_group_is_an_event_for_each_member():
+    """A role is a group's name: renaming `ops` to `approvers` (the Django admin's
+    group form does it) made every member an approver, and deleting `approvers` took
+    the role from all of them, without an event."""
+    from governance import roles
+
+    ops = Group.objects.create(name="ops")
+    eve = User.objects.create_user("eve", password="pw-123456")
+    finn = User.objects.create_user("finn", password="pw-123456")
+    ops.user_set.add(eve, finn)
+    start = len(person_events())
+    ops.name = roles.APPROVERS
+    ops.save()
+    renamed = person_events()[start:]
+    assert [(kind, data["person"]) for kind, _, data in renamed] == [
+        ("person.roles_changed", "eve"),
+        ("person.roles_changed", "finn"),
+    ]
+    assert renamed[0][2]["renamed"] == {"from": "ops", "to": roles.APPROVERS}
+    assert renamed[0][2]["roles"] == [roles.APPROVERS]
+    Group.objects.get(name=roles.APPROVERS).delete()
+    removed = person_events()[start + 2 :]
+    assert [(data["person"], data["removed"], data["roles"]) for _, _, data in removed] == [
+        ("eve", [roles.APPROVERS], []),
+        ("finn", [roles.APPROVERS], []),
+    ]
+    assert not roles.is_approver(User.objects.get(username="eve"))

@@ -17,6 +17,13 @@ commits right after the change):
 A login (last_login) is not a change. The actor is the signed-in person of the
 request that made the change (the web UI, the admin, the API), else
 `system:unattributed` (a shell or a command: the operator is outside the app).
+
+Outside a transaction (a shell, `createsuperuser`) a change has already committed when
+its signal runs: if its event then cannot be written, the change is undone (the new
+account deleted, the old values put back) and the error raised. Renaming a group
+(`person.roles_changed` with `renamed`) or deleting one (`removed`) is an event for each
+member. Not seen: `QuerySet.update()` on accounts sends no signal, so code must not
+change accounts that way (nothing in this project does).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
-from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 from django.utils import timezone
 
 from governance import audit
@@ -77,14 +84,36 @@ def _before_save(sender: Any, instance: Any, **kwargs: Any) -> None:
     )
 
 
+_undoing: contextvars.ContextVar[bool] = contextvars.ContextVar("governance_undo", default=False)
+
+
+def _append_or_undo(event_type: str, user: Any, undo: Any, **data: Any) -> None:
+    """The event for a change post_save reports. Inside a transaction (the admin, the
+    UI, a service) they commit together or not at all. Outside one (a shell,
+    `createsuperuser`) the change has already committed when post_save runs: if its
+    event cannot be written, the change is undone, so it never stands without its event."""
+    alone = not transaction.get_connection().in_atomic_block
+    try:
+        _append(event_type, user, **data)
+    except Exception:
+        if alone:
+            token = _undoing.set(True)
+            try:
+                undo()
+            finally:
+                _undoing.reset(token)
+        raise
+
+
 def _saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     if kwargs.get("raw"):
         return
     now = {name: getattr(instance, name) for name in TRACKED}
     before = getattr(instance, "_governance_before", None)
     instance._governance_before = None
+    rows = sender.objects.filter(pk=instance.pk)
     if created or before is None:
-        _append(EventType.PERSON_CREATED, instance, **now)
+        _append_or_undo(EventType.PERSON_CREATED, instance, rows.delete, **now)
         return
     changed: dict[str, Any] = {
         name: {"before": before[name], "after": now[name]}
@@ -94,7 +123,9 @@ def _saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     if before["password"] != instance.password:
         changed["password"] = "changed"
     if changed:
-        _append(EventType.PERSON_CHANGED, instance, changed=changed)
+        _append_or_undo(
+            EventType.PERSON_CHANGED, instance, lambda: rows.update(**before), changed=changed
+        )
 
 
 def _groups_changed(
@@ -127,7 +158,41 @@ def _groups_changed(
 
 
 def _deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
-    _append(EventType.PERSON_DELETED, instance)
+    if not _undoing.get():  # an account undone for want of its event was never announced
+        _append(EventType.PERSON_DELETED, instance)
+
+
+def _group_before(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A role is a group's name: renaming a group changes every member's roles."""
+    if kwargs.get("raw") or instance.pk is None:
+        instance._governance_name = None
+        return
+    instance._governance_name = (
+        sender.objects.filter(pk=instance.pk).values_list("name", flat=True).first()
+    )
+
+
+def _group_saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
+    old = getattr(instance, "_governance_name", None)
+    if kwargs.get("raw") or created or old is None or old == instance.name:
+        return
+    for user in instance.user_set.order_by("pk"):
+        _append(
+            EventType.PERSON_ROLES_CHANGED, user, renamed={"from": old, "to": instance.name},
+            roles=_roles(user),
+        )  # fmt: skip
+
+
+def _group_deleting(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """Deleting a group removes it from every member, and no m2m_changed says so: its
+    members are noted now, and each gets an event once the rows are gone."""
+    instance._governance_members = list(instance.user_set.values_list("pk", flat=True))
+
+
+def _group_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    members = getattr(instance, "_governance_members", [])
+    for user in get_user_model().objects.filter(pk__in=members).order_by("pk"):
+        _append(EventType.PERSON_ROLES_CHANGED, user, removed=[instance.name], roles=_roles(user))
 
 
 def connect() -> None:
@@ -139,3 +204,7 @@ def connect() -> None:
     m2m_changed.connect(
         _groups_changed, sender=user_model.groups.through, dispatch_uid="governance.people.groups"
     )
+    pre_save.connect(_group_before, sender=Group, dispatch_uid="governance.people.group_pre")
+    post_save.connect(_group_saved, sender=Group, dispatch_uid="governance.people.group_post")
+    pre_delete.connect(_group_deleting, sender=Group, dispatch_uid="governance.people.group_del")
+    post_delete.connect(_group_deleted, sender=Group, dispatch_uid="governance.people.group_gone")
