@@ -300,7 +300,8 @@ class GovernanceClient:
         request.deadline = deadline
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                status, raw, headers = response.status, response.read(MAX_BODY_BYTES + 1), None
+                status, raw = response.status, response.read(MAX_BODY_BYTES + 1)
+                headers = response.headers
         except urllib.error.HTTPError as exc:  # an answer, with a 3xx/4xx/5xx status
             try:
                 status, raw, headers = exc.code, exc.read(MAX_BODY_BYTES + 1), exc.headers
@@ -317,8 +318,12 @@ class GovernanceClient:
         retry_after = _retry_after(headers) if headers is not None else None
         if len(raw) > MAX_BODY_BYTES:
             return _Answer(status, problem="answer too large", retry_after=retry_after)
+        if status < 300 and (headers is None or headers.get_content_type() != "application/json"):
+            return _Answer(status, problem="answer is not JSON", retry_after=retry_after)
         try:
-            body = json.loads(raw)
+            # The service answers UTF-8 JSON: no byte-order mark, no UTF-16 or -32 (which
+            # json.loads would guess from the bytes and accept).
+            body = json.loads(raw.decode("utf-8"))
         except Exception:  # ValueError, and RecursionError for "[[[[..." nested deep
             return _Answer(status, problem="answer is not JSON", retry_after=retry_after)
         return _Answer(status, body=body, retry_after=retry_after)

@@ -359,12 +359,20 @@ ALLOW = {
             429, {"error": {"code": "rate_limited", "message": "slow"}}, "rate_limited", id="429"
         ),  # fmt: skip
         pytest.param(403, b"Forbidden", "error", id="403-not-json"),
+        # JSON json.loads would guess its way into from the bytes: not the service's.
+        pytest.param(200, b"\xef\xbb\xbf" + json.dumps(ALLOW).encode(), "error", id="utf8-bom"),
+        pytest.param(200, json.dumps(ALLOW).encode("utf-16"), "error", id="utf-16"),
     ],
 )
 def test_anything_but_a_clean_200_allow_is_a_denial(stub, status, body, reason):
     stub.answer(status, body)
     assert_denied(GovernanceClient(stub.url, "t"), reason)
     assert len(stub.requests) == 1  # asked once, never reported an outcome
+
+
+def test_an_allow_that_does_not_say_it_is_json_is_a_denial(stub):
+    stub.answer(200, ALLOW, **{"Content-Type": "text/html"})
+    assert_denied(GovernanceClient(stub.url, "t"), "error")
 
 
 def test_a_redirect_is_not_followed_and_is_a_denial(stub):
