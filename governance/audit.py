@@ -433,7 +433,9 @@ class StateChanged(Exception):
 FREE_TEXT_KEYS = frozenset({"justification", "reason", "comment", "note", "message"})
 
 
-def _masked_data(data: Mapping[str, Any]) -> dict[str, Any]:
+def masked_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The free-text values masked (people type secrets and addresses into them); the
+    rest are names and ids the reader needs. Notifications send the same."""
     return {k: mask(v) if k in FREE_TEXT_KEYS else v for k, v in data.items()}
 
 
@@ -494,7 +496,7 @@ def append(
         "grant_id": grant_id,
         "approval_id": approval_id,
         "break_glass": break_glass,
-        "data": canonical_json(_masked_data(data)) if data else "{}",
+        "data": canonical_json(masked_data(data)) if data else "{}",
     }
     held = getattr(_held, "rows", None)
     if held is not None and not standalone:

@@ -22,25 +22,36 @@ minute). Two workers never both send one row: delivery claims it with a conditio
 Targets: each person's e-mail address (people without one are skipped) and every URL in
 NOTIFY_WEBHOOK_URLS, as the generic JSON event or, with NOTIFY_WEBHOOK_FORMAT=slack, a
 Slack-compatible {"text": ...}. Webhook URLs often embed a secret, so a row stores the
-URL's SHA-256 and the URL is looked up in settings at delivery time.
+URL's SHA-256, the URL is looked up in settings at delivery time, and an error stored or
+logged never quotes it. Subject, body and the free-text values of the data are masked as
+the audit log masks them (audit.mask) before the row is written: a justification typed
+with a password in it must not reach a third-party chat service or a mailbox.
+
+Time: one webhook delivery has NOTIFY_WEBHOOK_TIMEOUT_SECONDS in all (at most a minute),
+the task a hard limit of a few minutes, both well inside STUCK_AFTER: a row the sweep
+takes back from a silent worker is never still being sent by it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
-import urllib.request
+import socket
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import transaction
 from django.db.models import F
 
+from governance import audit
 from governance.codes import NotificationEvent
 from governance.models import Approval, BreakGlass, Grant, Notification
 
@@ -69,7 +80,8 @@ def notify(
 ) -> list[Notification]:
     """Queue `event` for every given person's e-mail and every configured webhook."""
     addresses = sorted({u.email for u in users if u is not None and getattr(u, "email", "")})
-    payload = {"event": event, **(data or {})}
+    subject, body = audit.mask(subject), audit.mask(body)
+    payload = {"event": event, **audit.masked_data(data or {})}
     rows = [
         Notification(channel=Notification.Channel.EMAIL, target=address) for address in addresses
     ] + [
@@ -121,18 +133,6 @@ class PermanentFailure(Exception):
     """Retrying cannot help (the webhook is no longer configured)."""
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    # A webhook that redirects is misconfigured; following it would re-send the
-    # payload somewhere nobody configured.
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-# Direct connections only (no proxy from the environment): a webhook goes exactly to
-# the host configured for it.
-_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
-
-
 def webhook_payload(row: Notification) -> dict[str, Any]:
     if settings.NOTIFY_WEBHOOK_FORMAT == "slack":
         return {"text": f"*{row.subject}*\n{row.body}"}
@@ -146,6 +146,57 @@ def webhook_payload(row: Notification) -> dict[str, Any]:
     }
 
 
+def _post(url: str, body: bytes, *, seconds: float) -> int:
+    """POST `body` to `url` and return the status, all within `seconds`.
+
+    urllib's (and http.client's) timeout bounds each socket operation, not the exchange:
+    a server answering one byte every half second held a 1 s delivery for 18 s. A timer
+    cuts the connection at the deadline instead. http.client follows no redirects (a
+    webhook that redirects is misconfigured; following it would re-send the payload
+    somewhere nobody configured) and uses no proxy from the environment (a webhook goes
+    exactly to its configured host)."""
+    parts = urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    conn = connection_class(parts.hostname or "", port, timeout=seconds)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:  # the plain socket's shutdown: wakes a read blocked in another thread
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        if expired.is_set():  # the deadline passed while connecting (no socket to cut)
+            raise TimeoutError
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request(
+            "POST",
+            path,
+            body=body,
+            headers={"Content-Type": "application/json", "User-Agent": "agent-governance"},
+        )
+        with conn.getresponse() as response:
+            return response.status
+    except Exception:
+        if expired.is_set():
+            raise TimeoutError(f"the webhook did not answer within {seconds:g} s") from None
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
+
+
 def _send(row: Notification) -> None:
     if row.channel == Notification.Channel.EMAIL:
         EmailMessage(row.subject, row.body, settings.DEFAULT_FROM_EMAIL, [row.target]).send()
@@ -153,22 +204,39 @@ def _send(row: Notification) -> None:
     url = next((u for u in settings.NOTIFY_WEBHOOK_URLS if url_digest(u) == row.target), None)
     if url is None:
         raise PermanentFailure("the webhook is no longer in NOTIFY_WEBHOOK_URLS")
-    request = urllib.request.Request(  # noqa: S310 - http(s) only, checked in settings
+    status = _post(
         url,
-        data=json.dumps(webhook_payload(row)).encode(),
-        headers={"Content-Type": "application/json", "User-Agent": "agent-governance"},
-        method="POST",
+        json.dumps(webhook_payload(row)).encode(),
+        seconds=settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS,
     )
-    with _OPENER.open(request, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS) as response:
-        if not 200 <= response.status < 300:
-            raise OSError(f"webhook answered HTTP {response.status}")
+    if not 200 <= status < 300:
+        raise OSError(f"webhook answered HTTP {status}")
+
+
+def without_urls(text: str) -> str:
+    """Error text with every configured webhook URL's secret parts (credentials, path,
+    query, a "port" that is not one) replaced: it is stored on the row and logged."""
+    for url in settings.NOTIFY_WEBHOOK_URLS:
+        parts = urlsplit(url)
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        port = hostport.rpartition(":")[2] if ":" in hostport else ""
+        pieces = [url, parts.netloc, userinfo, *userinfo.split(":"), parts.path, parts.query]
+        if port and not port.isdigit():
+            pieces.append(port)
+        # Longest first, so a part of a longer piece does not break its replacement;
+        # one-character pieces ("/") are no secret and would garble the text.
+        for piece in sorted({p for p in pieces if len(p) > 1}, key=len, reverse=True):
+            text = text.replace(piece, "[webhook]")
+    return audit.mask(text)
 
 
 def deliver(*, notification_id: int, at: datetime) -> tuple[str, timedelta | None]:
     """One delivery attempt. Returns (outcome, wait): "sent"; "retry" with the backoff
-    to wait; "failed" (given up); or "skipped" (someone else has it, or it is done)."""
+    to wait; "failed" (given up); or "skipped" (someone else has it, it is done, or its
+    retry is not due yet: a duplicate queue message, from a Celery retry and the sweep,
+    must not skip the backoff and spend every attempt within seconds)."""
     claimed = Notification.objects.filter(
-        pk=notification_id, status=Notification.Status.PENDING
+        pk=notification_id, status=Notification.Status.PENDING, next_attempt_at__lte=at
     ).update(status=Notification.Status.SENDING, claimed_at=at, attempts=F("attempts") + 1)
     if not claimed:
         return "skipped", None
@@ -176,7 +244,7 @@ def deliver(*, notification_id: int, at: datetime) -> tuple[str, timedelta | Non
     try:
         _send(row)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded on the row
-        error = f"{type(exc).__name__}: {exc}"[:1000]
+        error = without_urls(f"{type(exc).__name__}: {exc}")[:1000]
         final = isinstance(exc, PermanentFailure) or row.attempts >= settings.NOTIFY_MAX_ATTEMPTS
         wait = backoff(row.attempts)
         Notification.objects.filter(pk=row.pk, status=Notification.Status.SENDING).update(
@@ -197,10 +265,19 @@ def deliver(*, notification_id: int, at: datetime) -> tuple[str, timedelta | Non
 
 def sweep(*, at: datetime) -> int:
     """Re-queue what is due: rows whose dispatch was lost (broker down at commit), whose
-    retry is due, or whose worker died mid-send. Returns how many were queued."""
-    Notification.objects.filter(
+    retry is due, or whose worker died mid-send. Returns how many were queued.
+
+    A row stuck in "sending" counts its claim as an attempt: past NOTIFY_MAX_ATTEMPTS it
+    is given up, so a message that kills or hangs its worker every time is not sent for
+    ever."""
+    stuck = Notification.objects.filter(
         status=Notification.Status.SENDING, claimed_at__lte=at - STUCK_AFTER
-    ).update(status=Notification.Status.PENDING)
+    )
+    stuck.filter(attempts__gte=settings.NOTIFY_MAX_ATTEMPTS).update(
+        status=Notification.Status.FAILED,
+        last_error=f"no attempt finished within {STUCK_AFTER} (the worker died or hung)",
+    )
+    stuck.update(status=Notification.Status.PENDING)
     due = list(
         Notification.objects.filter(
             status=Notification.Status.PENDING, next_attempt_at__lte=at

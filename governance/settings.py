@@ -343,13 +343,26 @@ RATE_LIMITS["login_address"] = env_int("RATE_LIMIT_LOGIN_ADDRESS_PER_MINUTE", 20
 
 def env_webhook_urls(name: str) -> list[str]:
     """Comma-separated http(s) URLs with a host; anything else is a start-up error
-    (a typo must not silently drop every alert)."""
+    (a typo must not silently drop every alert). No user:password@ and only a numeric
+    port: delivery would fail on every attempt, and urllib's error text (stored on the row,
+    logged) quotes the credentials or the "port" (https://host:password/ is a common slip)."""
     urls = env_list(name, [])
-    for url in urls:
-        parts = urlsplit(url)
+    for position, url in enumerate(urls, start=1):
+        # The value itself may be a secret (Slack webhook URLs are): name the position only.
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parsing it is the check
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: item {position} has an invalid host or port"
+            ) from None
         if parts.scheme not in {"http", "https"} or not parts.hostname:
-            # The value itself may be a secret (Slack webhook URLs are): name the position only.
-            raise ImproperlyConfigured(f"{name}: item {urls.index(url) + 1} is not an http(s) URL")
+            raise ImproperlyConfigured(f"{name}: item {position} is not an http(s) URL")
+        if "@" in parts.netloc:
+            raise ImproperlyConfigured(
+                f"{name}: item {position} has credentials (user:password@); put the secret "
+                "in the path or query, as webhook services do"
+            )
     return urls
 
 
@@ -391,7 +404,13 @@ EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.Emai
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "governance@localhost")
 NOTIFY_WEBHOOK_URLS = env_webhook_urls("NOTIFY_WEBHOOK_URLS")
 NOTIFY_WEBHOOK_FORMAT = env_choice("NOTIFY_WEBHOOK_FORMAT", "json", {"json", "slack"})
+# The whole delivery of one webhook (connect, send, answer), not each socket read; at
+# most a minute, well inside the ten minutes after which the sweep takes a claimed row back.
 NOTIFY_WEBHOOK_TIMEOUT_SECONDS = env_int("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=60)
+# Django's SMTP backend waits for ever without it (a server that never greets holds the
+# worker). Per socket operation (smtplib has no total deadline): the task's time limit
+# (governance/tasks.py) bounds the whole attempt.
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", NOTIFY_WEBHOOK_TIMEOUT_SECONDS, minimum=1, maximum=60)
 # Delivery attempts before a notification is given up as failed (backoff doubles each time).
 NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6, minimum=1, maximum=20)
 NOTIFY_RETRY_BASE_SECONDS = env_int("NOTIFY_RETRY_BASE_SECONDS", 30, minimum=1, maximum=3600)

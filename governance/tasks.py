@@ -51,7 +51,18 @@ def audit_verify() -> dict[str, Any]:
 # --- Lifecycle (issue #5) --------------------------------------------------------------
 
 
-@app.task(bind=True, name="governance.tasks.notification_deliver", max_retries=None)
+# Time limits well inside notifications.STUCK_AFTER (10 min), so the sweep never takes
+# back a row that a live worker is still sending (it would be sent twice). A webhook has
+# its own total deadline (at most a minute); SMTP only a per-read timeout, so the soft
+# limit ends a trickling mail server: the attempt is recorded as failed and retried. The
+# hard limit kills a worker that ignores it; the sweep takes its row back later.
+@app.task(
+    bind=True,
+    name="governance.tasks.notification_deliver",
+    max_retries=None,
+    soft_time_limit=120,
+    time_limit=150,
+)
 def notification_deliver(self: Any, notification_id: int) -> dict[str, Any]:
     """One delivery attempt; a failure is recorded on the row and retried after its
     backoff (notifications.deliver gives up after NOTIFY_MAX_ATTEMPTS)."""

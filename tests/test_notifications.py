@@ -4,7 +4,13 @@ real webhook on 127.0.0.1; a failing webhook is retried and never undoes the cha
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
+import threading
+import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import mail
@@ -23,14 +29,14 @@ from tests.conftest import NOW
 def ask(make_agent, make_tool, alice, system):
     agent, tool = make_agent(), make_tool()
 
-    def make(scope: str = "repo:acme/api/*") -> Grant:
+    def make(scope: str = "repo:acme/api/*", justification: str = "need it") -> Grant:
         return grants.grant_request(
             agent=agent,
             tool=tool,
             actions=["read"],
             scope=scope,
             duration=timedelta(hours=1),
-            justification="need it",
+            justification=justification,
             requested_by=alice,
             actor=system,
             at=NOW,
@@ -95,8 +101,11 @@ def test_a_rolled_back_change_announces_nothing(
 
 
 def test_a_webhook_that_fails_first_is_retried_and_then_delivered(
-    ask, webhook, django_capture_on_commit_callbacks
+    ask, webhook, settings, django_capture_on_commit_callbacks
 ):
+    # Eager Celery runs the retry at once, not after its countdown; with no backoff the
+    # retry is due then (a retry arriving before it is due is skipped).
+    settings.NOTIFY_RETRY_BASE_SECONDS = 0
     webhook.script = [500]
     with django_capture_on_commit_callbacks(execute=True):
         grant = ask()
@@ -111,6 +120,7 @@ def test_a_webhook_that_keeps_failing_is_given_up_and_the_change_stands(
     ask, webhook, settings, django_capture_on_commit_callbacks
 ):
     settings.NOTIFY_MAX_ATTEMPTS = 3
+    settings.NOTIFY_RETRY_BASE_SECONDS = 0  # eager retries run at once: due at once
     webhook.script = [503, 500, 502, 200]
     with django_capture_on_commit_callbacks(execute=True):
         grant = ask()
@@ -230,6 +240,11 @@ def test_a_failed_audit_verify_alerts_the_admins(
         ("NOTIFY_WEBHOOK_URLS", "ftp://example.test/x"),
         ("NOTIFY_WEBHOOK_URLS", "http://"),
         ("NOTIFY_WEBHOOK_URLS", "https://a.test/x,,https://b.test/y"),
+        # Credentials or a "port" that is a password: every delivery would fail, quoting it.
+        ("NOTIFY_WEBHOOK_URLS", "https://hookuser:hunter2@hooks.example.test/x"),
+        ("NOTIFY_WEBHOOK_URLS", "https://hunter2@hooks.example.test/x"),
+        ("NOTIFY_WEBHOOK_URLS", "https://hooks.example.test:hunter2/x"),
+        ("NOTIFY_WEBHOOK_URLS", "https://hooks.example.test:99999/x"),
         ("NOTIFY_WEBHOOK_FORMAT", "teams"),
     ],
 )
@@ -241,7 +256,8 @@ def test_notification_settings_are_parsed_strictly(monkeypatch, name, value):
     }[name]
     with pytest.raises(ImproperlyConfigured) as caught:
         parse()
-    assert "example.test" not in str(caught.value)  # a URL may hold a secret: never echoed
+    # A URL may hold a secret: never echoed.
+    assert "example.test" not in str(caught.value) and "hunter2" not in str(caught.value)
 
 
 def test_good_webhook_settings_parse(monkeypatch):
@@ -283,3 +299,182 @@ def test_a_failing_alert_never_undoes_the_verify_failed_event(db, system, monkey
     assert audit.verify_and_record(actor=system, at=NOW) == bad
     assert AuditEvent.objects.filter(event_type=EventType.AUDIT_VERIFY_FAILED).count() == 1
     assert Notification.objects.count() == 0
+
+
+# --- What leaves the service: masked text, no URL secrets, bounded time -------------------
+
+
+def test_free_text_reaches_webhooks_and_mail_masked_as_in_the_audit_log(
+    ask, approvers, webhook, django_capture_on_commit_callbacks
+):
+    typed = "deploy with password=hunter2 then mail jane.doe@corp.example"
+    with django_capture_on_commit_callbacks(execute=True):
+        ask(justification=typed)
+        notifications.notify(
+            "review_overdue",
+            subject=f"Overdue: {typed}",
+            body="see data",
+            at=NOW,
+            data={"reason": typed, "comment": {"note": typed}, "grant_id": 7},
+        )
+    event = AuditEvent.objects.get(event_type=EventType.GRANT_REQUESTED)
+    assert "hunter2" not in event.data and "jane.doe" not in event.data
+    sent = [json.dumps(hit["body"]) for hit in webhook.requests] + [
+        f"{m.subject} {m.body}" for m in mail.outbox
+    ]
+    stored = [f"{r.subject} {r.body} {json.dumps(r.data)}" for r in Notification.objects.all()]
+    assert len(webhook.requests) == 2 and mail.outbox
+    for text in sent + stored:
+        assert "hunter2" not in text and "jane.doe" not in text, text
+    assert "password=[secret]" in webhook.requests[0]["body"]["text"]
+    # Names and ids the reader needs are kept.
+    assert webhook.requests[1]["body"]["data"]["grant_id"] == 7
+    assert "[email]" in webhook.requests[1]["body"]["data"]["reason"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1:hunter2/hook",  # the password typed where the port goes
+        "http://127.0.0.1:{port}/hook/hunter2 x",  # a path http.client quotes in its error
+    ],
+)
+def test_a_failed_delivery_never_stores_or_logs_the_webhooks_secret(
+    ask, webhook, settings, caplog, url
+):
+    url = url.format(port=webhook.server.server_address[1])
+    settings.NOTIFY_WEBHOOK_URLS = [url]  # as if set before start-up checks refused it
+    settings.NOTIFY_MAX_ATTEMPTS = 2
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    with caplog.at_level(logging.WARNING, logger="governance.notifications"):
+        assert notifications.deliver(notification_id=row.pk, at=NOW)[0] == "retry"
+    row.refresh_from_db()
+    assert row.last_error and "hunter2" not in row.last_error
+    assert "attempt 1 failed" in caplog.text and "hunter2" not in caplog.text
+    assert webhook.requests == []
+
+
+class TrickleHook:
+    """A real HTTP server on 127.0.0.1 that reads the POST and then answers one byte every
+    0.3 s: each read is quick, the whole answer takes seconds."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                hook.posts += 1
+                try:
+                    for byte in b"HTTP/1.0 200 OK\r\nX-Slow: " + b"a" * 20 + b"\r\n\r\n":
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(0.3)
+                except OSError:
+                    pass  # the client cut the connection: what the test wants
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_trickling_webhook_is_cut_at_its_deadline_not_per_read(ask, settings):
+    hook = TrickleHook()
+    settings.NOTIFY_WEBHOOK_URLS = [hook.url]
+    settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS = 1
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    started = time.monotonic()
+    try:
+        outcome, _ = notifications.deliver(notification_id=row.pk, at=NOW)
+    finally:
+        took = time.monotonic() - started
+        hook.server.shutdown()
+        hook.server.server_close()
+    # The whole answer takes 14 s; no single read takes 1 s.
+    assert took < 3 and outcome == "retry" and hook.posts == 1
+    row.refresh_from_db()
+    assert row.status == Notification.Status.PENDING
+    assert "did not answer within 1 s" in row.last_error
+
+
+def test_the_delivery_task_ends_well_before_the_sweep_takes_its_row_back():
+    from governance import tasks
+
+    stuck = notifications.STUCK_AFTER.total_seconds()
+    task = tasks.notification_deliver
+    assert isinstance(task.soft_time_limit, int) and isinstance(task.time_limit, int)
+    assert task.soft_time_limit < task.time_limit <= stuck / 2
+    # And a webhook's own deadline is inside the soft limit, at its largest allowed value.
+    assert 60 < task.soft_time_limit
+
+
+def test_a_row_stuck_in_sending_past_its_last_attempt_is_given_up_not_resent(
+    ask, webhook, settings
+):
+    settings.NOTIFY_MAX_ATTEMPTS = 3
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    # Its third claim hung the worker (killed at the task's hard limit).
+    Notification.objects.filter(pk=row.pk).update(status="sending", claimed_at=NOW, attempts=3)
+    assert notifications.sweep(at=NOW + timedelta(minutes=10)) == 0
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == (Notification.Status.FAILED, 3)
+    assert "never finished" in row.last_error or "died or hung" in row.last_error
+    assert webhook.requests == []
+    assert notifications.sweep(at=NOW + timedelta(hours=2)) == 0 and webhook.requests == []
+
+
+def test_a_duplicate_queue_message_before_the_backoff_is_due_is_skipped(ask, webhook, settings):
+    settings.NOTIFY_RETRY_BASE_SECONDS = 30
+    settings.NOTIFY_MAX_ATTEMPTS = 3
+    webhook.script = [500, 500, 500]
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    assert notifications.deliver(notification_id=row.pk, at=NOW)[0] == "retry"
+    # A Celery retry and the sweep both queue it: the early copies do nothing.
+    for seconds in (1, 2, 29):
+        at = NOW + timedelta(seconds=seconds)
+        assert notifications.deliver(notification_id=row.pk, at=at) == ("skipped", None)
+    row.refresh_from_db()
+    assert (row.status, row.attempts, len(webhook.requests)) == ("pending", 1, 1)
+    assert notifications.deliver(notification_id=row.pk, at=NOW + timedelta(seconds=30)) == (
+        "retry",
+        timedelta(seconds=60),
+    )
+    assert len(webhook.requests) == 2
+
+
+def test_an_smtp_server_that_never_greets_times_out_by_default(ask, person, settings):
+    from django.conf import settings as live
+
+    # The project's default, not one set by this test: the webhook's timeout.
+    assert live.EMAIL_TIMEOUT == app_settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS == 5
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)  # accepts connections (the kernel does) and never says a word
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", listener.getsockname()[1]
+    settings.NOTIFY_WEBHOOK_URLS = []
+    person("erin", "approvers")
+    ask()
+    (row,) = Notification.objects.filter(channel="email")
+    failure: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            notifications._send(row)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            failure.append(exc)
+
+    worker = threading.Thread(target=send, daemon=True)
+    worker.start()
+    worker.join(15)
+    listener.close()
+    assert not worker.is_alive(), "the mail delivery still waits for a greeting after 15 s"
+    assert failure and "timed out" in str(failure[0])

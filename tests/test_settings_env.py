@@ -76,6 +76,9 @@ def test_a_plain_integer_still_parses(monkeypatch, value, number):
         ("REVIEW_DUE_DAYS", "1000000000"),
         ("GRANT_EXPIRING_NOTICE_MINUTES", "100000000000000"),
         ("AUDIT_CHECKPOINT_MAX_AGE_MINUTES", "100000000000000"),
+        # A mail server may hold a delivery no longer than a webhook may.
+        ("EMAIL_TIMEOUT", "61"),
+        ("EMAIL_TIMEOUT", "0"),
     ],
 )
 def test_a_duration_past_its_maximum_stops_start_up(name, value):
