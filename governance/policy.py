@@ -327,6 +327,41 @@ def grant_dead_reason(grant_id: int, at: datetime, past: PastState | None = None
     return reason
 
 
+_SHAPE_QUERY = {
+    "postgresql": "SELECT g.scope, g.actions::text FROM governance_grant g WHERE g.id = %s",
+    "sqlite": "SELECT g.scope, g.actions FROM governance_grant g WHERE g.id = %s",
+}
+_TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
+
+
+def call_dead_reason(
+    grant_id: int, *, action: str, scope: str, task: str | None, at: datetime
+) -> Reason | None:
+    """None if the grant could still allow this very call at `at`, else why not: what
+    a call allowed once and still under way (a sandbox run, from its allow to its end)
+    must go on satisfying. grant_dead_reason()'s rules, and the grant still holds the
+    action and covers the resource (a narrowing takes effect at once), and the task the
+    call was made under is still open."""
+    dead = grant_dead_reason(grant_id, at)
+    if dead is not None:
+        return dead
+    rows = db.query(_SHAPE_QUERY[db.connection.vendor], [grant_id], "ss")
+    if not rows:
+        return Reason.NO_GRANT
+    pattern, actions = rows[0]
+    if action not in _json_list(actions):
+        return Reason.NO_GRANT
+    if not (resource_is_canonical(scope) and _pattern_ok(pattern) and _covers(pattern, scope)):
+        return Reason.SCOPE_MISMATCH
+    if task:
+        found = db.query(_TASK_QUERY, [task], "ttt")
+        if not found:
+            return Reason.TASK_UNKNOWN
+        if not _task_open_at(*found[0], at):
+            return Reason.TASK_CLOSED
+    return None
+
+
 def _json_list(value: Any) -> list[Any]:
     if value is None:
         return []

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from sandbox_runner.egress import EgressDecision, parse_destination
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
+    LIMIT_MIN,
     LIMIT_NAMES,
     Authorization,
     Limits,
@@ -278,7 +279,16 @@ def _parse_run(spec: RunSpec, body: dict[str, Any]) -> Authorization:
     values = {}
     for name in LIMIT_NAMES:
         value = raw.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        # Each at least its smallest enforceable value, whole where it must be: 0.5 MB
+        # or 0.5 pids would be cut to 0 on the way down, which Docker reads as no limit.
+        whole = name != "cpus"
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or value != value
+            or (whole and value != int(value))
+            or value < LIMIT_MIN[name]
+        ):
             return malformed(f"limit {name}")
         asked = spec.limits.get(name)
         if asked is not None and value != asked:

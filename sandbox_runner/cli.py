@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from sandbox_runner.backends import REGISTRY
 from sandbox_runner.spec import DEFAULT_IMAGE, DEFAULT_TOOL, SCRIPT_PATH, RunSpec, read_file
@@ -44,9 +45,18 @@ def cpus(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a bad argument; this CLI's usage error is EXIT_USAGE (64),
+    as the README's exit codes say, for the subcommands' errors too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"sandbox_runner: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sandbox_runner")
-    sub = parser.add_subparsers(dest="verb", required=True)
+    parser = _Parser(prog="python -m sandbox_runner")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="authorize, then run a script or command in a sandbox")
     run.add_argument("--agent", required=True)
     run.add_argument("--task")
@@ -123,7 +133,11 @@ def _authorizer(api: str | None):  # type: ignore[no-untyped-def]
         if not token:
             print("sandbox_runner: --api needs GOVERNANCE_TOKEN", file=sys.stderr)
             return None
-        return HttpAuthorizer(url, token)
+        try:
+            return HttpAuthorizer(url, token)
+        except ValueError as exc:  # not http(s), or plain http off this machine
+            print(f"sandbox_runner: --api: {exc}", file=sys.stderr)
+            return None
     return DatabaseAuthorizer()
 
 

@@ -31,6 +31,11 @@ OUTPUT_CAP = 1024 * 1024  # bytes kept per stream; the hash covers all of it
 EXCERPT_CHARS = 4096
 
 
+def image_scope(image: str) -> str:
+    """The resource a run of `image` is: what an `execute` grant's scope must cover."""
+    return "sandbox:" + re.sub(r"[^A-Za-z0-9._~:@/-]", "_", image)
+
+
 @dataclass(frozen=True)
 class Limits:
     """Resource limits for one run. Every field is a hard ceiling inside the sandbox."""
@@ -107,7 +112,7 @@ class RunSpec:
     @property
     def scope(self) -> str:
         """The resource an `execute` grant must cover: the image, e.g. `sandbox:*`."""
-        return "sandbox:" + re.sub(r"[^A-Za-z0-9._~:@/-]", "_", self.image)
+        return image_scope(self.image)
 
     def arguments(self) -> dict[str, Any]:
         """What governance sees (and hashes) for the decision."""

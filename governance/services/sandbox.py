@@ -31,7 +31,7 @@ from governance.codes import ActionClass, EventType, Reason
 from governance.codes import Decision as Verdict
 from governance.errors import Conflict
 from governance.models import Grant, SandboxRun, Tool
-from governance.policy import grant_dead_reason
+from governance.policy import call_dead_reason
 from governance.services.access import access_check
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
@@ -42,6 +42,7 @@ from sandbox_runner.spec import (
     RunResult,
     RunSpec,
     effective,
+    image_scope,
 )
 
 LIMIT_EXCEEDED = "limit_exceeds_grant"
@@ -319,7 +320,13 @@ def run_started(
         # The start gate: the kill switch (or a revoke) may have landed while the
         # backend built the sandbox. The runner kills what it built before the code
         # runs and closes the run as failed.
-        dead = grant_dead_reason(run.grant_id, at) if run.grant_id else Reason.NO_GRANT
+        if run.requested_at < at - HELD_GRACE:
+            raise Conflict(
+                "allow_expired",
+                f"The run was allowed at {run.requested_at.isoformat()}; an allow is good "
+                f"for {HELD_GRACE.total_seconds():g} s to start. Ask again.",
+            )
+        dead = _run_dead_reason(run, at)
         if dead is not None:
             raise Conflict("grant_not_live", f"The run's grant can no longer allow it ({dead}).")
         _event(
@@ -415,20 +422,36 @@ def run_reaped(*, run_id: str, why: str, actor: audit.Actor, at: datetime) -> Sa
 def reap_reason(*, run_id: str, deadline: float, at: datetime) -> str | None:
     """Why a still-running sandbox must die now, or None to leave it.
 
-    Past its deadline; or its grant can no longer allow anything (agent
-    suspended: the kill switch; grant revoked or expired; tool quarantined),
-    asked of the one decision module. A container with no run record is
-    someone's leftover: it dies at its deadline like any other.
+    Past its deadline; or its grant can no longer allow it (agent suspended: the
+    kill switch; grant revoked, expired or narrowed so it no longer covers the run;
+    the run's task closed; tool quarantined), asked of the one decision module. A
+    container with no run record is someone's leftover: it dies at its deadline like
+    any other.
     """
     if deadline <= at.timestamp():
         return "deadline"
     if not _is_uuid(run_id):
         return None
-    run = SandboxRun.objects.filter(run_id=run_id).only("grant_id").first()
+    run = SandboxRun.objects.filter(run_id=run_id).only("grant_id", "image", "task").first()
     if run is None or run.grant_id is None:
         return None
-    dead = grant_dead_reason(run.grant_id, at)
+    dead = _run_dead_reason(run, at)
     return str(dead) if dead is not None else None
+
+
+def _run_dead_reason(run: SandboxRun, at: datetime) -> str | None:
+    """Why the run's own call (execute, its image, its task) can no longer be allowed
+    under its grant, asked of the decision module: revoked, expired, narrowed so it no
+    longer covers the run, the task closed, the agent suspended, the tool quarantined."""
+    if run.grant_id is None:
+        return Reason.NO_GRANT
+    return call_dead_reason(
+        run.grant_id,
+        action=ActionClass.EXECUTE,
+        scope=image_scope(run.image),
+        task=run.task or None,
+        at=at,
+    )
 
 
 def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> None:
@@ -519,10 +542,11 @@ def close_stale_container_runs(*, at: datetime) -> list[tuple[str, str]]:
     cannot see. A runner kills its sandbox at the deadline and each host's reaper
     kills what a dead runner left, so nothing of the run is alive by now."""
     actor = audit.Actor.system("sandbox_reaper")
-    stale = SandboxRun.objects.filter(
-        backend__in=["docker", "gvisor"],
-        status=SandboxRun.Status.RUNNING,
-        deadline_at__lt=at - ORPHAN_GRACE,
+    containers = SandboxRun.objects.filter(backend__in=["docker", "gvisor"])
+    stale = containers.filter(
+        status=SandboxRun.Status.RUNNING, deadline_at__lt=at - ORPHAN_GRACE
+    ) | containers.filter(  # allowed and never started: the allow can no longer start it
+        status=SandboxRun.Status.REQUESTED, decision=Verdict.ALLOW, requested_at__lt=at - HELD_GRACE
     )
     closed = []
     for run_id in stale.values_list("run_id", flat=True):

@@ -78,7 +78,7 @@ def test_usage_errors(argv, capfd):
 def test_cpus_must_be_a_finite_number(value, capfd):
     with pytest.raises(SystemExit) as caught:
         main(["run", "--agent", "a", "--cpus", value, "--", "true"])
-    assert caught.value.code == 2
+    assert caught.value.code == EXIT_USAGE  # argparse's own would be 2
     assert "argument --cpus" in capfd.readouterr().err
 
 
@@ -144,3 +144,28 @@ def test_a_secret_on_the_command_line_is_masked_in_the_audit_log(docker_client, 
     requested = AuditEvent.objects.get(event_type="sandbox.run.requested")
     assert "sekrit-token-123" not in requested.data
     assert "[secret]" in json.loads(requested.data)["arguments"]["command"][2]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--agent", "a", "--timeout", "abc", "--", "true"],
+        ["run", "--agent", "a", "--pids", "x", "--", "true"],
+        ["nothing"],
+    ],
+)
+def test_a_bad_argument_is_a_usage_error_not_argparses_2(argv, capfd):
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == EXIT_USAGE
+    assert "sandbox_runner:" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("api", ["ftp://x", "http://example.com"])
+def test_a_governance_url_the_client_refuses_is_a_usage_error_not_a_traceback(
+    api, monkeypatch, capfd
+):
+    """Plain http off this machine, or not http(s): refused before any traffic."""
+    monkeypatch.setenv("GOVERNANCE_TOKEN", "t")
+    assert main(["run", "--agent", "a", "--api", api, "--", "true"]) == EXIT_USAGE
+    assert "sandbox_runner: --api:" in capfd.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -505,3 +506,92 @@ def test_a_remote_runner_stops_its_sandbox_when_the_agent_is_suspended(
     assert outcome.exit_code != 0
     assert outcome.result is not None and "token_refused" in outcome.result.error
     assert run_record(spec.run_id).status == "running"  # the refused token could not close it
+
+
+@pytest.mark.django_db
+def test_a_grant_narrowed_off_the_run_stops_it_from_starting_and_from_going_on(
+    code_exec, agent_client
+):
+    """A narrowing is effective at once: the start gate and the kill switch asked only
+    whether the grant was alive, so a run allowed under `sandbox:*` still started, and
+    ran to its wall time, after the grant was narrowed to another image."""
+    from governance.services.grants import grant_narrow
+
+    granted = code_exec.grant()
+    a = agent_client(code_exec.agent)
+    running, waiting = str(uuid.uuid4()), str(uuid.uuid4())
+    allowed = {
+        run_id: a.post(RUNS, _ask(run_id), format="json").json()["decision_id"]
+        for run_id in (running, waiting)
+    }
+    a.post(f"{RUNS}/{running}/started", _started(allowed[running]), format="json")
+    grant_narrow(
+        grant_id=granted.pk, reason="review", actor=Actor.system("t"), at=timezone.now(),
+        scope="sandbox:some-other-image",
+    )  # fmt: skip
+    started = a.post(f"{RUNS}/{waiting}/started", _started(allowed[waiting]), format="json")
+    assert started.status_code == 409 and started.json()["error"]["code"] == "grant_not_live"
+    assert "scope_mismatch" in started.json()["error"]["message"]
+    assert events_of(waiting) == ["sandbox.run.requested"]
+    assert a.get(f"{RUNS}/{running}/live").json() == {
+        "run_id": running, "live": False, "reason": "scope_mismatch"}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_runs_task_closing_stops_a_run_under_a_grant_bound_to_no_task(
+    code_exec, make_grant, agent_client
+):
+    from governance.services import tasks
+
+    make_grant(
+        code_exec.agent, code_exec.tool, actions=("execute",), scope="sandbox:*",
+        starts_at=timezone.now() - timedelta(minutes=30), duration=timedelta(days=3),
+    )  # fmt: skip
+    a = agent_client(code_exec.agent)
+    run_id = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(run_id), format="json").json()
+    assert answer["decision"] == "allow" and run_record(run_id).task == "SBX-1"
+    a.post(f"{RUNS}/{run_id}/started", _started(answer["decision_id"]), format="json")
+    assert a.get(f"{RUNS}/{run_id}/live").json()["live"] is True
+    tasks.task_close(task=code_exec.task, actor=Actor.system("t"), at=timezone.now())
+    assert a.get(f"{RUNS}/{run_id}/live").json() == {
+        "run_id": run_id, "live": False, "reason": "task_closed"}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_an_allow_that_was_never_used_goes_stale(two_agents):
+    """An allowed container run never started stayed `requested` for ever and could be
+    started hours later with the limits and egress worked out at the allow."""
+    from governance.services import sandbox
+
+    a, _, run_id, decision_id = two_agents
+    later = timezone.now() + sandbox.HELD_GRACE + timedelta(seconds=1)
+    with pytest.raises(sandbox.Conflict) as refused:
+        sandbox.run_started(
+            run_id=run_id, container_id="c1", image_digest="", deadline=later.timestamp() + 60,
+            enforcement={}, at=later,
+        )  # fmt: skip
+    assert refused.value.code == "allow_expired"
+    SandboxRun.objects.filter(run_id=run_id).update(backend="docker")
+    assert sandbox.close_stale_container_runs(at=later) == [(run_id, "runner_gone")]
+    assert run_record(run_id).status == "reaped"
+    assert events_of(run_id)[-1] == "sandbox.run.reaped"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("memory_mb", 0.5), ("pids", 0.5), ("scratch_mb", 0.5), ("cpus", 1e-12),
+     ("memory_mb", 5), ("wall_seconds", float("nan"))],
+)  # fmt: skip
+def test_an_allow_whose_limits_would_become_no_limit_is_malformed(name, value):
+    """0.5 MB or 0.5 pids passed `> 0` and were cut to 0 on the way down, which Docker
+    reads as no limit at all."""
+    from sandbox_runner.authorizers import _parse_run
+    from sandbox_runner.spec import RunSpec
+
+    spec = RunSpec(agent="coder", task="SBX-1", command=("true",))
+    limits = {"memory_mb": 256, "cpus": 1.0, "pids": 64, "wall_seconds": 30, "scratch_mb": 16}
+    body = {"run_id": spec.run_id, "decision": "allow", "decision_id": "d1",
+            "limits": {**limits, name: value}, "egress": []}  # fmt: skip
+    assert _parse_run(spec, body).outcome == "malformed"
+    assert _parse_run(spec, {**body, "limits": limits}).outcome == "allow"
