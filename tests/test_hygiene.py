@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
+from django.utils import timezone
 
 from governance import selectors, tasks
 from governance.audit import Actor
@@ -283,11 +284,15 @@ def test_whoever_held_a_token_for_the_agent_takes_none_of_its_second_looks(
 
     olga = User.objects.create_user("olga", email="olga@example.test")
     olga.groups.add(Group.objects.get_or_create(name="admins")[0])
+    # On the wall clock, as token rows are (issued a day ago, live for 30 days from then),
+    # so the test does not age: the grants' creation times are wall-clock too.
+    issued = min(NOW, timezone.now()) - timedelta(1)
     token, _ = agent_services.token_issue(
-        created_by=olga, agent=Agent.objects.get(), actor=Actor.user(olga), at=NOW - timedelta(1)
+        created_by=olga, agent=Agent.objects.get(), actor=Actor.user(olga), at=issued
     )
-    # Test setup: the row's wall-clock creation time, as if issued then.
-    AgentToken.objects.filter(pk=token.pk).update(created_at=NOW - timedelta(1))
+    AgentToken.objects.filter(pk=token.pk).update(
+        created_at=issued, expires_at=timezone.now() + timedelta(days=30)
+    )
     second_look.second_looks_sample(actor=system, at=NOW + timedelta(hours=1), fraction=1.0)
     looks = list(SecondLook.objects.select_related("reviewer"))
     assert len(looks) == 22 and all(look.reviewer.username != "olga" for look in looks)

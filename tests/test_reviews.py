@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core import mail
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from governance import selectors
 from governance.audit import Actor
@@ -397,7 +398,8 @@ def test_the_scheduled_job_opens_one_campaign_per_quarter(world, system):
     assert len(events(EventType.REVIEW_CAMPAIGN_OPENED)) == 1
 
 
-def test_the_review_open_command(world):
+def test_the_review_open_command(world, monkeypatch):
+    monkeypatch.setattr(timezone, "now", lambda: NOW)  # the command reads the clock
     out = StringIO()
     call_command("review_open", "--reason", "after INC-9", "--agent", "bot", stdout=out)
     campaign = ReviewCampaign.objects.get()

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from governance.models import AuditEvent, SandboxRun
 from sandbox_runner.backends.base import LABEL_RUN
@@ -66,8 +67,9 @@ def code_exec(make_agent: Any, make_tool: Any, make_task: Any, make_grant: Any) 
         task = make_task("SBX-1")
 
         def grant(self, **kw: Any) -> Any:
+            # Around the real clock, not the fixed NOW: runs ask at the time they run.
             kw.setdefault("duration", timedelta(days=3))
-            kw.setdefault("starts_at", None)
+            kw.setdefault("starts_at", timezone.now() - timedelta(minutes=30))
             return make_grant(
                 self.agent, self.tool, actions=("execute",), scope="sandbox:*", task=self.task, **kw
             )

@@ -13,6 +13,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.utils import timezone
 
 from governance.audit import Actor
 from governance.models import AuditEvent
@@ -141,7 +142,7 @@ def test_an_execute_grant_on_a_tool_that_is_not_code_execution_starts_no_sandbox
     trigger = make_tool("trigger-pipeline", actions=("execute",), kind="api")
     make_grant(
         code_exec.agent, trigger, actions=("execute",), scope="sandbox:*", task=code_exec.task,
-        starts_at=None, duration=timedelta(days=3),
+        starts_at=timezone.now() - timedelta(minutes=30), duration=timedelta(days=3),
     )  # fmt: skip
     before = all_container_ids(docker_client)
     spec = spec_for(f"print({MARKER!r})", tool="trigger-pipeline")

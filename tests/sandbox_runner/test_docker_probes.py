@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.utils import timezone
 
 from governance.models import AuditEvent
 from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
@@ -183,6 +184,7 @@ def test_approval_pending_starts_no_container(
         actions=("execute",),
         scope="sandbox:*",
         task=make_task("SBX-1"),
+        starts_at=timezone.now() - timedelta(minutes=30),
         duration=timedelta(days=3),
     )
     before = all_container_ids(docker_client)
@@ -684,6 +686,7 @@ def test_a_missing_image_fails_clearly_and_is_recorded(
         actions=("execute",),
         scope="sandbox:*",
         task=make_task("SBX-1"),
+        starts_at=timezone.now() - timedelta(minutes=30),
         duration=timedelta(days=3),
     )
     before = all_container_ids(docker_client)

@@ -246,7 +246,10 @@ def two_agents(code_exec, make_agent, make_grant, agent_client):
     """A (coder) has a live execute grant and a run it was allowed; B has its own grant."""
     code_exec.grant()
     bot_b = make_agent("other")
-    make_grant(bot_b, code_exec.tool, actions=("execute",), scope="sandbox:*", starts_at=None)
+    make_grant(
+        bot_b, code_exec.tool, actions=("execute",), scope="sandbox:*",
+        starts_at=timezone.now() - timedelta(minutes=30), duration=timedelta(days=3),
+    )  # fmt: skip
     a, b = agent_client(code_exec.agent), agent_client(bot_b)
     run_id = str(uuid.uuid4())
     answer = a.post(RUNS, _ask(run_id), format="json")
