@@ -284,16 +284,48 @@ def _ancestors_reason(parent_id: int, at: int, past: PastState | None = None) ->
     return None
 
 
-_GRANT_QUERY = """
+_GRANT_COLUMNS = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
        a.status, t.definition_hash = t.approved_hash,
-       k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id
+       k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id, g.scope, {actions}
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
 LEFT JOIN governance_task k ON k.id = g.task_id
 WHERE g.id = %s
 """
+_GRANT_QUERY = {
+    "postgresql": _GRANT_COLUMNS.format(actions="g.actions::text"),
+    "sqlite": _GRANT_COLUMNS.format(actions="g.actions"),
+}
+_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss"
+
+
+def _grant_dead(
+    grant_id: int, at: datetime, past: PastState | None
+) -> tuple[Reason | None, tuple[Any, ...] | None]:
+    """grant_dead_reason()'s answer, and the grant's row (None if there is none)."""
+    rows = db.query(_GRANT_QUERY[db.connection.vendor], [grant_id], _GRANT_KINDS)
+    if not rows:
+        return Reason.NO_GRANT, None
+    row = rows[0]
+    status, starts, expires, revoked, parent_id, agent_status, approved = row[:7]
+    task_id, task_starts, task_ends, task_closed, agent_id, tool_id = row[7:13]
+    if past is not None:
+        agent_status = "suspended" if agent_id in past.suspended_agents else "active"
+        approved = tool_id not in past.quarantined_tools
+    if agent_status != "active":
+        return Reason.AGENT_SUSPENDED, row
+    if not approved:
+        return Reason.TOOL_QUARANTINED, row
+    if task_id is not None:
+        if not _task_open_at(task_starts, task_ends, task_closed, at):
+            return Reason.TASK_CLOSED, row
+    at_us = db.to_us(at)
+    reason = _window_reason(status, starts, expires, revoked, at_us)
+    if reason is None and parent_id is not None:
+        reason = _ancestors_reason(parent_id, at_us, past)
+    return reason, row
 
 
 def grant_dead_reason(grant_id: int, at: datetime, past: PastState | None = None) -> Reason | None:
@@ -305,32 +337,9 @@ def grant_dead_reason(grant_id: int, at: datetime, past: PastState | None = None
     ends_at even before the job closes it); its delegations carry the same task.
     `past`: `at` is a past moment, and agent and tool state are as they were then.
     """
-    rows = db.query(_GRANT_QUERY, [grant_id], "stttisb" + "ittt" + "ii")
-    if not rows:
-        return Reason.NO_GRANT
-    status, starts, expires, revoked, parent_id, agent_status, approved = rows[0][:7]
-    task_id, task_starts, task_ends, task_closed, agent_id, tool_id = rows[0][7:]
-    if past is not None:
-        agent_status = "suspended" if agent_id in past.suspended_agents else "active"
-        approved = tool_id not in past.quarantined_tools
-    if agent_status != "active":
-        return Reason.AGENT_SUSPENDED
-    if not approved:
-        return Reason.TOOL_QUARANTINED
-    if task_id is not None:
-        if not _task_open_at(task_starts, task_ends, task_closed, at):
-            return Reason.TASK_CLOSED
-    at_us = db.to_us(at)
-    reason = _window_reason(status, starts, expires, revoked, at_us)
-    if reason is None and parent_id is not None:
-        reason = _ancestors_reason(parent_id, at_us, past)
-    return reason
+    return _grant_dead(grant_id, at, past)[0]
 
 
-_SHAPE_QUERY = {
-    "postgresql": "SELECT g.scope, g.actions::text FROM governance_grant g WHERE g.id = %s",
-    "sqlite": "SELECT g.scope, g.actions FROM governance_grant g WHERE g.id = %s",
-}
 _TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
 
 
@@ -342,13 +351,10 @@ def call_dead_reason(
     must go on satisfying. grant_dead_reason()'s rules, and the grant still holds the
     action and covers the resource (a narrowing takes effect at once), and the task the
     call was made under is still open."""
-    dead = grant_dead_reason(grant_id, at)
-    if dead is not None:
+    dead, row = _grant_dead(grant_id, at, None)
+    if dead is not None or row is None:
         return dead
-    rows = db.query(_SHAPE_QUERY[db.connection.vendor], [grant_id], "ss")
-    if not rows:
-        return Reason.NO_GRANT
-    pattern, actions = rows[0]
+    pattern, actions = row[13:15]
     if action not in _json_list(actions):
         return Reason.NO_GRANT
     if not (resource_is_canonical(scope) and _pattern_ok(pattern) and _covers(pattern, scope)):
