@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from governance.audit import Actor
 from governance.client import Decision, GovernanceClient
-from governance.models import Approval, AuditEvent, Grant
+from governance.models import Approval, AuditEvent, Grant, Notification
 from governance.services import agents, approvals
 from governance.services.usage import usage_fold
 
@@ -116,3 +116,32 @@ def test_ten_parallel_allows_are_each_counted_and_chained(setup):
     out = io.StringIO()
     call_command("audit_verify", stdout=out)
     assert out.getvalue().startswith("ok: ")
+
+
+def test_ten_parallel_first_asks_of_one_destructive_call_open_one_request(setup, bob):
+    """Identical destructive calls at the same instant share one pending approval:
+    one request for the approvers, one notification, every answer naming it."""
+    from django.contrib.auth.models import Group
+
+    bob.email = "bob@example.test"  # an approver to notify, so a second request shows
+    bob.save()
+    bob.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    mark = last_seq()
+
+    answers = all_at_once(
+        setup["url"], setup["token"], tool="repo", action="delete", scope="repo:acme/gone.py"
+    )
+
+    assert [a.decision for a in answers] == ["approval_required"] * PARALLEL
+    assert len({a.approval for a in answers}) == 1
+    (approval,) = Approval.objects.filter(scope="repo:acme/gone.py")
+    assert approval.status == "pending" and str(approval.pk) == answers[0].approval
+    events = list(AuditEvent.objects.filter(seq__gt=mark, event_type__in=DECISION_EVENTS))
+    assert len(events) == PARALLEL
+    assert {(e.event_type, e.approval_id) for e in events} == {
+        ("access.approval_required", str(approval.pk))
+    }
+    sent = Notification.objects.filter(event="approval_needed")
+    assert [(n.target, n.data["approval_id"]) for n in sent] == [
+        ("bob@example.test", str(approval.pk))
+    ]

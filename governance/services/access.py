@@ -15,6 +15,7 @@ or consumes an approval writes in a transaction, with its event.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -42,6 +43,24 @@ _EVENT_FOR = {
     Verdict.APPROVAL_REQUIRED: EventType.ACCESS_APPROVAL_REQUIRED,
 }
 
+# Advisory lock namespace for "one open request per exact call" (the two-key form:
+# it never meets the audit chain's one-key lock).
+_CALL_LOCK_SPACE = 0x41505052  # "APPR"
+
+
+def _lock_call(*parts: Any) -> None:
+    """Serialise requests for one exact call until the transaction ends, so two
+    identical destructive calls at the same instant share one approval (one request,
+    one notification) instead of each opening its own. PostgreSQL only: SQLite
+    already serialises writers. Taken before the chain lock, as every row lock is."""
+    if connection.vendor != "postgresql":
+        return
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    key = int.from_bytes(digest[:4], "big", signed=True)
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_CALL_LOCK_SPACE, key])
+
+
 # Single use, no time-of-check gap: the row changes only if it is still
 # approved and unexpired at this instant; a second caller updates nothing.
 _CONSUME = """
@@ -58,6 +77,15 @@ def _pending_approval(
     gate answers `approval_denied`: no new request, nobody notified again, so an
     agent cannot wear approvers down by asking again and again)."""
     assert decision.agent_id and decision.tool_id and decision.grant_id
+    _lock_call(
+        decision.agent_id,
+        decision.tool_id,
+        decision.grant_id,
+        action,
+        scope,
+        decision.arguments_hash,
+        decision.task_id,
+    )
     same_call = Approval.objects.filter(
         agent_id=decision.agent_id,
         tool_id=decision.tool_id,
