@@ -143,14 +143,17 @@ class HttpAuthorizer:
         asked = spec.arguments()
         payload: dict[str, Any] = {
             key: asked[key]
-            for key in ("run_id", "backend", "image", "command", "script_sha256", "input_sha256")
+            for key in ("backend", "image", "command", "script_sha256", "input_sha256")
         }
+        payload["run_id"] = spec.run_id
         payload["tool"] = spec.tool
         payload["limits"] = {k: v for k, v in asked["limits"].items() if v is not None}
         if spec.task is not None:
             payload["task"] = spec.task
         if spec.egress is not None:
             payload["egress"] = list(spec.egress)
+        if spec.approval is not None:
+            payload["approval"] = spec.approval
         answer = self.client._call("POST", "/sandbox/runs", payload)
         if answer.status is None or answer.status == 503:
             why = answer.problem or "the service is unavailable (503)"

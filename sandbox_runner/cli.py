@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--egress", nargs="+", action="extend", metavar="HOST:PORT")
     run.add_argument("--api", help="governance URL (or GOVERNANCE_URL); token in GOVERNANCE_TOKEN")
     run.add_argument("--script", help="file run as `python3 /sandbox/script`")
+    run.add_argument(
+        "--approval",
+        metavar="ID",
+        help="an approved approval for exactly this run (after exit 75: approval_required)",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     reap = sub.add_parser("reap", help="kill sandboxes past their deadline or whose grant died")
     reap.add_argument("--api", help=argparse.SUPPRESS)
@@ -111,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "scratch_mb": args.scratch,
             },
             egress=tuple(args.egress) if args.egress else None,
+            approval=args.approval,
         )
     except OSError as exc:
         print(f"sandbox_runner: {exc}", file=sys.stderr)

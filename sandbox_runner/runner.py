@@ -160,6 +160,11 @@ def execute(
         watch.cancel()
         backend.discard()
         _say(f"not started: {auth.outcome} ({auth.reason}): {auth.message}")
+        if auth.outcome == "approval_required" and auth.approval_id:
+            _say(
+                f"approval {auth.approval_id} awaits a person; once approved, run the same "
+                f"again with --approval {auth.approval_id}"
+            )
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
     assert auth.limits is not None
 

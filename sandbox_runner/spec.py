@@ -89,6 +89,10 @@ class RunSpec:
     # A server that never sees the bytes (the REST API) gets their hashes instead.
     script_hash: str = ""
     input_hash: str = ""
+    # The confirmation gate: an approved approval for this exact run (same tool, image,
+    # command, script and input hashes, limits and egress), used once. A code-execution
+    # tool marked irreversible answers approval_required until one is named.
+    approval: str | None = None
 
     def __post_init__(self) -> None:
         # The run id names the run's cgroups, work directory and containers on the host,
@@ -115,9 +119,10 @@ class RunSpec:
         return image_scope(self.image)
 
     def arguments(self) -> dict[str, Any]:
-        """What governance sees (and hashes) for the decision."""
+        """What governance sees (and hashes) for the decision: what would run, not
+        which run it is. An approval binds to the arguments' hash, so a run id in it
+        (new for every try) would make an approved run impossible to ask for again."""
         return {
-            "run_id": self.run_id,
             "backend": self.backend,
             "image": self.image,
             "command": list(self.command),

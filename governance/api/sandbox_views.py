@@ -100,6 +100,15 @@ class SandboxRunIn(StrictSerializer):
     egress = serializers.ListField(
         child=exact_char(max_length=300), max_length=64, required=False, allow_null=True
     )
+    approval = exact_char(
+        max_length=64,
+        required=False,
+        allow_null=True,
+        help_text=(
+            "An approved approval for exactly this run (a destructive execute: the tool is "
+            "irreversible), as `approval` in an earlier `approval_required` answer; used once."
+        ),
+    )
 
 
 class SandboxLimitsOut(serializers.Serializer):
@@ -262,6 +271,7 @@ class SandboxRunView(APIView):
             run_id=run_id,
             script_hash=data["script_sha256"],
             input_hash=data["input_sha256"],
+            approval=data.get("approval"),
         )
         try:
             auth = sandbox.run_request(spec=spec, at=timezone.now())

@@ -96,8 +96,8 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         for name, value in arguments["limits"].items()
     }
     with transaction.atomic():
-        # Written once, at the end (one INSERT, no UPDATE): the requested event and
-        # the decision come first, in this transaction.
+        # Written once, at the end (one INSERT, no UPDATE): the decision and the
+        # requested event come first, in this transaction.
         run = SandboxRun(
             run_id=uuid.UUID(spec.run_id),
             agent=spec.agent[:100],
@@ -112,13 +112,9 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             egress=arguments["egress"] or [],
             requested_at=at,
         )
-        _event(
-            run,
-            EventType.SANDBOX_RUN_REQUESTED,
-            _actor(run.agent),
-            at,
-            arguments=audit.mask(arguments),  # a command line can carry a secret
-        )
+        # The decision first: its gate may consume or open an approval (a row change),
+        # and every row change comes before this transaction's first event, which takes
+        # the chain lock (see tests/conftest.py::_events_last).
         decision = access_check(
             agent=spec.agent,
             tool=spec.tool,
@@ -126,7 +122,15 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             scope=spec.scope,
             task=spec.task,
             arguments=arguments,
+            approval=spec.approval,
             at=at,
+        )
+        _event(
+            run,
+            EventType.SANDBOX_RUN_REQUESTED,
+            _actor(run.agent),
+            at,
+            arguments=audit.mask(arguments),  # a command line can carry a secret
         )
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()

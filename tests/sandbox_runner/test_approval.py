@@ -1,0 +1,138 @@
+"""The confirmation gate for code execution: a code-execution tool marked irreversible
+(a deploy runner, say) asks a person before each run, and runs once that person has
+approved that exact run (same image, command, script and input, limits and egress).
+
+Before, the run's id was part of the hashed arguments, so every try was a new call
+with a new approval: an irreversible code-execution tool could never run. The runner
+had no way to name an approval either. Real bubblewrap sandboxes, in process and over
+HTTP (the live server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from governance.audit import Actor
+from governance.models import Approval, AuditEvent, SandboxRun
+from governance.services import agents, approvals
+from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
+from sandbox_runner.cli import main
+from sandbox_runner.runner import EXIT_APPROVAL, EXIT_DENIED
+from tests.sandbox_runner.conftest import events_of, run_record
+from tests.sandbox_runner.test_docker_probes import run
+
+SCRIPT = "print('deployed')"
+
+
+@pytest.fixture(params=["database", "http"])
+def authorizer(request: pytest.FixtureRequest, code_exec: Any, alice: Any) -> Any:
+    if request.param == "database":
+        return DatabaseAuthorizer()
+    live_server = request.getfixturevalue("live_server")
+    _, token = agents.token_issue(
+        created_by=alice, agent=code_exec.agent, actor=Actor.system("test"), at=timezone.now()
+    )
+    return HttpAuthorizer(live_server.url, token)
+
+
+def decision_event(outcome: Any) -> AuditEvent:
+    return AuditEvent.objects.get(uid=outcome.auth.decision_id)
+
+
+@pytest.fixture
+def deploy_grant(code_exec: Any, make_tool: Any, make_grant: Any) -> Any:
+    """A live execute grant on an irreversible code-execution tool, around the real clock."""
+    deploy = make_tool("deploy-exec", actions=("execute",), irreversible=True, kind="code_exec")
+    return make_grant(
+        code_exec.agent,
+        deploy,
+        actions=("execute",),
+        scope="sandbox:*",
+        task=code_exec.task,
+        starts_at=timezone.now() - timedelta(minutes=30),
+        duration=timedelta(days=3),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_irreversible_code_exec_tool_runs_once_a_person_approved_that_exact_run(
+    bwrap_available, deploy_grant, spec_for, authorizer, bob, capsys
+):
+    grant = deploy_grant
+
+    def attempt(script: str = SCRIPT, **kw: Any) -> tuple[Any, str, str]:
+        spec = spec_for(script, tool="deploy-exec", backend="bubblewrap", **kw)
+        return (spec, *run(spec, authorizer))
+
+    # 1. Asked: nothing runs; the run is recorded as refused, with the approval to ask.
+    first, outcome, out, _ = attempt()
+    assert outcome.exit_code == EXIT_APPROVAL and out == ""
+    approval_id = outcome.auth.approval_id
+    assert approval_id and f"--approval {approval_id}" in capsys.readouterr().err  # the runner's
+    record = run_record(first.run_id)
+    assert (record.status, record.reason) == ("denied", "approval_required")
+    assert events_of(first.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    event = decision_event(outcome)
+    assert (event.event_type, event.approval_id) == ("access.approval_required", approval_id)
+
+    # 2. Asked again (a new run id) before anyone decided: the same request, not a new one.
+    _, again, _, _ = attempt()
+    assert (again.exit_code, again.auth.approval_id) == (EXIT_APPROVAL, approval_id)
+    assert Approval.objects.filter(grant=grant).count() == 1
+
+    approvals.approval_approve(
+        approval_id=approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+
+    # 3. The approval does not stretch to other code: denied, nothing ran, still unused.
+    other, outcome, out, _ = attempt("print('something else')", approval=approval_id)
+    assert (outcome.exit_code, outcome.auth.reason) == (EXIT_DENIED, "approval_invalid")
+    assert out == "" and run_record(other.run_id).status == "denied"
+    assert decision_event(outcome).event_type == "access.denied"
+    assert Approval.objects.get(pk=approval_id).status == "approved"
+
+    # 4. The approved run: it runs, and uses the approval up.
+    second, outcome, out, _ = attempt(approval=approval_id)
+    assert outcome.exit_code == 0 and out == "deployed\n"
+    assert run_record(second.run_id).status == "finished"
+    event = decision_event(outcome)
+    assert (event.event_type, event.approval_id, event.grant_id) == (
+        "access.allowed",
+        approval_id,
+        grant.pk,
+    )
+    assert Approval.objects.get(pk=approval_id).status == "consumed"
+
+    # 5. Once: the same run again with the same approval is denied.
+    _, outcome, out, _ = attempt(approval=approval_id)
+    assert (outcome.exit_code, outcome.auth.reason, out) == (EXIT_DENIED, "approval_invalid", "")
+    assert decision_event(outcome).event_type == "access.denied"
+
+
+@pytest.mark.django_db
+def test_the_command_line_names_the_approval_and_then_uses_it(
+    bwrap_available, deploy_grant, bob, capfd
+):
+    argv = ["run", "--agent", "coder", "--task", "SBX-1", "--tool", "deploy-exec"]
+    argv += ["--backend", "bubblewrap"]
+    assert main([*argv, "--", "echo", "shipped"]) == EXIT_APPROVAL
+    said = capfd.readouterr()
+    asked = re.search(r"--approval ([0-9a-f-]{36})", said.err)
+    assert asked and said.out == ""
+    (approval,) = Approval.objects.filter(grant=deploy_grant)
+    assert str(approval.pk) == asked.group(1)
+    approvals.approval_approve(
+        approval_id=approval.pk, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+
+    assert main([*argv, "--approval", asked.group(1), "--", "echo", "shipped"]) == 0
+    assert capfd.readouterr().out == "shipped\n"
+    approval.refresh_from_db()
+    assert approval.status == "consumed"
+    allowed = AuditEvent.objects.get(event_type="access.allowed")
+    assert (allowed.approval_id, allowed.tool) == (str(approval.pk), "deploy-exec")
+    assert SandboxRun.objects.filter(status="finished").count() == 1
