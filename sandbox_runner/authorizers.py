@@ -155,8 +155,12 @@ class HttpAuthorizer:
         if spec.approval is not None:
             payload["approval"] = spec.approval
         answer = self.client._call("POST", "/sandbox/runs", payload)
-        if answer.status is None or answer.status == 503:
-            why = answer.problem or "the service is unavailable (503)"
+        if answer.status is None or answer.status >= 500:
+            # A 5xx is the service (or a proxy in front of it) failing, not a malformed
+            # answer: 69 (unreachable, try again later), as a refused connection is.
+            why = answer.problem
+            if answer.status is not None:
+                why = f"the service answered {answer.status}" + (f" ({why})" if why else "")
             return _refusal(spec, "unreachable", "unreachable", f"governance: {why}")
         try:
             body = self.client._checked(answer, expect=201)

@@ -295,6 +295,34 @@ def test_garbage_from_the_authorizer_starts_no_container(docker_client, spec_for
         server.shutdown()
 
 
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_failing_service_is_unreachable_and_starts_no_container(docker_client, spec_for, status):
+    """A 5xx (the app or a proxy in front of it) is 69, try again later; it was 76,
+    "a malformed answer", for all but 503."""
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>Bad Gateway</html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        before = all_container_ids(docker_client)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        outcome, _, _ = run(spec_for("print('never')"), HttpAuthorizer(url, "agt_x"))
+        assert (outcome.exit_code, outcome.auth.outcome) == (EXIT_UNREACHABLE, "unreachable")
+        assert str(status) in outcome.auth.message
+        assert all_container_ids(docker_client) == before
+    finally:
+        server.shutdown()
+
+
 def test_an_unreachable_authorizer_starts_no_container(docker_client, spec_for):
     with socket.socket() as sock:  # a port that was free a moment ago: nobody listens
         sock.bind(("127.0.0.1", 0))
