@@ -131,6 +131,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             _actor(run.agent),
             at,
             arguments=audit.mask(arguments),  # a command line can carry a secret
+            decision_id=decision.decision_id or "",  # the decision's event, just before
         )
         outcome, reason, message = decision.decision, decision.reason, decision.message
         limits, egress = None, ()

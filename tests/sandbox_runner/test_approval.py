@@ -9,6 +9,7 @@ HTTP (the live server on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from typing import Any
@@ -78,6 +79,11 @@ def test_an_irreversible_code_exec_tool_runs_once_a_person_approved_that_exact_r
     assert events_of(first.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
     event = decision_event(outcome)
     assert (event.event_type, event.approval_id) == ("access.approval_required", approval_id)
+    # The run id is no longer among the decision's arguments: the run's requested event,
+    # right after the decision's, names it.
+    requested = AuditEvent.objects.get(seq=event.seq + 1)
+    assert requested.event_type == "sandbox.run.requested" and first.run_id in requested.data
+    assert json.loads(requested.data)["decision_id"] == str(event.uid)
 
     # 2. Asked again (a new run id) before anyone decided: the same request, not a new one.
     _, again, _, _ = attempt()
