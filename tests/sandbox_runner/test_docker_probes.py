@@ -270,57 +270,44 @@ def test_a_request_below_the_grant_is_honoured(docker_client, code_exec, spec_fo
     }
 
 
-class _Garbage(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b'{"decision": "allow", "reason": 7}')
+def _ask_canned(docker_client, spec_for, status: int, content_type: str, body: bytes):
+    """Run with an authorizer whose every answer is this one; no container is made."""
 
-    def log_message(self, *args):
-        pass
+    class Canned(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.end_headers()
+            self.wfile.write(body)
 
+        def log_message(self, *args):
+            pass
 
-def test_garbage_from_the_authorizer_starts_no_container(docker_client, spec_for):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Canned)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         before = all_container_ids(docker_client)
         url = f"http://127.0.0.1:{server.server_address[1]}"
         outcome, _, _ = run(spec_for("print('never')"), HttpAuthorizer(url, "agt_x"))
-        assert outcome.exit_code == EXIT_MALFORMED
-        assert outcome.auth.outcome == "malformed"
         assert all_container_ids(docker_client) == before
+        return outcome
     finally:
         server.shutdown()
+
+
+def test_garbage_from_the_authorizer_starts_no_container(docker_client, spec_for):
+    garbage = b'{"decision": "allow", "reason": 7}'
+    outcome = _ask_canned(docker_client, spec_for, 200, "application/json", garbage)
+    assert (outcome.exit_code, outcome.auth.outcome) == (EXIT_MALFORMED, "malformed")
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_a_failing_service_is_unreachable_and_starts_no_container(docker_client, spec_for, status):
     """A 5xx (the app or a proxy in front of it) is 69, try again later; it was 76,
     "a malformed answer", for all but 503."""
-
-    class Failing(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            self.send_response(status)
-            self.send_header("Content-Type", "text/html")
-            self.end_headers()
-            self.wfile.write(b"<html>Bad Gateway</html>")
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        before = all_container_ids(docker_client)
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        outcome, _, _ = run(spec_for("print('never')"), HttpAuthorizer(url, "agt_x"))
-        assert (outcome.exit_code, outcome.auth.outcome) == (EXIT_UNREACHABLE, "unreachable")
-        assert str(status) in outcome.auth.message
-        assert all_container_ids(docker_client) == before
-    finally:
-        server.shutdown()
+    outcome = _ask_canned(docker_client, spec_for, status, "text/html", b"<html>Bad Gateway</html>")
+    assert (outcome.exit_code, outcome.auth.outcome) == (EXIT_UNREACHABLE, "unreachable")
+    assert str(status) in outcome.auth.message
 
 
 def test_an_unreachable_authorizer_starts_no_container(docker_client, spec_for):
