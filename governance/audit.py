@@ -114,7 +114,7 @@ SECRET_VALUES = re.compile(
     r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
     r"|\bAKIA[0-9A-Z]{16}\b"
     r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
-    r"|\bagt_[0-9a-f]{8}_\S+"
+    r"|\b(?:agt|usr)_[0-9a-f]{8}_\S+"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
 EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")

@@ -234,6 +234,45 @@ def test_an_issued_token_is_shown_once_and_works(admin, world, anonymous):
     assert plaintext not in listed.content.decode() and token.digest not in listed.content.decode()
 
 
+def test_a_persons_token_reads_usr_an_agents_agt_and_neither_passes_for_the_other(
+    admin, world, alice, dave, anonymous
+):
+    from governance import audit
+    from governance.services import agents as agent_service
+
+    system = Actor.system("test")
+    _, personal = agent_service.token_issue(
+        created_by=alice, user=dave, actor=system, at=timezone.now()
+    )
+    _, agents_own = agent_service.token_issue(
+        created_by=alice, agent=world["bot"], actor=system, at=timezone.now()
+    )
+    assert personal.startswith("usr_") and agents_own.startswith("agt_")
+
+    def status(token: str, path: str) -> int:
+        anonymous.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return anonymous.get(f"{API}/{path}").status_code
+
+    assert status(personal, "agents") == 200  # dave is an admin (the admin fixture)
+    assert status(agents_own, "me") == 200
+    # The kind is part of the digested text: relabelled, each is an unknown token.
+    assert status("agt_" + personal[4:], "agents") == 401
+    assert status("usr_" + agents_own[4:], "me") == 401
+    # A personal token issued before usr_ existed reads agt_ and keeps working.
+    legacy, prefix, digest = AgentToken.generate(personal=False)
+    AgentToken.objects.create(
+        user=dave,
+        prefix=prefix,
+        digest=digest,
+        created_by=alice,
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+    assert legacy.startswith("agt_") and status(legacy, "agents") == 200
+    # Either kind is masked in what the audit log keeps.
+    masked = audit.mask({"note": f"use {personal} or {agents_own}"})["note"]
+    assert personal not in masked and agents_own not in masked
+
+
 @pytest.mark.parametrize(
     ("body", "code", "field"),
     [

@@ -27,7 +27,9 @@ from rest_framework.request import Request
 from governance import db, roles
 from governance.models import Agent, AgentToken
 
-_TOKEN = re.compile(r"agt_([0-9a-f]{8})_[A-Za-z0-9_-]{20,100}")
+# agt_ for an agent's token, usr_ for a person's (tokens issued before usr_ existed
+# are agt_ whoever holds them, and keep working).
+_TOKEN = re.compile(r"(?:agt|usr)_([0-9a-f]{8})_[A-Za-z0-9_-]{20,100}")
 # last_used_at is bookkeeping: refreshing it at most once a minute keeps a
 # hot agent from turning every decision into an UPDATE of its token row.
 LAST_USED_GRANULARITY = timedelta(seconds=60)
@@ -140,7 +142,10 @@ class BearerScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "Per-agent (or personal) token: Authorization: Bearer agt_xxxxxxxx_...",
+            "description": (
+                "Per-agent token (agt_xxxxxxxx_...) or personal token (usr_xxxxxxxx_...): "
+                "Authorization: Bearer <token>"
+            ),
         }
 
 

@@ -96,10 +96,13 @@ class AgentToken(models.Model):
         return f"{self.prefix}…"
 
     @staticmethod
-    def generate() -> tuple[str, str, str]:
-        """Return (plaintext, prefix, digest). The plaintext is never stored."""
+    def generate(personal: bool = False) -> tuple[str, str, str]:
+        """Return (plaintext, prefix, digest). The plaintext is never stored. A person's
+        token reads usr_..., an agent's agt_... (a leaked one says whose it is at a
+        glance); the digest covers the whole text, so the two cannot be swapped."""
         prefix = secrets.token_hex(TOKEN_PREFIX_LEN // 2)
-        plaintext = f"agt_{prefix}_{secrets.token_urlsafe(32)}"
+        kind = "usr" if personal else "agt"
+        plaintext = f"{kind}_{prefix}_{secrets.token_urlsafe(32)}"
         return plaintext, prefix, token_digest(plaintext)
 
     def matches(self, plaintext: str) -> bool:

@@ -152,7 +152,7 @@ def token_issue(
             "invalid_expiry",
             f"Token lifetime must be 1 to {settings.AGENT_TOKEN_MAX_DAYS} days.",
         )
-    plaintext, prefix, digest = AgentToken.generate()
+    plaintext, prefix, digest = AgentToken.generate(personal=agent is None)
     with transaction.atomic():
         token = AgentToken.objects.create(
             agent=agent,
