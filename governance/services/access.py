@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime
@@ -157,8 +157,18 @@ def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview:
     return replace(decision, approval_id=str(pending.id))
 
 
+# A caller's own refusal of a call a grant covers, asked before the confirmation gate:
+# (reason, message) to deny, or None. See access_check(refuse=...).
+Refusal = Callable[[Decision], tuple[str, str] | None]
+
+
 def _decide_and_record(
-    question: dict[str, Any], *, actor: audit.Actor, subject: dict[str, str], args_json: str
+    question: dict[str, Any],
+    *,
+    actor: audit.Actor,
+    subject: dict[str, str],
+    args_json: str,
+    refuse: Refusal | None = None,
 ) -> tuple[Decision, audit.Written]:
     """One attempt: the decision, the gate's writes and the event, or StateChanged
     (nothing written) when the state changed after the decision read it."""
@@ -170,6 +180,17 @@ def _decide_and_record(
     with nullcontext() if alone else transaction.atomic():
         decision = authorize(**question)
         action, scope, at = question["action"], question["scope"], question["at"]
+        if refuse is not None and decision.grant_id and decision.decision != Verdict.DENY:
+            refused = refuse(decision)
+            if refused is not None:
+                reason, message = refused
+                decision = replace(
+                    decision,
+                    decision=Verdict.DENY,
+                    reason=reason,  # type: ignore[arg-type]  # the caller's own code
+                    message=message,
+                    approval_id=None,
+                )
         gated = (decision.allowed and decision.approval_id) or (
             decision.decision == Verdict.APPROVAL_REQUIRED
         )
@@ -204,8 +225,14 @@ def access_check(
     task: str | None = None,
     arguments: Mapping[str, Any] | None = None,
     approval: str | None = None,
+    refuse: Refusal | None = None,
 ) -> Decision:
-    """Decide, record and account for one tool call. Never raises."""
+    """Decide, record and account for one tool call. Never raises.
+
+    `refuse` lets a caller that asks on behalf of something with limits of its own
+    (the sandbox: a code-execution tool, an allowed backend, the grant's ceiling) turn
+    down a call a grant covers before the confirmation gate: the answer is deny with
+    the caller's reason, recorded as such, and no approval is opened or used up."""
     agent_name = agent.name if hasattr(agent, "name") else str(agent)
     actor = audit.Actor("agent", f"agent:{agent_name}")
     subject = {
@@ -230,7 +257,7 @@ def access_check(
         for _attempt in range(ATTEMPTS):
             try:
                 decision, written = _decide_and_record(
-                    question, actor=actor, subject=subject, args_json=args_json
+                    question, actor=actor, subject=subject, args_json=args_json, refuse=refuse
                 )
                 return replace(decision, decision_id=str(written.uid))
             except audit.StateChanged:

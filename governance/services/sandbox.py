@@ -112,6 +112,31 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             egress=arguments["egress"] or [],
             requested_at=at,
         )
+        ceiling: dict[str, Any] = {}
+
+        def refuse(decision: Any) -> tuple[str, str] | None:
+            """The run's own limits, asked before the confirmation gate, so a run that
+            would be refused anyway neither asks a person nor uses an approval up."""
+            if not Tool.objects.filter(name=spec.tool, kind=Tool.Kind.CODE_EXEC).exists():
+                # An execute grant on a pipeline trigger or a mailer is not a licence to
+                # run arbitrary code: only a code-execution tool's grant starts a sandbox.
+                return NOT_CODE_EXEC, (
+                    f"{spec.tool!r} is not a code-execution tool: it cannot start a sandbox"
+                )
+            if spec.backend not in settings.SANDBOX_BACKENDS:
+                allowed = ", ".join(settings.SANDBOX_BACKENDS)
+                return BACKEND_NOT_ALLOWED, (
+                    f"this deployment runs sandboxes only under {allowed}"
+                    f" (SANDBOX_BACKENDS); the run asked for {spec.backend}"
+                )
+            grant = _ceiling(decision.grant_id)
+            limits = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
+            try:
+                ceiling["effective"] = effective(spec, limits, grant["egress"])
+            except (OverCeiling, ValueError) as exc:
+                return LIMIT_EXCEEDED, str(exc)
+            return None
+
         # The decision first: its gate may consume or open an approval (a row change),
         # and every row change comes before this transaction's first event, which takes
         # the chain lock (see tests/conftest.py::_events_last).
@@ -123,6 +148,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             task=spec.task,
             arguments=arguments,
             approval=spec.approval,
+            refuse=refuse,
             at=at,
         )
         _event(
@@ -134,28 +160,9 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             decision_id=decision.decision_id or "",  # the decision's event, just before
         )
         outcome, reason, message = decision.decision, decision.reason, decision.message
-        limits, egress = None, ()
-        if (
-            decision.allowed
-            and not Tool.objects.filter(name=spec.tool, kind=Tool.Kind.CODE_EXEC).exists()
-        ):
-            # An execute grant on a pipeline trigger or a mailer is not a licence to run
-            # arbitrary code: only a code-execution tool's grant starts a sandbox.
-            outcome, reason = Verdict.DENY, NOT_CODE_EXEC
-            message = f"{spec.tool!r} is not a code-execution tool: it cannot start a sandbox"
-        elif decision.allowed and spec.backend not in settings.SANDBOX_BACKENDS:
-            outcome, reason = Verdict.DENY, BACKEND_NOT_ALLOWED
-            message = (
-                f"this deployment runs sandboxes only under {', '.join(settings.SANDBOX_BACKENDS)}"
-                f" (SANDBOX_BACKENDS); the run asked for {spec.backend}"
-            )
-        elif decision.allowed:
-            grant = _ceiling(decision.grant_id)
-            ceiling = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
-            try:
-                limits, egress = effective(spec, ceiling, grant["egress"])
-            except (OverCeiling, ValueError) as exc:
-                outcome, reason, message = Verdict.DENY, LIMIT_EXCEEDED, str(exc)
+        limits, egress = ceiling.get("effective", (None, ())) if decision.allowed else (None, ())
+        if decision.allowed and limits is None:  # an allow no ceiling was applied to
+            outcome, reason, message = Verdict.DENY, Reason.ERROR, "no ceiling was applied"
         run.grant_id = decision.grant_id
         run.decision, run.reason, run.message = outcome, reason, message[:2000]
         run.decision_id = decision.decision_id or ""

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from governance.audit import Actor
 from governance.models import Approval, AuditEvent, SandboxRun
-from governance.services import agents, approvals
+from governance.services import agents, approvals, sandbox
 from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
 from sandbox_runner.cli import main
 from sandbox_runner.runner import EXIT_APPROVAL, EXIT_DENIED
@@ -142,3 +142,86 @@ def test_the_command_line_names_the_approval_and_then_uses_it(
     allowed = AuditEvent.objects.get(event_type="access.allowed")
     assert (allowed.approval_id, allowed.tool) == (str(approval.pk), "deploy-exec")
     assert SandboxRun.objects.filter(status="finished").count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("limit", "limit_exceeds_grant"),
+        ("backend", "backend_not_allowed"),
+        ("not_code_exec", "not_code_exec_tool"),
+    ],
+)
+def test_a_run_refused_for_its_own_limits_neither_asks_a_person_nor_spends_an_approval(
+    code_exec, make_tool, make_grant, spec_for, bob, settings, case, reason
+):
+    """The sandbox's own refusals (a code-execution tool, an allowed backend, the grant's
+    ceiling) come before the confirmation gate: nobody is asked to approve a run that
+    could never start, and an approval is not used up by one."""
+    mailer = make_tool("mailer", actions=("execute",), irreversible=True, kind="api")
+    deploy = make_tool("deploy-exec", actions=("execute",), irreversible=True, kind="code_exec")
+    for tool in (deploy, mailer):
+        make_grant(
+            code_exec.agent,
+            tool,
+            actions=("execute",),
+            scope="sandbox:*",
+            task=code_exec.task,
+            starts_at=timezone.now() - timedelta(minutes=30),
+            duration=timedelta(days=3),
+            limits={"memory_mb": 128},
+        )
+    settings.SANDBOX_BACKENDS = ("docker",)
+    fine = {"tool": "deploy-exec", "backend": "docker"}
+    refused = {
+        "limit": {**fine, "limits": {"memory_mb": 4096}},
+        "backend": {**fine, "backend": "bubblewrap"},
+        "not_code_exec": {**fine, "tool": "mailer"},
+    }[case]
+
+    def ask(**kw: Any) -> Any:
+        return sandbox.run_request(spec=spec_for(SCRIPT, **kw), at=timezone.now())
+
+    first = ask(**refused)
+    assert (first.outcome, first.reason, first.approval_id) == ("deny", reason, None)
+    assert not Approval.objects.exists()  # nobody was asked
+    event = AuditEvent.objects.get(uid=first.decision_id)
+    assert (event.event_type, event.reason, event.approval_id) == ("access.denied", reason, "")
+
+    asked = ask(**fine)
+    assert asked.outcome == "approval_required"
+    approvals.approval_approve(
+        approval_id=asked.approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+    other = ask(approval=asked.approval_id, **refused)  # not the run it approved
+    assert (other.outcome, other.reason) == ("deny", "approval_invalid")
+    assert Approval.objects.get(pk=asked.approval_id).status == "approved"  # still usable
+    used = ask(approval=asked.approval_id, **fine)
+    assert (used.outcome, used.limits.memory_mb) == ("allow", 128)
+    assert Approval.objects.get(pk=asked.approval_id).status == "consumed"
+
+
+@pytest.mark.django_db
+def test_an_approved_run_the_deployment_no_longer_allows_keeps_its_approval(
+    deploy_grant, spec_for, bob, settings
+):
+    """The approval matches the run exactly, but its backend was taken off
+    SANDBOX_BACKENDS after the approval: refused before the gate, approval unspent."""
+    settings.SANDBOX_BACKENDS = ("docker", "bubblewrap")
+    spec = {"tool": "deploy-exec", "backend": "bubblewrap"}
+    asked = sandbox.run_request(spec=spec_for(SCRIPT, **spec), at=timezone.now())
+    assert asked.outcome == "approval_required"
+    approvals.approval_approve(
+        approval_id=asked.approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+    settings.SANDBOX_BACKENDS = ("docker",)
+
+    refused = sandbox.run_request(
+        spec=spec_for(SCRIPT, approval=asked.approval_id, **spec), at=timezone.now()
+    )
+
+    assert (refused.outcome, refused.reason) == ("deny", "backend_not_allowed")
+    assert Approval.objects.get(pk=asked.approval_id).status == "approved"
+    event = AuditEvent.objects.get(uid=refused.decision_id)
+    assert (event.event_type, event.reason) == ("access.denied", "backend_not_allowed")

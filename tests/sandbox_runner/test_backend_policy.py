@@ -47,8 +47,16 @@ def _assert_refused(outcome, spec, backend: str) -> None:
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
     denied = AuditEvent.objects.get(event_type="sandbox.run.denied")
     assert (denied.decision, denied.reason) == ("deny", "backend_not_allowed")
-    # The grant itself allowed the question; the deployment's rule refused the run.
-    assert AuditEvent.objects.filter(event_type="access.allowed").count() == 1
+    # The grant covered the question; the deployment's rule refused the run, before the
+    # confirmation gate, and the decision's event says so.
+    assert not AuditEvent.objects.filter(event_type="access.allowed").exists()
+    decided = AuditEvent.objects.get(event_type="access.denied")
+    assert (decided.decision, decided.reason, decided.grant_id) == (
+        "deny",
+        "backend_not_allowed",
+        outcome.auth.grant_id,
+    )
+    assert decided.grant_id is not None
     assert leftovers(backend, spec.run_id) == []
 
 
