@@ -45,18 +45,29 @@ def decision_event(outcome: Any) -> AuditEvent:
 
 
 @pytest.fixture
-def deploy_grant(code_exec: Any, make_tool: Any, make_grant: Any) -> Any:
-    """A live execute grant on an irreversible code-execution tool, around the real clock."""
-    deploy = make_tool("deploy-exec", actions=("execute",), irreversible=True, kind="code_exec")
-    return make_grant(
-        code_exec.agent,
-        deploy,
-        actions=("execute",),
-        scope="sandbox:*",
-        task=code_exec.task,
-        starts_at=timezone.now() - timedelta(minutes=30),
-        duration=timedelta(days=3),
-    )
+def irreversible(code_exec: Any, make_tool: Any, make_grant: Any) -> Any:
+    """make(name, kind, **grant): an irreversible tool and a live execute grant on it for
+    coder's task SBX-1, around the real clock."""
+
+    def make(name: str, kind: str = "code_exec", **kw: Any) -> Any:
+        tool = make_tool(name, actions=("execute",), irreversible=True, kind=kind)
+        return make_grant(
+            code_exec.agent,
+            tool,
+            actions=("execute",),
+            scope="sandbox:*",
+            task=code_exec.task,
+            starts_at=timezone.now() - timedelta(minutes=30),
+            duration=timedelta(days=3),
+            **kw,
+        )
+
+    return make
+
+
+@pytest.fixture
+def deploy_grant(irreversible: Any) -> Any:
+    return irreversible("deploy-exec")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -154,24 +165,13 @@ def test_the_command_line_names_the_approval_and_then_uses_it(
     ],
 )
 def test_a_run_refused_for_its_own_limits_neither_asks_a_person_nor_spends_an_approval(
-    code_exec, make_tool, make_grant, spec_for, bob, settings, case, reason
+    irreversible, spec_for, bob, settings, case, reason
 ):
     """The sandbox's own refusals (a code-execution tool, an allowed backend, the grant's
     ceiling) come before the confirmation gate: nobody is asked to approve a run that
     could never start, and an approval is not used up by one."""
-    mailer = make_tool("mailer", actions=("execute",), irreversible=True, kind="api")
-    deploy = make_tool("deploy-exec", actions=("execute",), irreversible=True, kind="code_exec")
-    for tool in (deploy, mailer):
-        make_grant(
-            code_exec.agent,
-            tool,
-            actions=("execute",),
-            scope="sandbox:*",
-            task=code_exec.task,
-            starts_at=timezone.now() - timedelta(minutes=30),
-            duration=timedelta(days=3),
-            limits={"memory_mb": 128},
-        )
+    irreversible("deploy-exec", limits={"memory_mb": 128})
+    irreversible("mailer", kind="api", limits={"memory_mb": 128})
     settings.SANDBOX_BACKENDS = ("docker",)
     fine = {"tool": "deploy-exec", "backend": "docker"}
     refused = {
