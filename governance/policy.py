@@ -359,7 +359,9 @@ def call_dead_reason(
         return Reason.NO_GRANT
     if not (resource_is_canonical(scope) and _pattern_ok(pattern) and _covers(pattern, scope)):
         return Reason.SCOPE_MISMATCH
-    if task:
+    # A grant bound to a task allows calls under that task only, and _grant_dead has
+    # just checked it: the task is read again only for a grant without one.
+    if task and row[7] is None:
         found = db.query(_TASK_QUERY, [task], "ttt")
         if not found:
             return Reason.TASK_UNKNOWN
