@@ -48,6 +48,8 @@ BEYOND_THE_SCHEMA: dict[str, Callable[[dict[str, Any]], bool]] = {
     # A review decision "narrow" must name what it narrows: a rule across fields that
     # depends on the value of `decision` (reviews.review_item_decide).
     "invalid_decision": _always,
+    # A sandbox run's script or input bytes must hash to the *_sha256 sent beside them.
+    "hash_mismatch": _always,
 }
 
 

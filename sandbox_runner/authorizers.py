@@ -13,6 +13,7 @@ escapes authorize(). Django is imported only inside DatabaseAuthorizer.
 
 from __future__ import annotations
 
+import base64
 import sys
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from sandbox_runner.spec import (
     EXCERPT_CHARS,
     LIMIT_MIN,
     LIMIT_NAMES,
+    REVIEW_MAX_BYTES,
     Authorization,
     Limits,
     RunResult,
@@ -145,6 +147,11 @@ class HttpAuthorizer:
             key: asked[key]
             for key in ("backend", "image", "command", "script_sha256", "input_sha256")
         }
+        # The bytes too when short enough, so a person asked to approve the run reads
+        # what would run (the server checks them against the hashes).
+        for what, data in (("script", spec.script), ("input", spec.input)):
+            if data is not None and len(data) <= REVIEW_MAX_BYTES:
+                payload[f"{what}_base64"] = base64.b64encode(data).decode("ascii")
         payload["run_id"] = spec.run_id
         payload["tool"] = spec.tool
         payload["limits"] = {k: v for k, v in asked["limits"].items() if v is not None}

@@ -29,6 +29,9 @@ OUTPUT_CAP = 1024 * 1024  # bytes kept per stream; the hash covers all of it
 # The run record keeps a masked excerpt of each stream. Masking is regex work
 # that grows faster than linearly on long unbroken runs, so it stays small.
 EXCERPT_CHARS = 4096
+# The script and input are hashed into the decision; up to this size their bytes also
+# go with the request, so a person asked to approve the run reads what would run.
+REVIEW_MAX_BYTES = 64 * 1024
 
 
 def image_scope(image: str) -> str:

@@ -15,6 +15,9 @@ agent (or a mismatched decision id) answers exactly like a missing one (404).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import math
 import re
 from typing import Any
@@ -40,13 +43,19 @@ from governance.api.serializers import (
     exact_char,
 )
 from governance.api.views import ERRORS, limit
-from governance.errors import Conflict, NotFound
+from governance.errors import Conflict, GovernanceError, NotFound
 from governance.models import SandboxRun
 from governance.services import sandbox
 from governance.text import is_text
 from sandbox_runner.backends import REGISTRY
 from sandbox_runner.egress import EgressDecision
-from sandbox_runner.spec import DEFAULT_TOOL, EXCERPT_CHARS, LIMIT_NAMES, RunSpec
+from sandbox_runner.spec import (
+    DEFAULT_TOOL,
+    EXCERPT_CHARS,
+    LIMIT_NAMES,
+    REVIEW_MAX_BYTES,
+    RunSpec,
+)
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 EGRESS_REASONS = (
@@ -87,6 +96,50 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+class Base64BytesField(StrictCharField):
+    """Bytes as standard, padded base64; at most REVIEW_MAX_BYTES once decoded."""
+
+    default_error_messages = {
+        "not_base64": "Not standard, padded base64.",
+        "too_long": f"At most {REVIEW_MAX_BYTES} bytes once decoded.",
+    }
+
+    def __init__(self, **kw: Any) -> None:
+        pattern = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+        super().__init__(
+            max_length=4 * -(-REVIEW_MAX_BYTES // 3),
+            allow_blank=True,
+            declared={"pattern": pattern, "format": "byte"},
+            **kw,
+        )
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data == "":  # CharField hands a blank back as it is, never decoded
+            return b""
+        return super().run_validation(data)
+
+    def to_internal_value(self, data: Any) -> bytes:  # type: ignore[override]
+        text = super().to_internal_value(data)
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            self.fail("not_base64")
+        if len(raw) > REVIEW_MAX_BYTES:
+            self.fail("too_long")
+        return raw
+
+
+def _review_bytes(what: str) -> Base64BytesField:
+    return Base64BytesField(
+        required=False,
+        help_text=(
+            f"The {what}'s bytes, base64, when at most {REVIEW_MAX_BYTES} bytes: a person "
+            f"asked to approve the run reads them (masked). Their SHA-256 must be "
+            f"{what}_sha256 when that is sent too."
+        ),
+    )
+
+
 class SandboxRunIn(StrictSerializer):
     run_id = StrictUUIDField()
     task = exact_char(max_length=100, required=False, allow_null=True)
@@ -96,6 +149,8 @@ class SandboxRunIn(StrictSerializer):
     command = serializers.ListField(child=exact_char(max_length=4096), min_length=1, max_length=256)
     script_sha256 = _sha256(required=False, default="")
     input_sha256 = _sha256(required=False, default="")
+    script_base64 = _review_bytes("script")
+    input_base64 = _review_bytes("input")
     limits = LimitsIn(required=False)
     egress = serializers.ListField(
         child=exact_char(max_length=300), max_length=64, required=False, allow_null=True
@@ -109,6 +164,19 @@ class SandboxRunIn(StrictSerializer):
             "irreversible), as `approval` in an earlier `approval_required` answer; used once."
         ),
     )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for what in ("script", "input"):
+            raw = attrs.get(f"{what}_base64")
+            sent = attrs.get(f"{what}_sha256")
+            if raw is not None and sent and hashlib.sha256(raw).hexdigest() != sent:
+                # A rule across two fields that no schema can state: its own code.
+                raise GovernanceError(
+                    "hash_mismatch",
+                    f"The SHA-256 of {what}_base64 is not {what}_sha256.",
+                    fields={f"{what}_base64": f"Its SHA-256 is not {what}_sha256."},
+                )
+        return attrs
 
 
 class SandboxLimitsOut(serializers.Serializer):
@@ -269,6 +337,10 @@ class SandboxRunView(APIView):
             limits={n: limits.get(n) for n in LIMIT_NAMES},
             egress=tuple(data["egress"]) if data.get("egress") is not None else None,
             run_id=run_id,
+            # With the bytes, their hash is taken here (and was checked against the one
+            # sent); without them, the hash sent is what the decision binds.
+            script=data.get("script_base64"),
+            input=data.get("input_base64"),
             script_hash=data["script_sha256"],
             input_hash=data["input_sha256"],
             approval=data.get("approval"),

@@ -38,6 +38,12 @@ class Approval(models.Model):
     scope = models.CharField(max_length=500)
     arguments_hash = models.CharField(max_length=64)
     arguments_preview = models.JSONField(default=dict, blank=True, help_text="Masked arguments")
+    # What the approver reads beside the arguments when these hold only hashes: a
+    # sandbox run's script and input, each checked against the hash the approval binds
+    # (so it is exactly what would run) and masked as arguments are. Not hashed itself.
+    attachments = models.JSONField(
+        default=dict, blank=True, help_text="Masked script and input of a sandbox run"
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     requested_at = models.DateTimeField()
     expires_at = models.DateTimeField()
@@ -73,3 +79,11 @@ class Approval(models.Model):
         """The preview is only the start of a call too long to show (audit's cut)."""
         preview = self.arguments_preview
         return isinstance(preview, dict) and bool(preview.get("_truncated"))
+
+    @property
+    def unseen(self) -> list[str]:
+        """What the arguments name only by hash and the approver cannot read: a sandbox
+        run's script or input whose runner did not send the bytes."""
+        preview = self.arguments_preview if isinstance(self.arguments_preview, dict) else {}
+        shown = self.attachments if isinstance(self.attachments, dict) else {}
+        return [n for n in ("script", "input") if preview.get(f"{n}_sha256") and n not in shown]

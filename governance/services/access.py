@@ -70,7 +70,13 @@ WHERE id = %s AND status = 'approved' AND expires_at > %s
 
 
 def _pending_approval(
-    decision: Decision, *, action: str, scope: str, at: datetime, preview: str = "{}"
+    decision: Decision,
+    *,
+    action: str,
+    scope: str,
+    at: datetime,
+    preview: str = "{}",
+    attachments: Mapping[str, Any] | None = None,
 ) -> Approval:
     """Reuse the caller's open request for this exact call, or open one; or, when a
     person denied this exact call within APPROVAL_TTL, that denied request (the
@@ -101,6 +107,11 @@ def _pending_approval(
         .first()
     )
     if existing is not None:
+        if attachments and not existing.attachments:
+            # Asked first without them (a runner that did not send the script): the
+            # same call, so the same bytes; the person deciding now can read them.
+            existing.attachments = dict(attachments)
+            existing.save(update_fields=["attachments"])
         return existing
     denied = (
         same_call.filter(status=Approval.Status.DENIED, decided_at__gt=at - settings.APPROVAL_TTL)
@@ -120,6 +131,7 @@ def _pending_approval(
         # The masked arguments, so the approver sees exactly what would run
         # (secrets and PII already masked, as in the audit event).
         arguments_preview=json.loads(preview),
+        attachments=dict(attachments or {}),
         requested_at=at,
         expires_at=at + settings.APPROVAL_TTL,
     )
@@ -128,7 +140,15 @@ def _pending_approval(
     return created
 
 
-def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview: str) -> Decision:
+def _gate(
+    decision: Decision,
+    *,
+    action: str,
+    scope: str,
+    at: datetime,
+    preview: str,
+    attachments: Mapping[str, Any] | None,
+) -> Decision:
     """The confirmation gate's writes: consume the named approval (once, atomically)
     or open a pending one for this exact call, unless a person denied this exact
     call within APPROVAL_TTL (deny `approval_denied`, naming that approval). Inside
@@ -143,7 +163,9 @@ def _gate(decision: Decision, *, action: str, scope: str, at: datetime, preview:
                 message="The approval was already used.",
             )
         return decision
-    pending = _pending_approval(decision, action=action, scope=scope, at=at, preview=preview)
+    pending = _pending_approval(
+        decision, action=action, scope=scope, at=at, preview=preview, attachments=attachments
+    )
     if pending.status == Approval.Status.DENIED:
         assert pending.decided_at is not None
         again = (pending.decided_at + settings.APPROVAL_TTL).isoformat()
@@ -169,6 +191,7 @@ def _decide_and_record(
     subject: dict[str, str],
     args_json: str,
     refuse: Refusal | None = None,
+    attachments: Mapping[str, Any] | None = None,
 ) -> tuple[Decision, audit.Written]:
     """One attempt: the decision, the gate's writes and the event, or StateChanged
     (nothing written) when the state changed after the decision read it."""
@@ -196,7 +219,14 @@ def _decide_and_record(
         )
         with transaction.atomic() if alone and gated else nullcontext():
             if gated:
-                decision = _gate(decision, action=action, scope=scope, at=at, preview=args_json)
+                decision = _gate(
+                    decision,
+                    action=action,
+                    scope=scope,
+                    at=at,
+                    preview=args_json,
+                    attachments=attachments,
+                )
             written = audit.append(
                 event_type=_EVENT_FOR[Verdict(decision.decision)],
                 actor=actor,
@@ -226,13 +256,18 @@ def access_check(
     arguments: Mapping[str, Any] | None = None,
     approval: str | None = None,
     refuse: Refusal | None = None,
+    attachments: Mapping[str, Any] | None = None,
 ) -> Decision:
     """Decide, record and account for one tool call. Never raises.
 
     `refuse` lets a caller that asks on behalf of something with limits of its own
     (the sandbox: a code-execution tool, an allowed backend, the grant's ceiling) turn
     down a call a grant covers before the confirmation gate: the answer is deny with
-    the caller's reason, recorded as such, and no approval is opened or used up."""
+    the caller's reason, recorded as such, and no approval is opened or used up.
+
+    `attachments` (already masked) go on an approval this call opens, for the person
+    asked to read beside the arguments: the sandbox's script and input, whose hashes
+    are among the arguments. They are not hashed themselves."""
     agent_name = agent.name if hasattr(agent, "name") else str(agent)
     actor = audit.Actor("agent", f"agent:{agent_name}")
     subject = {
@@ -257,7 +292,12 @@ def access_check(
         for _attempt in range(ATTEMPTS):
             try:
                 decision, written = _decide_and_record(
-                    question, actor=actor, subject=subject, args_json=args_json, refuse=refuse
+                    question,
+                    actor=actor,
+                    subject=subject,
+                    args_json=args_json,
+                    refuse=refuse,
+                    attachments=attachments,
                 )
                 return replace(decision, decision_id=str(written.uid))
             except audit.StateChanged:

@@ -37,6 +37,7 @@ from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
     LIMIT_NAMES,
+    REVIEW_MAX_BYTES,
     Authorization,
     OverCeiling,
     RunResult,
@@ -78,6 +79,34 @@ def _event(
 
 def _actor(agent: str) -> audit.Actor:
     return audit.Actor("agent", f"agent:{agent}")
+
+
+def review_attachments(spec: RunSpec) -> dict[str, Any]:
+    """The run's script and input as a person asked to approve the run reads them:
+    masked text, or why it is not shown. Only what the request carried (a remote runner
+    sends the bytes up to REVIEW_MAX_BYTES, always their hash); the bytes are the ones
+    the hashes in the decision's arguments were taken of, so this is what would run."""
+    shown: dict[str, Any] = {}
+    for name, data, digest in (
+        ("script", spec.script, spec.script_sha256),
+        ("input", spec.input, spec.input_sha256),
+    ):
+        if data is None:
+            continue
+        item: dict[str, Any] = {"sha256": digest, "bytes": len(data)}
+        try:
+            text = data.decode("utf-8") if len(data) <= REVIEW_MAX_BYTES else None
+        except UnicodeDecodeError:
+            item["not_shown"] = "not UTF-8 text"
+        else:
+            if text is None:
+                item["not_shown"] = f"longer than {REVIEW_MAX_BYTES} bytes"
+            elif "\x00" in text:  # no JSON column can hold a NUL character
+                item["not_shown"] = "holds NUL characters"
+            else:
+                item["text"] = audit.mask(text)
+        shown[name] = item
+    return shown
 
 
 def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
@@ -149,6 +178,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             arguments=arguments,
             approval=spec.approval,
             refuse=refuse,
+            attachments=review_attachments(spec),
             at=at,
         )
         _event(

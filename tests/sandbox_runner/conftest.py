@@ -78,6 +78,27 @@ def code_exec(make_agent: Any, make_tool: Any, make_task: Any, make_grant: Any) 
 
 
 @pytest.fixture
+def irreversible(code_exec: Any, make_tool: Any, make_grant: Any) -> Any:
+    """make(name, kind, **grant): an irreversible tool and a live execute grant on it for
+    coder's task SBX-1, around the real clock."""
+
+    def make(name: str, kind: str = "code_exec", **kw: Any) -> Any:
+        tool = make_tool(name, actions=("execute",), irreversible=True, kind=kind)
+        return make_grant(
+            code_exec.agent,
+            tool,
+            actions=("execute",),
+            scope="sandbox:*",
+            task=code_exec.task,
+            starts_at=timezone.now() - timedelta(minutes=30),
+            duration=timedelta(days=3),
+            **kw,
+        )
+
+    return make
+
+
+@pytest.fixture
 def spec_for() -> Callable[..., RunSpec]:
     def make(script: str | None = None, *command: str, **kw: Any) -> RunSpec:
         kw.setdefault("agent", "coder")

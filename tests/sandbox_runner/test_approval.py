@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -45,27 +44,6 @@ def decision_event(outcome: Any) -> AuditEvent:
 
 
 @pytest.fixture
-def irreversible(code_exec: Any, make_tool: Any, make_grant: Any) -> Any:
-    """make(name, kind, **grant): an irreversible tool and a live execute grant on it for
-    coder's task SBX-1, around the real clock."""
-
-    def make(name: str, kind: str = "code_exec", **kw: Any) -> Any:
-        tool = make_tool(name, actions=("execute",), irreversible=True, kind=kind)
-        return make_grant(
-            code_exec.agent,
-            tool,
-            actions=("execute",),
-            scope="sandbox:*",
-            task=code_exec.task,
-            starts_at=timezone.now() - timedelta(minutes=30),
-            duration=timedelta(days=3),
-            **kw,
-        )
-
-    return make
-
-
-@pytest.fixture
 def deploy_grant(irreversible: Any) -> Any:
     return irreversible("deploy-exec")
 
@@ -85,6 +63,9 @@ def test_an_irreversible_code_exec_tool_runs_once_a_person_approved_that_exact_r
     assert outcome.exit_code == EXIT_APPROVAL and out == ""
     approval_id = outcome.auth.approval_id
     assert approval_id and f"--approval {approval_id}" in capsys.readouterr().err  # the runner's
+    # The person asked reads the script itself (over HTTP, the runner sent its bytes).
+    shown = Approval.objects.get(pk=approval_id).attachments["script"]
+    assert (shown["text"], shown["sha256"]) == (SCRIPT, first.script_sha256)
     record = run_record(first.run_id)
     assert (record.status, record.reason) == ("denied", "approval_required")
     assert events_of(first.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]

@@ -1,0 +1,166 @@
+"""A person asked to approve a sandbox run reads what would run.
+
+The decision binds the run's script and input by their hashes. Before, that was all
+an approver of an irreversible code-execution tool saw: `script_sha256: 9f2c...`,
+approved or denied blind. Now the approval carries the script and input themselves
+(masked as arguments are), taken from the very bytes those hashes were computed
+from: in process from the run, over the REST API from `script_base64` and
+`input_base64`, which must hash to the `*_sha256` sent beside them. No sandbox is
+started here: run_request is the service every runner asks through."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group
+from django.test import Client
+from django.utils import timezone
+
+from governance import roles
+from governance.models import Approval, AuditEvent, SandboxRun
+from governance.services import sandbox
+from sandbox_runner.spec import REVIEW_MAX_BYTES, SCRIPT_PATH, RunSpec
+
+pytestmark = pytest.mark.django_db
+
+DEPLOY = "print('deploying to production')\nAPI_KEY=sk-live-4f9a8b7c6d5e4f3a2b1c0d9e\n"
+
+
+@pytest.fixture
+def deploy(irreversible: Any) -> Any:
+    """An irreversible code-execution tool and coder's live execute grant on it."""
+    return irreversible("deploy-exec")
+
+
+def ask(script: bytes | None = DEPLOY.encode(), **kw: Any) -> Any:
+    kw.setdefault("input", None)
+    spec = RunSpec(
+        agent="coder",
+        task="SBX-1",
+        command=("python3", SCRIPT_PATH),
+        tool="deploy-exec",
+        backend="bubblewrap",
+        script=script,
+        **kw,
+    )
+    return spec, sandbox.run_request(spec=spec, at=timezone.now())
+
+
+def asked_event(auth: Any) -> AuditEvent:
+    event = AuditEvent.objects.get(uid=auth.decision_id)
+    assert (event.event_type, event.approval_id) == ("access.approval_required", auth.approval_id)
+    return event
+
+
+def test_the_approval_carries_the_masked_script_and_input_the_hashes_were_taken_of(deploy):
+    spec, auth = ask(input=b"region=eu-west-1\npassword=hunter2hunter2\n")
+    assert (auth.outcome, auth.reason) == ("approval_required", "approval_required")
+    event = asked_event(auth)
+    approval = Approval.objects.get(pk=auth.approval_id)
+    script = approval.attachments["script"]
+    assert script["sha256"] == hashlib.sha256(DEPLOY.encode()).hexdigest() == spec.script_sha256
+    assert script["bytes"] == len(DEPLOY.encode())
+    assert "print('deploying to production')" in script["text"]
+    assert "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e" not in json.dumps(approval.attachments)  # masked
+    assert "region=eu-west-1" in approval.attachments["input"]["text"]
+    assert "hunter2hunter2" not in approval.attachments["input"]["text"]
+    assert approval.unseen == []
+    # The hashes the approval binds are the ones in the decision's arguments.
+    arguments = json.loads(event.arguments)
+    assert arguments["script_sha256"] == script["sha256"]
+    assert arguments["input_sha256"] == approval.attachments["input"]["sha256"]
+    assert "deploying" not in event.arguments  # the text itself is not in every decision
+
+
+@pytest.mark.parametrize(
+    ("script", "why"),
+    [
+        (b"\xff\xfe binary", "not UTF-8 text"),
+        (b"print(1)\x00", "holds NUL characters"),
+        (b"#" * (REVIEW_MAX_BYTES + 1), f"longer than {REVIEW_MAX_BYTES} bytes"),
+    ],
+    ids=["binary", "nul", "too_long"],
+)
+def test_a_script_that_cannot_be_shown_says_why_and_still_asks(deploy, script, why):
+    spec, auth = ask(script)
+    asked_event(auth)
+    item = Approval.objects.get(pk=auth.approval_id).attachments["script"]
+    assert item == {"sha256": spec.script_sha256, "bytes": len(script), "not_shown": why}
+
+
+def _body(script: bytes, **kw: Any) -> dict[str, Any]:
+    return {
+        "run_id": str(uuid.uuid4()),
+        "task": "SBX-1",
+        "tool": "deploy-exec",
+        "backend": "bubblewrap",
+        "image": "host",
+        "command": ["python3", SCRIPT_PATH],
+        "script_sha256": hashlib.sha256(script).hexdigest(),
+        **kw,
+    }
+
+
+def test_over_the_api_the_script_sent_is_checked_against_its_hash(deploy, code_exec, agent_client):
+    client = agent_client(code_exec.agent)
+    script = DEPLOY.encode()
+    before = AuditEvent.objects.count()
+
+    def refused(body: dict[str, Any], code: str) -> None:
+        answer = client.post("/api/v1/sandbox/runs", body, format="json")
+        assert answer.status_code == 400, answer.content
+        error = answer.json()["error"]
+        assert error["code"] == code and "script_base64" in error["fields"], error
+        # Nothing written: no run, no approval, no decision.
+        assert (SandboxRun.objects.count(), Approval.objects.count()) == (0, 0)
+        assert AuditEvent.objects.count() == before
+
+    other = base64.b64encode(b"print('something else')").decode()
+    refused(_body(script, script_base64=other), "hash_mismatch")
+    refused(_body(script, script_base64=""), "hash_mismatch")  # empty bytes, another hash
+    refused(_body(script, script_base64="not base64!"), "invalid_request")
+    too_long = base64.b64encode(b"#" * (REVIEW_MAX_BYTES + 1)).decode()
+    refused(_body(b"#" * (REVIEW_MAX_BYTES + 1), script_base64=too_long), "invalid_request")
+
+    # Hash only: asked, and the approver is told the script was not sent.
+    answer = client.post("/api/v1/sandbox/runs", _body(script), format="json")
+    assert answer.status_code == 201 and answer.json()["decision"] == "approval_required"
+    approval = Approval.objects.get(pk=answer.json()["approval"])
+    assert (approval.attachments, approval.unseen) == ({}, ["script"])
+    # The same run with its bytes: the same request, which now shows them.
+    sent = base64.b64encode(script).decode()
+    answer = client.post("/api/v1/sandbox/runs", _body(script, script_base64=sent), format="json")
+    assert answer.status_code == 201 and answer.json()["approval"] == str(approval.pk)
+    assert AuditEvent.objects.get(uid=answer.json()["decision_id"]).event_type == (
+        "access.approval_required"
+    )
+    approval.refresh_from_db()
+    assert approval.unseen == []
+    assert "deploying to production" in approval.attachments["script"]["text"]
+    assert Approval.objects.count() == 1
+    # The agent polling its approval reads them too.
+    polled = client.get(f"/api/v1/approvals/{approval.pk}").json()
+    assert polled["attachments"]["script"]["sha256"] == hashlib.sha256(script).hexdigest()
+
+
+def test_the_approvals_inbox_shows_the_script_or_says_it_was_not_sent(deploy, bob):
+    bob.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    _, shown = ask()
+    _, blind = ask(None, script_hash=hashlib.sha256(b"print('unseen')").hexdigest())
+    assert blind.approval_id != shown.approval_id
+    client = Client()
+    client.force_login(bob)
+    page = client.get("/ui/inbox/approvals/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    shown_card = html.split(f'id="ap-{shown.approval_id}"')[1].split("</section>")[0]
+    blind_card = html.split(f'id="ap-{blind.approval_id}"')[1].split("</section>")[0]
+    assert "print(&#x27;deploying to production&#x27;)" in shown_card
+    assert "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e" not in html
+    assert "sent only the script's hash" not in shown_card
+    assert "sent only the script's hash" in blind_card
