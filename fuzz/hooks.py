@@ -50,6 +50,10 @@ BEYOND_THE_SCHEMA: dict[str, Callable[[dict[str, Any]], bool]] = {
     "invalid_decision": _always,
     # A sandbox run's script or input bytes must hash to the *_sha256 sent beside them.
     "hash_mismatch": _always,
+    # A confirmation policy is for destructive calls the named tool supports: whether
+    # the tool is irreversible, and what it supports, is the tool's data.
+    "not_destructive": _always,
+    "action_not_supported": _always,
 }
 
 

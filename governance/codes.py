@@ -83,6 +83,9 @@ class EventType(models.TextChoices):
     APPROVAL_DENIED = "approval.denied"
     APPROVAL_CONSUMED = "approval.consumed"
     APPROVAL_EXPIRED = "approval.expired"
+    # A rule that answers the confirmation gate for one agent's calls (approve or deny).
+    CONFIRMATION_POLICY_CREATED = "confirmation_policy.created"
+    CONFIRMATION_POLICY_REVOKED = "confirmation_policy.revoked"
     MATRIX_IMPORTED = "matrix.imported"
     # Reading who-could-do-what is itself recorded: an export leaves the system.
     REPORT_EXPORTED = "report.exported"

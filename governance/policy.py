@@ -157,6 +157,8 @@ class Decision:
     task_id: int | None = None
     arguments_hash: str = ""
     decision_id: str | None = None  # the audit event's uid, set by access_check
+    # The confirmation policy that answered the gate (approve or deny), if one did.
+    policy_id: int | None = None
     # The newest audit event the decision's read could see: every state change writes
     # one, so access_check's append can tell whether the state changed since (a revoke
     # committing while this decision waited for the chain lock) and decide again.
@@ -230,6 +232,38 @@ SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at,
        grant_id
 FROM governance_approval WHERE id = %s AND agent_id = %s
 """
+
+# The live confirmation policies for this agent, tool and action (and the call's task,
+# for a task-bound policy); their scope patterns are matched in Python, as grants' are.
+# A policy whose author could act as the agent (its owner now, or the creator of a
+# token of the agent that was live at any moment since the policy was written) answers
+# nothing: nobody confirms their own agent's calls, by hand or by rule.
+_POLICY_QUERY = """
+SELECT p.id, p.verdict, p.scope
+FROM governance_confirmationpolicy p
+JOIN governance_agent a ON a.id = p.agent_id
+WHERE p.agent_id = %s AND p.tool_id = %s AND p.action = %s
+  AND (p.task_id IS NULL OR p.task_id = %s)
+  AND p.starts_at <= %s AND p.expires_at > %s
+  AND (p.revoked_at IS NULL OR p.revoked_at > %s)
+  AND a.owner_id <> p.created_by_id
+  AND NOT EXISTS (
+      SELECT 1 FROM governance_agenttoken t
+      WHERE t.agent_id = p.agent_id AND t.created_by_id = p.created_by_id
+        AND t.expires_at > p.created_at
+        AND (t.revoked_at IS NULL OR t.revoked_at > p.created_at)
+  )
+ORDER BY p.id
+"""
+
+
+def _policy_verdicts(
+    agent_id: int, tool_id: int, action: str, scope: str, task_id: int | None, at: datetime
+) -> list[tuple[int, str]]:
+    """(policy id, verdict) of every live confirmation policy covering this call."""
+    when = db.param_dt(at)
+    rows = db.execute(_POLICY_QUERY, [agent_id, tool_id, action, task_id, when, when, when])
+    return [(pid, verdict) for pid, verdict, pattern in rows if scope_matches(pattern, scope)]
 
 
 def _window_reason(
@@ -546,7 +580,26 @@ def _authorize(
     if not destructive:
         return Decision(Verdict.ALLOW, Reason.ALLOWED, "Allowed by a live grant.", **ctx)
     ctx["destructive"] = True
+    # A confirmation policy may answer for a person: a deny wins over everything (an
+    # approval included), an approve stands in for one when none is named.
+    verdicts = _policy_verdicts(agent_id, tool_id, action, scope, ctx.get("task_id"), at)
+    denying = [pid for pid, verdict in verdicts if verdict == "deny"]
+    if denying:
+        return _deny(
+            Reason.APPROVAL_DENIED,
+            f"Confirmation policy #{denying[0]} denies this call.",
+            policy_id=denying[0],
+            **ctx,
+        )
     if approval is None:
+        if verdicts:
+            return Decision(
+                Verdict.ALLOW,
+                Reason.ALLOWED,
+                f"Allowed once by confirmation policy #{verdicts[0][0]}.",
+                policy_id=verdicts[0][0],
+                **ctx,
+            )
         return Decision(
             Verdict.APPROVAL_REQUIRED,
             Reason.APPROVAL_REQUIRED,
@@ -619,7 +672,8 @@ CHECKLIST: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         "gate",
-        "A destructive action carries a matching, unused, unexpired approval",
+        "A destructive action carries a matching, unused, unexpired approval, or a "
+        "confirmation policy approves it (a policy's deny wins)",
         (Reason.APPROVAL_REQUIRED, Reason.APPROVAL_INVALID, Reason.APPROVAL_DENIED),
     ),
 )

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.urls import resolve
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -40,7 +40,7 @@ from governance.models import (
     ReviewItem,
     Tool,
 )
-from governance.services import access, agents, breakglass, grants, sandbox
+from governance.services import access, agents, breakglass, confirmation, grants, sandbox
 from sandbox_runner.spec import RunSpec
 from tests.conftest import last_event
 
@@ -67,6 +67,8 @@ def delegation(world: dict[str, Any]) -> dict[str, Any]:
             "justification": "sub-task"}  # fmt: skip
 
 
+POLICY = {"agent": "bot-a", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/*",
+          "verdict": "approve", "reason": "scratch cleanup", "duration_seconds": 600}  # fmt: skip
 SANDBOX_ASK = {"run_id": "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11", "backend": "docker",
                "image": "governance-sandbox:bookworm", "command": ["true"]}  # fmt: skip
 STREAM = {"excerpt": "", "sha256": "0" * 64, "bytes": 0, "truncated": False}
@@ -138,6 +140,11 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("POST",  "grants/{grant}/revoke",            {"reason": "x"},
                                                                  "403 403 200 403 403 403 401"),
     ("GET",   "reports/access",                   None,          "403 403 200 403 200 403 401"),
+    # Confirmation policies: approvers (admins too) write, auditors read.
+    ("GET",   "confirmation-policies",            None,          "403 403 200 200 200 403 401"),
+    ("POST",  "confirmation-policies",            POLICY,        "403 403 201 201 403 403 401"),
+    ("POST",  "confirmation-policies/{policy}/revoke", {"reason": "x"},
+                                                                 "403 403 200 200 403 403 401"),
     # The OpenAPI schema and its viewer are public.
     # Break-glass (opened by alice, the agent's owner, in the world) and reviews.
     ("POST",  "breakglass",                       BREAKGLASS,    "403 403 201 201 403 403 401"),
@@ -174,7 +181,7 @@ CASES = [
 
 
 @pytest.fixture
-def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]:
+def world(make_agent, make_tool, make_task, make_grant, alice, dave) -> dict[str, Any]:
     """A's objects: a live delegable grant, a decision, a pending approval, a
     pending grant request, a spare token. B has a live grant of its own."""
     system, now = Actor.system("test"), timezone.now()
@@ -210,6 +217,13 @@ def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]
     runs = [sandbox.run_request(spec=RunSpec(agent="bot-a", task=None, command=("true",)), at=now)
             for _ in range(2)]  # fmt: skip
     assert all(run.allowed for run in runs)
+    # A live confirmation policy for A's deletes under repo:acme/old/*, written by dave.
+    dave.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    policy = confirmation.policy_create(
+        author=dave, agent=bot_a, tool=repo, action="delete", scope="repo:acme/old/*",
+        verdict="deny", reason="keep old", duration=timedelta(hours=1),
+        actor=Actor.user(dave), at=now,
+    )  # fmt: skip
     sandbox.run_started(run_id=runs[1].run_id, container_id="c", image_digest="",
                         deadline=now.timestamp() + 60, enforcement={}, at=now)  # fmt: skip
     return {"run": runs[0].run_id, "run_decision": runs[0].decision_id,
@@ -217,7 +231,7 @@ def world(make_agent, make_tool, make_task, make_grant, alice) -> dict[str, Any]
             "decision": decision.decision_id, "approval": gated.approval_id,
             "request": request.pk, "grant": grant.pk, "token": spare.prefix,
             "bot_a": bot_a, "bot_b": bot_b, "breakglass": opened.pk,
-            "item": item.pk}  # fmt: skip
+            "item": item.pk, "policy": policy.pk}  # fmt: skip
 
 
 @pytest.fixture
@@ -264,6 +278,7 @@ def test_the_table_covers_every_endpoint_and_method():
                 served.add((method.upper(), "api/v1/" + str(pattern.pattern)))
     fake = {"decision": "d", "approval": "a", "request": 1, "grant": 1, "token": "t"}
     fake.update(breakglass=1, item=1, run=SANDBOX_ASK["run_id"], running=SANDBOX_ASK["run_id"])
+    fake.update(policy=1)
     tabled = {(m, resolve(API + p.format(**fake)).route) for m, p, _, _ in TABLE}
     assert served == tabled
 

@@ -4,7 +4,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from governance import audit, selectors
-from governance.models import Agent, Approval, Grant, Tool
+from governance.models import Agent, Approval, ConfirmationPolicy, Grant, Tool
 
 
 def test_the_demo_world_has_every_kind_of_object_and_a_valid_chain(db, capsys):
@@ -20,6 +20,8 @@ def test_the_demo_world_has_every_kind_of_object_and_a_valid_chain(db, capsys):
     assert Grant.objects.filter(expires_at__lte=now).exists(), "an expired grant"
     assert Grant.objects.filter(status="pending").exists(), "a pending request"
     assert Approval.objects.filter(status="pending").exists(), "a pending approval"
+    assert ConfirmationPolicy.objects.filter(verdict="deny").exists(), "a deny policy"
+    assert Approval.objects.filter(policy__verdict="approve", status="consumed").exists()
     assert any(t.is_quarantined for t in Tool.objects.all()), "a quarantined tool"
     assert audit.verify_chain().ok
 

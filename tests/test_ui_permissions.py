@@ -12,6 +12,7 @@ when a route is added without a row.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -25,12 +26,13 @@ from governance.models import (
     Approval,
     AuditEvent,
     BreakGlass,
+    ConfirmationPolicy,
     Grant,
     ReviewItem,
     SecondLook,
     Tool,
 )
-from governance.services import tools
+from governance.services import confirmation, tools
 from tests import ui_world
 from tests.ui_world import World
 
@@ -39,6 +41,8 @@ ROLES = ("anon", "auditor", "approver", "admin")
 BREAK_GLASS = {"agent": "bot-a.sub", "tool": "repo", "actions": ["read"],
                "scope": "repo:acme/hot/*", "ticket": "INC-2", "reason": "db down",
                "ttl_minutes": "30"}  # fmt: skip
+POLICY = {"agent": "bot-a", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/*",
+          "verdict": "approve", "reason": "scratch", "hours": "1"}  # fmt: skip
 LIFECYCLE = ("/ui/break-glass/", "/ui/reviews/", "/ui/inbox/second-look/")
 
 # fmt: off
@@ -56,6 +60,9 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",  "/ui/inbox/approvals/",                    None,                    "302 200 200 200"),
     ("POST", "/ui/inbox/approvals/{approval}/approve",  {},                      "302 403 302 302"),
     ("POST", "/ui/inbox/approvals/{approval}/deny",     {"reason": "no"},        "302 403 302 302"),
+    # Confirmation policies: approvers and admins write and revoke; {policy} is dave's.
+    ("POST", "/ui/inbox/approvals/policies/new",        POLICY,                  "302 403 302 302"),
+    ("POST", "/ui/inbox/approvals/policies/{policy}/revoke", {"reason": "done"}, "302 403 302 302"),
     ("GET",  "/ui/agents/",                             None,                    "302 200 200 200"),
     ("GET",  "/ui/agents/bot-a/",                       None,                    "302 200 200 200"),
     ("POST", "/ui/agents/bot-a/suspend",                {"reason": "incident"},  "302 403 403 302"),
@@ -112,8 +119,9 @@ CASES = [
 ]
 
 
-def _fill(path: str, world: World, extra: ui_world.Lifecycle | None = None) -> str:
+def _fill(path: str, world: World, extra: ui_world.Lifecycle | None = None, policy: int = 0) -> str:
     return path.format(
+        policy=policy,
         bg=extra.breakglass_id if extra else 0,
         campaign=extra.campaign_id if extra else 0,
         item=extra.item_id if extra else 0,
@@ -137,6 +145,7 @@ def _state(world: World) -> tuple[Any, ...]:
         tuple(BreakGlass.objects.order_by("pk").values_list("pk", "closed_at", "review_status")),
         tuple(ReviewItem.objects.order_by("pk").values_list("pk", "status")),
         tuple(SecondLook.objects.order_by("pk").values_list("pk", "status")),
+        tuple(ConfirmationPolicy.objects.order_by("pk").values_list("pk", "revoked_at")),
     )
 
 
@@ -156,8 +165,16 @@ def test_permission_table(method: str, path: str, body: Any, role: str, expected
         world.tool.refresh_from_db()
         body = {**body, "definition_hash": world.tool.definition_hash}
     extra = ui_world.build_lifecycle(world) if path.startswith(LIFECYCLE) else None
+    policy = 0
+    if "{policy}" in path:
+        dave = world.users["admin"]
+        policy = confirmation.policy_create(
+            author=dave, agent=world.agent, tool=world.tool, action="delete",
+            scope="repo:acme/tmp/*", verdict="deny", reason="freeze",
+            duration=timedelta(hours=1), actor=Actor.user(dave), at=timezone.now(),
+        ).pk  # fmt: skip
     client = ui_world.signed_in(None if role == "anon" else role)
-    url = _fill(path, world, extra)
+    url = _fill(path, world, extra, policy)
     before = _state(world)
     events_before = AuditEvent.objects.count()
     if method == "GET":

@@ -1,4 +1,5 @@
-"""Admin and automation endpoints: agents, tokens, tools, tasks, grants, reports.
+"""Admin and automation endpoints: agents, tokens, tools, tasks, grants, reports, and
+confirmation policies (approvers write those; auditors read).
 
 For humans only. Admins do everything; auditors read (GET); approvers, plain
 users and agents get 403 (AdminOrAuditorReadOnly). Views stay thin: parse the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC
+from datetime import UTC, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -29,11 +30,11 @@ from rest_framework.views import APIView
 
 from governance import selectors
 from governance.api import serializers as s
-from governance.api.auth import AdminOrAuditorReadOnly
-from governance.api.views import ERRORS, _get, _grant_qs, actor_for
+from governance.api.auth import AdminOrAuditorReadOnly, ApproverOrAuditorReadOnly
+from governance.api.views import ERRORS, _by_name, _get, _grant_qs, actor_for
 from governance.errors import GovernanceError
-from governance.models import Agent, AgentToken, Grant, Task, Tool
-from governance.services import agents, grants, reports, tasks, tools
+from governance.models import Agent, AgentToken, ConfirmationPolicy, Grant, Task, Tool
+from governance.services import agents, confirmation, grants, reports, tasks, tools
 
 # Inventory lists (agents, tools, tasks, tokens) are capped; grants, which grow
 # without bound, are paged instead.
@@ -485,3 +486,84 @@ class AccessReportView(AdminView):
             return response
         body = {"at": at, "count": len(rows), "rows": rows}
         return Response(s.AccessReportOut(body).data, headers=NO_STORE)
+
+
+# --- Confirmation policies -----------------------------------------------------------
+
+
+def _policies() -> QuerySet[ConfirmationPolicy]:
+    return ConfirmationPolicy.objects.select_related(
+        "agent", "tool", "task", "created_by", "revoked_by"
+    )
+
+
+class ConfirmationPolicyListView(APIView):
+    permission_classes = [ApproverOrAuditorReadOnly]
+
+    @extend_schema(
+        operation_id="confirmation_policies_list",
+        responses={200: s.ConfirmationPolicyOut(many=True), **ERRORS},
+        description=f"Confirmation policies, newest first (at most {LIST_CAP}).",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(s.ConfirmationPolicyOut(_policies()[:LIST_CAP], many=True).data)
+
+    @extend_schema(
+        operation_id="confirmation_policy_create",
+        request=s.ConfirmationPolicyIn,
+        responses={201: s.ConfirmationPolicyOut, **CONFLICT, **ERRORS},
+        description=(
+            "Answer the confirmation gate by rule for one agent's destructive calls on one "
+            "tool and action inside `scope` (and `task`, when named), from now for "
+            "`duration_seconds`: `approve` lets each matching call through once, `deny` "
+            "refuses each (a deny wins, over a person's approval too). Approvers only, and "
+            "none with a stake in the agent (403 `self_approval`)."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        data = _parse(s.ConfirmationPolicyIn, request.data)
+        task = data.get("task")
+        with _blame(
+            not_destructive="action", action_not_supported="action", invalid_scope="scope",
+            duration_too_long="duration_seconds", reason_required="reason",
+        ):  # fmt: skip
+            policy = confirmation.policy_create(
+                author=request.user,
+                agent=_by_name(Agent, "agent", name=data["agent"]),
+                tool=_by_name(Tool, "tool", name=data["tool"]),
+                task=_by_name(Task, "task", key=task) if task is not None else None,
+                action=data["action"],
+                scope=data["scope"],
+                verdict=data["verdict"],
+                reason=data["reason"],
+                duration=timedelta(seconds=data["duration_seconds"]),
+                actor=actor_for(request),
+                at=timezone.now(),
+            )
+        return Response(
+            s.ConfirmationPolicyOut(_policies().get(pk=policy.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class ConfirmationPolicyRevokeView(APIView):
+    permission_classes = [ApproverOrAuditorReadOnly]
+
+    @extend_schema(
+        operation_id="confirmation_policy_revoke",
+        request=s.RequiredReasonIn,
+        responses={200: s.ConfirmationPolicyOut, **CONFLICT, **ERRORS},
+        description="End the policy now: the calls it covered ask a person again.",
+    )
+    def post(self, request: Request, policy_id: int) -> Response:
+        data = _parse(s.RequiredReasonIn, request.data)
+        policy = _get(_policies(), "confirmation policy", pk=policy_id)
+        with _blame(reason_required="reason"):
+            confirmation.policy_revoke(
+                policy_id=policy.pk,
+                by=request.user,
+                reason=data["reason"],
+                actor=actor_for(request),
+                at=timezone.now(),
+            )
+        return Response(s.ConfirmationPolicyOut(_policies().get(pk=policy.pk)).data)

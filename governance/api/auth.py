@@ -181,6 +181,17 @@ class AdminOrAuditorReadOnly(BasePermission):
         return roles.is_admin(request.user)
 
 
+class ApproverOrAuditorReadOnly(BasePermission):
+    """Approvers (admins included) write; auditors read."""
+
+    message = "This needs the approver role (auditors may only read)."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return roles.is_auditor(request.user) or roles.is_approver(request.user)
+        return roles.is_approver(request.user)
+
+
 def agent_of(request: Request) -> Agent | None:
     user = request.user
     return user.agent if isinstance(user, AgentPrincipal) else None

@@ -424,6 +424,8 @@ class ApprovalOut(serializers.Serializer):
     # hashes among the arguments, masked; {"script": {"sha256", "bytes", "text" or
     # "not_shown"}, "input": ...}.
     attachments = serializers.DictField()
+    # The confirmation policy that decided it, when no person did.
+    policy = serializers.IntegerField(source="policy_id", allow_null=True)
     status = serializers.CharField()
     requested_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
@@ -849,3 +851,40 @@ class ReviewItemOut(serializers.Serializer):
     decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)
     decided_at = serializers.DateTimeField(allow_null=True)
     comment = serializers.CharField()
+
+
+# --- Confirmation policies -------------------------------------------------------------
+
+
+class ConfirmationPolicyIn(StrictSerializer):
+    agent = exact_char(max_length=100)
+    tool = exact_char(max_length=100)
+    action = serializers.ChoiceField(choices=ActionClass.choices)
+    scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
+    task = exact_char(max_length=100, required=False, allow_null=True)
+    verdict = serializers.ChoiceField(choices=["approve", "deny"])
+    reason = _free_text(max_length=2000)
+    # At most GRANT_MAX_TTL, which the service enforces (duration_too_long); declared here.
+    duration_seconds = StrictIntegerField(
+        min_value=1,
+        max_value=10 * 365 * 24 * 3600,
+        declared={"maximum": int(settings.GRANT_MAX_TTL.total_seconds())},
+    )
+
+
+class ConfirmationPolicyOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    agent = serializers.CharField(source="agent.name")
+    tool = serializers.CharField(source="tool.name")
+    action = serializers.CharField()
+    scope = serializers.CharField()
+    task = serializers.CharField(source="task.key", allow_null=True, default=None)
+    verdict = serializers.CharField()
+    reason = serializers.CharField()
+    created_by = serializers.CharField(source="created_by.username")
+    created_at = serializers.DateTimeField()
+    starts_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField(allow_null=True)
+    revoked_by = serializers.CharField(source="revoked_by.username", allow_null=True, default=None)
+    revoke_reason = serializers.CharField()

@@ -58,6 +58,16 @@ urlpatterns = [
     path("grants/<int:grant_id>", admin.GrantDetailView.as_view(), name="grant"),
     path("grants/<int:grant_id>/revoke", admin.GrantRevokeView.as_view(), name="grant-revoke"),
     path("reports/access", admin.AccessReportView.as_view(), name="report-access"),
+    path(
+        "confirmation-policies",
+        admin.ConfirmationPolicyListView.as_view(),
+        name="confirmation-policies",
+    ),
+    path(
+        "confirmation-policies/<int:policy_id>/revoke",
+        admin.ConfirmationPolicyRevokeView.as_view(),
+        name="confirmation-policy-revoke",
+    ),
     # Break-glass and reviews (issue #5).
     path("breakglass", lifecycle.BreakGlassOpenView.as_view(), name="breakglass-open"),
     path(

@@ -1,7 +1,7 @@
 """Models split by aggregate; import them from here."""
 
 from governance.models.agents import Agent, AgentToken
-from governance.models.approvals import Approval
+from governance.models.approvals import Approval, ConfirmationPolicy
 from governance.models.audit import AuditEvent
 from governance.models.breakglass import BreakGlass
 from governance.models.grants import Grant, UsageFold
@@ -22,6 +22,7 @@ __all__ = [
     "Agent",
     "AgentToken",
     "Approval",
+    "ConfirmationPolicy",
     "AuditEvent",
     "DecisionOutcome",
     "Grant",

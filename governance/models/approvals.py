@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -10,6 +11,68 @@ from governance.models.agents import Agent
 from governance.models.grants import Grant
 from governance.models.tasks import Task
 from governance.models.tools import Tool
+
+
+class ConfirmationPolicy(models.Model):
+    """The confirmation gate answered by a rule instead of a person, for one agent's
+    destructive calls on one tool and action inside a scope pattern (optionally only
+    under one task), for a bounded window.
+
+    `approve`: each matching call is allowed once, recorded as an approval consumed
+    at once and naming this policy. `deny`: each matching call is denied
+    (`approval_denied`), and deny wins over approve. Written by a person with the
+    approver role who has no stake in the agent; never deleted, ends by expiry or
+    revocation. Only governance.policy.authorize() reads it for a decision.
+    """
+
+    class Verdict(models.TextChoices):
+        APPROVE = "approve"
+        DENY = "deny"
+
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="+")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="+")
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    action = models.CharField(max_length=10)
+    scope = models.CharField(max_length=500, help_text="Resource pattern, e.g. repo:acme/tmp/*")
+    verdict = models.CharField(max_length=10, choices=Verdict.choices)
+    reason = models.TextField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    starts_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    revoke_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["agent", "tool", "action"], name="confirm_policy_call")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=F("starts_at")), name="confirm_policy_window"
+            ),
+            models.CheckConstraint(
+                condition=Q(verdict__in=["approve", "deny"]), name="confirm_policy_verdict"
+            ),
+            models.CheckConstraint(
+                condition=Q(revoked_at__isnull=True) | Q(revoked_by__isnull=False),
+                name="confirm_policy_revoked_by",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"confirmation policy #{self.pk} ({self.verdict})"
+
+    def live_at(self, at: Any) -> bool:
+        """Bookkeeping for lists; decisions ask authorize()."""
+        ended = self.revoked_at is not None and self.revoked_at <= at
+        return self.starts_at <= at < self.expires_at and not ended
 
 
 class Approval(models.Model):
@@ -43,6 +106,10 @@ class Approval(models.Model):
     # (so it is exactly what would run) and masked as arguments are. Not hashed itself.
     attachments = models.JSONField(
         default=dict, blank=True, help_text="Masked script and input of a sandbox run"
+    )
+    # Set when a confirmation policy, not a person, answered the gate for this call.
+    policy = models.ForeignKey(
+        ConfirmationPolicy, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     requested_at = models.DateTimeField()

@@ -69,6 +69,88 @@ WHERE id = %s AND status = 'approved' AND expires_at > %s
 """
 
 
+def _same_call(decision: Decision, *, action: str, scope: str) -> Any:
+    """Approvals asked for exactly this call (agent, tool, grant, action, scope, task
+    and arguments)."""
+    return Approval.objects.filter(
+        agent_id=decision.agent_id,
+        tool_id=decision.tool_id,
+        grant_id=decision.grant_id,
+        action=action,
+        scope=scope,
+        arguments_hash=decision.arguments_hash,
+        task_id=decision.task_id,
+    )
+
+
+def _denied_lately(same_call: Any, at: datetime) -> Approval | None:
+    """The request for this exact call a person denied within APPROVAL_TTL, if any."""
+    return (
+        same_call.filter(status=Approval.Status.DENIED, decided_at__gt=at - settings.APPROVAL_TTL)
+        .order_by("-decided_at")
+        .first()
+    )
+
+
+def _policy_approval(
+    decision: Decision,
+    *,
+    action: str,
+    scope: str,
+    at: datetime,
+    preview: str,
+    attachments: Mapping[str, Any] | None,
+) -> Approval:
+    """The record of a call a confirmation policy approved: an approval decided by the
+    policy and used by this call at once. A person's denial of this exact call within
+    APPROVAL_TTL comes first (that denied request is returned instead)."""
+    denied = _denied_lately(_same_call(decision, action=action, scope=scope), at)
+    if denied is not None:
+        return denied
+    return _new_approval(
+        decision,
+        action=action,
+        scope=scope,
+        at=at,
+        preview=preview,
+        attachments=attachments,
+        policy_id=decision.policy_id,
+        status=Approval.Status.CONSUMED,
+        decided_at=at,
+        decision_reason=f"confirmation policy #{decision.policy_id}",
+        consumed_at=at,
+    )
+
+
+def _new_approval(
+    decision: Decision,
+    *,
+    action: str,
+    scope: str,
+    at: datetime,
+    preview: str,
+    attachments: Mapping[str, Any] | None,
+    **state: Any,
+) -> Approval:
+    """An approval for exactly this call, asked at `at` (pending unless `state` says)."""
+    return Approval.objects.create(
+        agent_id=decision.agent_id,
+        tool_id=decision.tool_id,
+        grant_id=decision.grant_id,
+        task_id=decision.task_id,
+        action=action,
+        scope=scope,
+        arguments_hash=decision.arguments_hash,
+        # The masked arguments, so the approver sees exactly what would run
+        # (secrets and PII already masked, as in the audit event).
+        arguments_preview=json.loads(preview),
+        attachments=dict(attachments or {}),
+        requested_at=at,
+        expires_at=at + settings.APPROVAL_TTL,
+        **state,
+    )
+
+
 def _pending_approval(
     decision: Decision,
     *,
@@ -92,15 +174,7 @@ def _pending_approval(
         decision.arguments_hash,
         decision.task_id,
     )
-    same_call = Approval.objects.filter(
-        agent_id=decision.agent_id,
-        tool_id=decision.tool_id,
-        grant_id=decision.grant_id,
-        action=action,
-        scope=scope,
-        arguments_hash=decision.arguments_hash,
-        task_id=decision.task_id,
-    )
+    same_call = _same_call(decision, action=action, scope=scope)
     existing = (
         same_call.filter(status=Approval.Status.PENDING, expires_at__gt=at)
         .order_by("-requested_at")
@@ -113,27 +187,11 @@ def _pending_approval(
             existing.attachments = dict(attachments)
             existing.save(update_fields=["attachments"])
         return existing
-    denied = (
-        same_call.filter(status=Approval.Status.DENIED, decided_at__gt=at - settings.APPROVAL_TTL)
-        .order_by("-decided_at")
-        .first()
-    )
+    denied = _denied_lately(same_call, at)
     if denied is not None:
         return denied
-    created = Approval.objects.create(
-        agent_id=decision.agent_id,
-        tool_id=decision.tool_id,
-        grant_id=decision.grant_id,
-        task_id=decision.task_id,
-        action=action,
-        scope=scope,
-        arguments_hash=decision.arguments_hash,
-        # The masked arguments, so the approver sees exactly what would run
-        # (secrets and PII already masked, as in the audit event).
-        arguments_preview=json.loads(preview),
-        attachments=dict(attachments or {}),
-        requested_at=at,
-        expires_at=at + settings.APPROVAL_TTL,
+    created = _new_approval(
+        decision, action=action, scope=scope, at=at, preview=preview, attachments=attachments
     )
     # Only for a new request (not a reused one); sent after the commit.
     notifications.approval_needed(approval=created, at=at)
@@ -149,10 +207,18 @@ def _gate(
     preview: str,
     attachments: Mapping[str, Any] | None,
 ) -> Decision:
-    """The confirmation gate's writes: consume the named approval (once, atomically)
-    or open a pending one for this exact call, unless a person denied this exact
-    call within APPROVAL_TTL (deny `approval_denied`, naming that approval). Inside
-    the decision's transaction; only destructive calls get here."""
+    """The confirmation gate's writes: record the approval of a confirmation policy
+    that let the call through, consume the named approval (once, atomically) or open
+    a pending one for this exact call, unless a person denied this exact call within
+    APPROVAL_TTL (deny `approval_denied`, naming that approval). Inside the decision's
+    transaction; only destructive calls get here."""
+    if decision.allowed and decision.policy_id:
+        approval = _policy_approval(
+            decision, action=action, scope=scope, at=at, preview=preview, attachments=attachments
+        )
+        if approval.status == Approval.Status.DENIED:
+            return _denied(decision, approval)
+        return replace(decision, approval_id=str(approval.pk))
     if decision.allowed and decision.approval_id:
         consumed = db.change(_CONSUME, [at, db.param_uuid(decision.approval_id), at])
         if consumed != 1:
@@ -167,16 +233,22 @@ def _gate(
         decision, action=action, scope=scope, at=at, preview=preview, attachments=attachments
     )
     if pending.status == Approval.Status.DENIED:
-        assert pending.decided_at is not None
-        again = (pending.decided_at + settings.APPROVAL_TTL).isoformat()
-        return replace(
-            decision,
-            decision=Verdict.DENY,
-            reason=Reason.APPROVAL_DENIED,
-            approval_id=str(pending.id),
-            message=f"A person denied this exact call; it is not asked again before {again}.",
-        )
+        return _denied(decision, pending)
     return replace(decision, approval_id=str(pending.id))
+
+
+def _denied(decision: Decision, denied: Approval) -> Decision:
+    """Deny `approval_denied`: a person denied this exact call within APPROVAL_TTL."""
+    assert denied.decided_at is not None
+    again = (denied.decided_at + settings.APPROVAL_TTL).isoformat()
+    return replace(
+        decision,
+        decision=Verdict.DENY,
+        reason=Reason.APPROVAL_DENIED,
+        approval_id=str(denied.id),
+        policy_id=None,
+        message=f"A person denied this exact call; it is not asked again before {again}.",
+    )
 
 
 # A caller's own refusal of a call a grant covers, asked before the confirmation gate:
@@ -214,7 +286,7 @@ def _decide_and_record(
                     message=message,
                     approval_id=None,
                 )
-        gated = (decision.allowed and decision.approval_id) or (
+        gated = (decision.allowed and (decision.approval_id or decision.policy_id)) or (
             decision.decision == Verdict.APPROVAL_REQUIRED
         )
         with transaction.atomic() if alone and gated else nullcontext():
@@ -240,6 +312,8 @@ def _decide_and_record(
                 break_glass=decision.break_glass,
                 standalone=alone and not gated,
                 seen_seq=decision.seen_seq,
+                # Which confirmation policy answered the gate, when one did.
+                data={"confirmation_policy": decision.policy_id} if decision.policy_id else None,
                 **subject,
             )
     return decision, written

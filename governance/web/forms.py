@@ -192,6 +192,18 @@ class BreakGlassOpenForm(StrictForm):
     ttl_minutes = forms.IntegerField(min_value=1, max_value=100_000)
 
 
+class ConfirmationPolicyForm(StrictForm):
+    agent = forms.CharField(max_length=100)
+    tool = forms.CharField(max_length=100)
+    action = forms.ChoiceField(choices=ACTION_CHOICES)
+    scope = forms.CharField(max_length=500)
+    task = forms.CharField(max_length=100, required=False)
+    verdict = forms.ChoiceField(choices=[("approve", "approve"), ("deny", "deny")])
+    reason = forms.CharField(max_length=2000, strip=True)
+    # Any whole number of hours parses; the service refuses more than GRANT_MAX_TTL.
+    hours = forms.IntegerField(min_value=1, max_value=100_000)
+
+
 class CommentForm(StrictForm):
     comment = forms.CharField(max_length=2000, strip=True)
 

@@ -11,7 +11,7 @@ from django.db.models.functions import TruncDate
 
 from governance import audit, selectors
 from governance.codes import ActionClass
-from governance.models import Agent, Approval, AuditEvent, Grant, Tool
+from governance.models import Agent, Approval, AuditEvent, ConfirmationPolicy, Grant, Tool
 from governance.services.outcomes import DECISION_EVENTS
 
 ACTIONS = list(ActionClass.values)
@@ -238,3 +238,14 @@ def chain_full_walk(*, actor: audit.Actor, at: datetime) -> audit.Verdict:
 
 def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:
     return Counter(dict(qs.values_list("event_type").annotate(n=Count("seq"))))
+
+
+def live_confirmation_policies(at: datetime) -> QuerySet[ConfirmationPolicy]:
+    """Policies answering the confirmation gate now (for people to see; decisions ask
+    authorize())."""
+    return (
+        ConfirmationPolicy.objects.filter(starts_at__lte=at, expires_at__gt=at)
+        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
+        .select_related("agent", "tool", "task", "created_by")
+        .order_by("expires_at", "id")[:200]
+    )

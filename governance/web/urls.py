@@ -22,6 +22,8 @@ urlpatterns = [
         name="approval-approve",
     ),
     path("inbox/approvals/<str:approval_id>/deny", views.approval_deny, name="approval-deny"),
+    path("inbox/approvals/policies/new", views.policy_create, name="policy-create"),
+    path("inbox/approvals/policies/<int:pk>/revoke", views.policy_revoke, name="policy-revoke"),
     path("agents/", views.agent_list, name="agents"),
     path("agents/<str:name>/", views.agent_detail, name="agent"),
     path("agents/<str:name>/suspend", views.agent_suspend, name="agent-suspend"),

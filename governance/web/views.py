@@ -9,7 +9,7 @@ report endpoint does). POST is CSRF-checked by Django's middleware.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -23,10 +23,19 @@ from django.views.decorators.http import require_GET, require_POST
 
 from governance import policy, ratelimit, selectors
 from governance.errors import GovernanceError
-from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task, Tool
+from governance.models import (
+    Agent,
+    AgentToken,
+    Approval,
+    AuditEvent,
+    ConfirmationPolicy,
+    Grant,
+    Task,
+    Tool,
+)
 from governance.services import agents as agent_services
 from governance.services import approvals as approval_services
-from governance.services import exports, reports
+from governance.services import confirmation, exports, reports
 from governance.services import grants as grant_services
 from governance.services import tasks as task_services
 from governance.services import tools as tool_services
@@ -286,7 +295,12 @@ def inbox_approvals(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "ui/inbox_approvals.html",
-        {"approvals": queries.pending_approvals_for(request.user, now)[:200], "now": now},
+        {
+            "approvals": queries.pending_approvals_for(request.user, now)[:200],
+            "policies": queries.live_confirmation_policies(now),
+            "actions": forms.ACTION_CHOICES,
+            "now": now,
+        },
     )
 
 
@@ -322,6 +336,54 @@ def approval_approve(request: HttpRequest, approval_id: str) -> HttpResponse:
 @require_POST
 def approval_deny(request: HttpRequest, approval_id: str) -> HttpResponse:
     return _decide_approval(request, approval_id, approve=False)
+
+
+@require("decide")
+@require_POST
+def policy_create(request: HttpRequest) -> HttpResponse:
+    form = forms.ConfirmationPolicyForm(request.POST)
+    if not form.is_valid():
+        return common.invalid(request, form)
+    data = form.cleaned_data
+    try:
+        policy = confirmation.policy_create(
+            author=request.user,
+            agent=common.one(Agent.objects.all(), name=data["agent"]),
+            tool=common.one(Tool.objects.all(), name=data["tool"]),
+            task=common.one(Task.objects.all(), key=data["task"]) if data.get("task") else None,
+            action=data["action"],
+            scope=data["scope"],
+            verdict=data["verdict"],
+            reason=data["reason"],
+            duration=timedelta(hours=data["hours"]),
+            actor=common.actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return common.failed(request, exc)
+    messages.warning(request, f"Confirmation policy #{policy.pk} ({policy.verdict}) is live.")
+    return redirect("ui:inbox-approvals")
+
+
+@require("decide")
+@require_POST
+def policy_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    policy = common.one(ConfirmationPolicy.objects.all(), pk=pk)
+    form = forms.RequiredReasonForm(request.POST)
+    if not form.is_valid():
+        return common.invalid(request, form)
+    try:
+        confirmation.policy_revoke(
+            policy_id=policy.pk,
+            by=request.user,
+            reason=form.cleaned_data["reason"],
+            actor=common.actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return common.failed(request, exc)
+    messages.success(request, f"Revoked confirmation policy #{policy.pk}.")
+    return redirect("ui:inbox-approvals")
 
 
 # --- Agents and tokens -------------------------------------------------------------------

@@ -17,7 +17,7 @@ from django.utils import timezone
 from governance import audit
 from governance.audit import Actor
 from governance.models import Agent
-from governance.services import access, agents, grants, tasks, tools
+from governance.services import access, agents, confirmation, grants, tasks, tools
 
 ROLES = ("admins", "approvers", "auditors")
 
@@ -170,6 +170,31 @@ class Command(BaseCommand):
             requested_by=alice,
             actor=Actor.user(alice),
             at=now - timedelta(minutes=20),
+        )
+        # The gate answered by rule: deploy-bot's scratch branches go without a person,
+        # its main branch never goes.
+        for verdict, scope, reason in (
+            ("approve", "repo:acme/api/branches/scratch/*", "scratch branches are disposable"),
+            ("deny", "repo:acme/api/branches/main", "main is never deleted by an agent"),
+        ):
+            confirmation.policy_create(
+                author=bob,
+                agent=deploy,
+                tool=repo,  # type: ignore[arg-type]
+                action="delete",
+                scope=scope,
+                verdict=verdict,
+                reason=reason,
+                duration=timedelta(hours=8),
+                actor=Actor.user(bob),
+                at=now - timedelta(minutes=15),
+            )
+        access.access_check(
+            agent="deploy-bot",
+            tool="repo",
+            action="delete",
+            scope="repo:acme/api/branches/scratch/build-812",
+            at=now - timedelta(minutes=6),
         )
         for scope in ("tickets:queue/support/812", "tickets:queue/billing/77"):
             access.access_check(

@@ -1,0 +1,147 @@
+"""Confirmation policies: the confirmation gate answered by a rule, not a person.
+
+A policy covers one agent's destructive calls on one tool and action, inside a scope
+pattern, optionally only under one task, for a bounded window (at most GRANT_MAX_TTL).
+`approve` lets each matching call through once (recorded as an approval the policy
+decided and the call used at once); `deny` refuses each matching call, even one that
+names a person's approval. Only authorize() reads policies for a decision.
+
+Who may write one: a person with the approver role and no stake in the agent (the
+same rule as for approving its calls by hand: services.approvals.stakeholders). A
+policy whose author later comes to hold a stake (owns the agent, or holds a token
+for it) stops answering (policy._POLICY_QUERY). Revoking ends it at once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from governance import audit, roles
+from governance.codes import ActionClass, EventType
+from governance.errors import Conflict, Forbidden, GovernanceError, NotFound
+from governance.models import Agent, ConfirmationPolicy, Task, Tool
+from governance.policy import pattern_is_valid
+from governance.services.approvals import stakeholders
+from governance.services.grants import require_open_task
+
+
+def _event(
+    policy: ConfirmationPolicy, event_type: str, actor: audit.Actor, at: datetime, **data: Any
+) -> None:
+    audit.append(
+        event_type=event_type,
+        actor=actor,
+        at=at,
+        agent=policy.agent.name,
+        task=policy.task.key if policy.task else "",
+        tool=policy.tool.name,
+        action=policy.action,
+        scope=policy.scope,
+        data={
+            "policy": policy.pk,
+            "verdict": policy.verdict,
+            "starts_at": policy.starts_at.isoformat(),
+            "expires_at": policy.expires_at.isoformat(),
+            **data,
+        },
+    )
+
+
+def _require_approver(user: Any) -> None:
+    if roles.is_read_only(user):
+        raise Forbidden("auditor_read_only", "Auditors are read-only.")
+    if not roles.is_approver(user):
+        raise Forbidden("not_approver", "Confirmation policies are written by approvers.")
+
+
+def policy_create(
+    *,
+    author: Any,
+    agent: Agent,
+    tool: Tool,
+    action: str,
+    scope: str,
+    verdict: str,
+    reason: str,
+    duration: timedelta,
+    actor: audit.Actor,
+    at: datetime,
+    task: Task | None = None,
+) -> ConfirmationPolicy:
+    """A live policy from `at` for `duration`, with its event."""
+    _require_approver(author)
+    if verdict not in ConfirmationPolicy.Verdict.values:
+        raise GovernanceError("invalid_verdict", "The verdict is approve or deny.")
+    if action not in ActionClass.values:
+        raise GovernanceError("invalid_action", f"{action!r} is not an action class.")
+    if action not in (tool.actions or []):
+        raise GovernanceError("action_not_supported", f"The tool does not support {action!r}.")
+    if not (tool.irreversible or action == ActionClass.DELETE):
+        raise GovernanceError(
+            "not_destructive",
+            "Only destructive calls (delete, or any action on an irreversible tool) pass "
+            "the confirmation gate; this one needs no policy.",
+        )
+    if not pattern_is_valid(scope):
+        raise GovernanceError(
+            "invalid_scope", "The scope is not a valid pattern.", fields={"scope": "invalid"}
+        )
+    if not reason.strip():
+        raise GovernanceError("reason_required", "Say why calls like these need no person.")
+    if duration <= timedelta(0):
+        raise GovernanceError("invalid_duration", "The duration must be positive.")
+    if duration > settings.GRANT_MAX_TTL:
+        hours = int(settings.GRANT_MAX_TTL.total_seconds() // 3600)
+        raise GovernanceError(
+            "duration_too_long", f"A policy lives at most {hours} hours (GRANT_MAX_TTL_HOURS)."
+        )
+    # Nobody confirms their own agent's calls, by hand or by rule.
+    if author.pk in stakeholders(agent, None, at=at):
+        raise Forbidden("self_approval", "Nobody writes a policy for their own agent's calls.")
+    with transaction.atomic():
+        require_open_task(task.pk if task else None, at)
+        policy = ConfirmationPolicy.objects.create(
+            agent=agent,
+            tool=tool,
+            task=task,
+            action=action,
+            scope=scope,
+            verdict=verdict,
+            reason=reason,
+            created_by=author,
+            created_at=at,
+            starts_at=at,
+            expires_at=at + duration,
+        )
+        _event(policy, EventType.CONFIRMATION_POLICY_CREATED, actor, at, reason=reason)
+    return policy
+
+
+def policy_revoke(
+    *, policy_id: int, by: Any, reason: str, actor: audit.Actor, at: datetime
+) -> ConfirmationPolicy:
+    """End a live policy now; calls it covered ask a person again."""
+    _require_approver(by)
+    if not reason.strip():
+        raise GovernanceError("reason_required", "Say why the policy is revoked.")
+    with transaction.atomic():
+        policy = (
+            ConfirmationPolicy.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("agent", "tool", "task")
+            .filter(pk=policy_id)
+            .first()
+        )
+        if policy is None:
+            raise NotFound("not_found", "No such confirmation policy.")
+        if not policy.live_at(at):
+            raise Conflict("not_live", "The policy has already ended.")
+        policy.revoked_at = at
+        policy.revoked_by = by
+        policy.revoke_reason = reason
+        policy.save(update_fields=["revoked_at", "revoked_by", "revoke_reason"])
+        _event(policy, EventType.CONFIRMATION_POLICY_REVOKED, actor, at, reason=reason)
+    return policy

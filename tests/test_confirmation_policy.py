@@ -1,0 +1,364 @@
+"""The confirmation gate answered by a rule: a human or a policy confirms a destructive
+call (DESIGN: "a human (or a configured policy) approves or denies").
+
+Before, authorize()'s own message said "a human or policy must approve this exact
+call", and no policy could. Now an approver with no stake in the agent writes a
+confirmation policy for one agent's destructive calls on one tool and action inside a
+scope, for a bounded window: `approve` lets each matching call through once (an
+approval decided by the policy and used at once), `deny` refuses each, and a deny
+wins, over a person's approval too. Every decision here is checked with its event."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from django.utils import timezone
+
+from governance import roles
+from governance.audit import Actor
+from governance.errors import Conflict, Forbidden, GovernanceError
+from governance.models import Approval, AuditEvent, ConfirmationPolicy
+from governance.policy import authorize
+from governance.services import agents, approvals, confirmation
+from governance.services.access import access_check
+from tests import ui_world
+from tests.conftest import MS, NOW
+
+pytestmark = pytest.mark.django_db
+
+WRITTEN = NOW - timedelta(minutes=10)  # the policy's start; it lives one hour
+ENDS = WRITTEN + timedelta(hours=1)
+
+
+def approver(user: User) -> User:
+    user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    return User.objects.get(pk=user.pk)  # roles are cached on the instance
+
+
+@pytest.fixture
+def world(make_agent, make_tool, make_task, make_grant, alice, bob) -> Any:
+    """cleaner (alice's agent) holds read + delete on repo:acme/*, live around NOW and
+    ENDS; bob is an approver with no stake in it."""
+    agent = make_agent("cleaner")
+    tool = make_tool("repo")
+    task = make_task("OPS-1")
+    grant = make_grant(
+        agent,
+        tool,
+        actions=("read", "delete"),
+        scope="repo:acme/*",
+        starts_at=NOW - timedelta(hours=1),
+        duration=timedelta(hours=3),
+    )
+    return SimpleNamespace(agent=agent, tool=tool, task=task, grant=grant, bob=approver(bob))
+
+
+def write(world: Any, verdict: str = "approve", **kw: Any) -> ConfirmationPolicy:
+    kw.setdefault("author", world.bob)
+    kw.setdefault("scope", "repo:acme/tmp/*")
+    return confirmation.policy_create(
+        agent=kw.pop("agent", world.agent),
+        tool=world.tool,
+        action=kw.pop("action", "delete"),
+        verdict=verdict,
+        reason=kw.pop("reason", "scratch space is disposable"),
+        duration=kw.pop("duration", timedelta(hours=1)),
+        actor=Actor.user(kw["author"]),
+        at=kw.pop("at", WRITTEN),
+        **kw,
+    )
+
+
+def ask(at: datetime = NOW, scope: str = "repo:acme/tmp/build-1", **kw: Any) -> Any:
+    kw.setdefault("action", "delete")
+    return access_check(agent="cleaner", tool="repo", scope=scope, at=at, **kw)
+
+
+def event_of(decision: Any) -> AuditEvent:
+    return AuditEvent.objects.get(uid=decision.decision_id)
+
+
+@pytest.mark.parametrize(
+    ("at", "scope", "action", "answer"),
+    [
+        (WRITTEN - MS, "repo:acme/tmp/build-1", "delete", "approval_required"),
+        (WRITTEN, "repo:acme/tmp/build-1", "delete", "policy"),
+        (ENDS - MS, "repo:acme/tmp/build-1", "delete", "policy"),
+        (ENDS, "repo:acme/tmp/build-1", "delete", "approval_required"),
+        (NOW, "repo:acme/tmp", "delete", "approval_required"),  # the pattern needs a segment
+        (NOW, "repo:acme/tmp2/x", "delete", "approval_required"),
+        (NOW, "repo:acme/src/main.py", "delete", "approval_required"),
+        (NOW, "repo:acme/tmp/build-1", "read", "grant"),  # not destructive: no gate at all
+    ],
+    ids=["before", "from", "until", "after", "parent", "sibling", "outside", "read"],
+)
+def test_an_approve_policy_lets_each_matching_call_through_once(world, at, scope, action, answer):
+    policy = write(world)
+    decision = ask(at=at, scope=scope, action=action)
+    event = event_of(decision)
+    if answer == "approval_required":
+        assert (decision.decision, decision.reason) == ("approval_required", "approval_required")
+        assert event.event_type == "access.approval_required"
+        assert decision.policy_id is None and json.loads(event.data) == {}
+        assert Approval.objects.get(pk=decision.approval_id).status == "pending"
+        return
+    assert (decision.decision, decision.reason) == ("allow", "allowed")
+    assert event.event_type == "access.allowed"
+    if answer == "grant":
+        assert decision.approval_id is None and not Approval.objects.exists()
+        return
+    # Recorded as an approval the policy decided, used by this call at once.
+    approval = Approval.objects.get(pk=decision.approval_id)
+    assert (approval.status, approval.policy_id, approval.decided_by) == (
+        "consumed",
+        policy.pk,
+        None,
+    )
+    assert approval.consumed_at == at and approval.arguments_hash == event.arguments_hash
+    assert (event.approval_id, json.loads(event.data)) == (
+        str(approval.pk),
+        {"confirmation_policy": policy.pk},
+    )
+    # Once: the next call is its own call, with its own record.
+    again = ask(at=at, scope=scope)
+    assert again.allowed and again.approval_id != decision.approval_id
+
+
+def test_a_deny_policy_wins_over_an_approve_policy_and_over_a_persons_approval(world, carol):
+    pending = ask()
+    approvals.approval_approve(
+        approval_id=pending.approval_id, approver=world.bob, actor=Actor.user(world.bob), at=NOW
+    )
+    write(world, "approve")
+    deny = write(world, "deny", author=approver(carol), reason="no deletes during the freeze")
+    for decision in (ask(), ask(approval=pending.approval_id)):
+        assert (decision.decision, decision.reason) == ("deny", "approval_denied")
+        assert f"policy #{deny.pk}" in decision.message
+        event = event_of(decision)
+        assert event.event_type == "access.denied"
+        assert json.loads(event.data) == {"confirmation_policy": deny.pk}
+    # The person's approval was not used up by the refused call.
+    assert Approval.objects.get(pk=pending.approval_id).status == "approved"
+
+
+def test_a_persons_recent_denial_of_the_exact_call_beats_an_approve_policy(world, carol):
+    pending = ask()
+    approvals.approval_deny(
+        approval_id=pending.approval_id,
+        approver=world.bob,
+        reason="not this one",
+        actor=Actor.user(world.bob),
+        at=NOW,
+    )
+    write(world, "approve", author=approver(carol))
+    decision = ask(at=NOW + MS)
+    assert (decision.decision, decision.reason) == ("deny", "approval_denied")
+    assert decision.approval_id == pending.approval_id
+    event = event_of(decision)
+    assert (event.event_type, event.approval_id) == ("access.denied", pending.approval_id)
+    assert Approval.objects.filter(policy__isnull=False).count() == 0
+    # Other calls the policy covers still go through.
+    assert ask(at=NOW + MS, scope="repo:acme/tmp/other").allowed
+
+
+def test_revoking_ends_a_policy_at_once(world, agent_client):
+    policy = write(world)
+    allowed = ask()
+    assert allowed.allowed and event_of(allowed).event_type == "access.allowed"
+    # The agent reads which policy decided its approval.
+    polled = agent_client(world.agent).get(f"/api/v1/approvals/{allowed.approval_id}").json()
+    assert (polled["status"], polled["policy"], polled["decided_by"]) == (
+        "consumed",
+        policy.pk,
+        None,
+    )
+    confirmation.policy_revoke(
+        policy_id=policy.pk, by=world.bob, reason="done", actor=Actor.user(world.bob), at=NOW
+    )
+    revoked = AuditEvent.objects.order_by("-seq").first()
+    assert revoked.event_type == "confirmation_policy.revoked"
+    assert json.loads(revoked.data)["policy"] == policy.pk
+    decision = ask()
+    assert decision.decision == "approval_required"
+    assert event_of(decision).event_type == "access.approval_required"
+    with pytest.raises(Conflict) as exc:
+        confirmation.policy_revoke(
+            policy_id=policy.pk, by=world.bob, reason="x", actor=Actor.user(world.bob), at=NOW
+        )
+    assert exc.value.code == "not_live"
+
+
+def test_a_task_bound_policy_answers_only_under_its_task(world):
+    write(world, task=world.task)
+    outside = ask()
+    assert outside.decision == "approval_required"
+    assert event_of(outside).event_type == "access.approval_required"
+    inside = ask(task="OPS-1")
+    assert inside.allowed and event_of(inside).event_type == "access.allowed"
+
+
+def test_nobody_writes_a_policy_for_their_own_agents_calls(world, alice, carol):
+    # The owner, even as an approver; a person without the approver role; an auditor.
+    with pytest.raises(Forbidden) as exc:
+        write(world, author=approver(alice))
+    assert exc.value.code == "self_approval"
+    with pytest.raises(Forbidden) as exc:
+        write(world, author=carol)
+    assert exc.value.code == "not_approver"
+    assert not ConfirmationPolicy.objects.exists()
+    assert not AuditEvent.objects.filter(event_type__startswith="confirmation_policy").exists()
+
+
+def test_a_policy_whose_author_comes_to_act_as_the_agent_stops_answering(world):
+    policy = write(world)
+    assert ask().allowed
+    # bob issues himself a token for cleaner: he could now make the calls his own
+    # policy approves. From then on it answers nothing, even once the token is revoked.
+    token, _ = agents.token_issue(
+        created_by=world.bob, agent=world.agent, actor=Actor.user(world.bob), at=NOW
+    )
+    agents.token_revoke(token=token, actor=Actor.user(world.bob), at=NOW)
+    decision = ask(at=NOW + MS)
+    assert decision.decision == "approval_required" and decision.policy_id is None
+    assert event_of(decision).event_type == "access.approval_required"
+    assert ConfirmationPolicy.objects.get(pk=policy.pk).live_at(NOW + MS)  # still on record
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"action": "read"}, "not_destructive"),
+        ({"scope": "repo:acme/../x"}, "invalid_scope"),
+        ({"reason": "  "}, "reason_required"),
+        ({"duration": timedelta(days=365)}, "duration_too_long"),
+        ({"duration": timedelta(0)}, "invalid_duration"),
+    ],
+)
+def test_a_bad_policy_is_refused_with_its_code_and_nothing_is_written(world, change, code):
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as exc:
+        write(world, **change)
+    assert exc.value.code == code
+    assert not ConfirmationPolicy.objects.exists() and AuditEvent.objects.count() == before
+
+
+def test_what_if_reads_the_policy_and_writes_nothing(world):
+    policy = write(world)
+    before = AuditEvent.objects.count()
+    decision = authorize(
+        agent="cleaner", tool="repo", action="delete", scope="repo:acme/tmp/x", at=NOW
+    )
+    assert (decision.decision, decision.policy_id) == ("allow", policy.pk)
+    assert not Approval.objects.exists() and AuditEvent.objects.count() == before
+
+
+def test_the_api_writes_lists_and_revokes_policies(world, human_client, carol, agent_client):
+    bob = human_client(world.bob)
+    body = {
+        "agent": "cleaner",
+        "tool": "repo",
+        "action": "delete",
+        "scope": "repo:acme/tmp/*",
+        "verdict": "approve",
+        "reason": "scratch space",
+        "duration_seconds": 3600,
+    }
+    made = bob.post("/api/v1/confirmation-policies", body, format="json")
+    assert made.status_code == 201, made.content
+    policy = ConfirmationPolicy.objects.get(pk=made.json()["id"])
+    assert (policy.created_by, policy.verdict, made.json()["created_by"]) == (
+        world.bob,
+        "approve",
+        "bob",
+    )
+    created = AuditEvent.objects.get(event_type="confirmation_policy.created")
+    assert (created.agent, created.tool, created.scope) == ("cleaner", "repo", "repo:acme/tmp/*")
+    assert created.actor == "user:bob"
+
+    # Bad input: a clear 400 naming the field; nothing written.
+    for change, code, field in [
+        ({"agent": "nobody"}, "unknown_agent", "agent"),
+        ({"action": "read"}, "not_destructive", "action"),
+        ({"duration_seconds": 10**8}, "duration_too_long", "duration_seconds"),
+        ({"verdict": "maybe"}, "invalid_request", "verdict"),
+    ]:
+        refused = bob.post("/api/v1/confirmation-policies", {**body, **change}, format="json")
+        assert refused.status_code == 400, refused.content
+        error = refused.json()["error"]
+        assert error["code"] == code and field in error["fields"], error
+    assert ConfirmationPolicy.objects.count() == 1
+
+    auditor = human_client(carol, roles.AUDITORS)
+    listed = auditor.get("/api/v1/confirmation-policies")
+    assert listed.status_code == 200 and [p["id"] for p in listed.json()] == [policy.pk]
+    assert auditor.post("/api/v1/confirmation-policies", body, format="json").status_code == 403
+    assert agent_client(world.agent).get("/api/v1/confirmation-policies").status_code == 403
+
+    url = f"/api/v1/confirmation-policies/{policy.pk}/revoke"
+    revoked = bob.post(url, {"reason": "done"}, format="json")
+    assert revoked.status_code == 200 and revoked.json()["revoked_by"] == "bob"
+    assert AuditEvent.objects.filter(event_type="confirmation_policy.revoked").count() == 1
+    again = bob.post(url, {"reason": "done"}, format="json")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_live"
+    missing = bob.post(
+        "/api/v1/confirmation-policies/999999/revoke", {"reason": "x"}, format="json"
+    )
+    assert missing.status_code == 404
+
+
+def test_the_approvals_inbox_lists_the_live_policies(world):
+    # The page asks the real clock.
+    live = write(world, at=timezone.now() - timedelta(minutes=1))
+    ended = write(world, "deny", at=timezone.now() - timedelta(hours=3))
+    client = Client()
+    client.force_login(world.bob)
+    html = client.get("/ui/inbox/approvals/").content.decode()
+    assert f'id="policy-{live.pk}"' in html and "repo:acme/tmp/*" in html
+    assert f'id="policy-{ended.pk}"' not in html
+
+
+def test_an_approver_writes_and_revokes_a_policy_in_the_ui_and_an_owner_cannot() -> None:
+    world = ui_world.build()  # bot-a, alice's agent, may delete under repo:acme/*
+    form = {"agent": "bot-a", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/*",
+            "verdict": "approve", "reason": "scratch", "hours": "2"}  # fmt: skip
+    bob = ui_world.signed_in("approver")
+    page = bob.get("/ui/inbox/approvals/").content.decode()
+    assert 'action="/ui/inbox/approvals/policies/new"' in page  # the form is on the page
+    assert ui_world.post(bob, "/ui/inbox/approvals/policies/new", form).status_code == 302
+    policy = ConfirmationPolicy.objects.get()
+    assert (policy.created_by.username, policy.expires_at - policy.starts_at) == (
+        "bob",
+        timedelta(hours=2),
+    )
+    assert AuditEvent.objects.filter(event_type="confirmation_policy.created").count() == 1
+    # The agent's delete there now goes through without a person, on record.
+    decision = access_check(
+        agent="bot-a", tool="repo", action="delete", scope="repo:acme/tmp/x", at=timezone.now()
+    )
+    assert decision.allowed and decision.policy_id == policy.pk
+    assert event_of(decision).event_type == "access.allowed"
+
+    # alice owns bot-a: even as an approver she gets 403 self_approval, nothing written.
+    alice = approver(world.alice)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    client.get("/ui/")
+    refused = ui_world.post(client, "/ui/inbox/approvals/policies/new", form)
+    assert refused.status_code == 403 and "self_approval" in refused.content.decode()
+    assert ConfirmationPolicy.objects.count() == 1
+
+    revoke = f"/ui/inbox/approvals/policies/{policy.pk}/revoke"
+    assert ui_world.post(bob, revoke, {"reason": "done"}).status_code == 302
+    policy.refresh_from_db()
+    assert policy.revoked_by.username == "bob" and policy.revoke_reason == "done"
+    after = access_check(
+        agent="bot-a", tool="repo", action="delete", scope="repo:acme/tmp/x", at=timezone.now()
+    )
+    assert after.decision == "approval_required"
+    assert event_of(after).event_type == "access.approval_required"
