@@ -192,15 +192,17 @@ def _key_value(match: re.Match[str]) -> str:
     return f"{match.group('key')}{match.group('sep')}{quote}[secret]{quote}"
 
 
-def _mask_string(value: str) -> str:
+def _mask_string(value: str, heuristics: bool = True) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = BASIC.sub(_basic, value)
     value = URL_PASSWORD.sub(r"\1[secret]@", value)
     value = KEY_VALUE.sub(_key_value, value)
     value = EMAIL.sub("[email]", value)
     value = CARD.sub(_card, value)
-    value = PHONE.sub("[phone]", value)
     value = SSN.sub("[ssn]", value)
+    if not heuristics:
+        return value
+    value = PHONE.sub("[phone]", value)
 
     def entropy(match: re.Match[str]) -> str:
         text = match.group(0)
@@ -211,6 +213,22 @@ def _mask_string(value: str) -> str:
         return "[secret]" if has_digit and has_alpha else text
 
     return HIGH_ENTROPY.sub(entropy, value)
+
+
+def mask_review_text(text: str) -> tuple[str, list[int]]:
+    """Code or data a person reads to approve it (a sandbox run's script), masked line
+    by line: no pattern reaches past its own line (a lone `-----BEGIN PRIVATE KEY-----`
+    or an unclosed `password="` in a comment cannot hide the lines after it), and only
+    explicit credential forms are masked, not the length and phone-number heuristics,
+    which would hide the paths and numbers the reader must see. Returns the text and
+    the 1-based numbers of the lines masking changed, so the reader is told where."""
+    lines, changed = [], []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        masked = _mask_string(line, heuristics=False)
+        if masked != line:
+            changed.append(number)
+        lines.append(masked)
+    return "".join(lines), changed
 
 
 def mask(value: Any, depth: int = 0) -> Any:

@@ -235,35 +235,91 @@ FROM governance_approval WHERE id = %s AND agent_id = %s
 
 # The live confirmation policies for this agent, tool and action (and the call's task,
 # for a task-bound policy); their scope patterns are matched in Python, as grants' are.
-# A policy whose author could act as the agent (its owner now, or the creator of a
-# token of the agent that was live at any moment since the policy was written) answers
-# nothing: nobody confirms their own agent's calls, by hand or by rule.
 _POLICY_QUERY = """
-SELECT p.id, p.verdict, p.scope
+SELECT p.id, p.verdict, p.scope, p.created_by_id, p.created_at
 FROM governance_confirmationpolicy p
-JOIN governance_agent a ON a.id = p.agent_id
 WHERE p.agent_id = %s AND p.tool_id = %s AND p.action = %s
   AND (p.task_id IS NULL OR p.task_id = %s)
   AND p.starts_at <= %s AND p.expires_at > %s
   AND (p.revoked_at IS NULL OR p.revoked_at > %s)
-  AND a.owner_id <> p.created_by_id
-  AND NOT EXISTS (
-      SELECT 1 FROM governance_agenttoken t
-      WHERE t.agent_id = p.agent_id AND t.created_by_id = p.created_by_id
-        AND t.expires_at > p.created_at
-        AND (t.revoked_at IS NULL OR t.revoked_at > p.created_at)
-  )
 ORDER BY p.id
 """
+# Who has a stake in a call by this agent under this grant, as services.approvals.
+# stakeholders() counts them: the owners of the agent and of every agent above it;
+# up the grant's delegation chain, each grant's requester and its holder's owner; and
+# the creators of the tokens of all those agents, with each token's lifetime.
+_STAKE_QUERY = """
+WITH RECURSIVE tree(id, parent_id, depth) AS (
+    SELECT a.id, a.parent_id, 1 FROM governance_agent a WHERE a.id = %s
+    UNION ALL
+    SELECT a.id, a.parent_id, tree.depth + 1
+    FROM governance_agent a JOIN tree ON a.id = tree.parent_id WHERE tree.depth < 32
+), chain(id, parent_id, requested_by_id, agent_id, depth) AS (
+    SELECT g.id, g.delegated_from_id, g.requested_by_id, g.agent_id, 1
+    FROM governance_grant g WHERE g.id = %s
+    UNION ALL
+    SELECT g.id, g.delegated_from_id, g.requested_by_id, g.agent_id, chain.depth + 1
+    FROM governance_grant g JOIN chain ON g.id = chain.parent_id WHERE chain.depth < 32
+), stake_agents(id) AS (
+    SELECT id FROM tree UNION SELECT agent_id FROM chain
+)
+SELECT t.created_by_id, t.expires_at, t.revoked_at FROM governance_agenttoken t
+WHERE t.agent_id IN (SELECT id FROM stake_agents) AND t.created_by_id IS NOT NULL
+UNION ALL
+SELECT a.owner_id, NULL, NULL FROM governance_agent a
+WHERE a.id IN (SELECT id FROM stake_agents)
+UNION ALL
+SELECT requested_by_id, NULL, NULL FROM chain WHERE requested_by_id IS NOT NULL
+"""
+# (Tokens first: PostgreSQL types a UNION's columns from its first branch on, and two
+# bare NULLs first would be typed text.)
 
 
 def _policy_verdicts(
-    agent_id: int, tool_id: int, action: str, scope: str, task_id: int | None, at: datetime
+    agent_id: int,
+    tool_id: int,
+    grant_id: int,
+    action: str,
+    scope: str,
+    task_id: int | None,
+    at: datetime,
 ) -> list[tuple[int, str]]:
-    """(policy id, verdict) of every live confirmation policy covering this call."""
+    """(policy id, verdict) of every live confirmation policy covering this call, less
+    the approving ones whose author has a stake in it. Nobody confirms their own agent's
+    calls, by hand or by rule: an approve policy whose author owns the agent (or one
+    above it), asked for the grant (or one it was delegated from), or held a token for
+    any of those agents at any moment since writing it, answers nothing. A deny only
+    ever restricts, whoever wrote it."""
     when = db.param_dt(at)
     rows = db.execute(_POLICY_QUERY, [agent_id, tool_id, action, task_id, when, when, when])
-    return [(pid, verdict) for pid, verdict, pattern in rows if scope_matches(pattern, scope)]
+    found = [
+        (pid, verdict, author, db.read_dt(written))
+        for pid, verdict, pattern, author, written in rows
+        if scope_matches(pattern, scope)
+    ]
+    if not any(verdict == "approve" for _, verdict, _, _ in found):
+        return [(pid, verdict) for pid, verdict, _, _ in found]
+    owners: set[int] = set()
+    tokens: list[tuple[int, datetime | None, datetime | None]] = []
+    for user_id, expires, revoked in db.execute(_STAKE_QUERY, [agent_id, grant_id]):
+        if expires is None:
+            owners.add(user_id)
+        else:
+            tokens.append((user_id, db.read_dt(expires), db.read_dt(revoked)))
+
+    def has_stake(author: int, since: datetime | None) -> bool:
+        assert since is not None
+        return author in owners or any(
+            user == author and expires is not None and expires > since
+            and (revoked is None or revoked > since)
+            for user, expires, revoked in tokens
+        )  # fmt: skip
+
+    return [
+        (pid, verdict)
+        for pid, verdict, author, since in found
+        if verdict == "deny" or not has_stake(author, since)
+    ]
 
 
 def _window_reason(
@@ -582,7 +638,9 @@ def _authorize(
     ctx["destructive"] = True
     # A confirmation policy may answer for a person: a deny wins over everything (an
     # approval included), an approve stands in for one when none is named.
-    verdicts = _policy_verdicts(agent_id, tool_id, action, scope, ctx.get("task_id"), at)
+    verdicts = _policy_verdicts(
+        agent_id, tool_id, ctx["grant_id"], action, scope, ctx.get("task_id"), at
+    )
     denying = [pid for pid, verdict in verdicts if verdict == "deny"]
     if denying:
         return _deny(

@@ -23,9 +23,9 @@ from django.utils import timezone
 from governance import roles
 from governance.audit import Actor
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Approval, AuditEvent, ConfirmationPolicy
+from governance.models import Approval, AuditEvent, ConfirmationPolicy, SecondLook
 from governance.policy import authorize
-from governance.services import agents, approvals, confirmation
+from governance.services import agents, approvals, confirmation, grants, second_look
 from governance.services.access import access_check
 from tests import ui_world
 from tests.conftest import MS, NOW
@@ -215,6 +215,17 @@ def test_nobody_writes_a_policy_for_their_own_agents_calls(world, alice, carol):
     assert not AuditEvent.objects.filter(event_type__startswith="confirmation_policy").exists()
 
 
+def test_the_owner_may_restrict_their_own_agent_with_a_deny_policy(world, alice):
+    deny = write(world, "deny", author=approver(alice), reason="nothing under tmp goes")
+    decision = ask()
+    assert (decision.decision, decision.reason, decision.policy_id) == (
+        "deny",
+        "approval_denied",
+        deny.pk,
+    )
+    assert json.loads(event_of(decision).data) == {"confirmation_policy": deny.pk}
+
+
 def test_a_policy_whose_author_comes_to_act_as_the_agent_stops_answering(world):
     policy = write(world)
     assert ask().allowed
@@ -353,6 +364,16 @@ def test_an_approver_writes_and_revokes_a_policy_in_the_ui_and_an_owner_cannot()
     assert refused.status_code == 403 and "self_approval" in refused.content.decode()
     assert ConfirmationPolicy.objects.count() == 1
 
+    # bob then issues himself a token for bot-a: the inbox says his policy no longer answers.
+    row = f'id="policy-{policy.pk}"'
+    assert "not answering" not in bob.get("/ui/inbox/approvals/").content.decode().split(row)[1]
+    bob_user = world.users["approver"]
+    agents.token_issue(
+        created_by=bob_user, agent=world.agent, actor=Actor.user(bob_user), at=timezone.now()
+    )
+    html = bob.get("/ui/inbox/approvals/").content.decode()
+    assert "not answering" in html.split(row)[1].split("</tr>")[0]
+
     revoke = f"/ui/inbox/approvals/policies/{policy.pk}/revoke"
     assert ui_world.post(bob, revoke, {"reason": "done"}).status_code == 302
     policy.refresh_from_db()
@@ -362,3 +383,74 @@ def test_an_approver_writes_and_revokes_a_policy_in_the_ui_and_an_owner_cannot()
     )
     assert after.decision == "approval_required"
     assert event_of(after).event_type == "access.approval_required"
+
+
+# --- Found by review: stakes through the grant and the agent tree, second looks ----------
+
+
+def test_the_person_who_asked_for_the_grant_cannot_confirm_its_calls_by_rule(
+    world, make_grant, alice, system
+):
+    """By hand the grant's requester may not approve its calls; by rule neither."""
+    dave = approver(User.objects.create_user("dave"))
+    ask_grant = grants.grant_issue(
+        agent=world.agent, tool=world.tool, actions=["delete"], scope="repo:acme/tmp/*",
+        duration=timedelta(hours=3), justification="cleanup", requested_by=dave,
+        approved_by=world.bob, actor=system, at=NOW - timedelta(hours=1),
+    )  # fmt: skip
+    with pytest.raises(Forbidden) as exc:
+        write(world, author=dave)
+    assert exc.value.code == "self_approval" and not ConfirmationPolicy.objects.exists()
+
+    # Written before his grant existed: it stops answering for calls under that grant.
+    grants.grant_revoke(
+        grant_id=ask_grant.pk, reason="x", revoked_by=world.bob, actor=system, at=WRITTEN
+    )
+    grants.grant_revoke(
+        grant_id=world.grant.pk, reason="x", revoked_by=world.bob, actor=system, at=WRITTEN
+    )
+    write(world, author=dave, at=WRITTEN + MS)
+    assert ask().reason == "grant_revoked"  # no live grant yet: denied before the gate
+    mine = grants.grant_issue(
+        agent=world.agent, tool=world.tool, actions=["delete"], scope="repo:acme/*",
+        duration=timedelta(hours=3), justification="again", requested_by=dave,
+        approved_by=world.bob, actor=system, at=NOW - timedelta(minutes=1),
+    )  # fmt: skip
+    decision = ask()
+    assert (decision.decision, decision.grant_id, decision.policy_id) == (
+        "approval_required",
+        mine.pk,
+        None,
+    )
+    assert event_of(decision).event_type == "access.approval_required"
+
+
+def test_a_token_for_an_agent_above_silences_the_authors_policy(world, make_agent, make_grant):
+    parent = make_agent("lead")
+    child = make_agent("sweeper", parent=parent)
+    make_grant(child, world.tool, actions=("delete",), scope="repo:acme/*",
+               starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))  # fmt: skip
+    write(world, agent=child)
+    asked = {"agent": "sweeper", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/x"}
+    assert access_check(at=NOW, **asked).allowed
+    agents.token_issue(created_by=world.bob, agent=parent, actor=Actor.user(world.bob), at=NOW)
+    decision = access_check(at=NOW + MS, **asked)
+    assert (decision.decision, decision.policy_id) == ("approval_required", None)
+    assert event_of(decision).event_type == "access.approval_required"
+    with pytest.raises(Forbidden):
+        write(world, agent=child, at=NOW + MS)
+
+
+def test_calls_a_policy_approved_are_sampled_for_a_second_look_by_someone_else(world, carol):
+    approver(carol)
+    write(world)
+    decisions = [ask(at=NOW + i * MS) for i in range(3)]
+    assert all(d.allowed for d in decisions)
+    second_look.second_looks_sample(
+        actor=Actor.system("t"), at=NOW + timedelta(minutes=1), fraction=1.0
+    )
+    looks = SecondLook.objects.filter(kind="approval")
+    assert {str(look.approval_id) for look in looks} == {d.approval_id for d in decisions}
+    # The policy's author is the approver whose decision is re-checked; not its reviewer.
+    assert {look.original_approver_id for look in looks} == {world.bob.pk}
+    assert all(look.reviewer_id not in (None, world.bob.pk) for look in looks)

@@ -285,6 +285,7 @@ def _decide_and_record(
                     reason=reason,  # type: ignore[arg-type]  # the caller's own code
                     message=message,
                     approval_id=None,
+                    policy_id=None,  # no policy decided this
                 )
         gated = (decision.allowed and (decision.approval_id or decision.policy_id)) or (
             decision.decision == Verdict.APPROVAL_REQUIRED

@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from governance import audit, roles
+from governance import audit, roles, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError, NotFound
 from governance.models import Agent, ConfirmationPolicy, Task, Tool
@@ -56,6 +56,16 @@ def _require_approver(user: Any) -> None:
         raise Forbidden("auditor_read_only", "Auditors are read-only.")
     if not roles.is_approver(user):
         raise Forbidden("not_approver", "Confirmation policies are written by approvers.")
+
+
+def policy_stakeholders(agent: Agent, tool: Tool, action: str, *, at: datetime) -> set[Any]:
+    """Everyone with a stake in the agent's `action` calls on `tool` from `at` on: its
+    people (stakeholders) and those of every live grant that holds the action."""
+    people = stakeholders(agent, None, at=at)
+    for grant in selectors.live_grants(at).filter(agent=agent, tool=tool):
+        if action in (grant.actions or []):
+            people |= stakeholders(agent, grant, at=at)
+    return people
 
 
 def policy_create(
@@ -99,8 +109,14 @@ def policy_create(
         raise GovernanceError(
             "duration_too_long", f"A policy lives at most {hours} hours (GRANT_MAX_TTL_HOURS)."
         )
-    # Nobody confirms their own agent's calls, by hand or by rule.
-    if author.pk in stakeholders(agent, None, at=at):
+    # Nobody confirms their own agent's calls, by hand or by rule: not the agent's
+    # people, nor anyone with a stake in a live grant the calls would run under (its
+    # requester, up its delegation chain). authorize() applies the same rule to each
+    # call, so a stake taken later silences the policy too. A deny only restricts:
+    # anyone with the approver role may write one, the agent's owner included.
+    if verdict == ConfirmationPolicy.Verdict.APPROVE and author.pk in policy_stakeholders(
+        agent, tool, action, at=at
+    ):
         raise Forbidden("self_approval", "Nobody writes a policy for their own agent's calls.")
     with transaction.atomic():
         require_open_task(task.pk if task else None, at)

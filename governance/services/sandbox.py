@@ -104,7 +104,7 @@ def review_attachments(spec: RunSpec) -> dict[str, Any]:
             elif "\x00" in text:  # no JSON column can hold a NUL character
                 item["not_shown"] = "holds NUL characters"
             else:
-                item["text"] = audit.mask(text)
+                item["text"], item["masked_lines"] = audit.mask_review_text(text)
         shown[name] = item
     return shown
 

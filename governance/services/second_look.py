@@ -32,6 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from governance import audit, notifications, roles
 from governance.codes import EventType
@@ -114,14 +115,24 @@ def _sample(since: datetime, at: datetime, actor: audit.Actor, fraction: float) 
     ):
         barred = _barred(grant.approved_by_id, grant.agent, grant, None)
         candidates.append(("grant", grant, grant.approved_by_id, barred))
-    for approval in Approval.objects.filter(
-        decided_by__isnull=False,
-        decided_at__gt=since,
-        decided_at__lte=at,
-        status__in=[Approval.Status.APPROVED, Approval.Status.CONSUMED, Approval.Status.EXPIRED],
-    ).select_related("agent", "grant"):
-        barred = _barred(approval.decided_by_id, approval.agent, approval.grant, approval)
-        candidates.append(("approval", approval, approval.decided_by_id, barred))
+    # Decided by a person, or by a confirmation policy: then its author is the approver
+    # whose decision is re-checked.
+    for approval in (
+        Approval.objects.filter(Q(decided_by__isnull=False) | Q(policy__isnull=False))
+        .filter(
+            decided_at__gt=since,
+            decided_at__lte=at,
+            status__in=[
+                Approval.Status.APPROVED,
+                Approval.Status.CONSUMED,
+                Approval.Status.EXPIRED,
+            ],
+        )
+        .select_related("agent", "grant", "policy")
+    ):
+        approver_id = approval.decided_by_id or approval.policy.created_by_id
+        barred = _barred(approver_id, approval.agent, approval.grant, approval)
+        candidates.append(("approval", approval, approver_id, barred))
     pool = approver_users()
     users = get_user_model().objects.in_bulk([c[2] for c in candidates])
     sampled = 0

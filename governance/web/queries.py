@@ -240,12 +240,21 @@ def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:
     return Counter(dict(qs.values_list("event_type").annotate(n=Count("seq"))))
 
 
-def live_confirmation_policies(at: datetime) -> QuerySet[ConfirmationPolicy]:
-    """Policies answering the confirmation gate now (for people to see; decisions ask
-    authorize())."""
-    return (
+def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
+    """Policies in their window now (for people to see; decisions ask authorize()).
+    `silenced` marks one whose author has since come to hold a stake in the agent or
+    its calls' grants: authorize() no longer lets it answer."""
+    from governance.services.confirmation import policy_stakeholders
+
+    found = list(
         ConfirmationPolicy.objects.filter(starts_at__lte=at, expires_at__gt=at)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
         .select_related("agent", "tool", "task", "created_by")
         .order_by("expires_at", "id")[:200]
     )
+    for policy in found:
+        policy.silenced = policy.verdict == "approve" and (  # type: ignore[attr-defined]
+            policy.created_by_id
+            in policy_stakeholders(policy.agent, policy.tool, policy.action, at=policy.created_at)
+        )
+    return found
