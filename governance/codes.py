@@ -151,3 +151,5 @@ class NotificationEvent(models.TextChoices):
     GRANT_EXPIRING = "grant_expiring"
     AUDIT_VERIFY_FAILED = "audit_verify_failed"
     SECOND_LOOK_FLAGGED = "second_look_flagged"
+    # A rule now answers the confirmation gate for an agent's destructive calls.
+    POLICY_WRITTEN = "policy_written"

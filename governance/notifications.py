@@ -10,6 +10,7 @@ Services call one function per event, inside the transaction that makes the chan
     grant_expiring(grant=..., at=...)
     audit_verify_failed(bad_seq=..., problem=..., at=...)
     second_look_flagged(look=..., at=...)
+    policy_written(policy=..., at=...)           a rule now answers the confirmation gate
 
 Each writes one Notification row per target (an outbox, in the caller's transaction, so
 a rolled-back change announces nothing) and, only after the commit, hands the ids to the
@@ -53,7 +54,7 @@ from django.db.models import F
 
 from governance import audit
 from governance.codes import NotificationEvent
-from governance.models import Approval, BreakGlass, Grant, Notification
+from governance.models import Approval, BreakGlass, ConfirmationPolicy, Grant, Notification
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +347,41 @@ def approval_needed(*, approval: Approval, at: datetime) -> list[Notification]:
             "action": approval.action,
             "scope": approval.scope,
             "expires_at": approval.expires_at.isoformat(),
+        },
+        at=at,
+    )
+
+
+def policy_written(*, policy: ConfirmationPolicy, at: datetime) -> list[Notification]:
+    """A confirmation policy now answers for people: the agent's owner and every other
+    approver are told (a standing approval or refusal is a decision people should see,
+    and revoke if they disagree)."""
+    owner = policy.agent.owner
+    others = _approvers([policy.created_by_id, policy.agent.owner_id])
+    people = ([owner] if owner.pk != policy.created_by_id else []) + others
+    where = f" under task {policy.task.key}" if policy.task_id else ""
+    return notify(
+        NotificationEvent.POLICY_WRITTEN,
+        subject=(
+            f"Confirmation policy #{policy.pk}: {policy.verdict} {policy.agent.name}'s "
+            f"{policy.action} calls on {policy.tool.name}"
+        ),
+        body=(
+            f"{policy.created_by.get_username()} wrote a policy that will {policy.verdict} "
+            f"every {policy.action} by {policy.agent.name} with {policy.tool.name} on "
+            f"{policy.scope}{where} without asking a person, until "
+            f"{policy.expires_at.isoformat()}.\nWhy: {policy.reason}"
+        ),
+        users=people,
+        data={
+            "policy": policy.pk,
+            "verdict": policy.verdict,
+            "agent": policy.agent.name,
+            "tool": policy.tool.name,
+            "action": policy.action,
+            "scope": policy.scope,
+            "expires_at": policy.expires_at.isoformat(),
+            "reason": policy.reason,
         },
         at=at,
     )

@@ -17,13 +17,21 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.core import mail
 from django.test import Client
 from django.utils import timezone
 
 from governance import roles
 from governance.audit import Actor
+from governance.codes import NotificationEvent
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Approval, AuditEvent, ConfirmationPolicy, SecondLook
+from governance.models import (
+    Approval,
+    AuditEvent,
+    ConfirmationPolicy,
+    Notification,
+    SecondLook,
+)
 from governance.policy import authorize
 from governance.services import agents, approvals, confirmation, grants, second_look
 from governance.services.access import access_check
@@ -454,3 +462,21 @@ def test_calls_a_policy_approved_are_sampled_for_a_second_look_by_someone_else(w
     # The policy's author is the approver whose decision is re-checked; not its reviewer.
     assert {look.original_approver_id for look in looks} == {world.bob.pk}
     assert all(look.reviewer_id not in (None, world.bob.pk) for look in looks)
+
+
+def test_writing_a_policy_tells_the_agents_owner_and_the_other_approvers(
+    world, approvers, alice, django_capture_on_commit_callbacks
+):
+    for person, address in ((alice, "alice@example.test"), (world.bob, "bob@example.test")):
+        person.email = address
+        person.save(update_fields=["email"])
+    with django_capture_on_commit_callbacks(execute=True):
+        policy = write(world, reason="scratch; ops password=hunter2 (never)")
+    rows = Notification.objects.filter(event=NotificationEvent.POLICY_WRITTEN)
+    told = sorted(r.target for r in rows if r.channel == "email")
+    # The owner and every approver but the author (bob), each once.
+    assert told == sorted(["alice@example.test", *(u.email for u in approvers)])
+    assert {r.data["policy"] for r in rows} == {policy.pk}
+    assert all("hunter2" not in json.dumps(r.data) + r.body for r in rows)  # masked
+    assert len(mail.outbox) == len(told)
+    assert "approve every delete by cleaner" in mail.outbox[0].body

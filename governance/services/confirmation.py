@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from governance import audit, roles, selectors
+from governance import audit, notifications, roles, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError, NotFound
 from governance.models import Agent, ConfirmationPolicy, Task, Tool
@@ -134,6 +134,7 @@ def policy_create(
             expires_at=at + duration,
         )
         _event(policy, EventType.CONFIRMATION_POLICY_CREATED, actor, at, reason=reason)
+        notifications.policy_written(policy=policy, at=at)  # sent after the commit
     return policy
 
 
