@@ -300,20 +300,18 @@ def _policy_verdicts(
     if not any(verdict == "approve" for _, verdict, _, _ in found):
         return [(pid, verdict) for pid, verdict, _, _ in found]
     owners: set[int] = set()
-    tokens: list[tuple[int, datetime | None, datetime | None]] = []
+    tokens: list[tuple[int, Any, Any]] = []  # (creator, expires_at, revoked_at or None)
     for user_id, expires, revoked in db.execute(_STAKE_QUERY, [agent_id, grant_id]):
-        if expires is None:
+        if expires is None:  # an owner's or a requester's row
             owners.add(user_id)
         else:
             tokens.append((user_id, db.read_dt(expires), db.read_dt(revoked)))
 
-    def has_stake(author: int, since: datetime | None) -> bool:
-        assert since is not None
+    def has_stake(author: int, since: Any) -> bool:
         return author in owners or any(
-            user == author and expires is not None and expires > since
-            and (revoked is None or revoked > since)
+            user == author and expires > since and (revoked is None or revoked > since)
             for user, expires, revoked in tokens
-        )  # fmt: skip
+        )
 
     return [
         (pid, verdict)

@@ -21,8 +21,9 @@ class ConfirmationPolicy(models.Model):
     `approve`: each matching call is allowed once, recorded as an approval consumed
     at once and naming this policy. `deny`: each matching call is denied
     (`approval_denied`), and deny wins over approve. Written by a person with the
-    approver role who has no stake in the agent; never deleted, ends by expiry or
-    revocation. Only governance.policy.authorize() reads it for a decision.
+    approver role (for `approve`, one with no stake in the agent's calls); never
+    deleted, ends by expiry or revocation. Only governance.policy.authorize() reads it
+    for a decision.
     """
 
     class Verdict(models.TextChoices):

@@ -6,10 +6,11 @@ pattern, optionally only under one task, for a bounded window (at most GRANT_MAX
 decided and the call used at once); `deny` refuses each matching call, even one that
 names a person's approval. Only authorize() reads policies for a decision.
 
-Who may write one: a person with the approver role and no stake in the agent (the
-same rule as for approving its calls by hand: services.approvals.stakeholders). A
-policy whose author later comes to hold a stake (owns the agent, or holds a token
-for it) stops answering (policy._POLICY_QUERY). Revoking ends it at once.
+Who may write one: a person with the approver role; for `approve`, one with no stake
+in the calls (the same people as for approving them by hand, stakeholders(), through
+the agent and through every live grant the calls would run under). An approve policy
+whose author takes such a stake later stops answering (policy._policy_verdicts). A
+deny only restricts: any approver may write one. Revoking ends either at once.
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def test_a_run_the_sandbox_refuses_does_not_name_the_policy_in_its_event(deploy,
         scope="sandbox:*", verdict="approve", reason="ok", duration=timedelta(hours=1),
         actor=Actor.user(bob), at=timezone.now() - timedelta(minutes=1),
     )  # fmt: skip
-    allowed, auth = ask(b"echo hi\n")
+    _, auth = ask(b"echo hi\n")
     assert (auth.outcome, AuditEvent.objects.get(uid=auth.decision_id).event_type) == (
         "allow",
         "access.allowed",
