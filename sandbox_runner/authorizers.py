@@ -147,6 +147,8 @@ class HttpAuthorizer:
             key: asked[key]
             for key in ("backend", "image", "command", "script_sha256", "input_sha256")
         }
+        if spec.image_id:
+            payload["image_id"] = spec.image_id
         # The bytes too when short enough, so a person asked to approve the run reads
         # what would run (the server checks them against the hashes).
         for what, data in (("script", spec.script), ("input", spec.input)):

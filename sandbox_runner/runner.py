@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -144,6 +144,16 @@ def execute(
     except BackendUnavailable as exc:
         _say(str(exc))
         return Outcome(EXIT_BACKEND, None, None)
+    # The image is resolved here, by the runner, never taken from the caller: the
+    # decision binds the bytes the name points to now (an approval is for them, not for
+    # whatever the name is moved to later), and start() runs exactly those. A name that
+    # does not resolve binds nothing: the decision is still asked and put on record, and
+    # start() fails with the reason.
+    try:
+        image_id = backend.image_id(spec.image)
+    except Exception:  # the engine's own failure: start() meets it again, on record
+        image_id = ""
+    spec = replace(spec, image_id=image_id)
     # The run's one helper thread, started first: it does the backend's host-side
     # set-up that needs no decision (bubblewrap: empty cgroups and the cgroup move's
     # grace period) while the authorizer's round trips run here; later it follows

@@ -34,6 +34,10 @@ EXCERPT_CHARS = 4096
 REVIEW_MAX_BYTES = 64 * 1024
 
 
+# An engine's image id: the SHA-256 of the image's configuration, which names its layers.
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 def image_scope(image: str) -> str:
     """The resource a run of `image` is: what an `execute` grant's scope must cover."""
     return "sandbox:" + re.sub(r"[^A-Za-z0-9._~:@/-]", "_", image)
@@ -84,6 +88,12 @@ class RunSpec:
     tool: str = DEFAULT_TOOL
     backend: str = "docker"
     image: str = DEFAULT_IMAGE
+    # What `image` named when the decision was asked for (Docker: the image id,
+    # `sha256:...`), resolved by the runner before it asks: the decision (and so an
+    # approval) binds these bytes, and the backend starts exactly them, even if the name
+    # is moved to other bytes meanwhile. Empty where a backend has no image to bind
+    # (bubblewrap runs the host's /usr) or the name did not resolve (start() says why).
+    image_id: str = ""
     script: bytes | None = None
     input: bytes | None = None
     limits: Mapping[str, float | int | None] = field(default_factory=dict)
@@ -103,6 +113,10 @@ class RunSpec:
         # a UUID's canonical text can never name a path elsewhere ("../victim").
         if not is_run_id(self.run_id):
             raise ValueError(f"run_id must be a UUID in canonical form, not {self.run_id!r:.80}")
+        if self.image_id and not IMAGE_ID.fullmatch(self.image_id):
+            raise ValueError(
+                f"image_id must be sha256: and 64 hex digits, not {self.image_id!r:.80}"
+            )
 
     @property
     def script_sha256(self) -> str:
@@ -122,12 +136,14 @@ class RunSpec:
         return image_scope(self.image)
 
     def arguments(self) -> dict[str, Any]:
-        """What governance sees (and hashes) for the decision: what would run, not
-        which run it is. An approval binds to the arguments' hash, so a run id in it
-        (new for every try) would make an approved run impossible to ask for again."""
+        """What governance sees (and hashes) for the decision: what would run (the
+        image's bytes by id, not only its name), not which run it is. An approval binds
+        to the arguments' hash, so a run id in it (new for every try) would make an
+        approved run impossible to ask for again."""
         return {
             "backend": self.backend,
             "image": self.image,
+            "image_id": self.image_id,
             "command": list(self.command),
             "script_sha256": self.script_sha256,
             "input_sha256": self.input_sha256,

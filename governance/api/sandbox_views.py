@@ -52,6 +52,7 @@ from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
     DEFAULT_TOOL,
     EXCERPT_CHARS,
+    IMAGE_ID,
     LIMIT_NAMES,
     REVIEW_MAX_BYTES,
     RunSpec,
@@ -85,6 +86,11 @@ def _sha256(**kw: Any) -> StrictCharField:
 def _is_sha256(value: str) -> None:
     if value and not SHA256.fullmatch(value):
         raise serializers.ValidationError("Not a lower-case hex SHA-256.")
+
+
+def _is_image_id(value: str) -> None:
+    if value and not IMAGE_ID.fullmatch(value):
+        raise serializers.ValidationError("Not an image id: sha256: and 64 lower-case hex digits.")
 
 
 class StrictUUIDField(serializers.UUIDField):
@@ -146,6 +152,20 @@ class SandboxRunIn(StrictSerializer):
     tool = exact_char(max_length=100, required=False, default=DEFAULT_TOOL)
     backend = serializers.ChoiceField(choices=sorted(REGISTRY))
     image = exact_char(max_length=300)
+    image_id = StrictCharField(
+        max_length=71,
+        allow_blank=True,
+        required=False,
+        default="",
+        validators=[_is_image_id],
+        declared={"pattern": "^(sha256:[0-9a-f]{64})?$"},
+        help_text=(
+            "The id of the image `image` names on the runner's engine (`sha256:` and 64 hex "
+            "digits), resolved before asking: the decision and any approval bind it, and "
+            "the runner starts exactly it. Empty when the backend has no image (bubblewrap) "
+            "or the name did not resolve. `started` must report the same image."
+        ),
+    )
     command = serializers.ListField(child=exact_char(max_length=4096), min_length=1, max_length=256)
     script_sha256 = _sha256(required=False, default="")
     input_sha256 = _sha256(required=False, default="")
@@ -334,6 +354,7 @@ class SandboxRunView(APIView):
             tool=data["tool"],
             backend=data["backend"],
             image=data["image"],
+            image_id=data["image_id"],
             limits={n: limits.get(n) for n in LIMIT_NAMES},
             egress=tuple(data["egress"]) if data.get("egress") is not None else None,
             run_id=run_id,

@@ -41,6 +41,9 @@ class SandboxRun(models.Model):
 
     backend = models.CharField(max_length=20)
     image = models.CharField(max_length=300)
+    # The image id the decision bound (RunSpec.image_id; empty: nothing to bind), and
+    # the one the backend reported starting: a start with any other is refused.
+    image_id = models.CharField(max_length=71, blank=True, default="")
     image_digest = models.CharField(max_length=100, blank=True)
     container_id = models.CharField(max_length=100, blank=True)
     command = models.JSONField(default=list)

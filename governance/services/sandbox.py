@@ -134,6 +134,7 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             tool=spec.tool[:100],
             backend=spec.backend[:20],
             image=spec.image[:300],
+            image_id=spec.image_id,
             command=list(spec.command),
             script_sha256=spec.script_sha256,
             input_sha256=spec.input_sha256,
@@ -367,6 +368,14 @@ def run_started(
                 "allow_expired",
                 f"The run was allowed at {run.requested_at.isoformat()}; an allow is good "
                 f"for {HELD_GRACE.total_seconds():g} s to start. Ask again.",
+            )
+        if run.image_id and image_digest != run.image_id:
+            # What started is not what was allowed (and perhaps approved): the runner
+            # kills it before the code runs.
+            raise Conflict(
+                "image_mismatch",
+                f"The run was allowed for image {run.image_id}; the sandbox was built from "
+                f"{image_digest or 'an unnamed image'}.",
             )
         dead = _run_dead_reason(run, at)
         if dead is not None:

@@ -68,6 +68,12 @@ class Backend:
         """None when usable here, else a sentence saying why not."""
         raise NotImplementedError(f"{type(self).__name__}.unavailable() is not implemented")
 
+    def image_id(self, image: str) -> str:
+        """What `image` names on this host now, as the runner binds it into the decision
+        (RunSpec.image_id), or "" when there is nothing to bind (the backend has no
+        image) or the name does not resolve: start() then says why, on record."""
+        return ""
+
     def prepare(self, spec: RunSpec) -> Callable[[], None] | None:
         """Optional host-side set-up that makes start() faster, done while governance
         decides: returns the work, which the runner runs in a thread of its own (it

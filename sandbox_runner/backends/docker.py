@@ -190,28 +190,43 @@ class DockerBackend(Backend):
                 return f"the engine has no {self.runtime!r} runtime registered"
         return None
 
-    def _image(self, name: str) -> str:
-        """The id of the image a run's containers are made from (by id: what is checked
-        here is what runs, even if the name is moved meanwhile). An image that declares
+    def image_id(self, image: str) -> str:
+        try:
+            return self._image(image)
+        except BackendUnavailable:
+            return ""  # start() raises the reason, after the decision put the run on record
+
+    def _image(self, ref: str) -> str:
+        """The id of the image `ref` (a name or an id) names now. An image that declares
         a VOLUME is refused: the engine would mount an anonymous volume there, a
         writable host directory outside the read-only root and the scratch limit."""
         import docker.errors
 
         try:
-            image = self.client.images.get(name)
+            image = self.client.images.get(ref)
         except docker.errors.ImageNotFound as exc:
             raise BackendUnavailable(
-                f"image {name!r} is not on this engine; build it with "
-                "scripts/build_sandbox_image.sh"
+                f"image {ref!r} is not on this engine; build it with scripts/build_sandbox_image.sh"
             ) from exc
         volumes = sorted((image.attrs.get("Config") or {}).get("Volumes") or {})
         if volumes:
             raise BackendUnavailable(
-                f"image {name!r} declares VOLUME {', '.join(volumes)}: refused (a volume "
+                f"image {ref!r} declares VOLUME {', '.join(volumes)}: refused (a volume "
                 "is a writable host directory outside the read-only root and the scratch "
                 "limit)"
             )
         return str(image.id)
+
+    def _authorized_image(self, spec: RunSpec) -> str:
+        """The image the decision bound (spec.image_id), by id: what runs is what was
+        allowed (and approved), even if the name was moved to other bytes since."""
+        if not spec.image_id:
+            self._image(spec.image)  # says why it did not resolve (missing, VOLUME)
+            raise BackendUnavailable(
+                f"image {spec.image!r} appeared on this engine after the decision was "
+                "asked for: ask again"
+            )
+        return self._image(spec.image_id)
 
     def _holder(self, image: str, spec: RunSpec, workdir: Path, deadline: float) -> Any:
         """A do-nothing container whose empty network namespace the sandbox
@@ -247,7 +262,7 @@ class DockerBackend(Backend):
         network: NetworkHook,
     ) -> Handle:
         assert auth.limits is not None
-        image = self._image(spec.image)
+        image = self._authorized_image(spec)
         volumes: dict[str, dict[str, str]] = {}
         if spec.script is not None:
             volumes[str(workdir / "in" / "script")] = {"bind": SCRIPT_PATH, "mode": "ro"}

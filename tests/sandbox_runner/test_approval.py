@@ -206,3 +206,121 @@ def test_an_approved_run_the_deployment_no_longer_allows_keeps_its_approval(
     assert Approval.objects.get(pk=asked.approval_id).status == "approved"
     event = AuditEvent.objects.get(uid=refused.decision_id)
     assert (event.event_type, event.reason) == ("access.denied", "backend_not_allowed")
+
+
+# --- The image: an approval is for its bytes, not for its name ----------------------------
+
+MARK_SCRIPT = "import os; print(os.environ.get('MARK', 'original'))"
+MOVABLE = ("governance-sandbox", "movable")  # a name the tests move between two images
+
+
+@pytest.fixture
+def two_images(docker_client: Any) -> Any:
+    """(the name, the sandbox image, another image): the name points at the sandbox image
+    at first. The other differs only by an ENV line, so a run's output says which ran."""
+    import contextlib
+    import io
+
+    import docker.errors
+
+    from sandbox_runner.spec import DEFAULT_IMAGE
+
+    original = docker_client.images.get(DEFAULT_IMAGE)
+    dockerfile = f"FROM {DEFAULT_IMAGE}\nENV MARK=moved\n".encode()
+    moved, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), pull=False, rm=True)
+    assert moved.id != original.id
+    original.tag(*MOVABLE)
+    yield ":".join(MOVABLE), original, moved
+    docker_client.images.remove(":".join(MOVABLE))  # the sandbox image keeps its own name
+    with contextlib.suppress(docker.errors.ImageNotFound):  # gone with the name above
+        docker_client.images.remove(moved.id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_approval_is_for_the_image_a_person_saw_not_for_whatever_its_name_points_at(
+    two_images, deploy_grant, spec_for, authorizer, bob
+):
+    """Before, the decision bound the image's name: a run approved on one image could
+    run on any other that was tagged with the same name afterwards."""
+    name, original, moved = two_images
+
+    def attempt(**kw: Any) -> tuple[Any, Any, str]:
+        spec = spec_for(MARK_SCRIPT, tool="deploy-exec", backend="docker", image=name, **kw)
+        outcome, out, _ = run(spec, authorizer)
+        return spec, outcome, out
+
+    asked, outcome, _ = attempt()
+    assert outcome.exit_code == EXIT_APPROVAL
+    approval_id = outcome.auth.approval_id
+    # The person asked sees which image, by id (the runner resolved the name).
+    shown = Approval.objects.get(pk=approval_id).arguments_preview
+    assert (shown["image"], shown["image_id"]) == (name, original.id)
+    assert run_record(asked.run_id).image_id == original.id
+    approvals.approval_approve(
+        approval_id=approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+
+    # The name now points at other bytes: the approval does not cover them.
+    moved.tag(*MOVABLE)
+    other, outcome, out = attempt(approval=approval_id)
+    assert (outcome.exit_code, outcome.auth.reason, out) == (EXIT_DENIED, "approval_invalid", "")
+    assert decision_event(outcome).event_type == "access.denied"
+    assert run_record(other.run_id).image_id == moved.id
+    assert Approval.objects.get(pk=approval_id).status == "approved"
+
+    # Back on the approved bytes: it runs, on them, and the approval is used up.
+    original.tag(*MOVABLE)
+    ran, outcome, out = attempt(approval=approval_id)
+    assert (outcome.exit_code, out) == (0, "original\n")
+    record = run_record(ran.run_id)
+    assert record.image_id == record.image_digest == original.id
+    event = decision_event(outcome)
+    assert (event.event_type, event.approval_id) == ("access.allowed", approval_id)
+    assert json.loads(event.arguments)["image_id"] == original.id
+    assert Approval.objects.get(pk=approval_id).status == "consumed"
+
+
+@pytest.mark.django_db
+def test_a_name_moved_after_the_decision_still_runs_the_image_that_was_allowed(
+    two_images, code_exec, spec_for
+):
+    name, original, moved = two_images
+    code_exec.grant()
+
+    class MovesTheName(DatabaseAuthorizer):
+        """The name is moved to other bytes between the decision and the start."""
+
+        def authorize(self, spec: Any) -> Any:
+            auth = super().authorize(spec)
+            moved.tag(*MOVABLE)
+            return auth
+
+    spec = spec_for(MARK_SCRIPT, image=name)
+    outcome, out, _ = run(spec, MovesTheName())
+    assert (outcome.exit_code, out) == (0, "original\n")
+    record = run_record(spec.run_id)
+    assert record.image_id == record.image_digest == original.id
+    assert events_of(spec.run_id)[-2:] == ["sandbox.run.started", "sandbox.run.finished"]
+    started = AuditEvent.objects.filter(event_type="sandbox.run.started").latest("seq")
+    assert json.loads(started.data)["image_digest"] == original.id
+
+    # The next run asks anew, and is allowed for (and runs) what the name holds now.
+    again = spec_for(MARK_SCRIPT, image=name)
+    outcome, out, _ = run(again, DatabaseAuthorizer())
+    assert (outcome.exit_code, out) == (0, "moved\n")
+    assert run_record(again.run_id).image_id == moved.id
+
+
+@pytest.mark.django_db
+def test_the_runner_resolves_the_image_itself_and_ignores_an_id_it_is_handed(
+    two_images, code_exec, spec_for
+):
+    """A grant on `sandbox:<name>` is about that name's image: an id named by the caller
+    beside an allowed name must not smuggle in other bytes."""
+    name, original, moved = two_images
+    code_exec.grant()
+    spec = spec_for(MARK_SCRIPT, image=name, image_id=moved.id)
+    outcome, out, _ = run(spec)
+    assert (outcome.exit_code, out) == (0, "original\n")
+    assert run_record(spec.run_id).image_id == original.id
+    assert json.loads(decision_event(outcome).arguments)["image_id"] == original.id

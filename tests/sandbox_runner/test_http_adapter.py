@@ -334,6 +334,31 @@ def test_a_run_whose_grant_was_revoked_after_the_allow_cannot_be_started(code_ex
     assert events_of(run_id) == ["sandbox.run.requested"]
 
 
+@pytest.mark.django_db
+def test_a_run_started_from_another_image_than_the_one_allowed_is_refused(code_exec, agent_client):
+    """The decision bound the image id the runner resolved; a start report naming other
+    bytes is refused (the runner then kills the sandbox before the code runs)."""
+    code_exec.grant()
+    a = agent_client(code_exec.agent)
+    run_id, allowed = str(uuid.uuid4()), "sha256:" + "1" * 64
+    answer = a.post(RUNS, _ask(run_id, image_id=allowed), format="json").json()
+    assert answer["decision"] == "allow"
+    event = AuditEvent.objects.get(uid=answer["decision_id"])
+    assert json.loads(event.arguments)["image_id"] == allowed
+    assert run_record(run_id).image_id == allowed
+    for other in ("sha256:" + "2" * 64, ""):
+        body = {**_started(answer["decision_id"]), "image_digest": other}
+        started = a.post(f"{RUNS}/{run_id}/started", body, format="json")
+        assert started.status_code == 409 and started.json()["error"]["code"] == "image_mismatch"
+        assert allowed in started.json()["error"]["message"]
+        assert run_record(run_id).status == "requested"
+        assert events_of(run_id) == ["sandbox.run.requested"]
+    started = a.post(f"{RUNS}/{run_id}/started", _started(answer["decision_id"]), format="json")
+    assert started.status_code == 200, started.content
+    assert run_record(run_id).image_digest == allowed
+    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started"]
+
+
 RUN_ID = "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11"
 BAD_ASKS = [
     [],
@@ -347,6 +372,10 @@ BAD_ASKS = [
     _ask(RUN_ID, command="python3 -c 1"),
     _ask(RUN_ID, command=["a\x00b"]),
     _ask(RUN_ID, script_sha256="ABC"),
+    _ask(RUN_ID, image_id="1" * 64),  # an image id is sha256: and 64 hex digits
+    _ask(RUN_ID, image_id="sha256:" + "A" * 64),
+    _ask(RUN_ID, image_id="sha256:" + "1" * 63),
+    _ask(RUN_ID, image_id=None),
     _ask(RUN_ID, limits={"memory_mb": "128"}),
     _ask(RUN_ID, limits={"memory_mb": 0}),
     _ask(RUN_ID, limits={"cpus": True}),
