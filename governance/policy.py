@@ -137,6 +137,29 @@ def pattern_within(inner: str, outer: str) -> bool:
     return len(i_segs) == len(o_segs)
 
 
+def patterns_overlap(a: str, b: str) -> bool:
+    """Is there a resource both patterns match? (which confirmation policies can answer
+    some call under a grant, in the access report)"""
+    if not pattern_is_valid(a) or not pattern_is_valid(b):
+        return False
+    if a == "*" or b == "*":
+        return True
+    a_kind, a_segs = _split(a)
+    b_kind, b_segs = _split(b)
+    if a_kind != b_kind:
+        return False
+    for idx in range(min(len(a_segs), len(b_segs))):
+        if (a_segs[idx] == "*" and idx == len(a_segs) - 1) or (
+            b_segs[idx] == "*" and idx == len(b_segs) - 1
+        ):
+            # A trailing `*` takes this segment and any below it: whatever the other
+            # pattern asks of them, some resource has them.
+            return True
+        if "*" not in (a_segs[idx], b_segs[idx]) and a_segs[idx] != b_segs[idx]:
+            return False
+    return len(a_segs) == len(b_segs)
+
+
 # --- The decision --------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from governance.models import Agent, Approval, AuditEvent, Grant, Tool
+from governance.models import Agent, Approval, AuditEvent, ConfirmationPolicy, Grant, Tool
 
 
 def live_grants(at: datetime) -> QuerySet[Grant]:
@@ -18,6 +18,13 @@ def live_grants(at: datetime) -> QuerySet[Grant]:
         .filter(starts_at__lte=at, expires_at__gt=at)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
         .select_related("agent", "tool", "task", "requested_by", "approved_by", "delegated_from")
+    )
+
+
+def live_policies(at: datetime) -> QuerySet[ConfirmationPolicy]:
+    """Confirmation policies in force at `at`: the window policy._POLICY_QUERY reads."""
+    return ConfirmationPolicy.objects.filter(starts_at__lte=at, expires_at__gt=at).filter(
+        Q(revoked_at__isnull=True) | Q(revoked_at__gt=at)
     )
 
 

@@ -695,6 +695,7 @@ def test_the_access_report_lists_who_could_do_what_now_and_is_audited(auditor, m
         "grant": on_task.pk, "agent": "bot", "owner": "alice", "tool": "mail",
         "actions": ["read"], "scope": "repo:acme/api/*", "task": "TICKET-1",
         "requester": "alice", "approver": "bob", "delegated_from": None, "break_glass": False,
+        "blocked_by": None, "policies": [],
     }  # fmt: skip
     assert data["rows"][1]["grant"] == many_grants["live"].pk
     event = last_event()

@@ -480,3 +480,86 @@ def test_writing_a_policy_tells_the_agents_owner_and_the_other_approvers(
     assert all("hunter2" not in json.dumps(r.data) + r.body for r in rows)  # masked
     assert len(mail.outbox) == len(told)
     assert "approve every delete by cleaner" in mail.outbox[0].body
+
+
+# --- The access report names them ---------------------------------------------------------
+
+
+def test_the_access_report_names_the_policies_that_answer_for_a_grants_destructive_calls(
+    world, make_grant, human_client, carol
+):
+    """An auditor asking who could do what must see that a grant's deletes went through
+    without a person (an approve policy) or could not go through at all (a deny). Before,
+    the report (and its JSON over the API, which also dropped `blocked_by`) said nothing
+    of policies."""
+    from governance.services import reports
+
+    allowing = write(world)  # delete under repo:acme/tmp/*
+    denying = write(world, "deny", scope="repo:acme/*/secrets")
+    # Another grant of the same agent and tool, on scopes neither policy touches.
+    elsewhere = make_grant(
+        world.agent,
+        world.tool,
+        actions=("read", "delete"),
+        scope="repo:other/*",
+        starts_at=NOW - timedelta(hours=1),
+        duration=timedelta(hours=3),
+    )
+
+    def policies_at(at: datetime) -> dict[int, list[str]]:
+        return {row["grant"]: row["policies"] for row in reports.access_rows(at)}
+
+    both = [f"approve#{allowing.pk}", f"deny#{denying.pk}"]
+    assert policies_at(NOW) == {world.grant.pk: both, elsewhere.pk: []}
+    assert policies_at(WRITTEN - MS)[world.grant.pk] == []  # not yet in force
+    assert policies_at(ENDS)[world.grant.pk] == []  # over
+    confirmation.policy_revoke(
+        policy_id=denying.pk, by=world.bob, reason="done", actor=Actor.user(world.bob), at=NOW
+    )
+    assert policies_at(NOW - MS)[world.grant.pk] == both  # the past is as it was
+    assert policies_at(NOW)[world.grant.pk] == [f"approve#{allowing.pk}"]
+
+    # Over the API, in JSON and CSV, with the export on record.
+    auditor = human_client(carol, "auditors")
+    answer = auditor.get("/api/v1/reports/access", {"at": (NOW - MS).isoformat()})
+    assert answer.status_code == 200, answer.content
+    rows = {row["grant"]: row for row in answer.json()["rows"]}
+    assert rows[world.grant.pk]["policies"] == both
+    assert rows[world.grant.pk]["blocked_by"] is None
+    event = AuditEvent.objects.order_by("-seq").first()
+    assert (event.event_type, event.actor) == ("report.exported", "user:carol")
+    csv_text = auditor.get(
+        "/api/v1/reports/access", {"at": (NOW - MS).isoformat(), "format": "csv"}
+    ).content.decode()
+    header, *lines = csv_text.splitlines()
+    assert header.split(",")[-1] == "policies"
+    assert any(line.endswith(f'"approve#{allowing.pk},deny#{denying.pk}"') for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ("repo:acme/*", "repo:acme/tmp/*", True),
+        ("repo:acme/*/secrets", "repo:acme/tmp/*", True),  # repo:acme/tmp/secrets
+        ("repo:acme/*/secrets", "repo:acme/tmp", False),  # one segment fewer
+        ("repo:acme/api/*", "repo:acme/api2/*", False),
+        ("repo:acme/api", "repo:acme/api", True),
+        ("repo:acme/api", "repo:acme/api/*", False),  # a trailing * needs a segment
+        ("repo:acme/*", "mail:acme/*", False),
+        ("*", "mail:x", True),
+        ("repo:a/*/c", "repo:a/b/*", True),  # repo:a/b/c
+        ("repo:a/*/c", "repo:a/b/d", False),
+        ("repo:a/../b", "repo:a/*", False),  # not a pattern at all
+    ],
+)
+def test_two_scope_patterns_overlap_when_some_resource_matches_both(a, b, overlap):
+    from governance.policy import patterns_overlap, scope_matches
+
+    assert patterns_overlap(a, b) is overlap
+    assert patterns_overlap(b, a) is overlap
+    # Checked against the matcher itself, on the resources the patterns spell.
+    witnesses = {p.replace("*", "x") for p in (a, b) if p != "*"} | {
+        p.replace("*", "x") + "/y" for p in (a, b) if p.endswith("*")
+    }
+    if any(scope_matches(a, r) and scope_matches(b, r) for r in witnesses):
+        assert overlap

@@ -776,6 +776,24 @@ class AccessRowOut(serializers.Serializer):
     approver = serializers.CharField(allow_null=True)
     delegated_from = serializers.IntegerField(allow_null=True)
     break_glass = serializers.BooleanField()
+    blocked_by = serializers.CharField(
+        allow_null=True,
+        help_text=(
+            "Why the grant's live window was not access at `at` (a reason code: the agent "
+            "suspended, the tool quarantined, an ancestor grant dead, the task closed), or "
+            "null."
+        ),
+    )
+    policies = serializers.ListField(
+        child=serializers.CharField(),
+        help_text=(
+            "The confirmation policies in force at `at` that can answer some destructive "
+            "call under this grant, as `approve#ID` / `deny#ID`: a destructive call the "
+            "grant allows goes ahead without a person when an approve policy covers it "
+            "(unless its author has a stake in the call), and is refused when a deny "
+            "policy does."
+        ),
+    )
 
 
 class AccessReportOut(serializers.Serializer):

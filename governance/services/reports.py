@@ -19,10 +19,10 @@ from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
 from governance import audit, selectors
-from governance.codes import EventType
+from governance.codes import ActionClass, EventType
 from governance.errors import GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Tool
-from governance.policy import PastState, grant_dead_reason
+from governance.policy import PastState, grant_dead_reason, patterns_overlap
 
 ACCESS_COLUMNS = (
     "grant",
@@ -39,6 +39,7 @@ ACCESS_COLUMNS = (
     "delegated_from",
     "break_glass",
     "blocked_by",
+    "policies",
 )
 FORMATS = ("json", "csv")
 # OWASP's list: =, +, -, @ start a formula; tab and carriage return can smuggle one in.
@@ -88,6 +89,7 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
     )
     shapes = shapes_at(grants, at)
     past = state_at(at)
+    policies = _policies_by_pair(at)
     return [
         {
             "grant": g.pk,
@@ -107,8 +109,33 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
             # anything else (suspended agent, quarantined tool, dead ancestor)
             # would refuse it, with agent and tool state as they were at `at`.
             "blocked_by": grant_dead_reason(g.pk, at, past),
+            "policies": _answering(policies.get((g.agent_id, g.tool_id), []), g, shapes[g.pk]),
         }
         for g in grants
+    ]
+
+
+def _policies_by_pair(at: datetime) -> dict[tuple[int, int], list[Any]]:
+    """The confirmation policies in force at `at`, by (agent, tool)."""
+    found: dict[tuple[int, int], list[Any]] = {}
+    for p in selectors.live_policies(at).select_related("tool").order_by("pk"):
+        found.setdefault((p.agent_id, p.tool_id), []).append(p)
+    return found
+
+
+def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any]) -> list[str]:
+    """`approve#12`, `deny#13`: the policies that can answer some destructive call under
+    this grant, in its shape at the report's moment (an action it holds, its task or
+    none, a scope overlapping its own). The gate asks them for destructive calls only
+    (delete, or any action on an irreversible tool); whether an approve policy's author
+    has a stake in the call is decided per call (policy._policy_verdicts)."""
+    return [
+        f"{p.verdict}#{p.pk}"
+        for p in policies
+        if p.action in shape["actions"]
+        and (p.action == ActionClass.DELETE or p.tool.irreversible)
+        and (p.task_id is None or grant.task_id is None or p.task_id == grant.task_id)
+        and patterns_overlap(p.scope, shape["scope"])
     ]
 
 
