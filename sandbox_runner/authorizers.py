@@ -149,6 +149,8 @@ class HttpAuthorizer:
         }
         if spec.image_id:
             payload["image_id"] = spec.image_id
+        if spec.image_problem:
+            payload["image_problem"] = spec.image_problem
         # The bytes too when short enough, so a person asked to approve the run reads
         # what would run (the server checks them against the hashes).
         for what, data in (("script", spec.script), ("input", spec.input)):

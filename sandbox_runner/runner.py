@@ -38,7 +38,7 @@ from sandbox_runner.authorizers import Authorizer
 from sandbox_runner.backends import Backend, BackendUnavailable, Handle, get_backend
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.proxy import EgressProxy
-from sandbox_runner.spec import Authorization, RunResult, RunSpec
+from sandbox_runner.spec import IMAGE_ID, Authorization, RunResult, RunSpec
 
 # Distinct statuses for "the code never ran" (sysexits.h where one fits).
 EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: governance did not answer
@@ -147,13 +147,16 @@ def execute(
     # The image is resolved here, by the runner, never taken from the caller: the
     # decision binds the bytes the name points to now (an approval is for them, not for
     # whatever the name is moved to later), and start() runs exactly those. A name that
-    # does not resolve binds nothing: the decision is still asked and put on record, and
-    # start() fails with the reason.
+    # does not resolve binds nothing: the question is still asked, with the reason, and
+    # governance refuses it on record (image_unresolved).
+    image_id, problem = "", ""
     try:
         image_id = backend.image_id(spec.image)
-    except Exception:  # the engine's own failure: start() meets it again, on record
-        image_id = ""
-    spec = replace(spec, image_id=image_id)
+        if image_id and not IMAGE_ID.fullmatch(image_id):
+            problem, image_id = f"the engine named it {image_id[:80]!r}, not an image id", ""
+    except Exception as exc:  # missing, refused (VOLUME), or the engine failed
+        problem = str(exc) or type(exc).__name__
+    spec = replace(spec, image_id=image_id, image_problem=problem[:500])
     # The run's one helper thread, started first: it does the backend's host-side
     # set-up that needs no decision (bubblewrap: empty cgroups and the cgroup move's
     # grace period) while the authorizer's round trips run here; later it follows
@@ -175,6 +178,10 @@ def execute(
                 f"approval {auth.approval_id} awaits a person; once approved, run the same "
                 f"again with --approval {auth.approval_id}"
             )
+        if problem:
+            _say(problem)  # why the image did not resolve: this host's to fix
+            if auth.reason == "image_unresolved":
+                return Outcome(EXIT_BACKEND, auth, None)
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
     assert auth.limits is not None
 

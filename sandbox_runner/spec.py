@@ -92,8 +92,12 @@ class RunSpec:
     # `sha256:...`), resolved by the runner before it asks: the decision (and so an
     # approval) binds these bytes, and the backend starts exactly them, even if the name
     # is moved to other bytes meanwhile. Empty where a backend has no image to bind
-    # (bubblewrap runs the host's /usr) or the name did not resolve (start() says why).
+    # (bubblewrap runs the host's /usr) or the name did not resolve (image_problem).
     image_id: str = ""
+    # Why the runner could not resolve `image` (missing, declares a VOLUME, the engine
+    # failed): governance refuses the run with it on record (image_unresolved). Not
+    # hashed: it is not what would run.
+    image_problem: str = ""
     script: bytes | None = None
     input: bytes | None = None
     limits: Mapping[str, float | int | None] = field(default_factory=dict)

@@ -163,8 +163,16 @@ class SandboxRunIn(StrictSerializer):
             "The id of the image `image` names on the runner's engine (`sha256:` and 64 hex "
             "digits), resolved before asking: the decision and any approval bind it, and "
             "the runner starts exactly it. Empty when the backend has no image (bubblewrap) "
-            "or the name did not resolve. `started` must report the same image."
+            "or the name did not resolve. `started` must report the same image. A docker "
+            "or gvisor run without one is refused (`image_unresolved`)."
         ),
+    )
+    image_problem = exact_char(
+        max_length=500,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Why the runner could not resolve `image` to an id (kept on the refusal).",
     )
     command = serializers.ListField(child=exact_char(max_length=4096), min_length=1, max_length=256)
     script_sha256 = _sha256(required=False, default="")
@@ -355,6 +363,7 @@ class SandboxRunView(APIView):
             backend=data["backend"],
             image=data["image"],
             image_id=data["image_id"],
+            image_problem=data["image_problem"],
             limits={n: limits.get(n) for n in LIMIT_NAMES},
             egress=tuple(data["egress"]) if data.get("egress") is not None else None,
             run_id=run_id,

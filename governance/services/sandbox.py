@@ -33,6 +33,7 @@ from governance.errors import Conflict
 from governance.models import Grant, SandboxRun, Tool
 from governance.policy import call_dead_reason
 from governance.services.access import access_check
+from sandbox_runner.backends import IMAGE_BACKENDS
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
@@ -49,6 +50,7 @@ from sandbox_runner.spec import (
 LIMIT_EXCEEDED = "limit_exceeds_grant"
 BACKEND_NOT_ALLOWED = "backend_not_allowed"
 NOT_CODE_EXEC = "not_code_exec_tool"
+IMAGE_UNRESOLVED = "image_unresolved"
 GRANT_CEILING = (*(f"limit_{name}" for name in LIMIT_NAMES), "egress")
 
 
@@ -158,6 +160,13 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
                 return BACKEND_NOT_ALLOWED, (
                     f"this deployment runs sandboxes only under {allowed}"
                     f" (SANDBOX_BACKENDS); the run asked for {spec.backend}"
+                )
+            if spec.backend in IMAGE_BACKENDS and not spec.image_id:
+                # Nothing to bind the decision (or an approval) to: the name alone could
+                # be moved to other bytes before the start.
+                return IMAGE_UNRESOLVED, (
+                    f"image {spec.image!r} did not resolve to an image id on the runner: "
+                    + (spec.image_problem or "the runner sent none")
                 )
             grant = _ceiling(decision.grant_id)
             limits = {name: grant[f"limit_{name}"] for name in LIMIT_NAMES}
@@ -369,7 +378,7 @@ def run_started(
                 f"The run was allowed at {run.requested_at.isoformat()}; an allow is good "
                 f"for {HELD_GRACE.total_seconds():g} s to start. Ask again.",
             )
-        if run.image_id and image_digest != run.image_id:
+        if (run.image_id or run.backend in IMAGE_BACKENDS) and image_digest != run.image_id:
             # What started is not what was allowed (and perhaps approved): the runner
             # kills it before the code runs.
             raise Conflict(

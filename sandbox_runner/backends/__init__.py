@@ -11,6 +11,9 @@ REGISTRY = {
     "bubblewrap": "sandbox_runner.backends.bubblewrap:BubblewrapBackend",
     "gvisor": "sandbox_runner.backends.docker:GvisorBackend",
 }
+# The backends that start an image: a run under one binds the image's id (RunSpec.image_id)
+# or is refused (governance.services.sandbox: image_unresolved).
+IMAGE_BACKENDS = frozenset({"docker", "gvisor"})
 
 
 def get_backend(name: str) -> Backend:
@@ -26,4 +29,4 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
-__all__ = ["REGISTRY", "Backend", "BackendUnavailable", "Handle", "get_backend"]
+__all__ = ["IMAGE_BACKENDS", "REGISTRY", "Backend", "BackendUnavailable", "Handle", "get_backend"]

@@ -70,9 +70,10 @@ class Backend:
 
     def image_id(self, image: str) -> str:
         """What `image` names on this host now, as the runner binds it into the decision
-        (RunSpec.image_id), or "" when there is nothing to bind (the backend has no
-        image) or the name does not resolve: start() then says why, on record."""
-        return ""
+        (RunSpec.image_id), or "" when the backend has no image to bind. Raises
+        BackendUnavailable when the name does not resolve (or names an image this
+        backend refuses). Every backend says, so none binds nothing by omission."""
+        raise NotImplementedError(f"{type(self).__name__}.image_id() is not implemented")
 
     def prepare(self, spec: RunSpec) -> Callable[[], None] | None:
         """Optional host-side set-up that makes start() faster, done while governance

@@ -408,6 +408,9 @@ class BubblewrapBackend(Backend):
             return "bwrap is not installed (apt-get install bubblewrap)"
         return None
 
+    def image_id(self, image: str) -> str:
+        return ""  # no image: the host's /usr, read-only, is what runs
+
     def prepare(self, spec: RunSpec) -> Callable[[], None]:
         """While governance decides: make the run's cgroups, empty and without
         limits (no process enters them before start() has set every limit, and a

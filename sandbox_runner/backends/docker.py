@@ -170,6 +170,7 @@ class DockerBackend(Backend):
 
     def __init__(self, client: Any = None) -> None:
         self._client = client
+        self._checked: str | None = None  # the image id image_id() resolved and checked
 
     @property
     def client(self) -> Any:
@@ -191,10 +192,8 @@ class DockerBackend(Backend):
         return None
 
     def image_id(self, image: str) -> str:
-        try:
-            return self._image(image)
-        except BackendUnavailable:
-            return ""  # start() raises the reason, after the decision put the run on record
+        self._checked = self._image(image)
+        return self._checked
 
     def _image(self, ref: str) -> str:
         """The id of the image `ref` (a name or an id) names now. An image that declares
@@ -219,13 +218,13 @@ class DockerBackend(Backend):
 
     def _authorized_image(self, spec: RunSpec) -> str:
         """The image the decision bound (spec.image_id), by id: what runs is what was
-        allowed (and approved), even if the name was moved to other bytes since."""
+        allowed (and approved), even if the name was moved to other bytes since. An id
+        this backend resolved and checked itself is not asked for again (an image's
+        configuration, VOLUMEs included, is fixed by its id)."""
         if not spec.image_id:
-            self._image(spec.image)  # says why it did not resolve (missing, VOLUME)
-            raise BackendUnavailable(
-                f"image {spec.image!r} appeared on this engine after the decision was "
-                "asked for: ask again"
-            )
+            raise BackendUnavailable(f"no image id was bound for {spec.image!r}: not started")
+        if spec.image_id == self._checked:
+            return spec.image_id
         return self._image(spec.image_id)
 
     def _holder(self, image: str, spec: RunSpec, workdir: Path, deadline: float) -> Any:

@@ -18,6 +18,7 @@ import pytest
 from django.utils import timezone
 
 from governance.models import AuditEvent, SandboxRun
+from sandbox_runner.backends import IMAGE_BACKENDS
 from sandbox_runner.backends.base import LABEL_RUN
 from sandbox_runner.spec import DEFAULT_IMAGE, SCRIPT_PATH, RunSpec
 
@@ -98,11 +99,17 @@ def irreversible(code_exec: Any, make_tool: Any, make_grant: Any) -> Any:
     return make
 
 
+SOME_IMAGE_ID = "sha256:" + "5" * 64
+
+
 @pytest.fixture
 def spec_for() -> Callable[..., RunSpec]:
     def make(script: str | None = None, *command: str, **kw: Any) -> RunSpec:
         kw.setdefault("agent", "coder")
         kw.setdefault("task", "SBX-1")
+        if kw.get("backend", "docker") in IMAGE_BACKENDS:
+            # What a runner resolved and sends (execute() resolves it again, for real).
+            kw.setdefault("image_id", SOME_IMAGE_ID)
         if script is not None:
             return RunSpec(command=("python3", SCRIPT_PATH), script=script.encode(), **kw)
         return RunSpec(command=tuple(command), **kw)

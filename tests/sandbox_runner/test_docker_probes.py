@@ -678,10 +678,13 @@ def test_an_image_that_declares_a_volume_is_refused_before_any_container(
     spec = spec_for("print('ran')", backend=backend, image=image_with_a_volume)
     outcome, out, _ = run(spec)
     assert outcome.exit_code == EXIT_BACKEND and out == ""
+    assert (outcome.auth.outcome, outcome.auth.reason) == ("deny", "image_unresolved")
     record = run_record(spec.run_id)
-    assert record.status == "failed" and record.exit_code is None
-    assert f"image {image_with_a_volume!r} declares VOLUME /data: refused" in record.error
-    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert (record.status, record.reason, record.image_id) == ("denied", "image_unresolved", "")
+    assert f"image {image_with_a_volume!r} declares VOLUME /data: refused" in record.message
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    event = AuditEvent.objects.get(uid=outcome.auth.decision_id)
+    assert (event.event_type, event.reason) == ("access.denied", "image_unresolved")
     assert all_container_ids(docker_client) == containers
     assert _volume_names(docker_client) == volumes
 
@@ -708,9 +711,12 @@ def test_a_missing_image_fails_clearly_and_is_recorded(
     spec = spec_for(None, "true", image="governance-sandbox:does-not-exist")
     outcome, _, _ = run(spec)
     assert outcome.exit_code == EXIT_BACKEND
+    assert (outcome.auth.outcome, outcome.auth.reason) == ("deny", "image_unresolved")
     record = run_record(spec.run_id)
-    assert record.status == "failed" and record.exit_code is None
-    assert "does-not-exist" in record.error
-    assert "build it with scripts/build_sandbox_image.sh" in record.error
-    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert (record.status, record.reason) == ("denied", "image_unresolved")
+    assert "'governance-sandbox:does-not-exist' is not on this engine" in record.message
+    assert "build it with scripts/build_sandbox_image.sh" in record.message
+    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    event = AuditEvent.objects.get(uid=outcome.auth.decision_id)
+    assert (event.event_type, event.reason) == ("access.denied", "image_unresolved")
     assert all_container_ids(docker_client) == before

@@ -359,6 +359,41 @@ def test_a_run_started_from_another_image_than_the_one_allowed_is_refused(code_e
     assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started"]
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend", ["docker", "gvisor"])
+def test_an_image_run_without_an_image_id_is_refused_on_record_and_asks_nobody(
+    code_exec, irreversible, agent_client, backend
+):
+    """A runner that sends no image id (an old one, or one whose engine did not resolve
+    the name) would have the decision, and an approval, bound to a name only. Refused
+    before the confirmation gate: no person is asked to approve it."""
+    from governance.models import Approval
+
+    code_exec.grant()
+    irreversible("deploy-exec")
+    a = agent_client(code_exec.agent)
+    for tool in ("code-exec", "deploy-exec"):
+        run_id = str(uuid.uuid4())
+        body = _ask(run_id, backend=backend, tool=tool, image_problem="image 'x' is not here")
+        answer = a.post(RUNS, body, format="json").json()
+        assert (answer["decision"], answer["reason"]) == ("deny", "image_unresolved")
+        assert (
+            "did not resolve to an image id on the runner: image 'x' is not here"
+            in (answer["message"])
+        )
+        event = AuditEvent.objects.get(uid=answer["decision_id"])
+        assert (event.event_type, event.reason) == ("access.denied", "image_unresolved")
+        assert (run_record(run_id).status, run_record(run_id).reason) == (
+            "denied",
+            "image_unresolved",
+        )
+        assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
+    assert not Approval.objects.exists()
+    # With the id, the same asks are answered as usual.
+    body = _ask(str(uuid.uuid4()), backend=backend, image_id="sha256:" + "3" * 64)
+    assert a.post(RUNS, body, format="json").json()["decision"] == "allow"
+
+
 RUN_ID = "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11"
 BAD_ASKS = [
     [],

@@ -24,7 +24,7 @@ from governance.tasks import sandbox_reap
 from sandbox_runner.authorizers import DatabaseAuthorizer
 from sandbox_runner.backends.base import LABEL_AGENT
 from sandbox_runner.runner import EXIT_BACKEND, execute, workdir_root
-from tests.sandbox_runner.conftest import containers_of, events_of, run_record
+from tests.sandbox_runner.conftest import SOME_IMAGE_ID, containers_of, events_of, run_record
 
 
 def _sandboxes_of(client, agent):
@@ -232,13 +232,13 @@ def test_a_container_run_left_running_without_its_container_is_closed(
     assert run_request(spec=spec, at=now).allowed
     deadline = (now - ORPHAN_GRACE - timedelta(seconds=1)).timestamp()
     run_started(
-        run_id=spec.run_id, container_id="gone", image_digest="sha256:x",
+        run_id=spec.run_id, container_id="gone", image_digest=SOME_IMAGE_ID,
         deadline=deadline, enforcement={}, at=now,
     )  # fmt: skip
     fresh = spec_for("print(2)")
     assert run_request(spec=fresh, at=now).allowed
     run_started(
-        run_id=fresh.run_id, container_id="alive-elsewhere", image_digest="sha256:x",
+        run_id=fresh.run_id, container_id="alive-elsewhere", image_digest=SOME_IMAGE_ID,
         deadline=now.timestamp() + 60, enforcement={}, at=now,
     )  # fmt: skip
     assert (spec.run_id, "runner_gone") in reap_all(docker_client)
@@ -270,7 +270,7 @@ def test_a_worker_without_a_docker_engine_still_closes_stale_container_runs(
     for spec, deadline in ((stale, now - ORPHAN_GRACE - timedelta(seconds=1)),
                            (fresh, now + timedelta(seconds=60))):  # fmt: skip
         assert run_request(spec=spec, at=now).allowed
-        run_started(run_id=spec.run_id, container_id="remote", image_digest="sha256:x",
+        run_started(run_id=spec.run_id, container_id="remote", image_digest=SOME_IMAGE_ID,
                     deadline=deadline.timestamp(), enforcement={}, at=now)  # fmt: skip
 
     summary = sandbox_reap()
