@@ -21,7 +21,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -298,6 +298,29 @@ SELECT requested_by_id, NULL, NULL FROM chain WHERE requested_by_id IS NOT NULL
 # bare NULLs first would be typed text.)
 
 
+def stake_check(agent_id: int, grant_id: int) -> Callable[[int, datetime], bool]:
+    """has_stake(author, since): does this person have a stake in a call by this agent
+    under this grant? They own the agent (or one above it), asked for the grant (or one
+    it was delegated from), or held a token for any of those agents at some moment
+    since `since` (when they wrote a policy). As the rows are now: the owners and
+    tokens of today, also when the question is about a past moment (a report)."""
+    owners: set[int] = set()
+    tokens: list[tuple[int, Any, Any]] = []  # (creator, expires_at, revoked_at or None)
+    for user_id, expires, revoked in db.execute(_STAKE_QUERY, [agent_id, grant_id]):
+        if expires is None:  # an owner's or a requester's row
+            owners.add(user_id)
+        else:
+            tokens.append((user_id, db.read_dt(expires), db.read_dt(revoked)))
+
+    def has_stake(author: int, since: datetime) -> bool:
+        return author in owners or any(
+            user == author and expires > since and (revoked is None or revoked > since)
+            for user, expires, revoked in tokens
+        )
+
+    return has_stake
+
+
 def _policy_verdicts(
     agent_id: int,
     tool_id: int,
@@ -308,11 +331,9 @@ def _policy_verdicts(
     at: datetime,
 ) -> list[tuple[int, str]]:
     """(policy id, verdict) of every live confirmation policy covering this call, less
-    the approving ones whose author has a stake in it. Nobody confirms their own agent's
-    calls, by hand or by rule: an approve policy whose author owns the agent (or one
-    above it), asked for the grant (or one it was delegated from), or held a token for
-    any of those agents at any moment since writing it, answers nothing. A deny only
-    ever restricts, whoever wrote it."""
+    the approving ones whose author has a stake in it (stake_check). Nobody confirms
+    their own agent's calls, by hand or by rule. A deny only ever restricts, whoever
+    wrote it."""
     when = db.param_dt(at)
     rows = db.execute(_POLICY_QUERY, [agent_id, tool_id, action, task_id, when, when, when])
     found = [
@@ -322,20 +343,7 @@ def _policy_verdicts(
     ]
     if not any(verdict == "approve" for _, verdict, _, _ in found):
         return [(pid, verdict) for pid, verdict, _, _ in found]
-    owners: set[int] = set()
-    tokens: list[tuple[int, Any, Any]] = []  # (creator, expires_at, revoked_at or None)
-    for user_id, expires, revoked in db.execute(_STAKE_QUERY, [agent_id, grant_id]):
-        if expires is None:  # an owner's or a requester's row
-            owners.add(user_id)
-        else:
-            tokens.append((user_id, db.read_dt(expires), db.read_dt(revoked)))
-
-    def has_stake(author: int, since: Any) -> bool:
-        return author in owners or any(
-            user == author and expires > since and (revoked is None or revoked > since)
-            for user, expires, revoked in tokens
-        )
-
+    has_stake = stake_check(agent_id, grant_id)
     return [
         (pid, verdict)
         for pid, verdict, author, since in found

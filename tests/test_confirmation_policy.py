@@ -563,3 +563,54 @@ def test_two_scope_patterns_overlap_when_some_resource_matches_both(a, b, overla
     }
     if any(scope_matches(a, r) and scope_matches(b, r) for r in witnesses):
         assert overlap
+
+
+def test_the_access_report_lists_only_the_policies_the_gate_would_ask(
+    world, make_task, make_tool, make_grant
+):
+    """A policy is listed under a grant only where the gate would ask it: the task must
+    match (and be open), the action be one the grant holds, and an approve policy's
+    author must have no stake in the agent's calls."""
+    from governance.services import reports
+
+    other_task = make_task("OPS-2")
+    window = {"starts_at": NOW - timedelta(hours=1), "duration": timedelta(hours=3)}
+    on_task = make_grant(
+        world.agent, world.tool, ("delete",), "repo:acme/*", task=world.task, **window
+    )
+    on_other = make_grant(
+        world.agent, world.tool, ("delete",), "repo:acme/*", task=other_task, **window
+    )
+    reading = make_grant(world.agent, world.tool, ("read",), "repo:acme/*", **window)
+    task_bound = write(world, task=world.task)
+    # On an irreversible tool every action is destructive: an update policy answers there.
+    mailer = make_tool("mailer", actions=("read", "update"), irreversible=True)
+    mailing = make_grant(world.agent, mailer, ("update",), "repo:acme/*", **window)
+    update_policy = confirmation.policy_create(
+        agent=world.agent, tool=mailer, action="update", verdict="approve", scope="repo:acme/*",
+        reason="r", duration=timedelta(hours=1), actor=Actor.user(world.bob), author=world.bob,
+        at=WRITTEN,
+    )  # fmt: skip
+
+    def listed(at: datetime = NOW) -> dict[int, list[str]]:
+        return {row["grant"]: row["policies"] for row in reports.access_rows(at)}
+
+    found = listed()
+    assert found[world.grant.pk] == found[on_task.pk] == [f"approve#{task_bound.pk}"]
+    assert found[on_other.pk] == [] and found[reading.pk] == []
+    assert found[mailing.pk] == [f"approve#{update_policy.pk}"]
+    # Its task closed: a task-bound policy answers nothing.
+    from governance.services import tasks
+
+    tasks.task_close(task=world.task, actor=Actor.user(world.bob), at=NOW + MS)
+    assert listed(NOW + 2 * MS)[world.grant.pk] == []
+    assert listed(NOW)[world.grant.pk] == [f"approve#{task_bound.pk}"]  # as it was
+    # bob comes to hold a token for the agent: his approve policies stop answering, and
+    # the report stops listing them; the gate agrees.
+    agents.token_issue(created_by=world.bob, agent=world.agent, actor=Actor.user(world.bob), at=NOW)
+    assert listed()[mailing.pk] == []
+    decision = access_check(
+        agent="cleaner", tool="mailer", action="update", scope="repo:acme/x", at=NOW
+    )
+    assert (decision.decision, decision.policy_id) == ("approval_required", None)
+    assert event_of(decision).event_type == "access.approval_required"

@@ -789,9 +789,12 @@ class AccessRowOut(serializers.Serializer):
         help_text=(
             "The confirmation policies in force at `at` that can answer some destructive "
             "call under this grant, as `approve#ID` / `deny#ID`: a destructive call the "
-            "grant allows goes ahead without a person when an approve policy covers it "
-            "(unless its author has a stake in the call), and is refused when a deny "
-            "policy does."
+            "grant allows goes ahead without a person when an approve policy covers it, "
+            "and is refused when a deny policy does. Listed as the gate would ask them: "
+            "the grant's task or none (a task-bound policy while its task is open), an "
+            "action the grant holds, a scope overlapping its own, and an approve policy "
+            "only while its author has no stake in the agent's calls (owners and tokens "
+            "as they are now; the tool's irreversible flag too)."
         ),
     )
 

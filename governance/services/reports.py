@@ -22,7 +22,7 @@ from governance import audit, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Tool
-from governance.policy import PastState, grant_dead_reason, patterns_overlap
+from governance.policy import PastState, grant_dead_reason, patterns_overlap, stake_check
 
 ACCESS_COLUMNS = (
     "grant",
@@ -109,7 +109,7 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
             # anything else (suspended agent, quarantined tool, dead ancestor)
             # would refuse it, with agent and tool state as they were at `at`.
             "blocked_by": grant_dead_reason(g.pk, at, past),
-            "policies": _answering(policies.get((g.agent_id, g.tool_id), []), g, shapes[g.pk]),
+            "policies": _answering(policies.get((g.agent_id, g.tool_id), []), g, shapes[g.pk], at),
         }
         for g in grants
     ]
@@ -118,25 +118,37 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
 def _policies_by_pair(at: datetime) -> dict[tuple[int, int], list[Any]]:
     """The confirmation policies in force at `at`, by (agent, tool)."""
     found: dict[tuple[int, int], list[Any]] = {}
-    for p in selectors.live_policies(at).select_related("tool").order_by("pk"):
+    for p in selectors.live_policies(at).select_related("tool", "task").order_by("pk"):
         found.setdefault((p.agent_id, p.tool_id), []).append(p)
     return found
 
 
-def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any]) -> list[str]:
+def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: datetime) -> list[str]:
     """`approve#12`, `deny#13`: the policies that can answer some destructive call under
-    this grant, in its shape at the report's moment (an action it holds, its task or
-    none, a scope overlapping its own). The gate asks them for destructive calls only
-    (delete, or any action on an irreversible tool); whether an approve policy's author
-    has a stake in the call is decided per call (policy._policy_verdicts)."""
-    return [
-        f"{p.verdict}#{p.pk}"
+    this grant at `at`, as the gate would ask them (policy._policy_verdicts): an action
+    the grant held then and the tool supports, destructive (delete, or any action on a
+    tool marked irreversible: the tool as it is now), under the grant's task or none
+    (a task-bound policy only while its task is open), on a scope overlapping the
+    grant's; an approve policy only when its author has no stake in the grant's calls
+    (policy.stake_check), since the gate ignores it otherwise."""
+    candidates = [
+        p
         for p in policies
         if p.action in shape["actions"]
+        and p.action in p.tool.actions
         and (p.action == ActionClass.DELETE or p.tool.irreversible)
         and (p.task_id is None or grant.task_id is None or p.task_id == grant.task_id)
+        and (p.task is None or p.task.is_open_at(at))
         and patterns_overlap(p.scope, shape["scope"])
     ]
+    if any(p.verdict == "approve" for p in candidates):
+        has_stake = stake_check(grant.agent_id, grant.pk)
+        candidates = [
+            p
+            for p in candidates
+            if p.verdict == "deny" or not has_stake(p.created_by_id, p.created_at)
+        ]
+    return [f"{p.verdict}#{p.pk}" for p in candidates]
 
 
 # The events that set an agent's or a tool's state, and the state each one leaves.
