@@ -74,8 +74,11 @@ SANDBOX_ASK = {"run_id": "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11", "backend": "doc
 STREAM = {"excerpt": "", "sha256": "0" * 64, "bytes": 0, "truncated": False}
 
 
+IMAGE_ID = "sha256:" + "5" * 64  # what a runner resolved its image to
+
+
 def sandbox_started(world: dict[str, Any]) -> dict[str, Any]:
-    return {"decision_id": world["run_decision"], "container_id": "c", "image_digest": "",
+    return {"decision_id": world["run_decision"], "container_id": "c", "image_digest": IMAGE_ID,
             "deadline": timezone.now().timestamp() + 60}  # fmt: skip
 
 
@@ -214,8 +217,8 @@ def world(make_agent, make_tool, make_task, make_grant, alice, dave) -> dict[str
     # Two sandbox runs of A's (issue #4): one allowed, one started.
     code_exec = make_tool("code-exec", actions=("execute",), kind="code_exec")
     make_grant(bot_a, code_exec, ("execute",), "sandbox:*", starts_at=started)
-    runs = [sandbox.run_request(spec=RunSpec(agent="bot-a", task=None, command=("true",)), at=now)
-            for _ in range(2)]  # fmt: skip
+    spec = {"agent": "bot-a", "task": None, "command": ("true",), "image_id": IMAGE_ID}
+    runs = [sandbox.run_request(spec=RunSpec(**spec), at=now) for _ in range(2)]
     assert all(run.allowed for run in runs)
     # A live confirmation policy for A's deletes under repo:acme/old/*, written by dave.
     dave.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
@@ -224,7 +227,7 @@ def world(make_agent, make_tool, make_task, make_grant, alice, dave) -> dict[str
         verdict="deny", reason="keep old", duration=timedelta(hours=1),
         actor=Actor.user(dave), at=now,
     )  # fmt: skip
-    sandbox.run_started(run_id=runs[1].run_id, container_id="c", image_digest="",
+    sandbox.run_started(run_id=runs[1].run_id, container_id="c", image_digest=IMAGE_ID,
                         deadline=now.timestamp() + 60, enforcement={}, at=now)  # fmt: skip
     return {"run": runs[0].run_id, "run_decision": runs[0].decision_id,
             "running": runs[1].run_id, "running_decision": runs[1].decision_id,
