@@ -73,6 +73,9 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",  "/ui/tools/",                              None,                    "302 200 200 200"),
     ("GET",  "/ui/tools/repo/",                         None,                    "302 200 200 200"),
     ("POST", "/ui/tools/repo/approve",                  {},                      "302 403 403 302"),
+    ("GET",  "/ui/runs/",                               None,                    "302 200 200 200"),
+    ("GET",  "/ui/runs/?agent=bot-a&status=finished",   None,                    "302 200 200 200"),
+    ("GET",  "/ui/runs/{run}/",                         None,                    "302 200 200 200"),
     ("GET",  "/ui/audit/",                              None,                    "302 200 200 200"),
     ("GET",  "/ui/audit/?decision=allow&agent=bot-a",   None,                    "302 200 200 200"),
     ("GET",  "/ui/audit/1/",                            None,                    "302 200 200 200"),
@@ -119,9 +122,16 @@ CASES = [
 ]
 
 
-def _fill(path: str, world: World, extra: ui_world.Lifecycle | None = None, policy: int = 0) -> str:
+def _fill(
+    path: str,
+    world: World,
+    extra: ui_world.Lifecycle | None = None,
+    policy: int = 0,
+    run: str = "",
+) -> str:
     return path.format(
         policy=policy,
+        run=run,
         bg=extra.breakglass_id if extra else 0,
         campaign=extra.campaign_id if extra else 0,
         item=extra.item_id if extra else 0,
@@ -173,8 +183,9 @@ def test_permission_table(method: str, path: str, body: Any, role: str, expected
             scope="repo:acme/tmp/*", verdict="deny", reason="freeze",
             duration=timedelta(hours=1), actor=Actor.user(dave), at=timezone.now(),
         ).pk  # fmt: skip
+    run = ui_world.make_run(world) if "{run}" in path else ""
     client = ui_world.signed_in(None if role == "anon" else role)
-    url = _fill(path, world, extra, policy)
+    url = _fill(path, world, extra, policy, run)
     before = _state(world)
     events_before = AuditEvent.objects.count()
     if method == "GET":
@@ -201,7 +212,7 @@ def test_the_table_covers_every_ui_route() -> None:
     filled = [re.sub(r"\{\w+\}", "1", path.split("?")[0]) for _, path, _, _ in TABLE]
     missing = []
     for route in ui.url_patterns:
-        pattern = re.sub(r"<(int|str):\w+>", "[^/]+", str(route.pattern))
+        pattern = re.sub(r"<(int|str|uuid):\w+>", "[^/]+", str(route.pattern))
         if not any(re.fullmatch("/ui/" + pattern, url) for url in filled):
             missing.append(str(route.pattern))
     assert not missing, f"UI routes without a row in TABLE: {missing}"

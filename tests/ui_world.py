@@ -13,7 +13,7 @@ from django.utils import timezone
 from governance import roles
 from governance.audit import Actor
 from governance.models import Agent, Approval, Grant, Tool
-from governance.services import access, agents, grants, tasks, tools
+from governance.services import access, agents, grants, sandbox, tasks, tools
 from governance.services.usage import usage_fold
 
 PASSWORD = "pw-ui-test-123"
@@ -210,3 +210,44 @@ def build_lifecycle(world: World) -> Lifecycle:
         item_id=item.pk,
         second_look_id=look.pk,
     )
+
+
+IMAGE_ID = "sha256:" + "7" * 64
+HOSTILE_OUTPUT = "done <script>alert(1)</script> \u202etxt.exe\n"
+
+
+def make_run(world: World) -> str:
+    """A finished sandbox run of bot-a's, with one egress attempt denied and one allowed,
+    and output that is hostile to a page: its run id."""
+    from sandbox_runner.egress import EgressDecision
+    from sandbox_runner.spec import RunSpec
+
+    now = timezone.now()
+    system = Actor.system("test")
+    code_exec = tools.tool_register(
+        name="code-exec", kind="code_exec", actions=["execute"], description="Runs code",
+        actor=system, at=now - timedelta(hours=1),
+    )  # fmt: skip
+    grants.grant_issue(
+        agent=world.agent, tool=code_exec, actions=["execute"], scope="sandbox:*",
+        egress=["127.0.0.1:8443"], duration=timedelta(hours=1), justification="build",
+        requested_by=world.alice, approved_by=world.users["approver"], actor=system,
+        at=now - timedelta(minutes=5),
+    )  # fmt: skip
+    spec = RunSpec(
+        agent="bot-a", task=None, command=("python3", "-c", "print(1)"), image_id=IMAGE_ID,
+        limits={"memory_mb": 128},
+    )  # fmt: skip
+    auth = sandbox.run_request(spec=spec, at=now)
+    assert auth.allowed, auth
+    sandbox.run_started(run_id=spec.run_id, container_id="c0ffee", image_digest=IMAGE_ID,
+                        deadline=now.timestamp() + 60, enforcement={"memory": "docker"},
+                        at=now)  # fmt: skip
+    for allowed, reason, port in ((False, "not_allowlisted", 9), (True, "allowed", 8443)):
+        decision = EgressDecision(allowed, reason, "127.0.0.1", port, "127.0.0.1")
+        sandbox.egress_attempt(run_id=spec.run_id, decision=decision, at=now)
+    stream = {"excerpt": HOSTILE_OUTPUT, "sha256": "ab" * 32, "bytes": 40, "truncated": False}
+    summary = {"exit_code": 0, "timed_out": False, "oom_killed": False, "stdout": stream,
+               "stderr": {**stream, "excerpt": "", "bytes": 0}}  # fmt: skip
+    sandbox.run_finished_summary(run_id=spec.run_id, summary=summary, at=now)
+    return spec.run_id

@@ -88,3 +88,11 @@ class SandboxRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} ({self.status})"
+
+    @property
+    def outputs(self) -> list[tuple[str, str, str, int]]:
+        """(name, masked excerpt, sha256 of the whole stream, its size) per stream."""
+        return [
+            ("stdout", self.stdout_excerpt, self.stdout_sha256, self.stdout_bytes),
+            ("stderr", self.stderr_excerpt, self.stderr_sha256, self.stderr_bytes),
+        ]

@@ -13,7 +13,7 @@ from django import forms
 from django.conf import settings
 
 from governance.codes import ActionClass, Decision, EventType, Reason
-from governance.models import Tool
+from governance.models import SandboxRun, Tool
 from governance.services import exports
 
 ACTION_CHOICES = ActionClass.choices
@@ -111,6 +111,12 @@ class AuditFilterForm(StrictForm):
         if data.get("event_type"):
             out["event_type"] = data["event_type"]
         return out
+
+
+class RunFilterForm(StrictForm):
+    agent = forms.CharField(max_length=100, required=False)
+    status = forms.ChoiceField(choices=_choices(list(SandboxRun.Status.values)), required=False)
+    before = forms.IntegerField(min_value=1, required=False)
 
 
 class WhatIfForm(StrictForm):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from datetime import date, datetime, time, timedelta
 from typing import Any
@@ -10,8 +11,16 @@ from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncDate
 
 from governance import audit, selectors
-from governance.codes import ActionClass
-from governance.models import Agent, Approval, AuditEvent, ConfirmationPolicy, Grant, Tool
+from governance.codes import ActionClass, EventType
+from governance.models import (
+    Agent,
+    Approval,
+    AuditEvent,
+    ConfirmationPolicy,
+    Grant,
+    SandboxRun,
+    Tool,
+)
 from governance.services.outcomes import DECISION_EVENTS
 
 ACTIONS = list(ActionClass.values)
@@ -258,3 +267,53 @@ def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
             in policy_stakeholders(policy.agent, policy.tool, policy.action, at=policy.created_at)
         )
     return found
+
+
+# --- Sandbox runs ----------------------------------------------------------------------
+
+
+def runs_page(
+    *, agent: str, status: str, before: int | None, size: int
+) -> tuple[list[SandboxRun], int | None]:
+    """Newest first; (the page, the id to page on from, or None at the end)."""
+    qs = SandboxRun.objects.all()
+    if agent:
+        qs = qs.filter(agent=agent)
+    if status:
+        qs = qs.filter(status=status)
+    if before:
+        qs = qs.filter(pk__lt=before)
+    page = list(qs.order_by("-pk")[: size + 1])
+    return page[:size], (page[size - 1].pk if len(page) > size else None)
+
+
+def run_events(run: SandboxRun) -> list[AuditEvent]:
+    """The run's own events (requested, started, each egress attempt, finished, reaped):
+    the agent's sandbox events since the request that name the run."""
+    return list(
+        AuditEvent.objects.filter(
+            agent=run.agent,
+            event_type__startswith="sandbox.",
+            created_at__gte=run.requested_at,
+            data__contains=f'"run_id":"{run.run_id}"',
+        ).order_by("seq")[:2000]
+    )
+
+
+def egress_attempts(events: list[AuditEvent]) -> list[dict[str, Any]]:
+    """Each egress attempt among a run's events, with what the proxy decided."""
+    egress = (EventType.SANDBOX_EGRESS_ALLOWED, EventType.SANDBOX_EGRESS_DENIED)
+    attempts = []
+    for e in events:
+        if e.event_type in egress:
+            data = json.loads(e.data)
+            attempts.append(
+                {
+                    "event": e,
+                    "allowed": e.event_type == EventType.SANDBOX_EGRESS_ALLOWED,
+                    "destination": data.get("destination", ""),
+                    "address": data.get("address", ""),
+                    "reason": data.get("egress_reason", ""),
+                }
+            )
+    return attempts

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from governance.web import lifecycle, views
+from governance.web import lifecycle, runs, views
 
 app_name = "ui"
 
@@ -34,6 +34,8 @@ urlpatterns = [
     path("tools/", views.tool_list, name="tools"),
     path("tools/<str:name>/", views.tool_detail, name="tool"),
     path("tools/<str:name>/approve", views.tool_approve, name="tool-approve"),
+    path("runs/", runs.run_list, name="runs"),
+    path("runs/<uuid:run_id>/", runs.run_detail, name="run"),
     path("audit/", views.audit_log, name="audit"),
     path("audit/export", views.audit_export, name="audit-export"),
     path("audit/verify", views.audit_verify, name="audit-verify"),
