@@ -742,3 +742,23 @@ def test_what_if_answers_for_field_limited_grants_as_authorize_does() -> None:
             at=timezone.now(),
         )
         assert live.reason == expected
+
+
+@pytest.mark.django_db
+def test_the_audit_log_pages_to_older_events_keeping_its_filters() -> None:
+    from governance import audit
+
+    ui_world.build()
+    now = timezone.now()
+    for i in range(120):
+        audit.append(event_type="report.exported", actor=Actor.system("t"), at=now, data={"n": i})
+    client = ui_world.signed_in("auditor")
+    page = client.get("/ui/audit/?event_type=report.exported").content.decode()
+    newest = AuditEvent.objects.filter(event_type="report.exported").order_by("-seq")
+    assert f'href="/ui/audit/{newest[0].seq}/"' in page
+    assert f'href="/ui/audit/{newest[100].seq}/"' not in page and "older →" in page
+    older = page.split('<p><a href="?', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    assert "event_type=report.exported" in older and f"before={newest[99].seq}" in older
+    second = client.get(f"/ui/audit/?{older}").content.decode()
+    assert f'href="/ui/audit/{newest[100].seq}/"' in second
+    assert f'href="/ui/audit/{newest[99].seq}/"' not in second

@@ -26,6 +26,15 @@ def failed(request: HttpRequest, exc: GovernanceError) -> HttpResponse:
     return response
 
 
+def older_query(request: HttpRequest, before: Any) -> str:
+    """The query string of the next (older) page: this page's filters, `before` set."""
+    if before is None:
+        return ""
+    params = request.GET.copy()
+    params["before"] = str(before)
+    return params.urlencode()
+
+
 def invalid(request: HttpRequest, form: Any) -> HttpResponse:
     error = GovernanceError("invalid_request", "The form is not valid.")
     return render(request, "ui/error.html", {"error": error, "form": form}, status=400)

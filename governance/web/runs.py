@@ -31,15 +31,10 @@ def run_list(request: HttpRequest) -> HttpResponse:
         before=data.get("before"),
         size=PAGE,
     )
-    next_query = ""
-    if next_before is not None:
-        params = request.GET.copy()
-        params["before"] = str(next_before)
-        next_query = params.urlencode()
     return render(
         request,
         "ui/runs.html",
-        {"form": form, "runs": runs, "next_query": next_query, "now": timezone.now()},
+        {"form": form, "runs": runs, "next_query": common.older_query(request, next_before)},
     )
 
 

@@ -607,11 +607,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         qs = qs.filter(seq__lt=before)
     page = list(qs.order_by("-seq")[: PAGE + 1])
     more, page = len(page) > PAGE, page[:PAGE]
-    next_query = ""
-    if more:
-        params = request.GET.copy()
-        params["before"] = str(page[-1].seq)
-        next_query = params.urlencode()
+    next_query = common.older_query(request, page[-1].seq if more else None)
     export_query = request.GET.copy()
     export_query.pop("before", None)
     return render(
