@@ -328,3 +328,26 @@ def test_an_admin_opens_a_review_campaign_on_demand(live_server: Any, page: Any)
     opened = AuditEvent.objects.filter(event_type="review.campaign_opened").get()
     assert opened.actor == "user:dave"
     shot(page, "review-campaign-opened")
+
+
+def test_an_auditor_follows_a_sandbox_run_from_the_list_to_what_it_did(
+    live_server: Any, page: Any
+) -> None:
+    world = ui_world.build()
+    run_id = ui_world.make_run(world)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    sign_in(page, live_server.url, "auditor")
+    page.click("header.top nav >> text=Sandbox runs")
+    page.wait_for_url(f"{live_server.url}/ui/runs/")
+    page.click(f"a[href='/ui/runs/{run_id}/'] >> text=details")
+    page.wait_for_url(f"{live_server.url}/ui/runs/{run_id}/")
+    main = page.inner_text("main")
+    assert ui_world.IMAGE_ID in main and "denied (not_allowlisted)" in main
+    # The run's hostile output is text on the page, never markup that runs.
+    assert "<script>alert(1)</script>" in page.inner_text("pre.output.stdout")
+    assert "[U+202E bidi]" in page.inner_text("pre.output.stdout")
+    assert dialogs == []
+    look = AuditEvent.objects.order_by("-seq").first()
+    assert (look.event_type, look.actor) == ("audit.viewed", "user:carol")
+    shot(page, "sandbox-run")
