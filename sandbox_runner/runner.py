@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sandbox_runner.authorizers import Authorizer
-from sandbox_runner.backends import Backend, BackendUnavailable, Handle, get_backend
+from sandbox_runner.backends import (
+    IMAGE_UNRESOLVED,
+    Backend,
+    BackendUnavailable,
+    Handle,
+    get_backend,
+)
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.proxy import EgressProxy
 from sandbox_runner.spec import IMAGE_ID, Authorization, RunResult, RunSpec
@@ -180,7 +186,7 @@ def execute(
             )
         if problem:
             _say(problem)  # why the image did not resolve: this host's to fix
-            if auth.reason == "image_unresolved":
+            if auth.reason == IMAGE_UNRESOLVED:
                 return Outcome(EXIT_BACKEND, auth, None)
         return Outcome(EXIT_FOR_OUTCOME.get(auth.outcome, EXIT_DENIED), auth, None)
     assert auth.limits is not None

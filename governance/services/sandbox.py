@@ -33,7 +33,7 @@ from governance.errors import Conflict
 from governance.models import Grant, SandboxRun, Tool
 from governance.policy import call_dead_reason
 from governance.services.access import access_check
-from sandbox_runner.backends import IMAGE_BACKENDS
+from sandbox_runner.backends import IMAGE_BACKENDS, IMAGE_UNRESOLVED
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
@@ -50,7 +50,6 @@ from sandbox_runner.spec import (
 LIMIT_EXCEEDED = "limit_exceeds_grant"
 BACKEND_NOT_ALLOWED = "backend_not_allowed"
 NOT_CODE_EXEC = "not_code_exec_tool"
-IMAGE_UNRESOLVED = "image_unresolved"
 GRANT_CEILING = (*(f"limit_{name}" for name in LIMIT_NAMES), "egress")
 
 

@@ -14,6 +14,7 @@ REGISTRY = {
 # The backends that start an image: a run under one binds the image's id (RunSpec.image_id)
 # or is refused (governance.services.sandbox: image_unresolved).
 IMAGE_BACKENDS = frozenset({"docker", "gvisor"})
+IMAGE_UNRESOLVED = "image_unresolved"  # governance's reason for refusing such a run
 
 
 def get_backend(name: str) -> Backend:
@@ -29,4 +30,12 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
-__all__ = ["IMAGE_BACKENDS", "REGISTRY", "Backend", "BackendUnavailable", "Handle", "get_backend"]
+__all__ = [
+    "IMAGE_BACKENDS",
+    "IMAGE_UNRESOLVED",
+    "REGISTRY",
+    "Backend",
+    "BackendUnavailable",
+    "Handle",
+    "get_backend",
+]
