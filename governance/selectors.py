@@ -47,7 +47,8 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
     """The live grant matrix at `at` as plain data, in a stable order.
 
     What `matrix_export` writes: every agent and tool, the tasks open at `at`
-    plus any task a live grant is bound to, and the grants live at `at`. Ordered by
+    plus any task a live grant or policy is bound to, and the grants and confirmation
+    policies live at `at`. Ordered by
     name/key (grants by agent, tool, task, scope, id) so two exports of the
     same state are byte-identical and diff cleanly under version control.
     """
@@ -59,7 +60,19 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
         live_grants(at).select_related("requested_by_agent"),
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
     )
-    task_ids = {g.task_id for g in grants if g.task_id is not None}
+    # A policy bound to a task that is not open answers no call: not in force.
+    policies = sorted(
+        (
+            p
+            for p in live_policies(at).select_related("agent", "tool", "task", "created_by")
+            if p.task is None or p.task.is_open_at(at)
+        ),
+        key=lambda p: (
+            p.agent.name, p.tool.name, p.action, p.task.key if p.task else "", p.scope,
+            p.verdict, p.pk,
+        ),
+    )  # fmt: skip
+    task_ids = {x.task_id for x in [*grants, *policies] if x.task_id is not None}
     tasks = sorted(
         (
             k
@@ -133,6 +146,24 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
                 "break_glass": g.break_glass,
             }
             for g in grants
+        ],
+        # The confirmation gate's standing answers: with the grants, what the agents
+        # can do, and which of their destructive calls need no person.
+        "confirmation_policies": [
+            {
+                "id": p.pk,
+                "agent": p.agent.name,
+                "tool": p.tool.name,
+                "task": p.task.key if p.task else None,
+                "action": p.action,
+                "scope": p.scope,
+                "verdict": p.verdict,
+                "reason": p.reason,
+                "author": p.created_by.get_username(),
+                "starts_at": p.starts_at,
+                "expires_at": p.expires_at,
+            }
+            for p in policies
         ],
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from governance import audit, roles, selectors
 from governance.audit import verify_chain
-from governance.models import Agent, AuditEvent, Grant, Task, Tool
+from governance.models import Agent, AuditEvent, ConfirmationPolicy, Grant, Task, Tool
 from governance.services import grants as grant_service
 from governance.services import matrix as matrix_service
 from governance.services import tools as tool_service
@@ -884,3 +885,263 @@ def test_a_quarantined_tool_is_exported_as_quarantined(world, system):
     data = yaml.safe_load(matrix_service.matrix_export(at=NOW))
     repo = next(t for t in data["tools"] if t["name"] == "repo")
     assert repo["quarantined"] is True
+
+
+# --- confirmation policies -----------------------------------------------------------
+# A policy answers the confirmation gate for a person: which of an agent's destructive
+# calls need nobody, or can never pass. The matrix file shows them beside the grants, and
+# an import brings them across only as an approving admin's own policies.
+
+POLICY_START = NOW - timedelta(minutes=10)
+
+
+@pytest.fixture
+def dee(db: None) -> User:
+    """An approver with no stake in bot: she writes bot's policies."""
+    user = User.objects.create_user("dee")
+    user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    return User.objects.get(pk=user.pk)
+
+
+def policy_world(world: dict[str, Any], author: User, make_grant: Any, make_task: Any) -> Any:
+    """world, plus bot's delete grant on scratch space and four policies: two live (an
+    approve, and a deny bound to TICKET-1), one revoked, one bound to a closed task."""
+    from governance.services import confirmation
+    from governance.services import tasks as task_service
+
+    make_grant(world["bot"], world["repo"], actions=("delete",), scope="repo:acme/tmp/*")
+
+    def write(**kw: Any) -> Any:
+        return confirmation.policy_create(
+            author=author,
+            agent=world["bot"],
+            tool=kw.pop("tool", world["repo"]),
+            action=kw.pop("action", "delete"),
+            scope=kw.pop("scope", "repo:acme/tmp/*"),
+            verdict=kw.pop("verdict", "approve"),
+            reason=kw.pop("reason", "scratch space is disposable"),
+            duration=timedelta(hours=2),
+            actor=audit.Actor.user(author),
+            at=POLICY_START,
+            **kw,
+        )
+
+    live = [
+        write(),
+        write(
+            tool=world["mailer"] if "mailer" in world else Tool.objects.get(name="mailer"),
+            action="create",
+            scope="mail:customers/*",
+            verdict="deny",
+            reason="no mail to customers from this ticket",
+            task=world["task"],
+        ),
+    ]
+    revoked = write(scope="repo:acme/old/*")
+    from governance.services.confirmation import policy_revoke
+
+    policy_revoke(
+        policy_id=revoked.pk, by=author, reason="done", actor=audit.Actor.user(author), at=NOW
+    )
+    closed = make_task("TICKET-2", at=NOW - timedelta(hours=3))
+    write(scope="repo:acme/tmp/old/*", task=closed)
+    task_service.task_close(task=closed, actor=audit.Actor.user(author), at=NOW - MINUTE)
+    return live
+
+
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.fixture
+def with_policies(world, dee, make_grant, make_task) -> Any:
+    return policy_world(world, dee, make_grant, make_task)
+
+
+def test_export_lists_the_live_confirmation_policies(with_policies, tmp_path):
+    approve, deny = with_policies
+    data = export(tmp_path / "m.yaml")
+
+    assert data["confirmation_policies"] == [
+        {
+            "id": deny.pk,
+            "agent": "bot",
+            "tool": "mailer",
+            "task": "TICKET-1",
+            "action": "create",
+            "scope": "mail:customers/*",
+            "verdict": "deny",
+            "reason": "no mail to customers from this ticket",
+            "author": "dee",
+            "starts_at": POLICY_START,
+            "expires_at": POLICY_START + timedelta(hours=2),
+        },
+        {
+            "id": approve.pk,
+            "agent": "bot",
+            "tool": "repo",
+            "task": None,
+            "action": "delete",
+            "scope": "repo:acme/tmp/*",
+            "verdict": "approve",
+            "reason": "scratch space is disposable",
+            "author": "dee",
+            "starts_at": POLICY_START,
+            "expires_at": POLICY_START + timedelta(hours=2),
+        },
+    ]  # by agent, tool, action; not the revoked one, nor the one whose task has closed
+    assert [k["key"] for k in data["tasks"]] == ["TICKET-1"]
+
+
+def test_reimporting_the_live_matrix_leaves_its_policies_unchanged(
+    with_policies, tmp_path, ada, cy
+):
+    path = tmp_path / "matrix.yaml"
+    export(path)
+    before = counts()
+    policies = ConfirmationPolicy.objects.count()
+
+    out = run_import(path, "--as", "ada", "--apply-approved", "--approver", "cy")
+
+    assert counts() == before and ConfirmationPolicy.objects.count() == policies
+    approve, deny = with_policies
+    assert (
+        f"unchanged policy bot repo delete repo:acme/tmp/* approve  (live as policy #{approve.pk})"
+        in out
+    )
+    assert f"(live as policy #{deny.pk})" in out
+
+
+@pytest.fixture
+def exported_policies(request, tmp_path, alice, bob) -> tuple[Path, dict[str, Any]]:
+    path = tmp_path / "matrix.yaml"
+
+    def build() -> None:
+        world = request.getfixturevalue("world")
+        policy_world(
+            world,
+            request.getfixturevalue("dee"),
+            request.getfixturevalue("make_grant"),
+            request.getfixturevalue("make_task"),
+        )
+
+    data = export_then_forget(build, path)
+    assert len(data["confirmation_policies"]) == 2
+    return path, data
+
+
+def test_imported_policies_are_the_approving_admins_and_answer_the_gate(exported_policies, ada, cy):
+    """Into a clean database, approved: each policy is written by the approving admin
+    (never the exported author), from import time for the exported window's length, with
+    its event; and it answers the gate as any policy does."""
+    from governance.services.access import access_check
+
+    path, _ = exported_policies
+    assert not ConfirmationPolicy.objects.exists()
+
+    out = run_import(path, "--as", "ada", "--apply-approved", "--approver", "cy")
+
+    made = list(ConfirmationPolicy.objects.order_by("pk"))
+    assert [(p.agent.name, p.tool.name, p.action, p.scope, p.verdict) for p in made] == [
+        ("bot", "mailer", "create", "mail:customers/*", "deny"),
+        ("bot", "repo", "delete", "repo:acme/tmp/*", "approve"),
+    ]
+    created = {
+        json.loads(e.data)["policy"]: e
+        for e in AuditEvent.objects.filter(event_type="confirmation_policy.created")
+    }
+    assert sorted(created) == [p.pk for p in made]
+    for policy in made:
+        assert policy.created_by == cy
+        assert (policy.starts_at, policy.expires_at) == (NOW, NOW + timedelta(hours=2))
+        assert created[policy.pk].actor == "user:ada" and created[policy.pk].agent == "bot"
+    assert made[0].task.key == "TICKET-1" and made[1].task is None
+    assert f"(#{made[1].pk} live policy)" in out
+    imported = AuditEvent.objects.get(event_type="matrix.imported")
+    assert json.loads(imported.data)["created"]["policy"] == 2
+    assert json.loads(imported.data)["policy_ids"] == [p.pk for p in made]
+
+    decision = access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/tmp/build", at=NOW + MINUTE
+    )
+    assert (decision.decision, decision.policy_id) == ("allow", made[1].pk)
+    assert AuditEvent.objects.get(uid=decision.decision_id).event_type == "access.allowed"
+    assert verify_chain().ok
+
+
+def test_without_apply_approved_policies_are_skipped_not_written(exported_policies, ada):
+    path, _ = exported_policies
+
+    out = run_import(path, "--as", "ada")
+
+    assert not ConfirmationPolicy.objects.exists()
+    assert not AuditEvent.objects.filter(event_type="confirmation_policy.created").exists()
+    assert out.count("a policy is written by an approver: import with --apply-approved") == 2
+    assert Grant.objects.filter(status="pending").count() == 3  # the grants still come
+
+
+def test_an_approver_with_a_stake_cannot_author_an_imported_approve_policy(
+    exported_policies, ada, alice
+):
+    """alice owns bot: approving its grants is refused, and so is authoring its approve
+    policy. The import is refused whole."""
+    path, data = exported_policies
+    only_policies = {**data, "grants": []}
+    path.write_text(yaml.safe_dump(only_policies))
+    alice.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    before = counts()
+
+    message = rejected(path, "--as", "ada", "--apply-approved", "--approver", "alice")
+
+    assert "confirmation_policies[1]" in message and "own agent" in message
+    assert counts() == before and not ConfirmationPolicy.objects.exists()
+
+
+POLICY_ENTRY = """\
+confirmation_policies:
+- agent: bot
+  tool: repo
+  action: delete
+  scope: repo:acme/tmp/*
+  verdict: approve
+  reason: scratch
+  duration: 2h
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ("action: delete", "action: read"),
+            ":4: confirmation_policies[0].action: Only destructive",
+        ),
+        (
+            ("verdict: approve", "verdict: maybe"),
+            ":6: confirmation_policies[0].verdict: The verdict",
+        ),
+        (
+            ("duration: 2h", "duration: 400d"),
+            ":8: confirmation_policies[0].duration: A policy lives",
+        ),
+        (("scope: repo:acme/tmp/*", "scope: repo:acme/../x"), ":5: confirmation_policies[0].scope"),
+        (("agent: bot", "agent: nobody"), ":2: confirmation_policies[0].agent: unknown agent"),
+        (("  duration: 2h\n", ""), ":2: confirmation_policies[0]: needs a duration"),
+        (("  reason: scratch\n", ""), "missing required key 'reason'"),
+        (
+            ("  duration: 2h\n", "  duration: 2h\n  author: dee\n  colour: red\n"),
+            "colour: unknown key",
+        ),
+    ],
+)
+def test_a_bad_policy_entry_is_an_error_at_its_line(world, tmp_path, change, expected):
+    path = write(tmp_path, POLICY_ENTRY.replace(*change))
+    before = counts()
+    message = rejected(path, "--dry-run")
+    assert expected in message, message
+    assert counts() == before and not ConfirmationPolicy.objects.exists()
+
+
+def test_a_policy_entry_repeated_in_the_file_is_an_error(world, tmp_path):
+    twice = POLICY_ENTRY + POLICY_ENTRY.split("\n", 1)[1].replace("reason: scratch", "reason: b")
+    message = rejected(write(tmp_path, twice), "--dry-run")
+    assert "confirmation_policies[1]: repeats confirmation_policies[0] (line 2)" in message

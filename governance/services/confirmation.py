@@ -69,22 +69,11 @@ def policy_stakeholders(agent: Agent, tool: Tool, action: str, *, at: datetime) 
     return people
 
 
-def policy_create(
-    *,
-    author: Any,
-    agent: Agent,
-    tool: Tool,
-    action: str,
-    scope: str,
-    verdict: str,
-    reason: str,
-    duration: timedelta,
-    actor: audit.Actor,
-    at: datetime,
-    task: Task | None = None,
-) -> ConfirmationPolicy:
-    """A live policy from `at` for `duration`, with its event."""
-    _require_approver(author)
+def validate_policy(
+    *, tool: Tool, action: str, scope: str, verdict: str, reason: str, duration: timedelta
+) -> None:
+    """What a policy must be, whoever writes it and however (API, UI, a matrix file):
+    raises GovernanceError with the first problem's code."""
     if verdict not in ConfirmationPolicy.Verdict.values:
         raise GovernanceError("invalid_verdict", "The verdict is approve or deny.")
     if action not in ActionClass.values:
@@ -110,6 +99,27 @@ def policy_create(
         raise GovernanceError(
             "duration_too_long", f"A policy lives at most {hours} hours (GRANT_MAX_TTL_HOURS)."
         )
+
+
+def policy_create(
+    *,
+    author: Any,
+    agent: Agent,
+    tool: Tool,
+    action: str,
+    scope: str,
+    verdict: str,
+    reason: str,
+    duration: timedelta,
+    actor: audit.Actor,
+    at: datetime,
+    task: Task | None = None,
+) -> ConfirmationPolicy:
+    """A live policy from `at` for `duration`, with its event."""
+    _require_approver(author)
+    validate_policy(
+        tool=tool, action=action, scope=scope, verdict=verdict, reason=reason, duration=duration
+    )
     # Nobody confirms their own agent's calls, by hand or by rule: not the agent's
     # people, nor anyone with a stake in a live grant the calls would run under (its
     # requester, up its delegation chain). authorize() applies the same rule to each

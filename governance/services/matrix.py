@@ -33,6 +33,14 @@ What the file means on import (the decisions, in one place):
   file: registering approves its definition, which only an admin may do.
 - New tasks open at import time; `window.starts_at` is history.
 - `review_due_at`, `id`, `requester` and `approver` are read but not applied.
+- Confirmation policies have no pending state: a policy is written by a person
+  with the approver role and no stake in the agent's calls. So they are created
+  only with `apply_approved`, authored by the approving admin (the stake rule is
+  confirmation.policy_create's, checked as through the API); otherwise they are
+  `skipped`. A live policy with the same agent, tool, task, action, scope and
+  verdict makes an entry `unchanged`. `id`, `author`, `starts_at` are history:
+  a new policy starts at import time and lives `duration` (or the exported
+  window's length), at most GRANT_MAX_TTL, as through the API.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from governance.errors import Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.models.tools import definition_hash
 from governance.services import agents as agent_service
+from governance.services import confirmation
 from governance.services import grants as grant_service
 from governance.services import tasks as task_service
 from governance.services import tools as tool_service
@@ -100,7 +109,7 @@ _Dumper.add_representer(list, _represent_list)
 _Dumper.add_representer(str, _represent_str)
 
 _HEADER = (
-    "# Grant matrix: agents, tools, tasks and the grants live when exported.\n"
+    "# Grant matrix: agents, tools, tasks, and the grants and confirmation policies live.\n"
     "# Import with: manage.py matrix_import FILE [--dry-run] --as USERNAME\n"
 )
 
@@ -156,13 +165,14 @@ class MatrixInvalid(GovernanceError):
 class Change:
     """One entry of the file and what the import does (or did) with it."""
 
-    kind: str  # agent | tool | task | grant
+    kind: str  # agent | tool | task | grant | policy
     outcome: str  # create | unchanged | skipped
     label: str
     line: int
     path: str
     note: str = ""
     grant_id: int | None = None  # the grant created, or the one that made it unchanged
+    policy_id: int | None = None  # the same for a confirmation policy
     spec: Any = field(default=None, repr=False, compare=False)
 
 
@@ -359,7 +369,7 @@ def parse_duration(text: str) -> timedelta | None:
 
 # --- Planning ------------------------------------------------------------------
 
-TOP_KEYS = ("version", "agents", "tools", "tasks", "grants")
+TOP_KEYS = ("version", "agents", "tools", "tasks", "grants", "confirmation_policies")
 AGENT_KEYS = ("name", "owner", "parent", "status")
 TOOL_KEYS = (
     "name",
@@ -395,6 +405,31 @@ GRANT_KEYS = (
     "delegable",
     "break_glass",
 )
+POLICY_KEYS = (
+    "id",
+    "agent",
+    "tool",
+    "task",
+    "action",
+    "scope",
+    "verdict",
+    "reason",
+    "author",
+    "duration",
+    "starts_at",
+    "expires_at",
+)
+# The key of a policy entry that each of confirmation.validate_policy's refusals is about.
+_POLICY_BLAME = {
+    "invalid_verdict": "verdict",
+    "invalid_action": "action",
+    "action_not_supported": "action",
+    "not_destructive": "action",
+    "invalid_scope": "scope",
+    "reason_required": "reason",
+    "invalid_duration": "duration",
+    "duration_too_long": "duration",
+}
 
 
 @dataclass
@@ -763,6 +798,106 @@ class _Planner:
             self._second_request_in_file(change, keys)
         self.changes.append(change)
 
+    # confirmation policies -----------------------------------------------------
+
+    def policy(self, node: Node, path: str) -> None:
+        r = self.reader
+        required = ("agent", "tool", "action", "scope", "verdict", "reason")
+        keys = r.mapping(node, path, POLICY_KEYS, required)
+        if keys is None:
+            return
+
+        def get(key: str, read: Callable[..., Any], **kw: Any) -> Any:
+            return read(keys.get(key), f"{path}.{key}", **kw)
+
+        agent_name = get("agent", r.text)
+        tool_name = get("tool", r.text)
+        task_key = get("task", r.text, nullable=True)
+        action = get("action", r.text)
+        scope = get("scope", r.text)
+        verdict = get("verdict", r.text)
+        reason = get("reason", r.text)
+        get("author", r.text, nullable=True)
+        get("id", r.integer)
+        duration, duration_node = self._duration(node, keys, path)
+
+        agent = self._agent_for(keys, path, agent_name)
+        tool = self._tool_for(keys, path, tool_name)
+        task = self._task_for(keys, path, task_key)
+        values = (agent, tool, task, action, scope, verdict, reason, duration)
+        if BAD in values:
+            return
+        try:
+            confirmation.validate_policy(
+                tool=tool,
+                action=action,
+                scope=scope,
+                verdict=verdict,
+                reason=reason,
+                duration=duration,
+            )
+        except GovernanceError as exc:
+            key = _POLICY_BLAME.get(exc.code, "")
+            where = duration_node if key == "duration" else keys.get(key, node)
+            if key == "duration" and "duration" not in keys:
+                key = "expires_at"  # the window's length was too long
+            r.error(where, f"{path}.{key}" if key else path, exc.message)
+            return
+
+        label = f"{agent_name} {tool_name} {action} {scope} {verdict}"
+        label += f" (task {task_key})" if task_key else ""
+        spec = {
+            "agent": agent,
+            "tool": tool,
+            "task": task,
+            "action": action,
+            "scope": scope,
+            "verdict": verdict,
+            "reason": reason,
+            "duration": duration,
+        }
+        change = Change("policy", "create", label, _line(node), path, spec=spec)
+        ident = self._policy_identity(spec)
+        for earlier in self.changes:
+            if earlier.kind == "policy" and self._policy_identity(earlier.spec) == ident:
+                r.error(node, path, f"repeats {earlier.path} (line {earlier.line})")
+                return
+        existing = self._live_policy(spec)
+        if existing is not None:
+            change.outcome, change.policy_id = "unchanged", existing.pk
+            change.note = f"live as policy #{existing.pk}"
+        elif self.mode == "requests":
+            change.outcome = "skipped"
+            change.note = "a policy is written by an approver: import with --apply-approved"
+        self.changes.append(change)
+
+    def _policy_identity(self, spec: dict[str, Any]) -> tuple[Any, ...]:
+        return (
+            *self._identity({**spec, "actions": [spec["action"]]})[:4],
+            spec["action"],
+            spec["verdict"],
+        )
+
+    def _live_policy(self, spec: dict[str, Any]) -> Any:
+        """The live policy this entry describes, or None (also for new names)."""
+        if not isinstance(spec["agent"], Agent) or spec["tool"].pk is None:
+            return None
+        if spec["task"] is not None and not isinstance(spec["task"], Task):
+            return None
+        return (
+            selectors.live_policies(self.at)
+            .filter(
+                agent=spec["agent"],
+                tool=spec["tool"],
+                task=spec["task"],
+                action=spec["action"],
+                scope=spec["scope"],
+                verdict=spec["verdict"],
+            )
+            .order_by("pk")
+            .first()
+        )
+
     def _limits(self, node: Node | None, path: str) -> Any:
         r = self.reader
         if node is None:
@@ -857,7 +992,7 @@ class _Planner:
             return self.reader.error(
                 keys["task"],
                 f"{path}.task",
-                f"task {key!r} is not open; a grant bound to it could never be used",
+                f"task {key!r} is not open; nothing bound to it could ever be used",
             )
         return task
 
@@ -1047,6 +1182,7 @@ def matrix_plan(*, text: str, source: str, at: datetime, mode: str = "requests")
     planner.section(top, "tools", planner.tool)
     planner.section(top, "tasks", planner.task)
     planner.section(top, "grants", planner.grant)
+    planner.section(top, "confirmation_policies", planner.policy)
     if reader.problems:
         raise MatrixInvalid(source, reader.problems)
     return ImportResult(
@@ -1097,10 +1233,15 @@ def _check_people(*, requested_by: Any, approver: Any, apply_approved: bool, dry
         )
 
 
+_ADMIN_KINDS = ("agent", "tool", "task")
+
+
 def _check_creations(result: ImportResult, requested_by: Any) -> None:
     """Agents, tools and tasks are created by admins, as through the API: a file is not
     a way around that."""
-    made = sorted({c.kind for c in result.changes if c.outcome == "create" and c.kind != "grant"})
+    made = sorted(
+        {c.kind for c in result.changes if c.outcome == "create" and c.kind in _ADMIN_KINDS}
+    )
     if made and requested_by is not None and not _is_admin(requested_by):
         raise Forbidden(
             "not_admin",
@@ -1189,34 +1330,55 @@ def _apply(
                 change.grant_id = _apply_grant(
                     spec,
                     mode=result.mode,
-                    agents=agents,
-                    tools=tools,
-                    tasks=tasks,
+                    made=(agents, tools, tasks),
                     requested_by=requested_by,
                     approver=approver,
                     actor=actor,
                     at=at,
                 ).pk
+            elif change.kind == "policy":
+                agent, tool, task = _resolve(spec, (agents, tools, tasks))
+                change.policy_id = confirmation.policy_create(
+                    author=approver,
+                    agent=agent,
+                    tool=tool,
+                    task=task,
+                    action=spec["action"],
+                    scope=spec["scope"],
+                    verdict=spec["verdict"],
+                    reason=spec["reason"],
+                    duration=spec["duration"],
+                    actor=actor,
+                    at=at,
+                ).pk
+
+
+_Made = tuple[dict[str, Agent], dict[str, Tool], dict[str, Task]]
+
+
+def _resolve(spec: dict[str, Any], made: _Made) -> tuple[Agent, Tool, Task | None]:
+    """An entry's agent, tool and task: names the file defined were planned as strings
+    (an unsaved Tool), and exist by now."""
+    agents, tools, tasks = made
+    agent = spec["agent"] if isinstance(spec["agent"], Agent) else agents[spec["agent"]]
+    tool = spec["tool"] if spec["tool"].pk else tools[spec["tool"].name]
+    task = spec["task"]
+    if task is not None and not isinstance(task, Task):
+        task = tasks[task]
+    return agent, tool, task
 
 
 def _apply_grant(
     spec: dict[str, Any],
     *,
     mode: str,
-    agents: dict[str, Agent],
-    tools: dict[str, Tool],
-    tasks: dict[str, Task],
+    made: _Made,
     requested_by: Any,
     approver: Any,
     actor: audit.Actor,
     at: datetime,
 ) -> Grant:
-    # Names the file defined were planned as strings; they exist by now.
-    agent = spec["agent"] if isinstance(spec["agent"], Agent) else agents[spec["agent"]]
-    tool = spec["tool"] if spec["tool"].pk else tools[spec["tool"].name]
-    task = spec["task"]
-    if task is not None and not isinstance(task, Task):
-        task = tasks[task]
+    agent, tool, task = _resolve(spec, made)
     common: dict[str, Any] = {
         "agent": agent,
         "tool": tool,
@@ -1287,7 +1449,7 @@ def matrix_import(
                         kind: sum(
                             1 for c in result.changes if c.kind == kind and c.outcome == "create"
                         )
-                        for kind in ("agent", "tool", "task", "grant")
+                        for kind in ("agent", "tool", "task", "grant", "policy")
                     },
                     "unchanged": result.count("unchanged"),
                     "skipped": result.count("skipped"),
@@ -1295,6 +1457,11 @@ def matrix_import(
                         c.grant_id
                         for c in result.changes
                         if c.kind == "grant" and c.outcome == "create"
+                    ],
+                    "policy_ids": [
+                        c.policy_id
+                        for c in result.changes
+                        if c.kind == "policy" and c.outcome == "create"
                     ],
                 },
             )

@@ -1,5 +1,6 @@
 """Apply a grant-matrix YAML file: grants become pending requests (or, with
---apply-approved, live grants approved by a second admin). All or nothing."""
+--apply-approved, live grants approved by a second admin, who also authors the
+file's confirmation policies). All or nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ class Command(BaseCommand):
     help = (
         "Import a grant matrix file (the shape matrix_export writes). Grants become pending "
         "requests by the --as user; with --apply-approved --approver USER (both admins, "
-        "different people) they become live grants. Unchanged grants are not duplicated. "
+        "different people) they become live grants, and the file's confirmation policies "
+        "are written with the approver as their author (without it they are skipped). "
+        "Unchanged grants and policies are not duplicated. "
         "A file with any error is rejected as a whole, with every error and its line."
     )
 
@@ -70,6 +73,9 @@ class Command(BaseCommand):
             if change.kind == "grant" and change.outcome == "create":
                 made = f"#{change.grant_id} " if change.grant_id else ""
                 note = f"  ({made}{target[:-1]})"
+            elif change.kind == "policy" and change.outcome == "create":
+                made = f"#{change.policy_id} " if change.policy_id else ""
+                note = f"  ({made}live policy)"
             self.stdout.write(
                 f"{result.source}:{change.line}: {change.outcome:<9} {change.kind:<5} "
                 f"{change.label}{note}"
