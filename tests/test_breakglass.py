@@ -319,6 +319,41 @@ def test_nobody_reviews_their_own_break_glass(open_bg, setup, person):
     assert BreakGlass.objects.get(pk=bg.pk).review_status == "pending"
 
 
+@pytest.mark.parametrize("review", ["ratify", "confirm_closed"])
+@pytest.mark.parametrize("stake", ["owner", "token"])
+def test_nobody_with_a_stake_in_the_agent_reviews_its_break_glass(
+    open_bg, setup, make_agent, review, stake
+):
+    """frank did not open it, but owns the agent (or issued himself a token for it since
+    the access was opened): he could have used it, so he may not sign it off. Refused
+    with `self_review`; the review stays pending and no event is written."""
+    from governance.services import agents
+
+    frank = setup["frank"]
+    if stake == "owner":
+        setup["agent"] = make_agent("frank-bot", owner=frank)
+    bg = open_bg()
+    if stake == "token":
+        token, _ = agents.token_issue(
+            created_by=frank, agent=bg.grant.agent, actor=Actor.user(frank), at=NOW + MS
+        )
+        agents.token_revoke(token=token, actor=Actor.user(frank), at=NOW + 2 * MS)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        getattr(bgs, f"breakglass_{review}")(
+            breakglass_id=bg.pk, reviewer=frank, comment="fine", actor=Actor.user(frank), at=NOW
+        )
+    assert caught.value.code == "self_review"
+    assert BreakGlass.objects.get(pk=bg.pk).review_status == "pending"
+    assert AuditEvent.objects.count() == before
+    # grace, with no stake, may.
+    grace = setup["grace"]
+    getattr(bgs, f"breakglass_{review}")(
+        breakglass_id=bg.pk, reviewer=grace, comment="fine", actor=Actor.user(grace), at=NOW
+    )
+    assert BreakGlass.objects.get(pk=bg.pk).reviewed_by == grace
+
+
 def test_confirming_closed_revokes_a_still_live_grant_once(open_bg, setup):
     bg = open_bg()
     grace = setup["grace"]

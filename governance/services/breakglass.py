@@ -33,8 +33,8 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
         Closes the review: the incident is over; a still-live grant is revoked now.
     breakglass_reviews_mark_overdue(*, actor, at) -> int      (the job)
 
-Reviews: `reviewer` is an approver or admin and never the opener (Forbidden
-`self_review`); a comment is required; a second decision gets Conflict
+Reviews: `reviewer` is an approver or admin, never the opener and never anyone with
+a stake in the agent (approvals.stakeholders; Forbidden `self_review`); a comment is required; a second decision gets Conflict
 `already_reviewed` and changes nothing. The review row is locked (SELECT FOR UPDATE),
 so two people deciding at once decide it once.
 
@@ -59,6 +59,7 @@ from governance.codes import EventType
 from governance.errors import Conflict, Forbidden, GovernanceError, RateLimited
 from governance.models import Agent, BreakGlass, Grant, Task, Tool
 from governance.selectors import approver_users
+from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from governance.services.grants import (
     grant_event,
@@ -338,6 +339,13 @@ def _start_review(breakglass_id: int, reviewer: Any, comment: str, at: datetime)
         raise Conflict("already_reviewed", f"The review is already {bg.review_status}.")
     if bg.opened_by_id == reviewer.pk:
         raise Forbidden("self_review", "Nobody reviews the break-glass they opened.")
+    # Nor anyone with a stake in the agent that held the access (its owners up the
+    # tree, whoever held a token for it since the access was opened): the same people
+    # who may not approve its calls or re-certify its grants.
+    if reviewer.pk in stakeholders(bg.grant.agent, bg.grant, at=bg.opened_at):
+        raise Forbidden(
+            "self_review", "Nobody reviews break-glass access on an agent they have a stake in."
+        )
     return bg
 
 
