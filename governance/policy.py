@@ -252,7 +252,7 @@ ORDER BY chain.depth
 
 _APPROVAL_QUERY = """
 SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id,
-       grant_id
+       grant_id, decided_by_id, requested_at
 FROM governance_approval WHERE id = %s AND agent_id = %s
 """
 
@@ -703,7 +703,7 @@ def _authorize(
     if not found:
         return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
     _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires = found[0][:8]
-    ap_task, ap_grant = found[0][8:]
+    ap_task, ap_grant, ap_decider, ap_requested = found[0][8:]
     ctx["approval_id"] = approval_uuid
     expires = db.read_dt(ap_expires)
     bound = (
@@ -722,6 +722,19 @@ def _authorize(
     if ap_status != "approved" or expires is None or expires <= at:
         return _deny(
             Reason.APPROVAL_INVALID, f"The approval is not usable (status {ap_status}).", **ctx
+        )
+    # The person who confirmed the call was checked for a stake when they decided. One
+    # taken since (they own the agent now, or issued themselves a token for it, even one
+    # revoked again) would let them make the call they confirmed: a new look is needed.
+    # The rule approve policies follow (stake_check), from when the call was asked.
+    if ap_decider is not None and stake_check(agent_id, ctx["grant_id"])(
+        ap_decider, db.read_dt(ap_requested)
+    ):
+        return _deny(
+            Reason.APPROVAL_INVALID,
+            "The person who approved this call has since taken a stake in the agent; "
+            "it needs a new approval.",
+            **ctx,
         )
     return Decision(Verdict.ALLOW, Reason.ALLOWED, "Allowed once by an approval.", **ctx)
 

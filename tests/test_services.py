@@ -844,6 +844,44 @@ def test_an_approval_is_not_used_under_another_grant(bot, repo, make_grant, bob,
     assert event.event_type == "access.denied" and event.reason == "approval_invalid"
 
 
+@pytest.mark.parametrize("stake", ["token", "owner"])
+def test_an_approver_who_takes_a_stake_after_approving_cannot_have_the_call_made(
+    bot, repo, make_grant, bob, system, stake
+):
+    """bob, with no stake, approves bot's destructive call; then he issues himself a
+    token for bot (revoked again at once), or comes to own it. With that token he could
+    make the very call he confirmed: the approval no longer allows it (approval_invalid,
+    on record, not consumed), as an approve policy whose author takes a stake stops
+    answering."""
+    from governance.models import Approval
+    from governance.policy import authorize
+    from governance.services import approvals
+
+    make_grant(bot, repo, ("delete",), "repo:prod/*")
+    asked = dict(agent="bot", tool="repo", action="delete", scope="repo:prod/db")
+    gated = access.access_check(**asked, at=NOW)
+    approvals.approval_approve(
+        approval_id=gated.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+    # Until then the approval would let the call through (a what-if writes nothing).
+    assert authorize(**asked, approval=gated.approval_id, at=NOW + MS).allowed
+    if stake == "token":
+        token, _ = agents.token_issue(created_by=bob, agent=bot, actor=system, at=NOW + MS)
+        agents.token_revoke(token=token, actor=system, at=NOW + 2 * MS)
+    else:
+        from governance.models import Agent
+
+        Agent.objects.filter(pk=bot.pk).update(owner=bob)
+
+    used = access.access_check(**asked, approval=gated.approval_id, at=NOW + 3 * MS)
+
+    assert (used.decision, used.reason) == ("deny", "approval_invalid")
+    assert "since taken a stake" in used.message
+    event = last_event()
+    assert event.event_type == "access.denied" and event.reason == "approval_invalid"
+    assert Approval.objects.get(pk=gated.approval_id).status == "approved"  # not consumed
+
+
 def test_tokens_are_stored_as_digests_and_shown_once(bot, alice, system):
     token, plaintext = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW, days=7)
     assert plaintext not in (token.digest, token.prefix) and token.matches(plaintext)
