@@ -75,6 +75,8 @@ def test_a_run_page_shows_what_ran_and_is_itself_on_record() -> None:
     assert "<td>memory_mb</td><td>128</td><td>128</td><td>docker</td>" in page
     # Each egress attempt, with the proxy's verdict.
     assert "127.0.0.1:9</code>" in page and "denied (not_allowlisted)" in page
+    # Refused before any lookup, it has no address (null in its event): a dash, not a 500.
+    assert "127.0.0.1:9</code></td><td>—</td>" in page
     assert "127.0.0.1:8443</code>" in page and "allowed (allowed)" in page
     # Output is shown escaped, its direction controls as code points.
     assert "<script>alert(1)</script>" not in page

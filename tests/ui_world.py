@@ -219,7 +219,7 @@ HOSTILE_OUTPUT = "done <script>alert(1)</script> \u202etxt.exe\n"
 def make_run(world: World) -> str:
     """A finished sandbox run of bot-a's, with one egress attempt denied and one allowed,
     and output that is hostile to a page: its run id."""
-    from sandbox_runner.egress import EgressDecision
+    from sandbox_runner.egress import decide, parse_destination
     from sandbox_runner.spec import RunSpec
 
     now = timezone.now()
@@ -243,8 +243,10 @@ def make_run(world: World) -> str:
     sandbox.run_started(run_id=spec.run_id, container_id="c0ffee", image_digest=IMAGE_ID,
                         deadline=now.timestamp() + 60, enforcement={"memory": "docker"},
                         at=now)  # fmt: skip
-    for allowed, reason, port in ((False, "not_allowlisted", 9), (True, "allowed", 8443)):
-        decision = EgressDecision(allowed, reason, "127.0.0.1", port, "127.0.0.1")
+    # Decided by the proxy's own rule: a refusal before any lookup records no address.
+    allowlist = [parse_destination("127.0.0.1:8443")]
+    for port in (9, 8443):
+        decision = decide("127.0.0.1", port, allowlist, resolve=lambda host, port: [])
         sandbox.egress_attempt(run_id=spec.run_id, decision=decision, at=now)
     stream = {"excerpt": HOSTILE_OUTPUT, "sha256": "ab" * 32, "bytes": 40, "truncated": False}
     summary = {"exit_code": 0, "timed_out": False, "oom_killed": False, "stdout": stream,

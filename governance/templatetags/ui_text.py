@@ -11,9 +11,10 @@ register = template.Library()
 
 
 @register.filter
-def revealed(text: str) -> SafeString:
-    """Escaped, with bidi controls and invisible characters shown as code points."""
-    return reveal.reveal(text)
+def revealed(text: str | None) -> SafeString:
+    """Escaped, with bidi controls and invisible characters shown as code points.
+    None (a value that was never recorded) shows as an empty string."""
+    return reveal.reveal(text or "")
 
 
 @register.filter

@@ -311,9 +311,11 @@ def egress_attempts(events: list[AuditEvent]) -> list[dict[str, Any]]:
                 {
                     "event": e,
                     "allowed": e.event_type == EventType.SANDBOX_EGRESS_ALLOWED,
-                    "destination": data.get("destination", ""),
-                    "address": data.get("address", ""),
-                    "reason": data.get("egress_reason", ""),
+                    # The proxy records no address for a destination it refused
+                    # before resolving it (not allowlisted, unresolvable): null.
+                    "destination": data.get("destination") or "",
+                    "address": data.get("address") or "",
+                    "reason": data.get("egress_reason") or "",
                 }
             )
     return attempts
