@@ -78,6 +78,10 @@ def test_a_run_page_shows_what_ran_and_is_itself_on_record() -> None:
     # Refused before any lookup, it has no address (null in its event): a dash, not a 500.
     assert "127.0.0.1:9</code></td><td>—</td>" in page
     assert "127.0.0.1:8443</code>" in page and "allowed (allowed)" in page
+    # The command, with the secrets on its line masked as in its event (and on record).
+    assert "curl -H" in page and "[secret]" in page
+    for secret in ui_world.RUN_SECRETS:
+        assert secret not in page and secret not in json.dumps(run.command)
     # Output is shown escaped, its direction controls as code points.
     assert "<script>alert(1)</script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "[U+202E bidi]" in page

@@ -216,6 +216,16 @@ IMAGE_ID = "sha256:" + "7" * 64
 HOSTILE_OUTPUT = "done <script>alert(1)</script> \u202etxt.exe\n"
 
 
+# A command line that carries secrets, as real ones do: never shown in clear.
+RUN_SECRETS = ("ghp_" + "a1B2" * 9, "hunter2-" + "x9" * 6)
+RUN_COMMAND = (
+    "sh",
+    "-c",
+    f"curl -H 'Authorization: Bearer {RUN_SECRETS[0]}' http://127.0.0.1:8443/ "
+    f"--password={RUN_SECRETS[1]}",
+)
+
+
 def make_run(world: World) -> str:
     """A finished sandbox run of bot-a's, with one egress attempt denied and one allowed,
     and output that is hostile to a page: its run id."""
@@ -235,7 +245,7 @@ def make_run(world: World) -> str:
         at=now - timedelta(minutes=5),
     )  # fmt: skip
     spec = RunSpec(
-        agent="bot-a", task=None, command=("python3", "-c", "print(1)"), image_id=IMAGE_ID,
+        agent="bot-a", task=None, command=RUN_COMMAND, image_id=IMAGE_ID,
         limits={"memory_mb": 128},
     )  # fmt: skip
     auth = sandbox.run_request(spec=spec, at=now)
