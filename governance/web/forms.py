@@ -6,7 +6,7 @@ the services, which the views call with the cleaned values.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -30,6 +30,32 @@ class StrictForm(forms.Form):
         if unknown:
             raise forms.ValidationError(f"Unknown field(s): {', '.join(sorted(unknown))}.")
         return cleaned
+
+
+# A day inside the calendar's ends, so the moment, in UTC and a day either side of it
+# (a window, a page's local time), is still a date Python and the databases can hold.
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+_LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+
+
+class MomentField(forms.DateTimeField):
+    """A date-time a page can use: `0001-01-01T00:00+05:00` is a valid ISO string but
+    a moment before year 1 in UTC, which would crash the query or the page. Refused
+    with a message, as any malformed value is."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        moment = super().to_python(value)
+        if moment is None:
+            return None
+        try:
+            in_range = _EARLIEST <= moment.astimezone(UTC) <= _LATEST
+        except OverflowError:
+            in_range = False
+        if not in_range:
+            raise forms.ValidationError(
+                "Give a moment between 0001-01-02 and 9999-12-30 (UTC).", code="out_of_range"
+            )
+        return moment
 
 
 class ReasonForm(StrictForm):
@@ -92,8 +118,8 @@ class MatrixFilterForm(StrictForm):
 
 
 class AuditFilterForm(StrictForm):
-    start = forms.DateTimeField(required=False, label="from")
-    end = forms.DateTimeField(required=False, label="to")
+    start = MomentField(required=False, label="from")
+    end = MomentField(required=False, label="to")
     agent = forms.CharField(max_length=100, required=False)
     task = forms.CharField(max_length=100, required=False)
     tool = forms.CharField(max_length=100, required=False)
@@ -127,7 +153,7 @@ class WhatIfForm(StrictForm):
     task = forms.CharField(max_length=100, required=False)
     # For field-limited grants: the call names the fields it touches (arguments.fields).
     fields = forms.CharField(max_length=500, required=False, help_text="comma-separated")
-    at = forms.DateTimeField(required=False, help_text="UTC; empty means now")
+    at = MomentField(required=False, help_text="UTC; empty means now")
 
     def arguments(self) -> dict[str, Any] | None:
         raw = self.cleaned_data.get("fields") or ""
@@ -138,9 +164,9 @@ class WhatIfForm(StrictForm):
 class AccessExportForm(StrictForm):
     """A moment (`at`) or a period (`start`..`end`)."""
 
-    at = forms.DateTimeField(required=False)
-    start = forms.DateTimeField(required=False, label="from")
-    end = forms.DateTimeField(required=False, label="to")
+    at = MomentField(required=False)
+    start = MomentField(required=False, label="from")
+    end = MomentField(required=False, label="to")
     format = forms.ChoiceField(choices=[(f, f) for f in exports.FORMATS])
 
     def clean(self) -> dict[str, Any]:
@@ -156,8 +182,8 @@ class AccessExportForm(StrictForm):
 
 
 class DecisionExportForm(StrictForm):
-    start = forms.DateTimeField(label="from")
-    end = forms.DateTimeField(label="to")
+    start = MomentField(label="from")
+    end = MomentField(label="to")
     agent = forms.CharField(max_length=100, required=False)
     task = forms.CharField(max_length=100, required=False)
     tool = forms.CharField(max_length=100, required=False)
@@ -171,7 +197,7 @@ class DecisionExportForm(StrictForm):
 
 
 class ReportForm(StrictForm):
-    at = forms.DateTimeField(required=False)
+    at = MomentField(required=False)
 
 
 # --- Break-glass and reviews ------------------------------------------------------------
@@ -231,7 +257,7 @@ class ReviewDecideForm(StrictForm):
     actions = forms.MultipleChoiceField(choices=ACTION_CHOICES, required=False)
     actions_listed = forms.BooleanField(required=False)
     scope = forms.CharField(max_length=500, required=False, strip=True)
-    expires_at = forms.DateTimeField(required=False)
+    expires_at = MomentField(required=False)
 
     def narrowing(self, grant_scope: str, grant_actions: list[str]) -> dict[str, Any]:
         """Only what differs from the grant as it is; the service refuses anything wider."""

@@ -1,0 +1,54 @@
+"""Date-times on the UI's forms are moments a page can use. `0001-01-01T00:00+05:00`
+is valid ISO 8601 but falls before year 1 in UTC; it used to crash the query or the
+template (a 500, after the audit page had already written its look). Now it is a 400
+with a sentence, and nothing is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from governance.models import AuditEvent
+from tests import ui_world
+
+pytestmark = pytest.mark.django_db
+
+LO = "0001-01-01T00:00%2B05:00"  # 0000-12-31T19:00 in UTC
+HI = "9999-12-31T23:59-05:00"  # 10000-01-01T04:59 in UTC
+WHAT_IF = "/ui/what-if/?agent=bot-a&tool=repo&action=read&scope=repo:acme/x"
+PATHS = [
+    f"/ui/audit/?start={LO}",
+    f"/ui/audit/?end={HI}",
+    f"/ui/audit/export?format=csv&start={LO}",
+    f"/ui/exports/access?format=csv&at={LO}",
+    f"/ui/exports/access?format=csv&at={HI}",
+    f"/ui/exports/access?format=csv&start={LO}&end=2026-01-01T00:00Z",
+    f"/ui/exports/decisions?format=csv&start={LO}&end={HI}",
+    f"/ui/reports/print?at={LO}",
+    f"/ui/reports/print?at={HI}",
+    f"{WHAT_IF}&at={LO}",
+    f"{WHAT_IF}&at={HI}",
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_moment_outside_the_calendar_in_utc_is_a_400_and_writes_nothing(path):
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    client.raise_request_exception = False
+    before = AuditEvent.objects.count()
+
+    response = client.get(path)
+
+    assert response.status_code == 400, (path, response.status_code)
+    assert b"between 0001-01-02 and 9999-12-30 (UTC)" in response.content
+    assert AuditEvent.objects.count() == before
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/ui/reports/print?at=9999-12-30T00:00Z", f"{WHAT_IF}&at=0001-01-02T00:00Z"],
+)
+def test_the_last_and_first_usable_days_still_answer(path):
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    assert client.get(path).status_code == 200
