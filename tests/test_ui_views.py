@@ -762,3 +762,18 @@ def test_the_audit_log_pages_to_older_events_keeping_its_filters() -> None:
     second = client.get(f"/ui/audit/?{older}").content.decode()
     assert f'href="/ui/audit/{newest[100].seq}/"' in second
     assert f'href="/ui/audit/{newest[99].seq}/"' not in second
+
+
+def test_a_requests_justification_shows_its_hidden_characters() -> None:
+    """An agent writes its own justification: a right-to-left override could make the
+    approver read something else than what was filed. Shown as code points, as a tool's
+    description is, in the inbox and on the grant's page."""
+    world = ui_world.build()
+    sneaky = "fix the docs\u200b \u202etpircs-tset"
+    Grant.objects.filter(pk=world.request.pk).update(justification=sneaky)
+    client = ui_world.signed_in("approver")
+    for url in ("/ui/inbox/requests/", f"/ui/grants/{world.request.pk}/"):
+        page = client.get(url).content.decode()
+        assert "fix the docs<mark class=\"invisible\"" in page, url
+        assert "[U+202E bidi]" in page, url
+        assert "\u202e" not in page and "\u200b" not in page, url
