@@ -774,6 +774,6 @@ def test_a_requests_justification_shows_its_hidden_characters() -> None:
     client = ui_world.signed_in("approver")
     for url in ("/ui/inbox/requests/", f"/ui/grants/{world.request.pk}/"):
         page = client.get(url).content.decode()
-        assert "fix the docs<mark class=\"invisible\"" in page, url
+        assert 'fix the docs<mark class="invisible"' in page, url
         assert "[U+202E bidi]" in page, url
         assert "\u202e" not in page and "\u200b" not in page, url

@@ -34,7 +34,8 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
     breakglass_reviews_mark_overdue(*, actor, at) -> int      (the job)
 
 Reviews: `reviewer` is an approver or admin, never the opener and never anyone with
-a stake in the agent (approvals.stakeholders; Forbidden `self_review`); a comment is required; a second decision gets Conflict
+a stake in the agent (approvals.stakeholders; Forbidden `self_review`); a comment is
+required; a second decision gets Conflict
 `already_reviewed` and changes nothing. The review row is locked (SELECT FOR UPDATE),
 so two people deciding at once decide it once.
 
