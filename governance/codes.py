@@ -49,6 +49,8 @@ class Reason(models.TextChoices):
     APPROVAL_INVALID = "approval_invalid"
     # A person denied this exact call within APPROVAL_TTL: not asked again.
     APPROVAL_DENIED = "approval_denied"
+    # APPROVAL_PENDING_MAX of the agent's calls already await a person: no new request.
+    APPROVAL_BACKLOG = "approval_backlog"
     ERROR = "error"
 
 

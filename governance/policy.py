@@ -774,7 +774,12 @@ CHECKLIST: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "gate",
         "A destructive action carries a matching, unused, unexpired approval, or a "
         "confirmation policy approves it (a policy's deny wins)",
-        (Reason.APPROVAL_REQUIRED, Reason.APPROVAL_INVALID, Reason.APPROVAL_DENIED),
+        (
+            Reason.APPROVAL_REQUIRED,
+            Reason.APPROVAL_INVALID,
+            Reason.APPROVAL_DENIED,
+            Reason.APPROVAL_BACKLOG,
+        ),
     ),
 )
 

@@ -153,6 +153,10 @@ GRANT_REQUEST_TTL = timedelta(
 )
 # Approvals for destructive actions are meant to be used right away.
 APPROVAL_TTL = timedelta(minutes=env_int("APPROVAL_TTL_MINUTES", 15, minimum=1, maximum=24 * 60))
+# How many of one agent's destructive calls may await a person at once. Each new request
+# notifies every approver: past this, a new call is denied (`approval_backlog`) instead of
+# burying one harmful request among many. Not a rate limit, so it holds when Redis is down.
+APPROVAL_PENDING_MAX = env_int("APPROVAL_PENDING_MAX", 20, minimum=1, maximum=10_000)
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)
 AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1, maximum=365)
 

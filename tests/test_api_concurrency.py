@@ -145,3 +145,39 @@ def test_ten_parallel_first_asks_of_one_destructive_call_open_one_request(setup,
     assert [(n.target, n.data["approval_id"]) for n in sent] == [
         ("bob@example.test", str(approval.pk))
     ]
+
+
+def test_ten_parallel_destructive_calls_never_open_more_than_the_backlog_allows(setup, settings):
+    """Ten calls with different arguments at the same instant, room for three: exactly
+    three requests are opened and seven calls are denied `approval_backlog`, each
+    answer on record (the count is taken under a per-agent lock)."""
+    settings.APPROVAL_PENDING_MAX = 3
+    mark = last_seq()
+    start = threading.Barrier(PARALLEL)
+    answers: list[Decision] = []
+    lock = threading.Lock()
+
+    def ask(n: int) -> None:
+        client = GovernanceClient(setup["url"], setup["token"], timeout=30)
+        start.wait()
+        decision = client.authorize(
+            tool="repo", action="delete", scope="repo:acme/gone.py", arguments={"nonce": n}
+        )
+        with lock:
+            answers.append(decision)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(PARALLEL)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    verdicts = sorted((a.decision, a.reason) for a in answers)
+    assert (
+        verdicts
+        == [("approval_required", "approval_required")] * 3 + [("deny", "approval_backlog")] * 7
+    )
+    assert Approval.objects.filter(status="pending").count() == 3
+    events = list(AuditEvent.objects.filter(seq__gt=mark, event_type__in=DECISION_EVENTS))
+    assert sorted(e.reason for e in events) == ["approval_backlog"] * 7 + ["approval_required"] * 3
+    assert {str(e.uid) for e in events} == {a.decision_id for a in answers}

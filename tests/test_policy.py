@@ -254,9 +254,10 @@ def test_authorize_table(world, question, at, decision, reason):
 def test_every_reason_code_is_covered_by_the_table():
     from governance.codes import Reason
 
-    # error: tests/test_fail_closed.py; approval_denied is the gate's write side (a denied
-    # call asked again), access_check only: tests/test_services.py
-    covered = {r[4] for r in ROWS} | {"error", "approval_denied"}
+    # error: tests/test_fail_closed.py; approval_denied (a denied call asked again) and
+    # approval_backlog (too many calls await a person) are the gate's write side,
+    # access_check only: tests/test_services.py
+    covered = {r[4] for r in ROWS} | {"error", "approval_denied", "approval_backlog"}
     assert covered == set(Reason.values)
 
 

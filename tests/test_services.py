@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -1111,3 +1111,60 @@ def test_an_approval_whose_grant_died_can_no_longer_be_decided(bot, repo, make_g
         approval_id=asked.approval_id, approver=bob, actor=Actor.user(bob), at=dead - MS
     )
     assert approved.status == "approved" and last_event().event_type == "approval.approved"
+
+
+def test_an_agent_cannot_bury_a_request_among_many_awaiting_a_person(
+    bot, repo, make_grant, bob, settings, django_capture_on_commit_callbacks
+):
+    """Approval flooding: each destructive call with other arguments is a new call, so
+    it opened a new request and notified every approver, bounded only by the decision
+    rate limit (and not at all with the limiter down). Now at most APPROVAL_PENDING_MAX
+    of an agent's calls await a person; past that a new call is denied
+    `approval_backlog`, on record, with no request and nobody notified. The same call
+    again still names its open request, and a decided one makes room."""
+    from django.contrib.auth.models import Group
+
+    from governance.models import Approval, Notification
+    from governance.services import approvals
+
+    settings.APPROVAL_PENDING_MAX = 3
+    settings.NOTIFY_WEBHOOK_URLS = []
+    bob.email = "bob@example.test"
+    bob.save()
+    bob.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    make_grant(bot, repo, ("delete",), "repo:acme/*")
+
+    def call(n: int, at: datetime) -> access.Decision:
+        with django_capture_on_commit_callbacks(execute=True):
+            return access.access_check(
+                agent="bot", tool="repo", action="delete", scope="repo:acme/x",
+                arguments={"nonce": n}, at=at,
+            )  # fmt: skip
+
+    asked = [call(n, NOW + n * MS) for n in range(3)]
+    assert [d.decision for d in asked] == ["approval_required"] * 3
+    assert Notification.objects.filter(event="approval_needed").count() == 3
+
+    flooded = call(3, NOW + 3 * MS)
+
+    assert (flooded.decision, flooded.reason, flooded.approval_id) == (
+        "deny",
+        "approval_backlog",
+        None,
+    )
+    assert "3 of this agent's destructive calls already await a person" in flooded.message
+    event = last_event()
+    assert (event.event_type, event.reason) == ("access.denied", "approval_backlog")
+    assert Approval.objects.count() == 3
+    assert Notification.objects.filter(event="approval_needed").count() == 3
+    # The same call as before still names its own open request.
+    again = call(0, NOW + 4 * MS)
+    assert (again.decision, again.approval_id) == ("approval_required", asked[0].approval_id)
+    # A person decides one: there is room for one more.
+    approvals.approval_deny(
+        approval_id=asked[1].approval_id, approver=bob, reason="no", actor=Actor.user(bob),
+        at=NOW + 5 * MS,
+    )  # fmt: skip
+    room = call(3, NOW + 6 * MS)
+    assert room.decision == "approval_required" and Approval.objects.count() == 4
+    assert last_event().event_type == "access.approval_required"

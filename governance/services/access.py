@@ -43,22 +43,22 @@ _EVENT_FOR = {
     Verdict.APPROVAL_REQUIRED: EventType.ACCESS_APPROVAL_REQUIRED,
 }
 
-# Advisory lock namespace for "one open request per exact call" (the two-key form:
-# it never meets the audit chain's one-key lock).
+# Advisory lock namespaces (the two-key form: they never meet the audit chain's one-key
+# lock): "one open request per exact call", and "at most APPROVAL_PENDING_MAX open
+# requests per agent".
 _CALL_LOCK_SPACE = 0x41505052  # "APPR"
+_AGENT_LOCK_SPACE = 0x41504741  # "APGA"
 
 
-def _lock_call(*parts: Any) -> None:
-    """Serialise requests for one exact call until the transaction ends, so two
-    identical destructive calls at the same instant share one approval (one request,
-    one notification) instead of each opening its own. PostgreSQL only: SQLite
-    already serialises writers. Taken before the chain lock, as every row lock is."""
+def _lock(space: int, *parts: Any) -> None:
+    """Serialise what is keyed by `parts` until the transaction ends. PostgreSQL only:
+    SQLite already serialises writers. Taken before the chain lock, as every row lock is."""
     if connection.vendor != "postgresql":
         return
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     key = int.from_bytes(digest[:4], "big", signed=True)
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_CALL_LOCK_SPACE, key])
+        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [space, key])
 
 
 # Single use, no time-of-check gap: the row changes only if it is still
@@ -159,13 +159,18 @@ def _pending_approval(
     at: datetime,
     preview: str = "{}",
     attachments: Mapping[str, Any] | None = None,
-) -> Approval:
+) -> Approval | None:
     """Reuse the caller's open request for this exact call, or open one; or, when a
     person denied this exact call within APPROVAL_TTL, that denied request (the
     gate answers `approval_denied`: no new request, nobody notified again, so an
-    agent cannot wear approvers down by asking again and again)."""
+    agent cannot wear approvers down by asking again and again). None when a new
+    request would be one more than APPROVAL_PENDING_MAX of the agent's awaiting a
+    person (changing one argument makes a new call: the count is per agent)."""
     assert decision.agent_id and decision.tool_id and decision.grant_id
-    _lock_call(
+    # One identical call at the same instant shares one approval (one request, one
+    # notification) instead of each opening its own.
+    _lock(
+        _CALL_LOCK_SPACE,
         decision.agent_id,
         decision.tool_id,
         decision.grant_id,
@@ -190,6 +195,14 @@ def _pending_approval(
     denied = _denied_lately(same_call, at)
     if denied is not None:
         return denied
+    # Counted under a per-agent lock, so calls with different arguments at the same
+    # instant cannot each find room for one more.
+    _lock(_AGENT_LOCK_SPACE, decision.agent_id)
+    waiting = Approval.objects.filter(
+        agent_id=decision.agent_id, status=Approval.Status.PENDING, expires_at__gt=at
+    )
+    if waiting.count() >= settings.APPROVAL_PENDING_MAX:
+        return None
     created = _new_approval(
         decision, action=action, scope=scope, at=at, preview=preview, attachments=attachments
     )
@@ -232,6 +245,16 @@ def _gate(
     pending = _pending_approval(
         decision, action=action, scope=scope, at=at, preview=preview, attachments=attachments
     )
+    if pending is None:
+        return replace(
+            decision,
+            decision=Verdict.DENY,
+            reason=Reason.APPROVAL_BACKLOG,
+            message=(
+                f"{settings.APPROVAL_PENDING_MAX} of this agent's destructive calls already "
+                "await a person; no new request is opened until they are decided or expire."
+            ),
+        )
     if pending.status == Approval.Status.DENIED:
         return _denied(decision, pending)
     return replace(decision, approval_id=str(pending.id))
