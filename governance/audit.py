@@ -231,6 +231,16 @@ def mask_review_text(text: str) -> tuple[str, list[int]]:
     return "".join(lines), changed
 
 
+# What mask() leaves where it hid something.
+_MASK_MARKER = re.compile(r"\[(?:masked|secret|email|card|ssn|phone|too deep)\]")
+
+
+def hidden_values(masked: Any) -> int:
+    """How many values mask() hid in `masked` (its output): what a person asked to
+    approve a call cannot read, and must be told about."""
+    return len(_MASK_MARKER.findall(json.dumps(masked, ensure_ascii=False, default=str)))
+
+
 def mask(value: Any, depth: int = 0) -> Any:
     """Secrets and obvious PII out, structure kept, for storage and display."""
     if depth > 20:

@@ -99,7 +99,13 @@ def test_a_destructive_call_returns_an_approval_to_poll(setup, human_client, bob
     approval_url = f"/api/v1/approvals/{data['approval']}"
     polled = setup["client"].get(approval_url)
     assert polled.status_code == 200 and polled.json()["status"] == "pending"
+    assert polled.json()["hidden_values"] == 0
     assert setup["other_client"].get(approval_url).status_code == 404
+    # A payload under a key named like a credential is masked: the approver is told.
+    hiding = body(action="delete", arguments={"auth_token": "--all --force", "n": 1})
+    hidden = setup["client"].post(URL, hiding, format="json").json()
+    seen = setup["client"].get(f"/api/v1/approvals/{hidden['approval']}").json()
+    assert (seen["hidden_values"], seen["arguments_preview"]["auth_token"]) == (1, "[masked]")
 
     approver = human_client(bob, "approvers")
     decided = approver.post(approval_url + "/approve", {"reason": "ok"}, format="json")

@@ -777,3 +777,24 @@ def test_a_requests_justification_shows_its_hidden_characters() -> None:
         assert 'fix the docs<mark class="invisible"' in page, url
         assert "[U+202E bidi]" in page, url
         assert "\u202e" not in page and "\u200b" not in page, url
+
+
+def test_the_approver_is_told_how_many_values_of_a_call_are_hidden_from_them() -> None:
+    """The agent names its own keys: a payload under `auth_token` is masked in the
+    preview, yet the approval binds it. The approver is told, per request, how many
+    values they cannot read; a call with none hidden carries no such warning."""
+    ui_world.build()  # its pending delete sends a `token`: one value hidden
+    for scope, arguments in (
+        ("repo:acme/old/2", {"auth_token": "--all --force prod-db", "to": "ops@example.test"}),
+        ("repo:acme/old/3", {"branch": "old"}),
+    ):
+        asked = access.access_check(
+            agent="bot-a", tool="repo", action="delete", scope=scope, arguments=arguments,
+            at=timezone.now(),
+        )  # fmt: skip
+        assert asked.decision == "approval_required"
+    body = ui_world.signed_in("approver").get("/ui/inbox/approvals/").content.decode()
+    assert "2 values below are hidden, because they look like a credential" in body
+    assert "1 value below is hidden, because it looks like a credential" in body
+    assert body.count('class="warn-box hidden-values"') == 2  # not for repo:acme/old/3
+    assert "--all --force prod-db" not in body

@@ -420,6 +420,10 @@ class ApprovalOut(serializers.Serializer):
     # What would run, secrets and PII masked (as in the audit event): what an approver
     # is asked to approve. A long call is cut, and says so (`_truncated`).
     arguments_preview = serializers.DictField()
+    hidden_values = serializers.IntegerField(
+        help_text="How many values in arguments_preview are masked (they look like a "
+        "credential or personal data): the approval covers them as sent, unseen."
+    )
     # A sandbox run's script and input, when its runner sent them: checked against the
     # hashes among the arguments, masked; {"script": {"sha256", "bytes", "text" or
     # "not_shown"}, "input": ...}.

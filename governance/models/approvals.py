@@ -149,6 +149,14 @@ class Approval(models.Model):
         return isinstance(preview, dict) and bool(preview.get("_truncated"))
 
     @property
+    def hidden_values(self) -> int:
+        """How many values in the preview are masked: a key named like a credential
+        (`auth_token`) hides whatever the agent put there, and the approval binds it."""
+        from governance.audit import hidden_values  # audit imports the models
+
+        return hidden_values(self.arguments_preview)
+
+    @property
     def unseen(self) -> list[str]:
         """What the arguments name only by hash and the approver cannot read: a sandbox
         run's script or input whose runner did not send the bytes."""
