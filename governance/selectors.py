@@ -301,3 +301,18 @@ def review_campaigns(*, open_only: bool = False) -> QuerySet[Any]:
         total=Count("items"), pending=Count("items", filter=Q(items__status="pending"))
     ).order_by("-opened_at", "-id")
     return found.filter(status=ReviewCampaign.Status.OPEN) if open_only else found
+
+
+def by_name(model: type[Any], what: str, **lookup: Any) -> Any:
+    """The object a request names (an agent by name, a task by key), or a 400
+    `unknown_<what>` that says which: for the API and the UI's forms alike."""
+    from governance.errors import GovernanceError
+    from governance.text import is_text
+
+    field, value = next(iter(lookup.items()))
+    found = model.objects.filter(**lookup).first() if is_text(str(value)) else None
+    if found is None:
+        raise GovernanceError(
+            f"unknown_{what}", f"No {what} has the {field} {value!r}.", fields={what: "unknown"}
+        )
+    return found

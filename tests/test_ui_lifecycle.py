@@ -175,7 +175,7 @@ def test_an_admin_opens_a_campaign_on_demand_for_one_agent() -> None:
     no_reason = ui_world.post(client, "/ui/reviews/open", {"reason": " "})
     assert no_reason.status_code == 400
     unknown = ui_world.post(client, "/ui/reviews/open", {"reason": "x", "agent": "nobody"})
-    assert unknown.status_code == 404
+    assert unknown.status_code == 400 and b"unknown_agent" in unknown.content
     assert not ReviewCampaign.objects.exists()
 
     before = last_event().seq
@@ -250,3 +250,29 @@ def test_the_access_report_names_who_reviewed_each_grant() -> None:
     assert rows[world.grant.pk]["approver"] == "bob"
     body = ui_world.signed_in("auditor").get("/ui/reports/print").content.decode()
     assert "kept by dave" in body
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "code"),
+    [
+        ("/ui/break-glass/open", {"tool": "no-such-tool"}, b"unknown_tool"),
+        ("/ui/break-glass/open", {"agent": "nobody"}, b"unknown_agent"),
+        ("/ui/break-glass/open", {"task": "NO-SUCH-1"}, b"unknown_task"),
+        ("/ui/inbox/approvals/policies/new", {"agent": "nobody"}, b"unknown_agent"),
+        ("/ui/inbox/approvals/policies/new", {"task": "NO-SUCH-1"}, b"unknown_task"),
+    ],
+)
+def test_a_form_naming_something_that_does_not_exist_is_a_400_that_says_what(url, body, code):
+    """A well-formed form naming an unknown agent, tool or task is the person's mistake:
+    a 400 with its code and sentence (was Django's bare 404 page); nothing written."""
+    ui_world.build()
+    client = ui_world.signed_in("approver")
+    before = last_event().seq
+    if url.endswith("/open"):
+        response = _open(client, **body)
+    else:
+        policy = {"agent": "bot-a", "tool": "repo", "action": "delete", "verdict": "approve"}
+        policy |= {"scope": "repo:acme/tmp/*", "reason": "x", "hours": "1"}
+        response = ui_world.post(client, url, {**policy, **body})
+    assert response.status_code == 400 and code in response.content
+    assert last_event().seq == before

@@ -31,7 +31,7 @@ from rest_framework.views import APIView
 from governance import selectors
 from governance.api import serializers as s
 from governance.api.auth import AdminOrAuditorReadOnly, ApproverOrAuditorReadOnly
-from governance.api.views import ERRORS, _by_name, _get, _grant_qs, actor_for
+from governance.api.views import ERRORS, _get, _grant_qs, actor_for
 from governance.errors import GovernanceError
 from governance.models import Agent, AgentToken, ConfirmationPolicy, Grant, Task, Tool
 from governance.services import agents, confirmation, grants, reports, tasks, tools
@@ -529,9 +529,9 @@ class ConfirmationPolicyListView(APIView):
         ):  # fmt: skip
             policy = confirmation.policy_create(
                 author=request.user,
-                agent=_by_name(Agent, "agent", name=data["agent"]),
-                tool=_by_name(Tool, "tool", name=data["tool"]),
-                task=_by_name(Task, "task", key=task) if task is not None else None,
+                agent=selectors.by_name(Agent, "agent", name=data["agent"]),
+                tool=selectors.by_name(Tool, "tool", name=data["tool"]),
+                task=selectors.by_name(Task, "task", key=task) if task is not None else None,
                 action=data["action"],
                 scope=data["scope"],
                 verdict=data["verdict"],

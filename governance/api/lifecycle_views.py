@@ -20,11 +20,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from governance import roles
+from governance import roles, selectors
 from governance.api import serializers as s
 from governance.api.admin_views import CONFLICT, _parse
 from governance.api.auth import IsApprover
-from governance.api.views import ERRORS, _by_name, _get, actor_for
+from governance.api.views import ERRORS, _get, actor_for
 from governance.models import Agent, BreakGlass, ReviewItem, Task, Tool
 from governance.services import breakglass, reviews
 
@@ -74,9 +74,9 @@ class BreakGlassOpenView(APIView):
         ttl = data.get("ttl_minutes")
         bg = breakglass.breakglass_open(
             opener=request.user,
-            agent=_by_name(Agent, "agent", name=data["agent"]),
-            tool=_by_name(Tool, "tool", name=data["tool"]),
-            task=_by_name(Task, "task", key=data["task"]) if data.get("task") else None,
+            agent=selectors.by_name(Agent, "agent", name=data["agent"]),
+            tool=selectors.by_name(Tool, "tool", name=data["tool"]),
+            task=selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None,
             actions=data["actions"],
             scope=data["scope"],
             ticket=data["ticket"],

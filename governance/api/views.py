@@ -241,16 +241,6 @@ def _visible_requests(request: Request) -> QuerySet[Grant]:
     return _grant_qs().filter(requested_by=request.user)
 
 
-def _by_name(model: type[Any], what: str, **lookup: Any) -> Any:
-    found = model.objects.filter(**lookup).first()
-    if found is None:
-        field, value = next(iter(lookup.items()))
-        raise GovernanceError(
-            f"unknown_{what}", f"No {what} has the {field} {value!r}.", fields={what: "unknown"}
-        )
-    return found
-
-
 class GrantRequestListView(APIView):
     @extend_schema(
         operation_id="grant_requests_list", responses={200: s.GrantOut(many=True), **ERRORS}
@@ -297,7 +287,7 @@ class GrantRequestListView(APIView):
                 raise GovernanceError(
                     "agent_required", "Name the agent.", fields={"agent": "required"}
                 )
-            agent = _by_name(Agent, "agent", name=data["agent"])
+            agent = selectors.by_name(Agent, "agent", name=data["agent"])
             # A person asks for their own agents; admins for any. Auditors are
             # read-only, and nobody files requests for someone else's agent.
             if agent.owner_id != request.user.pk and not roles.is_admin(request.user):
@@ -307,8 +297,8 @@ class GrantRequestListView(APIView):
             requester = {"requested_by": request.user}
         grant = grants.grant_request(
             agent=agent,
-            tool=_by_name(Tool, "tool", name=data["tool"]),
-            task=_by_name(Task, "task", key=data["task"]) if data.get("task") else None,
+            tool=selectors.by_name(Tool, "tool", name=data["tool"]),
+            task=selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None,
             actions=data["actions"],
             scope=data["scope"],
             fields=data["fields"],

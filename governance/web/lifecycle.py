@@ -108,10 +108,10 @@ def breakglass_open(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return common.invalid(request, form)
     data = form.cleaned_data
-    agent = common.one(Agent.objects.all(), name=data["agent"])
-    tool = common.one(Tool.objects.all(), name=data["tool"])
-    task = common.one(Task.objects.all(), key=data["task"]) if data.get("task") else None
     try:
+        agent = selectors.by_name(Agent, "agent", name=data["agent"])
+        tool = selectors.by_name(Tool, "tool", name=data["tool"])
+        task = selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None
         bg = bg_services.breakglass_open(
             opener=request.user,
             agent=agent,
@@ -206,9 +206,9 @@ def review_campaign_open(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return common.invalid(request, form)
     data = form.cleaned_data
-    agent = common.one(Agent.objects.all(), name=data["agent"]) if data.get("agent") else None
     at = timezone.now()
     try:
+        agent = selectors.by_name(Agent, "agent", name=data["agent"]) if data.get("agent") else None
         campaign = review_services.review_campaign_open(
             kind=ReviewCampaign.Kind.ON_DEMAND,
             reason=data["reason"],

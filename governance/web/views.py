@@ -348,9 +348,9 @@ def policy_create(request: HttpRequest) -> HttpResponse:
     try:
         policy = confirmation.policy_create(
             author=request.user,
-            agent=common.one(Agent.objects.all(), name=data["agent"]),
-            tool=common.one(Tool.objects.all(), name=data["tool"]),
-            task=common.one(Task.objects.all(), key=data["task"]) if data.get("task") else None,
+            agent=selectors.by_name(Agent, "agent", name=data["agent"]),
+            tool=selectors.by_name(Tool, "tool", name=data["tool"]),
+            task=selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None,
             action=data["action"],
             scope=data["scope"],
             verdict=data["verdict"],
