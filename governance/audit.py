@@ -107,12 +107,14 @@ def secret_key_name(key: str) -> bool:
 
 
 SECRET_VALUES = re.compile(
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----|$)"
-    r"|\b(?i:bearer)\s+\S+"
+    r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+    r"(-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----|$)"
+    r"|\b(?i:bearer)\s+[^\s'\"]+"
     r"|\bsk-[A-Za-z0-9_-]{16,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
     r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
-    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
+    r"|\bglpat-[A-Za-z0-9_-]{20,}"
     r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
     r"|\b(?:agt|usr)_[0-9a-f]{8}_\S+"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
@@ -151,9 +153,25 @@ TEXT_SECRET_LAST_WORDS = frozenset(
     "password passwd pwd passphrase passcode secret token credential credentials cookie "
     "authorization apikey".split()
 )
-TEXT_SECRET_LAST_TWO = frozenset("apikey accesskey secretkey privatekey signingkey".split())
-# A password in a URL: scheme://user:password@host.
-URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s@]+@")
+TEXT_SECRET_LAST_TWO = frozenset(
+    "apikey accesskey secretkey privatekey signingkey accountkey".split()
+)
+# A last word that ends in one of these is a secret's name too: PGPASSWORD, apitoken.
+TEXT_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey")
+# A password in a URL: scheme://user:password@host (the password may hold an `@`).
+URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s]*@")
+# Command lines that carry a password without `=`: `--password hunter2`, `sshpass -p
+# hunter2`, `mysql -phunter2`, `curl -u admin:hunter2`. Each starts at a fixed word and
+# looks a bounded distance ahead, so a long string is scanned in linear time.
+CLI_SECRETS = (
+    re.compile(
+        r"(?<![A-Za-z0-9_-])(--(?:[A-Za-z0-9]+-)*(?i:password|passwd|passphrase|token|secret"
+        r"|api-key|apikey|access-key|secret-key|pass)\s+)([^\s'\"-][^\s'\"]*|'[^']*'|\"[^\"]*\")"
+    ),
+    re.compile(r"\b(sshpass\s+-p\s*)(\S+)"),
+    re.compile(r"\b(mysql(?:dump|admin)?\b[^\n;|&]{0,200}?\s-p)([^\s-]\S*)"),
+    re.compile(r"\b(curl\b[^\n;|&]{0,300}?\s(?:-u|--user)\s+[^\s:/@]+:)(\S+)"),
+)
 
 
 def _luhn(digits: str) -> bool:
@@ -181,7 +199,12 @@ def _text_secret_name(name: str) -> bool:
     words = [w.lower() for w in _KEY_WORD.findall(name)]
     if not words:
         return False
-    return words[-1] in TEXT_SECRET_LAST_WORDS or "".join(words[-2:]) in TEXT_SECRET_LAST_TWO
+    last = words[-1]
+    return (
+        last in TEXT_SECRET_LAST_WORDS
+        or "".join(words[-2:]) in TEXT_SECRET_LAST_TWO
+        or last.endswith(TEXT_SECRET_SUFFIXES)
+    )
 
 
 def _key_value(match: re.Match[str]) -> str:
@@ -192,11 +215,19 @@ def _key_value(match: re.Match[str]) -> str:
     return f"{match.group('key')}{match.group('sep')}{quote}[secret]{quote}"
 
 
+def _cli_secret(match: re.Match[str]) -> str:
+    value = match.group(2)
+    quote = value[0] if value[0] in "\"'" else ""
+    return f"{match.group(1)}{quote}[secret]{quote}"
+
+
 def _mask_string(value: str, heuristics: bool = True) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = BASIC.sub(_basic, value)
     value = URL_PASSWORD.sub(r"\1[secret]@", value)
     value = KEY_VALUE.sub(_key_value, value)
+    for pattern in CLI_SECRETS:
+        value = pattern.sub(_cli_secret, value)
     value = EMAIL.sub("[email]", value)
     value = CARD.sub(_card, value)
     value = SSN.sub("[ssn]", value)
@@ -210,7 +241,14 @@ def _mask_string(value: str, heuristics: bool = True) -> str:
             return text
         has_digit = any(c.isdigit() for c in text)
         has_alpha = any(c.isalpha() for c in text)
-        return "[secret]" if has_digit and has_alpha else text
+        if not (has_digit and has_alpha):
+            return text
+        # With `/`, `_` or `-` in it, it is a path or a name (`/srv/exports/2026/nov`,
+        # `customers_2026_q4`, a UUID) unless it mixes cases, as random keys do: what a
+        # destructive call deletes must stay readable to the person approving it.
+        separated = any(c in "/_-" for c in text)
+        mixed = any(c.isupper() for c in text) and any(c.islower() for c in text)
+        return "[secret]" if mixed or not separated else text
 
     return HIGH_ENTROPY.sub(entropy, value)
 
@@ -223,12 +261,53 @@ def mask_review_text(text: str) -> tuple[str, list[int]]:
     which would hide the paths and numbers the reader must see. Returns the text and
     the 1-based numbers of the lines masking changed, so the reader is told where."""
     lines, changed = [], []
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        masked = _mask_string(line, heuristics=False)
+    raw = text.splitlines(keepends=True)
+    key_body = _key_block_lines(raw)
+    for number, line in enumerate(raw, start=1):
+        masked = "[secret]\n" if number in key_body else _mask_string(line, heuristics=False)
         if masked != line:
             changed.append(number)
         lines.append(masked)
     return "".join(lines), changed
+
+
+_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
+_BASE64_LINE = re.compile(r"[A-Za-z0-9+/]{4,64}={0,2}")
+_ARMOR_HEADER = re.compile(r"[A-Za-z-]+: [^\n]*|=[A-Za-z0-9+/]{4}|")  # PGP: headers, checksum
+
+
+def _key_block_lines(lines: list[str]) -> set[int]:
+    """The 1-based numbers of the lines of each private key written out in full: after
+    a BEGIN line, lines shaped as a key's body (base64 in lines of 64, the last shorter;
+    PGP's armor headers and checksum) up to its END line. Only a block with that exact
+    shape counts, so a BEGIN line cannot hide code that follows it: a line of code is
+    not 64 characters of base64 with no space."""
+    found: set[int] = set()
+    index = 0
+    while index < len(lines):
+        if not _KEY_BEGIN.search(lines[index]):
+            index += 1
+            continue
+        body, end = [], None
+        for j in range(index + 1, min(len(lines), index + 400)):
+            line = lines[j].strip()
+            if _KEY_END.search(line):
+                end = j
+                break
+            if _BASE64_LINE.fullmatch(line):
+                body.append(line)
+            elif not _ARMOR_HEADER.fullmatch(line):
+                break
+        # Lines of 64 but the last, and a key's worth of it (an Ed25519 key is one
+        # line of 64): `reboot` between a BEGIN and an END line is not a key.
+        full_lines = all(len(b.rstrip("=")) >= 60 for b in body[:-1])
+        if end is not None and sum(map(len, body)) >= 40 and full_lines:
+            found.update(range(index + 2, end + 1))  # the body; BEGIN and END mask alone
+            index = end + 1
+        else:
+            index += 1
+    return found
 
 
 # What mask() leaves where it hid something.

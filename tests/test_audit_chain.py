@@ -785,7 +785,8 @@ def test_names_that_only_contain_a_secret_word_stay_readable_in_text(chain):
 
 
 @pytest.mark.parametrize("shape", ["'a' * 200_000", "'a.' * 100_000", "'-a' * 100_000",
-                                   "'a' * 200_000 + '@'", "'a=' * 100_000"])  # fmt: skip
+                                   "'a' * 200_000 + '@'", "'a=' * 100_000", "'curl ' * 40_000",
+                                   "'mysql -u ' * 20_000", "'--pass-' * 50_000"])  # fmt: skip
 def test_masking_a_long_string_finishes(shape):
     """A guard, not a benchmark: the key=value pattern once tried every position of a
     run of name characters, so 100,000 of them held a worker for two minutes (any agent
@@ -871,6 +872,79 @@ def test_a_key_that_only_contains_a_secret_word_is_not_masked(chain):
     )
     stored = json.loads(AuditEvent.objects.get(uid=result.decision_id).arguments)
     assert stored == arguments
+
+
+# Shapes the masking missed (a review found them), and what it hid that a person must
+# read. The secret part of each is spelled so a test can say it is gone.
+SECRET_SHAPES = {
+    "pgpassword": ("PGPASSWORD=hunter2 psql -h db", "PGPASSWORD=[secret] psql -h db"),
+    "compound_token": ("apitoken=hunter2 x=1", "apitoken=[secret] x=1"),
+    "compound_token2": ("accesstoken=hunter2", "accesstoken=[secret]"),
+    "spaced_flag": ("psql --password hunter2 -h db", "psql --password [secret] -h db"),
+    "quoted_flag": ('run --token "hunter2 x" --dry-run', 'run --token "[secret]" --dry-run'),
+    "sshpass": ("sshpass -p hunter2 ssh ops@db", "sshpass -p [secret] ssh ops@db"),
+    "mysql": ("mysql -u root -phunter2 shop", "mysql -u root -p[secret] shop"),
+    "curl_user": ("curl -u admin:hunter2 https://x.test/", "curl -u admin:[secret] https://x.test/"),
+    "url_at": ("https://ci:hunter2@x@db.test/x", "https://ci:[secret]@db.test/x"),
+    "bearer_quoted": ("-H 'Authorization: Bearer hunter2'", "-H 'Authorization: [secret]'"),
+    "aws_temporary": ("key ASIAHUNTER2HUNTER2AB", "key [secret]"),
+    "gitlab": ("glpat-hunter2hunter2hunter2", "[secret]"),
+    "azure": ("AccountName=x;AccountKey=hunter2==;", "AccountName=x;AccountKey=[secret];"),
+    "pgp": (
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----\nhunter2\n-----END PGP PRIVATE KEY BLOCK-----",
+        "[secret]",
+    ),
+}  # fmt: skip
+KEPT_SHAPES = [
+    "rm -rf /srv/data/customer_exports/2026/november",
+    "/home/deploy/releases/2026-11-29/app/config/settings.py",
+    "DROP TABLE customers_2026_archive_partition_q4;",
+    "123e4567-e89b-12d3-a456-426614174000",
+    "docker run -u 1000:1000 img",
+    "mysql -p shop",
+    "deploy --token-file /run/secrets/t --dry-run",
+]
+
+
+def test_secret_shapes_in_text_are_masked_and_names_and_paths_are_not(chain):
+    # Under plain keys: a key named like a secret would hide its whole value anyway.
+    shapes = list(SECRET_SHAPES.values())
+    arguments = {f"c{i}": text for i, (text, _) in enumerate(shapes)}
+    arguments |= {f"kept{i}": text for i, text in enumerate(KEPT_SHAPES)}
+    arguments["aws"] = "key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    assert result.allowed
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    stored = json.loads(event.arguments)
+    for i, (name, (_, masked)) in enumerate(SECRET_SHAPES.items()):
+        assert stored[f"c{i}"] == masked, name
+    assert "hunter2" not in event.arguments
+    assert stored["aws"] == "key [secret]"  # random keys mix cases: still masked
+    for i, text in enumerate(KEPT_SHAPES):
+        assert stored[f"kept{i}"] == text
+    assert event.arguments_hash == audit.arguments_digest(arguments)
+
+
+def test_a_private_key_written_out_in_a_script_is_masked_but_cannot_hide_code():
+    """Review text is masked line by line, so a lone BEGIN line hides nothing after it.
+    A whole key (BEGIN, base64 lines of 64, END) is masked body and all; a line of code
+    between a BEGIN and an END line is not a key body and stays readable."""
+    import base64
+
+    body = base64.b64encode(bytes(range(200))).decode()
+    key_lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    script = "\n".join(
+        ["echo start", "-----BEGIN RSA PRIVATE KEY-----", *key_lines,
+         "-----END RSA PRIVATE KEY-----", "echo done", "# -----BEGIN PRIVATE KEY-----",
+         "reboot", "-----END PRIVATE KEY-----", ""]
+    )  # fmt: skip
+    masked, lines = audit.mask_review_text(script)
+    assert all(line not in masked for line in key_lines)
+    assert lines == list(range(2, 3 + len(key_lines))) + [5 + len(key_lines)]
+    assert "echo start\n[secret]\n" in masked and "\necho done\n" in masked
+    assert "\nreboot\n" in masked  # shown: the approver sees what would run
 
 
 # --- audit.deferred(): many services, one transaction, the events last ------------------------
