@@ -21,6 +21,18 @@ def live_grants(at: datetime) -> QuerySet[Grant]:
     )
 
 
+def grants_in_force(at: datetime) -> QuerySet[Grant]:
+    """live_grants() less those bound to a task that is not open at `at` (ended or
+    closed before the job has revoked them, or not started): grants that could allow a
+    call at `at` (ancestors aside). What the matrix file and the daily count hold."""
+    open_task = (
+        Q(task__starts_at__lte=at)
+        & (Q(task__ends_at__isnull=True) | Q(task__ends_at__gt=at))
+        & (Q(task__closed_at__isnull=True) | Q(task__closed_at__gt=at))
+    )
+    return live_grants(at).filter(Q(task__isnull=True) | open_task)
+
+
 def live_policies(at: datetime) -> QuerySet[ConfirmationPolicy]:
     """Confirmation policies in force at `at`: the window policy._POLICY_QUERY reads."""
     return ConfirmationPolicy.objects.filter(starts_at__lte=at, expires_at__gt=at).filter(
@@ -46,9 +58,9 @@ def matrix_summary() -> dict[str, Any]:
 def matrix_snapshot(at: datetime) -> dict[str, Any]:
     """The live grant matrix at `at` as plain data, in a stable order.
 
-    What `matrix_export` writes: every agent and tool, the tasks open at `at`
-    plus any task a live grant or policy is bound to, and the grants and confirmation
-    policies live at `at`. Ordered by
+    What `matrix_export` writes: every agent and tool, the tasks open at `at`, and
+    the grants and confirmation policies in force at `at` (a grant or policy bound to a
+    task that is no longer open is not: the file imports back as it was exported). Ordered by
     name/key (grants by agent, tool, task, scope, id) so two exports of the
     same state are byte-identical and diff cleanly under version control.
     """
@@ -57,7 +69,7 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
     # Sorted in Python, not SQL: SQLite and PostgreSQL disagree on where NULL
     # task keys go and on collation ("bot-a" vs "bota"), and the file must not.
     grants = sorted(
-        live_grants(at).select_related("requested_by_agent"),
+        grants_in_force(at).select_related("requested_by_agent"),
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
     )
     # A policy bound to a task that is not open answers no call: not in force.

@@ -1145,3 +1145,28 @@ def test_a_policy_entry_repeated_in_the_file_is_an_error(world, tmp_path):
     twice = POLICY_ENTRY + POLICY_ENTRY.split("\n", 1)[1].replace("reason: scratch", "reason: b")
     message = rejected(write(tmp_path, twice), "--dry-run")
     assert "confirmation_policies[1]: repeats confirmation_policies[0] (line 2)" in message
+
+
+def test_a_grant_whose_task_has_ended_is_not_in_force_and_the_file_imports_back(
+    world, make_agent, make_tool, make_grant, make_task, tmp_path, alice, system
+):
+    """A grant bound to a task that ended (before the job closed the task and revoked
+    it) allows nothing: it used to be exported with its task, and that file could not
+    be imported again ("task is not open"). Neither is in the file now, nor in the
+    daily count of live grants."""
+    from governance.services import hygiene
+
+    ending = make_task("SHORT-1", ends_at=NOW - MINUTE)
+    make_grant(world["bot"], world["repo"], scope="repo:acme/short/*", task=ending,
+               starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))  # fmt: skip
+    assert selectors.live_grants(NOW).filter(task=ending).exists()  # its own window
+
+    data = export(tmp_path / "m.yaml")
+
+    assert "SHORT-1" not in [k["key"] for k in data["tasks"]]
+    assert "repo:acme/short/*" not in [g["scope"] for g in data["grants"]]
+    out = run_import(tmp_path / "m.yaml", "--dry-run", "--as", "alice")
+    assert "0 to create" in out
+    snapshot = hygiene.trend_snapshot_record(actor=system, at=NOW)
+    assert snapshot.total == selectors.grants_in_force(NOW).count()
+    assert snapshot.total == selectors.live_grants(NOW).count() - 1

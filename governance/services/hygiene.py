@@ -24,7 +24,7 @@ from django.db.models import Count, F, Q
 from governance import audit, notifications
 from governance.codes import EventType
 from governance.models import AgentToken, Grant, LiveGrantSnapshot
-from governance.selectors import live_grants, unused_grants
+from governance.selectors import grants_in_force, unused_grants
 from governance.services.approvals import approvals_expire
 from governance.services.claims import claim_each, run_parts
 from governance.services.grants import grant_event, grant_requests_expire, grants_expire
@@ -64,12 +64,13 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
 
 
 def trend_snapshot_record(*, actor: audit.Actor, at: datetime) -> LiveGrantSnapshot:
-    """Count live grants in total and per agent for `at`'s UTC day, once per day."""
+    """Count live grants in total and per agent for `at`'s UTC day, once per day: those
+    in force (one bound to a task that has ended is not, job or no job)."""
     day = at.date()
     existing = LiveGrantSnapshot.objects.filter(day=day).first()
     if existing is not None:
         return existing
-    rows = live_grants(at).values("agent__name").annotate(n=Count("id")).order_by()
+    rows = grants_in_force(at).values("agent__name").annotate(n=Count("id")).order_by()
     per_agent = {row["agent__name"]: row["n"] for row in rows}
     try:
         with transaction.atomic():
