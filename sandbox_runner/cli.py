@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             egress=tuple(args.egress) if args.egress else None,
             approval=args.approval,
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # unreadable file; an image the backend cannot run
         print(f"sandbox_runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
     authorizer = _authorizer(args.api)

@@ -22,6 +22,25 @@ from sandbox_runner.egress import Destination, parse_destination
 
 DEFAULT_TOOL = "code-exec"
 DEFAULT_IMAGE = "governance-sandbox:bookworm"
+# Backends with no image: what runs is the host's /usr, read-only. Their runs are the
+# image `host` (scope `sandbox:host`), whatever image was named, so a grant scoped to
+# one image (`sandbox:locked-down:v1`) is not stretched to the host's every binary by
+# asking for the weakest backend under that image's name.
+HOST_BACKENDS = frozenset({"bubblewrap"})
+HOST_IMAGE = "host"
+
+
+def host_image_problem(backend: str, image: str) -> str | None:
+    """Why `image` cannot be asked of `backend`, or None. The default image stands for
+    "whatever this backend runs" and becomes `host`."""
+    if backend in HOST_BACKENDS and image not in (HOST_IMAGE, DEFAULT_IMAGE):
+        return (
+            f"{backend} runs the host's /usr, not an image: ask for image {HOST_IMAGE!r} "
+            f"(a grant on sandbox:{HOST_IMAGE}), not {image!r:.80}"
+        )
+    return None
+
+
 # Where the script and input appear inside the sandbox (read-only).
 SCRIPT_PATH = "/sandbox/script"
 INPUT_PATH = "/sandbox/input"
@@ -121,6 +140,10 @@ class RunSpec:
             raise ValueError(
                 f"image_id must be sha256: and 64 hex digits, not {self.image_id!r:.80}"
             )
+        if problem := host_image_problem(self.backend, self.image):
+            raise ValueError(problem)
+        if self.backend in HOST_BACKENDS:
+            object.__setattr__(self, "image", HOST_IMAGE)  # frozen: set once, here
 
     @property
     def script_sha256(self) -> str:

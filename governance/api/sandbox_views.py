@@ -56,6 +56,7 @@ from sandbox_runner.spec import (
     LIMIT_NAMES,
     REVIEW_MAX_BYTES,
     RunSpec,
+    host_image_problem,
 )
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -194,6 +195,8 @@ class SandboxRunIn(StrictSerializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if problem := host_image_problem(attrs.get("backend", ""), attrs.get("image", "")):
+            raise GovernanceError("invalid_image", problem, fields={"image": problem})
         for what in ("script", "input"):
             raw = attrs.get(f"{what}_base64")
             sent = attrs.get(f"{what}_sha256")

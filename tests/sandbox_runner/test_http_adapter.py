@@ -394,6 +394,48 @@ def test_an_image_run_without_an_image_id_is_refused_on_record_and_asks_nobody(
     assert a.post(RUNS, body, format="json").json()["decision"] == "allow"
 
 
+@pytest.mark.django_db
+def test_a_host_backend_run_is_the_image_host_whatever_image_it_names(
+    code_exec, make_grant, agent_client
+):
+    """bubblewrap runs the host's /usr, not an image. Its runs were the image they
+    named, so a grant scoped to one image (`sandbox:governance-sandbox:bookworm`) let an
+    agent run every binary of the host by asking for bubblewrap under that name. Now a
+    host backend's run is the image `host` (scope `sandbox:host`); naming another image
+    for it is a 400."""
+    from sandbox_runner.spec import RunSpec
+
+    def grant(scope: str) -> Any:
+        return make_grant(
+            code_exec.agent, code_exec.tool, actions=("execute",), scope=scope,
+            task=code_exec.task, starts_at=timezone.now() - timedelta(minutes=30),
+            duration=timedelta(days=3),
+        )  # fmt: skip
+
+    grant("sandbox:governance-sandbox:bookworm")
+    a = agent_client(code_exec.agent)
+    run_id = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(run_id), format="json").json()  # the default image
+    assert (answer["decision"], answer["reason"]) == ("deny", "scope_mismatch")
+    event = AuditEvent.objects.get(uid=answer["decision_id"])
+    assert (event.event_type, event.scope) == ("access.denied", "sandbox:host")
+    assert run_record(run_id).image == "host"
+    before = AuditEvent.objects.count()
+    refused = a.post(RUNS, _ask(str(uuid.uuid4()), image="locked-down:v1"), format="json")
+    assert refused.status_code == 400, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_image" and "image" in error["fields"]
+    assert AuditEvent.objects.count() == before
+    with pytest.raises(ValueError, match="runs the host's /usr"):
+        RunSpec(agent="coder", task=None, command=("true",), backend="bubblewrap", image="x:1")
+    # A grant on the host is what a bubblewrap run needs.
+    grant("sandbox:host")
+    assert a.post(RUNS, _ask(str(uuid.uuid4())), format="json").json()["decision"] == "allow"
+    # Image backends are unchanged: that grant covers the image it names.
+    docker = _ask(str(uuid.uuid4()), backend="docker", image_id="sha256:" + "4" * 64)
+    assert a.post(RUNS, docker, format="json").json()["decision"] == "allow"
+
+
 RUN_ID = "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11"
 BAD_ASKS = [
     [],
