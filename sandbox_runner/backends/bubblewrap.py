@@ -10,8 +10,10 @@ sandbox), /tmp a noexec tmpfs of 64 MiB the runner mounts (a runner that is not
 root cannot: bwrap's own tmpfs of the same size, exec allowed, and the record
 says so), the script and input bound read-only.
 
-Limits: cgroups (v1 or v2) when the runner may create them, else rlimits
-(RLIMIT_AS, RLIMIT_NPROC, RLIMIT_CPU); the run record says which per limit.
+Limits: cgroups (v1 or v2) when the runner may create them. Else rlimits (RLIMIT_AS,
+RLIMIT_NPROC, RLIMIT_CPU), which bind each process, not the run, so only when the
+deployment sets SANDBOX_ALLOW_RLIMITS=1 (otherwise the backend is unavailable); the
+run record says which per limit.
 bwrap is started blocked (--block-fd): the runner records the start, the
 sandbox is moved into its cgroups and the egress proxy bound in its network
 namespace, and only then is it released, so the code never runs a moment
@@ -46,13 +48,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_runner import seccomp
-from sandbox_runner.backends.base import Backend, Handle, NetworkHook, Sink
+from sandbox_runner.backends.base import Backend, BackendUnavailable, Handle, NetworkHook, Sink
 from sandbox_runner.spec import INPUT_PATH, SCRIPT_PATH, Authorization, Limits, RunSpec
 
 UID = GID = 1000
 TMP_SIZE = "64m"
 _TMP_BYTES = 64 * 1024 * 1024
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Without cgroups, limits are rlimits: per process, so not a ceiling on the run. The
+# backend refuses to run so unless the deployment accepts that, by name.
+ALLOW_RLIMITS = "SANDBOX_ALLOW_RLIMITS"
+
+
+def cgroups_usable() -> bool:
+    """Can this runner put a run's processes under memory, pids and cpu cgroups? (root,
+    and cgroup v2 or the three v1 controllers)."""
+    if os.geteuid() != 0:
+        return False
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return True
+    return all((CGROUP_ROOT / c).is_dir() for c in ("memory", "pids", "cpu"))
+
+
 CGROUP_NAME = "governance-sandbox"
 POLL_EXIT = 0.5  # seconds: how often wait() looks whether bwrap exited while streams are open
 DRAIN_AFTER_EXIT = 5.0  # seconds of output still read after bwrap exited
@@ -88,7 +105,12 @@ def bwrap_argv(
         elif Path(f"/{name}").is_dir():
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
     argv += ["--dir", "/etc", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # /dev: bwrap's is a writable tmpfs with no size (half the host's RAM, and not
+    # counted by RLIMIT_AS): read-only, with the device nodes still usable, and a
+    # /dev/shm of its own capped as /tmp is.
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--perms", "1777", "--size", str(_TMP_BYTES), "--tmpfs", "/dev/shm"]  # noqa: S108
+    argv += ["--remount-ro", "/dev"]
     # /workspace: a tmpfs of scratch_mb made by bwrap in the sandbox's own mount
     # namespace, owned by uid 1000 (never a host directory: a run cannot fill the
     # host's disk), gone with the sandbox.
@@ -243,21 +265,25 @@ class Cgroups:
                         threading.Event().wait(0.02)
 
 
-def _rlimits(limits: Limits, missing: set[str]) -> dict[str, str]:
-    """The fallback for what cgroups could not enforce (inherited by bwrap's children)."""
-    done: dict[str, str] = {}
+# How each rlimit binds, as the run record says: none of them is a ceiling on the run.
+RLIMIT_ENFORCEMENT = {
+    "memory": "rlimit (per process)",
+    "pids": "rlimit (per user)",
+    "cpus": "rlimit (cpu seconds per process)",
+}
+
+
+def _rlimits(limits: Limits, missing: set[str]) -> None:
+    """The fallback for what cgroups could not enforce (inherited by bwrap's children),
+    only with SANDBOX_ALLOW_RLIMITS=1 (see unavailable())."""
     if "memory" in missing:
         size = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (size, size))
-        done["memory"] = "rlimit"
     if "pids" in missing:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.pids, limits.pids))
-        done["pids"] = "rlimit"
     if "cpus" in missing:
         seconds = max(1, int(limits.cpus * limits.wall_seconds) + 1)
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
-        done["cpus"] = "rlimit (cpu seconds)"
-    return done
 
 
 class BubblewrapHandle(Handle):
@@ -406,6 +432,13 @@ class BubblewrapBackend(Backend):
     def unavailable(self) -> str | None:
         if shutil.which("bwrap") is None:
             return "bwrap is not installed (apt-get install bubblewrap)"
+        if not cgroups_usable() and os.environ.get(ALLOW_RLIMITS) != "1":
+            return (
+                "bubblewrap without cgroups could only set rlimits, which bind each "
+                "process, not the run (a fork multiplies the memory and CPU caps): run the "
+                "runner as root on a host with cgroups, use the docker backend, or set "
+                f"{ALLOW_RLIMITS}=1 to accept per-process limits"
+            )
         return None
 
     def image_id(self, image: str) -> str:
@@ -464,6 +497,12 @@ class BubblewrapBackend(Backend):
         self._cgroups = cgroups
         enforcement = cgroups.limit(limits)
         missing = {"memory", "pids", "cpus"} - set(enforcement)
+        if missing and os.environ.get(ALLOW_RLIMITS) != "1":
+            # unavailable() found the hierarchy, but a group could not be limited now.
+            raise BackendUnavailable(
+                f"cgroups could not limit {', '.join(sorted(missing))} for this run, and "
+                f"rlimits are per process ({ALLOW_RLIMITS} is not set): nothing was started"
+            )
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         argv = bwrap_argv(
@@ -531,7 +570,7 @@ class BubblewrapBackend(Backend):
         self._cgroups = self._tmp = None  # the handle's to clean from here on
         handle.enforcement = {
             **enforcement,
-            **{k: "rlimit" for k in missing},
+            **{k: RLIMIT_ENFORCEMENT[k] for k in missing},
             "wall_seconds": "runner",
             "seccomp": "filter" if seccomp_fd is not None else "none (no libseccomp)",
             "tmp": "noexec tmpfs" if tmp_noexec else "bwrap tmpfs (exec allowed: not root)",

@@ -22,10 +22,30 @@ from tests.sandbox_runner.test_docker_probes import run
 pytestmark = pytest.mark.django_db
 
 
+def test_without_cgroups_bubblewrap_refuses_to_run_unless_rlimits_are_accepted(
+    bwrap_available, code_exec, spec_for, monkeypatch, tmp_path, capfd
+):
+    """rlimits bind each process: six forks may each hold the memory cap, and each
+    burns its own CPU seconds. So without cgroups the backend is unavailable (before
+    anything is asked or started) unless the deployment accepts per-process limits."""
+    monkeypatch.setattr(bubblewrap, "CGROUP_ROOT", tmp_path / "no-cgroups-here")
+    monkeypatch.delenv(bubblewrap.ALLOW_RLIMITS, raising=False)
+    code_exec.grant()
+    before = AuditEvent.objects.count()
+    spec = spec_for("print('ran')", backend="bubblewrap")
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == EXIT_BACKEND and out == ""
+    said = capfd.readouterr().err
+    assert "rlimits, which bind each process" in said and bubblewrap.ALLOW_RLIMITS in said
+    assert not SandboxRun.objects.filter(run_id=spec.run_id).exists()
+    assert AuditEvent.objects.count() == before
+
+
 def test_without_cgroups_limits_are_rlimits_and_recorded(
     bwrap_available, code_exec, spec_for, monkeypatch, tmp_path
 ):
     monkeypatch.setattr(bubblewrap, "CGROUP_ROOT", tmp_path / "no-cgroups-here")
+    monkeypatch.setenv(bubblewrap.ALLOW_RLIMITS, "1")
     code_exec.grant()
     spec = spec_for(
         "b = []\ntry:\n    while True: b.append(bytearray(8 * 1024 * 1024))\n"
@@ -39,8 +59,48 @@ def test_without_cgroups_limits_are_rlimits_and_recorded(
     assert word == "MemoryError" and int(mb) < 128  # RLIMIT_AS, not the OOM killer
     record = run_record(spec.run_id)
     assert not record.oom_killed
-    assert record.enforcement["memory"] == record.enforcement["pids"] == "rlimit"
-    assert record.enforcement["cpus"] == "rlimit"
+    assert record.enforcement["memory"] == "rlimit (per process)"
+    assert record.enforcement["pids"] == "rlimit (per user)"
+    assert record.enforcement["cpus"] == "rlimit (cpu seconds per process)"
+
+
+DEV_FILL = """
+import errno
+for path in ("/dev/fill", "/dev/shm/fill"):
+    written = 0
+    try:
+        with open(path, "wb") as f:
+            while written < 96 << 20:  # bounded: no cap fails the test, not the host
+                f.write(b"x" * 65536)
+                f.flush()
+                written += 65536
+        print(path, "no cap", written >> 20)
+    except OSError as exc:
+        print(path, errno.errorcode[exc.errno], written >> 20)
+open("/dev/null", "w").write("still a device")
+print("/dev/null ok")
+"""
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroups", "rlimits"])
+def test_dev_is_read_only_and_dev_shm_is_capped(
+    bwrap_available, code_exec, spec_for, monkeypatch, tmp_path, cgroups
+):
+    """bwrap's /dev was a writable tmpfs of half the host's RAM (not counted by
+    RLIMIT_AS): a run could fill the host's memory through it. Now /dev is read-only,
+    its devices still work, and /dev/shm is a tmpfs of 64 MiB."""
+    if not cgroups:
+        monkeypatch.setattr(bubblewrap, "CGROUP_ROOT", tmp_path / "no-cgroups-here")
+        monkeypatch.setenv(bubblewrap.ALLOW_RLIMITS, "1")
+    code_exec.grant()
+    spec = spec_for(DEV_FILL, limits={"memory_mb": 256}, backend="bubblewrap")
+    outcome, out, _ = run(spec)
+    assert outcome.exit_code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "/dev/fill EROFS 0"
+    shm = lines[1].split()
+    assert shm[:2] == ["/dev/shm/fill", "ENOSPC"] and int(shm[2]) <= 64
+    assert lines[2] == "/dev/null ok"
 
 
 TMP_FILL = """
