@@ -25,6 +25,7 @@ import fcntl
 import functools
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import os
@@ -679,6 +680,9 @@ class Verdict:
     head: str
     bad_seq: int | None = None
     problem: str = ""
+    # Windows the checkpoint series did not cover (the job stopped): not proof of
+    # tampering, but newest events deleted then would not show. Said on every verify.
+    gaps: tuple[str, ...] = ()
 
     def render(self) -> str:
         if self.ok:
@@ -805,7 +809,26 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     stale = _checkpoint_stale(checkpoints, count, at or datetime.now(UTC))
     if stale:
         return Verdict(False, count, prev_hash, stale[0], stale[1])
-    return Verdict(True, count, prev_hash)
+    return Verdict(True, count, prev_hash, gaps=_checkpoint_gaps(checkpoints))
+
+
+def _checkpoint_gaps(checkpoints: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Each pair of consecutive checkpoints further apart than AUDIT_CHECKPOINT_MAX_AGE."""
+    max_age = settings.AUDIT_CHECKPOINT_MAX_AGE
+    if not max_age:
+        return ()
+    found = []
+    for before, after in itertools.pairwise(checkpoints):
+        apart = datetime.fromisoformat(after["time"]) - datetime.fromisoformat(before["time"])
+        if apart > max_age:
+            found.append(
+                f"checkpoints {before['file']} and {after['file']} are "
+                f"{int(apart.total_seconds() // 60)} min apart (more than "
+                f"AUDIT_CHECKPOINT_MAX_AGE): events after seq {before['seq']} were not "
+                f"protected until seq {after['seq']} was signed; newest events deleted in "
+                "that window would not show"
+            )
+    return tuple(found)
 
 
 def _checkpoint_stale(
@@ -1006,6 +1029,30 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
     return write_checkpoint(at)
 
 
+def _record_series_state(previous: dict[str, Any] | None, at: datetime) -> None:
+    """Before a checkpoint signs the head: if the previous checkpoint is older than
+    AUDIT_CHECKPOINT_MAX_AGE, the job stopped for a while. That window is put on record
+    (`audit.checkpoint_gap`, which this checkpoint then covers) for good: newest events
+    deleted during it would not show, and verify names it every time (Verdict.gaps)."""
+    max_age = settings.AUDIT_CHECKPOINT_MAX_AGE
+    if previous is None or not max_age:
+        return
+    since = datetime.fromisoformat(previous["time"])
+    if at - since > max_age:
+        minutes = int((at - since).total_seconds() // 60)
+        log.warning("audit checkpoint gap: %s min since %s", minutes, previous["file"])
+        with transaction.atomic():
+            append(
+                event_type=EventType.AUDIT_CHECKPOINT_GAP,
+                actor=_JOB,
+                at=at,
+                data={"after": previous["file"], "after_seq": previous["seq"], "minutes": minutes},
+            )
+
+
+_JOB = Actor.system("audit_checkpoint")
+
+
 def write_checkpoint(at: datetime) -> dict[str, Any]:
     """Sign the current head to a file outside the database.
 
@@ -1021,11 +1068,12 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        existing = _checkpoint_paths()
+        previous = _read_checkpoint(existing[-1]) if existing else None
+        _record_series_state(previous, at)
         with transaction.atomic():
             # Read a head no writer is half-way through extending.
             seq, head = _lock_and_read_head()
-        existing = _checkpoint_paths()
-        previous = _read_checkpoint(existing[-1]) if existing else None
         if previous is not None:
             # Never sign over damage: if the log no longer holds what the previous
             # checkpoint signed (its newest events deleted and written again, say), a

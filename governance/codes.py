@@ -95,6 +95,9 @@ class EventType(models.TextChoices):
     # An admin started a new checkpoint series (after restoring the database from a
     # backup, say): the old series is kept aside, named in the event.
     AUDIT_CHECKPOINTS_RESTARTED = "audit.checkpoints_restarted"
+    # A checkpoint written longer than AUDIT_CHECKPOINT_MAX_AGE after the one before:
+    # events written in between were not protected by any checkpoint while it lasted.
+    AUDIT_CHECKPOINT_GAP = "audit.checkpoint_gap"
     # The nightly chain walk found tampering (or a broken checkpoint).
     AUDIT_VERIFY_FAILED = "audit.verify_failed"
     # Someone read the audit log in the web UI (exports are report.exported).

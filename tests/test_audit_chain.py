@@ -255,6 +255,51 @@ def test_a_stale_checkpoint_fails_verify_so_a_stopped_job_cannot_hide_a_deleted_
     assert audit.verify_chain(written + timedelta(minutes=20)).ok
 
 
+def test_a_gap_in_the_checkpoint_series_is_on_record_and_named_by_every_verify(
+    chain, settings, capsys
+):
+    """The job stopped for 70 minutes; meanwhile events were written and the newest
+    deleted, and then the job came back and signed the shortened head. Nothing can show
+    what was deleted, but the window can no longer pass unnoticed: the checkpoint after
+    it writes `audit.checkpoint_gap` (which it signs), and verify warns about it on
+    every run, naming the seqs it left unprotected."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    written = datetime.now(UTC)
+    first = audit.write_checkpoint(written)
+    for i in range(3):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/late-{i}", at=NOW
+        )
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [chain + 1])
+    # Nothing is on record about the stop yet: only a checkpoint can tell.
+    assert not AuditEvent.objects.filter(event_type="audit.checkpoint_gap").exists()
+    second = audit.write_checkpoint(written + timedelta(minutes=70))
+
+    gap = AuditEvent.objects.get(event_type="audit.checkpoint_gap")
+    assert gap.seq == second["seq"] == chain + 2  # signed by the checkpoint after it
+    assert json.loads(gap.data) == {"after": first["file"], "after_seq": chain, "minutes": 70}
+    verdict = audit.verify_chain(written + timedelta(minutes=71))
+    assert verdict.ok and len(verdict.gaps) == 1
+    assert f"events after seq {chain} were not protected until seq {chain + 2}" in (verdict.gaps[0])
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(0)  # the check off: nothing said
+    assert audit.verify_chain(written + timedelta(minutes=71)).gaps == ()
+    # A checkpoint within the age after that leaves no new gap.
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    audit.write_checkpoint(written + timedelta(minutes=75))
+    assert AuditEvent.objects.filter(event_type="audit.checkpoint_gap").count() == 1
+
+
+def test_audit_verify_prints_each_gap_as_a_warning_and_still_exits_0(chain, settings, capsys):
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    now = datetime.now(UTC)
+    audit.write_checkpoint(now - timedelta(hours=2))
+    audit.write_checkpoint(now)
+    code, text = verify_output(capsys)
+    assert code == 0 and text.startswith("ok: ")
+    assert "warning: checkpoints checkpoint-000000001-" in text and "120 min apart" in text
+
+
 def test_deleting_everything_is_caught_by_the_checkpoint(chain, capsys):
     call_command("audit_checkpoint")
     capsys.readouterr()

@@ -9,7 +9,8 @@ from governance import audit
 class Command(BaseCommand):
     help = (
         "Verify the audit chain and the latest checkpoint. Exit 0 and print "
-        "'ok: N events, head H', or exit 1 naming the first bad sequence number."
+        "'ok: N events, head H' (and a warning for each window the checkpoint series did "
+        "not cover), or exit 1 naming the first bad sequence number."
     )
 
     def handle(self, *args: object, **options: object) -> None:
@@ -18,6 +19,8 @@ class Command(BaseCommand):
         )
         if verdict.ok:
             self.stdout.write(verdict.render())
+            for gap in verdict.gaps:  # not tampering, but a window nothing protected
+                self.stderr.write(f"warning: {gap}")
             return
         self.stderr.write(verdict.render())
         sys.exit(1)
