@@ -89,16 +89,21 @@ def listen_in_netns(pid: int, port: int = LISTEN_PORT) -> socket.socket:
     return box["sock"]  # type: ignore[return-value]
 
 
-def _read_head(conn: socket.socket) -> bytes | None:
+def _read_head(conn: socket.socket) -> tuple[bytes, bool]:
+    """The bytes read, and whether they hold a whole request head: not when the sandbox
+    closed, went quiet past CONNECT_TIMEOUT, or sent more than MAX_HEADER first."""
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = conn.recv(4096)
+        try:
+            chunk = conn.recv(4096)
+        except OSError:  # timed out
+            return data, False
         if not chunk:
-            return None
+            return data, False
         data += chunk
         if len(data) > MAX_HEADER:
-            return None
-    return data
+            return data, False
+    return data, True
 
 
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
@@ -274,13 +279,14 @@ class EgressProxy:
         upstream: socket.socket | None = None
         try:
             conn.settimeout(CONNECT_TIMEOUT)
-            head = _read_head(conn)
-            if head is None:
-                return
+            head, whole = _read_head(conn)
+            if not head:
+                return  # connected and sent nothing: no request, nowhere asked for
             head, _, early = head.partition(b"\r\n\r\n")  # early: bytes sent after it
-            request = _parse_head(head)
-            if request is None:  # not forwarded, still an attempt: logged as one
-                line = head.split(b"\r\n", 1)[0][:100].decode("latin-1")
+            request = _parse_head(head) if whole else None
+            if request is None:  # not forwarded, still an attempt: logged as one (a head
+                # cut short, too long or never finished too: `CONNECT host` then close)
+                line = re.split(rb"\r?\n", head, maxsplit=1)[0][:100].decode("latin-1")
                 self._refuse(conn, EgressDecision(False, "bad_request", line, 0), status=400)
                 return
             method, target, version, fields, length = request

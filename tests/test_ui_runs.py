@@ -105,3 +105,28 @@ def test_an_unknown_or_malformed_run_is_404() -> None:
     assert client.get(f"/ui/runs/{uuid.uuid4()}/").status_code == 404
     assert client.get("/ui/runs/not-a-run/").status_code == 404
     assert AuditEvent.objects.count() == before
+
+
+def test_a_refused_request_line_carrying_a_secret_is_masked_in_its_event() -> None:
+    """A refused request is recorded with what the sandbox sent (its first line), which
+    can carry a key or a password: the append-only log kept them in clear."""
+    from django.utils import timezone
+
+    from governance.services import sandbox
+    from sandbox_runner.egress import EgressDecision
+
+    world = ui_world.build()
+    run_id = ui_world.make_run(world)
+    key, password = "sk_live_51H" + "q7Zt" * 6, "Sup3rS3cretPassw0rd"
+    for sent in (
+        f"GET /v1/charges?api_key={key} HTTP/1.1",
+        f"CONNECT admin:{password}@evil.example:443 HTTP/1.1",
+    ):
+        decision = EgressDecision(False, "bad_request", sent, 0)
+        sandbox.egress_attempt(run_id=run_id, decision=decision, at=timezone.now())
+    denied = AuditEvent.objects.filter(event_type="sandbox.egress.denied").order_by("seq")
+    stored = [json.loads(e.data)["destination"] for e in denied][-2:]
+    assert stored[0] == "GET /v1/charges?api_key=[secret] HTTP/1.1:0"
+    assert password not in stored[1] and key not in stored[0]
+    page = ui_world.signed_in("auditor").get(f"/ui/runs/{run_id}/").content.decode()
+    assert key not in page and password not in page

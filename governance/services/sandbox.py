@@ -531,7 +531,9 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
                 Verdict.ALLOW if decision.allowed else Verdict.DENY,
                 f"egress_{decision.reason}"[:40],
             ),
-            destination=f"{decision.host}:{decision.port}",
+            # What the sandbox sent, for a refused request (`bad_request`: its first
+            # line): it can carry a secret (`?api_key=`, `user:password@`), masked.
+            destination=audit.mask(f"{decision.host}:{decision.port}"),
             address=decision.address,
             egress_reason=decision.reason,
         )

@@ -70,6 +70,34 @@ def test_every_refused_attempt_is_reported_once(upstream, payload, reason):
     assert not reports[0].allowed
 
 
+CUT = "CONNECT evil.example:443 HTTP/1.1"
+
+
+@pytest.mark.parametrize(
+    ("payload", "line"),
+    [
+        (CUT.encode() + b"\r\nHost: x\r\n", CUT),
+        (b"GET http://evil.example/ HTTP/1.1\n\n", "GET http://evil.example/ HTTP/1.1"),
+        (CUT.encode() + b"\r\nX: " + b"a" * 20_000, CUT),
+    ],
+    ids=["closed_before_the_end", "bare_newlines", "too_long"],
+)
+def test_a_head_never_finished_is_still_an_attempt_on_record(upstream, payload, line):
+    """A request head cut short (sent, then closed), ended by bare newlines or longer
+    than MAX_HEADER went unrecorded: an attempt to reach evil.example left no trace.
+    Each is now refused as bad_request, with the first line it sent; a connection that
+    sent nothing at all is no request and stays unrecorded."""
+    reports = []
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
+    answer = ask(proxy, payload)
+    assert answer.startswith(b"HTTP/1.1 400 ") or answer == b""
+    assert [(r.allowed, r.reason, r.host, r.port) for r in reports] == [
+        (False, "bad_request", line, 0)
+    ]
+    ask(proxy, b"")
+    assert len(reports) == 1
+
+
 def test_an_allowed_connect_tunnels_to_the_resolved_address(upstream):
     reports = []
     proxy = EgressProxy([parse_destination(f"127.0.0.1:{upstream}")], report=reports.append)
