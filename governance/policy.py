@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+
 from governance import db
 from governance.audit import arguments_digest
 from governance.codes import ACTION_VALUES, ActionClass, Reason
@@ -205,7 +207,8 @@ SELECT a.id, a.status,
        k.id, k.starts_at, k.ends_at, k.closed_at,
        g.id, g.task_id, g.scope, {g_fields}, g.status, g.starts_at, g.expires_at,
        g.revoked_at, g.delegated_from_id, g.break_glass,
-       (SELECT e.seq FROM governance_auditevent e ORDER BY e.seq DESC LIMIT 1)
+       (SELECT e.seq FROM governance_auditevent e ORDER BY e.seq DESC LIMIT 1),
+       {review_due}
 FROM (SELECT 1 AS one) AS o
 LEFT JOIN governance_agent a ON a.name = %s
 LEFT JOIN governance_tool t ON t.name = %s
@@ -215,18 +218,24 @@ LEFT JOIN governance_grant g
       AND {g_action}
 ORDER BY g.id
 """
-_MAIN_KINDS = "isibbbittt" + "iisssttti" + "bi"  # one letter per column (db.query)
+_MAIN_KINDS = "isibbbittt" + "iisssttti" + "bit"  # one letter per column (db.query)
+# When the grant's oldest undecided review item fell due: past it, REVIEW_DEFAULT_RULE
+# `revoke` has ended the grant, whether or not the job has run (_window_reason).
+_REVIEW_DUE = """(SELECT min(r.due_at) FROM governance_reviewitem r
+        WHERE r.grant_id = {grant}.id AND r.status = 'pending')"""
 _MAIN_QUERY = {
     # jsonb: `?` is "has this string element"; fields only when the list is not empty.
     "postgresql": _MAIN_COLUMNS.format(
         t_action="t.actions ? %s",
         g_action="g.actions ? %s",
         g_fields="CASE WHEN jsonb_array_length(g.fields) = 0 THEN NULL ELSE g.fields::text END",
+        review_due=_REVIEW_DUE.format(grant="g"),
     ),
     "sqlite": _MAIN_COLUMNS.format(
         t_action="EXISTS (SELECT 1 FROM json_each(t.actions) AS j WHERE j.value = %s)",
         g_action="EXISTS (SELECT 1 FROM json_each(g.actions) AS j WHERE j.value = %s)",
         g_fields="CASE WHEN json_array_length(g.fields) = 0 THEN NULL ELSE g.fields END",
+        review_due=_REVIEW_DUE.format(grant="g"),
     ),
 }
 
@@ -245,10 +254,11 @@ WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, rev
     FROM governance_grant p JOIN chain ON p.id = chain.parent_id
     WHERE chain.depth < 32
 )
-SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status, a.id
+SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status, a.id,
+       {review_due}
 FROM chain JOIN governance_agent a ON a.id = chain.agent_id
 ORDER BY chain.depth
-"""
+""".format(review_due=_REVIEW_DUE.format(grant="chain"))
 
 _APPROVAL_QUERY = """
 SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id,
@@ -357,14 +367,20 @@ def _window_reason(
     expires_at: int | None,
     revoked_at: int | None,
     at: int,
+    review_due: int | None = None,
 ) -> Reason | None:
-    """None when the grant's own window is live at `at`, else why not (times: db.to_us)."""
+    """None when the grant's own window is live at `at`, else why not (times: db.to_us).
+    A review item still undecided at its due date revokes the grant then, under
+    REVIEW_DEFAULT_RULE `revoke`: decided here, as expiry is, not by the job having run
+    (the job does the bookkeeping: the item, the grant's row and their events)."""
     if status in ("pending", "denied") or starts_at is None or expires_at is None:
         return Reason.NO_GRANT
     if revoked_at is not None and revoked_at <= at:
         return Reason.GRANT_REVOKED
     if expires_at <= at:
         return Reason.GRANT_EXPIRED
+    if review_due is not None and review_due <= at and settings.REVIEW_DEFAULT_RULE == "revoke":
+        return Reason.GRANT_REVOKED
     if starts_at > at:
         return Reason.GRANT_NOT_STARTED
     return None
@@ -393,11 +409,11 @@ class PastState:
 def _ancestors_reason(parent_id: int, at: int, past: PastState | None = None) -> Reason | None:
     """Why a delegated grant is dead because of an ancestor, or None. An ancestor
     that was refused, or whose agent is suspended, cuts the chain: `grant_revoked`."""
-    rows = db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "i")
-    for status, starts, expires, revoked, agent_status, agent_id in rows:
+    rows = db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "it")
+    for status, starts, expires, revoked, agent_status, agent_id, review_due in rows:
         if (agent_id in past.suspended_agents) if past else agent_status != "active":
             return Reason.GRANT_REVOKED
-        reason = _window_reason(status, starts, expires, revoked, at)
+        reason = _window_reason(status, starts, expires, revoked, at, review_due)
         if reason is not None:
             return Reason.GRANT_REVOKED if reason == Reason.NO_GRANT else reason
     return None
@@ -406,7 +422,8 @@ def _ancestors_reason(parent_id: int, at: int, past: PastState | None = None) ->
 _GRANT_COLUMNS = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
        a.status, t.definition_hash = t.approved_hash,
-       k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id, g.scope, {actions}
+       k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id, g.scope, {actions},
+       {review_due}
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
@@ -414,10 +431,12 @@ LEFT JOIN governance_task k ON k.id = g.task_id
 WHERE g.id = %s
 """
 _GRANT_QUERY = {
-    "postgresql": _GRANT_COLUMNS.format(actions="g.actions::text"),
-    "sqlite": _GRANT_COLUMNS.format(actions="g.actions"),
+    "postgresql": _GRANT_COLUMNS.format(
+        actions="g.actions::text", review_due=_REVIEW_DUE.format(grant="g")
+    ),
+    "sqlite": _GRANT_COLUMNS.format(actions="g.actions", review_due=_REVIEW_DUE.format(grant="g")),
 }
-_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss"
+_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t"
 
 
 def _grant_dead(
@@ -441,7 +460,7 @@ def _grant_dead(
         if not _task_open_at(task_starts, task_ends, task_closed, at):
             return Reason.TASK_CLOSED, row
     at_us = db.to_us(at)
-    reason = _window_reason(status, starts, expires, revoked, at_us)
+    reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
     if reason is None and parent_id is not None:
         reason = _ancestors_reason(parent_id, at_us, past)
     return reason, row
@@ -641,7 +660,7 @@ def _authorize(
         covered = _pattern_ok(g_scope) and _covers(g_scope, scope)
         if not covered or (g_fields and not _fields_ok(_json_list(g_fields), arguments)):
             continue
-        reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at_us)
+        reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at_us, row[21])
         if reason is None and row[18] is not None:
             reason = _ancestors_reason(row[18], at_us)
         if reason is None:

@@ -341,6 +341,43 @@ def test_undecided_items_are_revoked_at_the_due_date_by_default(
     assert json.loads(closed.data)["items"] == {"auto_revoked": 3, "kept": 1}
 
 
+@pytest.mark.parametrize("rule", ["revoke", "keep"])
+def test_an_undecided_item_past_its_due_date_ends_the_grant_with_no_job_run(world, settings, rule):
+    """Under the default rule, a grant whose review item nobody decided is revoked at
+    the due date, as an expired grant is refused at its expiry: by the decision, not by
+    the hourly job (which may be late, or down). Its delegations end with it. A kept
+    item's grant goes on; under the rule `keep`, so does every grant."""
+    from governance.policy import authorize
+    from governance.services.access import access_check
+
+    settings.REVIEW_DEFAULT_RULE = rule
+    campaign = open_campaign()
+    kept_item = campaign.items.get(grant=world["grants"][1])
+    decide(kept_item, "keep")
+    due = campaign.due_at
+    Grant.objects.update(expires_at=due + timedelta(days=1))  # outlive the due date
+    read = {"tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    assert authorize(agent="bot", at=due - MS, **read).allowed
+    assert authorize(agent="sub", at=due - MS, **read).allowed
+
+    ended = access_check(agent="bot", at=due, **read)
+    child = access_check(agent="sub", at=due, **read)
+    kept = access_check(agent="bot", at=due, **{**read, "scope": "repo:acme/web/x"})
+
+    if rule == "revoke":
+        assert (ended.decision, ended.reason) == ("deny", "grant_revoked")
+        assert (child.decision, child.reason) == ("deny", "grant_revoked")
+    else:
+        assert ended.allowed and child.allowed
+    assert kept.allowed
+    for decision in (ended, child, kept):
+        event = AuditEvent.objects.get(uid=decision.decision_id)
+        assert (event.decision, event.reason) == (decision.decision, decision.reason)
+    # Nothing was changed by those decisions: the job still does the bookkeeping.
+    assert set(Grant.objects.values_list("status", flat=True)) == {"active"}
+    assert campaign.items.filter(status="pending").count() == 3
+
+
 def test_the_due_date_rule_can_be_keep(world, system, settings):
     settings.REVIEW_DEFAULT_RULE = "keep"
     campaign = open_campaign()
