@@ -85,10 +85,23 @@ def parse_destination(entry: str) -> Destination:
     return Destination(host, int(port))
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
 def internal_reason(address: Address) -> str | None:
     """Why an address must not be reached through a name, or None if public."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return internal_reason(address.ipv4_mapped)
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return internal_reason(address.ipv4_mapped)
+        # IPv4 carried inside IPv6 (6to4, Teredo's client, NAT64's well-known prefix):
+        # a host with such routes reaches the IPv4 address, so it is judged as that.
+        carried = address.sixtofour or (address.teredo[1] if address.teredo else None)
+        if carried is None and address in _NAT64:
+            carried = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if carried is not None and (reason := internal_reason(carried)):
+            return reason
+        if address.is_site_local:  # fec0::/10, deprecated but still routed by some
+            return "private"
     if address in _METADATA:
         return "metadata"
     for name in ("loopback", "link_local", "unspecified", "multicast", "private", "reserved"):
