@@ -1029,25 +1029,27 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
     return write_checkpoint(at)
 
 
-def _record_series_state(previous: dict[str, Any] | None, at: datetime) -> None:
-    """Before a checkpoint signs the head: if the previous checkpoint is older than
-    AUDIT_CHECKPOINT_MAX_AGE, the job stopped for a while. That window is put on record
-    (`audit.checkpoint_gap`, which this checkpoint then covers) for good: newest events
-    deleted during it would not show, and verify names it every time (Verdict.gaps)."""
+def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
+    """If the previous checkpoint is older than AUDIT_CHECKPOINT_MAX_AGE, the job
+    stopped for a while: that window is put on record for good (`audit.checkpoint_gap`,
+    which the checkpoint being written then covers). Newest events deleted during it
+    would not show, and verify names it every time (Verdict.gaps). True if recorded."""
     max_age = settings.AUDIT_CHECKPOINT_MAX_AGE
     if previous is None or not max_age:
-        return
+        return False
     since = datetime.fromisoformat(previous["time"])
-    if at - since > max_age:
-        minutes = int((at - since).total_seconds() // 60)
-        log.warning("audit checkpoint gap: %s min since %s", minutes, previous["file"])
-        with transaction.atomic():
-            append(
-                event_type=EventType.AUDIT_CHECKPOINT_GAP,
-                actor=_JOB,
-                at=at,
-                data={"after": previous["file"], "after_seq": previous["seq"], "minutes": minutes},
-            )
+    if at - since <= max_age:
+        return False
+    minutes = int((at - since).total_seconds() // 60)
+    log.warning("audit checkpoint gap: %s min since %s", minutes, previous["file"])
+    with transaction.atomic():
+        append(
+            event_type=EventType.AUDIT_CHECKPOINT_GAP,
+            actor=_JOB,
+            at=at,
+            data={"after": previous["file"], "after_seq": previous["seq"], "minutes": minutes},
+        )
+    return True
 
 
 _JOB = Actor.system("audit_checkpoint")
@@ -1070,7 +1072,6 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         existing = _checkpoint_paths()
         previous = _read_checkpoint(existing[-1]) if existing else None
-        _record_series_state(previous, at)
         with transaction.atomic():
             # Read a head no writer is half-way through extending.
             seq, head = _lock_and_read_head()
@@ -1084,6 +1085,11 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
             if problem:
                 log.error("audit checkpoint refused at seq %s: %s", *problem)
                 raise ChainBroken(problem)
+        # Only a checkpoint that will be written says there was a gap (a refused one,
+        # every minute while damage stays, would repeat it), and it signs that event.
+        if _record_gap(previous, at):
+            with transaction.atomic():
+                seq, head = _lock_and_read_head()
         body: dict[str, Any] = {
             "seq": seq,
             "head": head,

@@ -5,10 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from governance.models import Agent, Approval, AuditEvent, ConfirmationPolicy, Grant, Tool
+from governance.models import (
+    Agent,
+    Approval,
+    AuditEvent,
+    ConfirmationPolicy,
+    Grant,
+    ReviewItem,
+    Tool,
+)
 
 
 def live_grants(at: datetime) -> QuerySet[Grant]:
@@ -23,14 +32,21 @@ def live_grants(at: datetime) -> QuerySet[Grant]:
 
 def grants_in_force(at: datetime) -> QuerySet[Grant]:
     """live_grants() less those bound to a task that is not open at `at` (ended or
-    closed before the job has revoked them, or not started): grants that could allow a
-    call at `at` (ancestors aside). What the matrix file and the daily count hold."""
+    closed before the job has revoked them, or not started) and those whose review fell
+    due undecided (REVIEW_DEFAULT_RULE revoke): grants that could allow a call at `at`
+    (ancestors aside). What the matrix file and the daily count hold."""
     open_task = (
         Q(task__starts_at__lte=at)
         & (Q(task__ends_at__isnull=True) | Q(task__ends_at__gt=at))
         & (Q(task__closed_at__isnull=True) | Q(task__closed_at__gt=at))
     )
-    return live_grants(at).filter(Q(task__isnull=True) | open_task)
+    found = live_grants(at).filter(Q(task__isnull=True) | open_task)
+    if settings.REVIEW_DEFAULT_RULE == "revoke":  # as policy._window_reason decides
+        overdue = ReviewItem.objects.filter(
+            status__in=[ReviewItem.Status.PENDING, ReviewItem.Status.AUTO_REVOKED], due_at__lte=at
+        )
+        found = found.exclude(pk__in=overdue.values("grant_id"))
+    return found
 
 
 def live_policies(at: datetime) -> QuerySet[ConfirmationPolicy]:

@@ -290,6 +290,20 @@ def test_a_gap_in_the_checkpoint_series_is_on_record_and_named_by_every_verify(
     assert AuditEvent.objects.filter(event_type="audit.checkpoint_gap").count() == 1
 
 
+def test_a_refused_checkpoint_records_no_gap(chain, settings):
+    """Over a damaged log every checkpoint is refused (the job tries each minute): none
+    of them is written, so none says there was a gap either."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    written = datetime.now(UTC)
+    audit.write_checkpoint(written)
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq = %s", [chain])
+    for minutes in (30, 31, 32):
+        with pytest.raises(audit.ChainBroken):
+            audit.write_checkpoint(written + timedelta(minutes=minutes))
+    assert not AuditEvent.objects.filter(event_type="audit.checkpoint_gap").exists()
+
+
 def test_audit_verify_prints_each_gap_as_a_warning_and_still_exits_0(chain, settings, capsys):
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
     now = datetime.now(UTC)

@@ -376,6 +376,25 @@ def test_an_undecided_item_past_its_due_date_ends_the_grant_with_no_job_run(worl
     # Nothing was changed by those decisions: the job still does the bookkeeping.
     assert set(Grant.objects.values_list("status", flat=True)) == {"active"}
     assert campaign.items.filter(status="pending").count() == 3
+    # What is in force says the same: the matrix file and the daily count.
+    from governance import selectors
+
+    in_force = set(selectors.grants_in_force(due).values_list("pk", flat=True))
+    g1, g2, g3 = world["grants"]
+    if rule == "revoke":
+        assert in_force == {g2.pk}  # the kept one: the others fell due undecided
+        # The job runs an hour late and revokes then; a question about the moment in
+        # between (a what-if, the access report) still gets the answer given then.
+        late = due + timedelta(hours=1)
+        reviews.review_items_apply_due_rule(actor=Actor.system("test"), at=late)
+        assert Grant.objects.get(pk=g1.pk).revoked_at == late
+        between = authorize(agent="bot", at=due + timedelta(minutes=30), **read)
+        assert (between.decision, between.reason) == ("deny", "grant_revoked")
+        assert g1.pk not in selectors.grants_in_force(due + timedelta(minutes=30)).values_list(
+            "pk", flat=True
+        )
+    else:
+        assert {g1.pk, g2.pk, g3.pk} <= in_force
 
 
 def test_the_due_date_rule_can_be_keep(world, system, settings):
