@@ -116,6 +116,16 @@ SECRET_VALUES = re.compile(
     r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\bglpat-[A-Za-z0-9_-]{20,}"
+    # Vendors' tokens, prefixed (their random part alone may look like a name or hex).
+    r"|\bshp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}\b"
+    r"|\bkey-[0-9a-z]{32}\b"
+    r"|\bsbp_[a-f0-9]{40}\b"
+    r"|\bdo[por]_v1_[a-f0-9]{64}\b"
+    r"|\bnpm_[A-Za-z0-9]{36}\b"
+    r"|\bpypi-[A-Za-z0-9_-]{50,}"
+    r"|\bhf_[A-Za-z0-9]{30,}\b"
+    r"|\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|\bAIza[0-9A-Za-z_-]{35}\b"
     r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
     r"|\b(?:agt|usr)_[0-9a-f]{8}_\S+"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
@@ -132,6 +142,19 @@ SSN = re.compile(r"(?<![0-9-])[0-9]{3}-[0-9]{2}-[0-9]{4}(?![0-9-])")
 # Long mixed-alphabet strings look like keys; pure hex (digests) are kept.
 HIGH_ENTROPY = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
 HEX = re.compile(r"[0-9a-fA-F]+")
+_SEPARATORS = re.compile(r"[/_-]")
+
+
+def _random_part(part: str) -> bool:
+    """20+ letters and digits, both, not hex: `3ax6xnjp29jd6fds4gc373sgvjxteol0`, not
+    `customers`, `2026` or a commit id."""
+    return (
+        len(part) >= 20
+        and any(c.isdigit() for c in part)
+        and any(c.isalpha() for c in part)
+        and not HEX.fullmatch(part)
+    )
+
 
 # HTTP Basic credentials: base64 of `user:password` after the word Basic.
 BASIC = re.compile(r"\b(?i:basic)\s+([A-Za-z0-9+/]{4,}={0,2})")
@@ -249,7 +272,11 @@ def _mask_string(value: str, heuristics: bool = True) -> str:
         # destructive call deletes must stay readable to the person approving it.
         separated = any(c in "/_-" for c in text)
         mixed = any(c.isupper() for c in text) and any(c.islower() for c in text)
-        return "[secret]" if mixed or not separated else text
+        if mixed or not separated:
+            return "[secret]"
+        # One case, with separators: a path or a name, unless a part of it is a long
+        # run of letters and digits that is not hex (a digest is evidence, kept).
+        return "[secret]" if any(map(_random_part, _SEPARATORS.split(text))) else text
 
     return HIGH_ENTROPY.sub(entropy, value)
 
@@ -272,43 +299,88 @@ def mask_review_text(text: str) -> tuple[str, list[int]]:
     return "".join(lines), changed
 
 
-_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_BEGIN = re.compile(r"-----BEGIN (?P<label>[A-Z ]*PRIVATE KEY(?: BLOCK)?)-----")
 _KEY_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
-_BASE64_LINE = re.compile(r"[A-Za-z0-9+/]{4,64}={0,2}")
-_ARMOR_HEADER = re.compile(r"[A-Za-z-]+: [^\n]*|=[A-Za-z0-9+/]{4}|")  # PGP: headers, checksum
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_PGP_HEADER = re.compile(r"(?:Version|Comment|Hash|Charset|MessageID): [^\n]*")
+_PGP_CHECKSUM = re.compile(r"=([A-Za-z0-9+/]{4})")
 
 
 def _key_block_lines(lines: list[str]) -> set[int]:
-    """The 1-based numbers of the lines of each private key written out in full: after
-    a BEGIN line, lines shaped as a key's body (base64 in lines of 64, the last shorter;
-    PGP's armor headers and checksum) up to its END line. Only a block with that exact
-    shape counts, so a BEGIN line cannot hide code that follows it: a line of code is
-    not 64 characters of base64 with no space."""
+    """The 1-based numbers of the body lines of each private key written out whole, so
+    review text can mask them. A body counts only if it is provably a key, never a
+    lookalike: base64 in lines of one width, decoding to a DER structure whose length
+    is exactly the bytes given (or an OpenSSH key's magic, or PGP armor whose CRC-24
+    checksum matches). A BEGIN line thus hides nothing that could run: code is not
+    base64 that decodes to its own length, and base64 holds no space, quote, dot or
+    parenthesis to call anything with."""
     found: set[int] = set()
     index = 0
     while index < len(lines):
-        if not _KEY_BEGIN.search(lines[index]):
-            index += 1
-            continue
-        body, end = [], None
-        for j in range(index + 1, min(len(lines), index + 400)):
-            line = lines[j].strip()
-            if _KEY_END.search(line):
-                end = j
-                break
-            if _BASE64_LINE.fullmatch(line):
-                body.append(line)
-            elif not _ARMOR_HEADER.fullmatch(line):
-                break
-        # Lines of 64 but the last, and a key's worth of it (an Ed25519 key is one
-        # line of 64): `reboot` between a BEGIN and an END line is not a key.
-        full_lines = all(len(b.rstrip("=")) >= 60 for b in body[:-1])
-        if end is not None and sum(map(len, body)) >= 40 and full_lines:
+        begin = _KEY_BEGIN.search(lines[index])
+        end = None
+        if begin:
+            for j in range(index + 1, min(len(lines), index + 400)):
+                if _KEY_END.search(lines[j]):
+                    end = j
+                    break
+        body = [line.strip() for line in lines[index + 1 : end]] if end else []
+        if begin and end and _is_key_body(begin.group("label"), body):
             found.update(range(index + 2, end + 1))  # the body; BEGIN and END mask alone
             index = end + 1
         else:
             index += 1
     return found
+
+
+def _is_key_body(label: str, body: list[str]) -> bool:
+    checksum = None
+    if label.endswith("BLOCK"):  # PGP armor: headers, a blank line, base64, =CRC
+        while body and _PGP_HEADER.fullmatch(body[0]):
+            body = body[1:]
+        if not body or body[0] != "" or len(body) < 3:
+            return False
+        match = _PGP_CHECKSUM.fullmatch(body[-1])
+        if match is None:
+            return False  # without its checksum, armor cannot be told from code
+        checksum, body = match.group(1), body[1:-1]
+    if not body or not all(_BASE64.fullmatch(line) for line in body):
+        return False
+    if len({len(line) for line in body[:-1]}) > 1 or len(body[-1]) > len(body[0]):
+        return False  # one width (64, or OpenSSH's 70) but a shorter last line
+    try:
+        raw = base64.b64decode("".join(body), validate=True)
+    except ValueError:
+        return False
+    if checksum is not None:
+        return base64.b64encode(_crc24(raw).to_bytes(3, "big")).decode() == checksum
+    if label == "OPENSSH PRIVATE KEY":
+        return raw.startswith(b"openssh-key-v1\x00")
+    return _der_length(raw) == len(raw)
+
+
+def _der_length(raw: bytes) -> int | None:
+    """The length a DER SEQUENCE at the start of `raw` says it has, header included."""
+    if len(raw) < 2 or raw[0] != 0x30:
+        return None
+    if raw[1] < 0x80:
+        return 2 + raw[1]
+    size = raw[1] & 0x7F
+    if not 1 <= size <= 3 or len(raw) < 2 + size:
+        return None
+    return 2 + size + int.from_bytes(raw[2 : 2 + size], "big")
+
+
+def _crc24(data: bytes) -> int:
+    """OpenPGP's armor checksum (RFC 4880, 6.1)."""
+    crc = 0xB704CE
+    for byte in data:
+        crc ^= byte << 16
+        for _ in range(8):
+            crc <<= 1
+            if crc & 0x1000000:
+                crc ^= 0x1864CFB
+    return crc & 0xFFFFFF
 
 
 # What mask() leaves where it hid something.
@@ -321,6 +393,30 @@ def hidden_values(masked: Any) -> int:
     return len(_MASK_MARKER.findall(json.dumps(masked, ensure_ascii=False, default=str)))
 
 
+# A command as a list of arguments (a sandbox run's): the flags whose next argument is
+# a password. The one-string forms are CLI_SECRETS'.
+_SECRET_FLAG = re.compile(
+    r"--(?:[A-Za-z0-9]+-)*(?i:password|passwd|passphrase|token|secret|api-key|apikey"
+    r"|access-key|secret-key|pass)"
+)
+
+
+def _mask_argv(argv: list[str], masked: list[Any]) -> None:
+    """Mask, in place, the arguments of `argv` that are passwords by their position."""
+    programs: set[str] = set()
+    for i, arg in enumerate(argv):
+        prev = argv[i - 1] if i else ""
+        if _SECRET_FLAG.fullmatch(prev) and not arg.startswith("-"):
+            masked[i] = "[secret]"
+        elif prev == "-p" and "sshpass" in programs:
+            masked[i] = "[secret]"
+        elif prev in ("-u", "--user") and "curl" in programs and ":" in arg:
+            masked[i] = arg.split(":", 1)[0] + ":[secret]"
+        elif arg.startswith("-p") and len(arg) > 2 and programs & {"mysql", "mysqldump"}:
+            masked[i] = "-p[secret]"
+        programs.add(arg.rsplit("/", 1)[-1])
+
+
 def mask(value: Any, depth: int = 0) -> Any:
     """Secrets and obvious PII out, structure kept, for storage and display."""
     if depth > 20:
@@ -331,7 +427,10 @@ def mask(value: Any, depth: int = 0) -> Any:
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [mask(v, depth + 1) for v in value]
+        masked = [mask(v, depth + 1) for v in value]
+        if all(isinstance(v, str) for v in value):
+            _mask_argv(list(value), masked)
+        return masked
     if isinstance(value, str):
         return _mask_string(value)
     if isinstance(value, int) and not isinstance(value, bool):
