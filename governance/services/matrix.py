@@ -717,12 +717,15 @@ class _Planner:
 
     # grants -----------------------------------------------------------------
 
-    def grant(self, node: Node, path: str) -> None:
+    def _entry(
+        self, node: Node, path: str, allowed: Sequence[str], required: Sequence[str]
+    ) -> tuple[dict[str, Node], Callable[..., Any], tuple[Any, ...]] | None:
+        """A grant's or a policy's keys, a getter for them, and the agent, tool and task
+        it names, each as (name, object): BAD where it is wrong (recorded)."""
         r = self.reader
-        required = ("agent", "tool", "actions", "scope", "justification")
-        keys = r.mapping(node, path, GRANT_KEYS, required)
+        keys = r.mapping(node, path, allowed, required)
         if keys is None:
-            return
+            return None
 
         def get(key: str, read: Callable[..., Any], **kw: Any) -> Any:
             return read(keys.get(key), f"{path}.{key}", **kw)
@@ -730,6 +733,20 @@ class _Planner:
         agent_name = get("agent", r.text)
         tool_name = get("tool", r.text)
         task_key = get("task", r.text, nullable=True)
+        named = (
+            (agent_name, self._agent_for(keys, path, agent_name)),
+            (tool_name, self._tool_for(keys, path, tool_name)),
+            (task_key, self._task_for(keys, path, task_key)),
+        )
+        return keys, get, named
+
+    def grant(self, node: Node, path: str) -> None:
+        r = self.reader
+        required = ("agent", "tool", "actions", "scope", "justification")
+        entry = self._entry(node, path, GRANT_KEYS, required)
+        if entry is None:
+            return
+        keys, get, ((agent_name, agent), (tool_name, tool), (task_key, task)) = entry
         actions = get("actions", r.texts)
         scope = get("scope", r.text)
         fields = get("fields", r.texts)
@@ -745,9 +762,6 @@ class _Planner:
         limits = self._limits(keys.get("limits"), f"{path}.limits")
         duration, duration_node = self._duration(node, keys, path)
 
-        agent = self._agent_for(keys, path, agent_name)
-        tool = self._tool_for(keys, path, tool_name)
-        task = self._task_for(keys, path, task_key)
         if tool is not BAD and BAD not in (actions, scope, fields, egress):
             try:
                 grant_service.validate_shape(
@@ -803,16 +817,10 @@ class _Planner:
     def policy(self, node: Node, path: str) -> None:
         r = self.reader
         required = ("agent", "tool", "action", "scope", "verdict", "reason")
-        keys = r.mapping(node, path, POLICY_KEYS, required)
-        if keys is None:
+        entry = self._entry(node, path, POLICY_KEYS, required)
+        if entry is None:
             return
-
-        def get(key: str, read: Callable[..., Any], **kw: Any) -> Any:
-            return read(keys.get(key), f"{path}.{key}", **kw)
-
-        agent_name = get("agent", r.text)
-        tool_name = get("tool", r.text)
-        task_key = get("task", r.text, nullable=True)
+        keys, get, ((agent_name, agent), (tool_name, tool), (task_key, task)) = entry
         action = get("action", r.text)
         scope = get("scope", r.text)
         verdict = get("verdict", r.text)
@@ -820,10 +828,6 @@ class _Planner:
         get("author", r.text, nullable=True)
         get("id", r.integer)
         duration, duration_node = self._duration(node, keys, path)
-
-        agent = self._agent_for(keys, path, agent_name)
-        tool = self._tool_for(keys, path, tool_name)
-        task = self._task_for(keys, path, task_key)
         values = (agent, tool, task, action, scope, verdict, reason, duration)
         if BAD in values:
             return
@@ -880,9 +884,7 @@ class _Planner:
 
     def _live_policy(self, spec: dict[str, Any]) -> Any:
         """The live policy this entry describes, or None (also for new names)."""
-        if not isinstance(spec["agent"], Agent) or spec["tool"].pk is None:
-            return None
-        if spec["task"] is not None and not isinstance(spec["task"], Task):
+        if not _names_exist(spec):
             return None
         return (
             selectors.live_policies(self.at)
@@ -1041,10 +1043,8 @@ class _Planner:
 
     def _compare_with_database(self, change: Change, keys: dict[str, Node], node: Node) -> None:
         spec = change.spec
-        if not isinstance(spec["agent"], Agent) or spec["tool"].pk is None:
-            return  # new agent or tool: nothing to compare with
-        if spec["task"] is not None and not isinstance(spec["task"], Task):
-            return
+        if not _names_exist(spec):
+            return  # a new agent, tool or task: nothing to compare with
         wanted = sorted(spec["actions"])
         same = Grant.objects.filter(
             agent=spec["agent"], tool=spec["tool"], task=spec["task"], scope=spec["scope"]
@@ -1087,6 +1087,13 @@ class _Planner:
                 f"request #{pending.pk} for this agent, tool, task and scope is already pending "
                 f"with actions {pending.actions}; decide it first",
             )
+
+
+def _names_exist(spec: dict[str, Any]) -> bool:
+    """Are the entry's agent, tool and task (if any) in the database already? (Names the
+    file defines are planned as strings, an unsaved Tool.)"""
+    task_ok = spec["task"] is None or isinstance(spec["task"], Task)
+    return isinstance(spec["agent"], Agent) and spec["tool"].pk is not None and task_ok
 
 
 def _differences(grant: Grant, spec: dict[str, Any]) -> list[str]:
