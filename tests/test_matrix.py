@@ -1096,6 +1096,20 @@ def test_an_approver_with_a_stake_cannot_author_an_imported_approve_policy(
     assert counts() == before and not ConfirmationPolicy.objects.exists()
 
 
+def test_a_dry_run_already_refuses_an_approve_policy_its_author_has_a_stake_in(
+    world, tmp_path, ada, alice
+):
+    """bot exists and alice owns it: as the approver she would author a policy that
+    approves her own agent's deletes. A dry run says so at the entry's line, as the
+    import itself would refuse it."""
+    alice.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    path = write(tmp_path, POLICY_ENTRY)
+    before = counts()
+    message = rejected(path, "--dry-run", "--as", "ada", "--apply-approved", "--approver", "alice")
+    assert ":2: confirmation_policies[0]: 'alice' has a stake in 'bot': not the author" in message
+    assert counts() == before and not ConfirmationPolicy.objects.exists()
+
+
 POLICY_ENTRY = """\
 confirmation_policies:
 - agent: bot

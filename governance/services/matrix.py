@@ -439,6 +439,7 @@ class _Planner:
     at: datetime
     mode: str
     reader: _Reader = field(default_factory=_Reader)
+    approver: Any = None  # who authors the file's policies (apply_approved)
     changes: list[Change] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     # Names the file defines and that do not exist yet, mapped to their spec.
@@ -873,7 +874,22 @@ class _Planner:
         elif self.mode == "requests":
             change.outcome = "skipped"
             change.note = "a policy is written by an approver: import with --apply-approved"
+        elif self._author_has_stake(spec):
+            # policy_create refuses it too; said here, at its line, so a dry run says it.
+            name = self.approver.get_username()
+            r.error(node, path, f"{name!r} has a stake in {agent_name!r}: not the author")
+            return
         self.changes.append(change)
+
+    def _author_has_stake(self, spec: dict[str, Any]) -> bool:
+        if self.approver is None or spec["verdict"] != "approve":
+            return False
+        if not isinstance(spec["agent"], Agent) or spec["tool"].pk is None:
+            return False  # a new agent's owner is checked when it is created
+        people = confirmation.policy_stakeholders(
+            spec["agent"], spec["tool"], spec["action"], at=self.at
+        )
+        return self.approver.pk in people
 
     def _policy_identity(self, spec: dict[str, Any]) -> tuple[Any, ...]:
         return (
@@ -1173,10 +1189,12 @@ def _refuse_aliases(root: Node, source: str) -> None:
                 stack.extend((key, value))
 
 
-def matrix_plan(*, text: str, source: str, at: datetime, mode: str = "requests") -> ImportResult:
+def matrix_plan(
+    *, text: str, source: str, at: datetime, mode: str = "requests", approver: Any = None
+) -> ImportResult:
     """Read the file against the database. Raises MatrixInvalid listing every problem."""
     reader, root = _parse(text, source)
-    planner = _Planner(at=at, mode=mode, reader=reader)
+    planner = _Planner(at=at, mode=mode, reader=reader, approver=approver)
     top = reader.mapping(root, "", TOP_KEYS)
     if top is None:
         raise MatrixInvalid(source, reader.problems)
@@ -1427,7 +1445,7 @@ def matrix_import(
     )
     mode = "approved" if apply_approved else "requests"
     if dry_run:
-        planned = matrix_plan(text=text, source=source, at=at, mode=mode)
+        planned = matrix_plan(text=text, source=source, at=at, mode=mode, approver=approver)
         _check_creations(planned, requested_by)
         return planned
     assert actor is not None
@@ -1436,7 +1454,7 @@ def matrix_import(
         # is what gets written; a service refusing anything rolls back all of it.
         # Its events are appended together at the end (audit.deferred): the chain
         # lock, which every decision waits for, is not held through the import.
-        result = matrix_plan(text=text, source=source, at=at, mode=mode)
+        result = matrix_plan(text=text, source=source, at=at, mode=mode, approver=approver)
         result.dry_run = False
         _check_creations(result, requested_by)
         _apply(result, requested_by=requested_by, approver=approver, actor=actor, at=at)
