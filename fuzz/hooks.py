@@ -50,6 +50,9 @@ BEYOND_THE_SCHEMA: dict[str, Callable[[dict[str, Any]], bool]] = {
     "invalid_decision": _always,
     # A sandbox run's script or input bytes must hash to the *_sha256 sent beside them.
     "hash_mismatch": _always,
+    # A host backend (bubblewrap) runs the image `host` (or the default name), no other:
+    # a rule across `backend` and `image`, stated in `image`'s description.
+    "invalid_image": lambda fields: set(fields) == {"image"},
     # A confirmation policy is for destructive calls the named tool supports: whether
     # the tool is irreversible, and what it supports, is the tool's data.
     "not_destructive": _always,

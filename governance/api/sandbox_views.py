@@ -152,7 +152,15 @@ class SandboxRunIn(StrictSerializer):
     task = exact_char(max_length=100, required=False, allow_null=True)
     tool = exact_char(max_length=100, required=False, default=DEFAULT_TOOL)
     backend = serializers.ChoiceField(choices=sorted(REGISTRY))
-    image = exact_char(max_length=300)
+    image = exact_char(
+        max_length=300,
+        help_text=(
+            "The image to run (its name on the runner's engine). A host backend "
+            "(bubblewrap) runs the host's /usr, not an image: its runs are the image `host` "
+            "(scope `sandbox:host`); it takes `host` or the default name, and any other is "
+            "400 `invalid_image`."
+        ),
+    )
     image_id = StrictCharField(
         max_length=71,
         allow_blank=True,
