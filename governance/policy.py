@@ -10,8 +10,9 @@ Writes that follow a decision (audit event, usage, creating or consuming an
 approval) live in services.access.access_check(), in one transaction.
 
 The common case is one round trip: agent, tool, task and the candidate
-grants come back from a single prepared query. Delegated grants (ancestor
-walk) and approvals cost one more query each, only when present.
+grants come back from a single prepared query (with each candidate grant's review
+due date). Delegated grants (ancestor walk) cost one more query, an approval two (its
+row, and its approver's stake now), only when present.
 """
 
 from __future__ import annotations
