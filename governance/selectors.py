@@ -18,6 +18,7 @@ from governance.models import (
     ReviewItem,
     Tool,
 )
+from governance.models.tasks import open_at_q
 
 
 def live_grants(at: datetime) -> QuerySet[Grant]:
@@ -35,12 +36,7 @@ def grants_in_force(at: datetime) -> QuerySet[Grant]:
     closed before the job has revoked them, or not started) and those whose review fell
     due undecided (REVIEW_DEFAULT_RULE revoke): grants that could allow a call at `at`
     (ancestors aside). What the matrix file and the daily count hold."""
-    open_task = (
-        Q(task__starts_at__lte=at)
-        & (Q(task__ends_at__isnull=True) | Q(task__ends_at__gt=at))
-        & (Q(task__closed_at__isnull=True) | Q(task__closed_at__gt=at))
-    )
-    found = live_grants(at).filter(Q(task__isnull=True) | open_task)
+    found = live_grants(at).filter(Q(task__isnull=True) | open_at_q(at, "task__"))
     if settings.REVIEW_DEFAULT_RULE == "revoke":  # as policy._window_reason decides
         overdue = ReviewItem.objects.filter(
             status__in=[ReviewItem.Status.PENDING, ReviewItem.Status.AUTO_REVOKED], due_at__lte=at

@@ -56,3 +56,13 @@ def window_open_at(
     if ends_at is not None and ends_at <= at:
         return False
     return closed_at is None or closed_at > at
+
+
+def open_at_q(at: datetime, prefix: str = "") -> Q:
+    """window_open_at() as a query filter, for a task reached through `prefix`
+    (`task__`): the same rule, where rows are filtered in the database."""
+    return (
+        Q(**{f"{prefix}starts_at__lte": at})
+        & (Q(**{f"{prefix}ends_at__isnull": True}) | Q(**{f"{prefix}ends_at__gt": at}))
+        & (Q(**{f"{prefix}closed_at__isnull": True}) | Q(**{f"{prefix}closed_at__gt": at}))
+    )
