@@ -844,7 +844,12 @@ def verify_since(seq: int, head: str) -> Verdict | None:
     if not verdict.ok:
         return verdict
     try:
-        problem = _unchained() or _against_checkpoints(_checkpoints_after(seq), verdict.count)
+        tail = _checkpoints_after(seq)  # empty only when the directory holds none
+        problem = (
+            _unchained()
+            or (_series_problem(tail) if not tail else None)
+            or _against_checkpoints(tail, verdict.count)
+        )
     except ChainBroken as exc:
         problem = exc.problem
     if problem:
@@ -901,6 +906,7 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     problem = (
         _unchained()
         or _check_checkpoint_chain(checkpoints)
+        or _series_problem(checkpoints)
         or _against_checkpoints(checkpoints, count)
     )
     if problem:
@@ -909,6 +915,25 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     if stale:
         return Verdict(False, count, prev_hash, stale[0], stale[1])
     return Verdict(True, count, prev_hash, gaps=_checkpoint_gaps(checkpoints))
+
+
+def _series_problem(checkpoints: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """The series in the directory is the one the log says began last: its first
+    checkpoint signed that event or a later one. None, when the log says one began,
+    is an emptied directory; an older series put back is one the log has moved on from.
+    (A log from before series were recorded has no such event: nothing to hold.)"""
+    started = _series_start()
+    if started is None:
+        return None
+    if not checkpoints:
+        return started, _NO_SERIES.format(seq=started)
+    first = checkpoints[0]
+    if first["seq"] < started:
+        return started, (
+            f"checkpoint {first['file']} begins a series at seq {first['seq']}, before the "
+            f"series the log says began at seq {started}: not the current series"
+        )
+    return None
 
 
 def _checkpoint_gaps(checkpoints: list[dict[str, Any]]) -> tuple[str, ...]:
@@ -1125,7 +1150,7 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                     "last_head": last.get("head") if last else None,
                 },
             )
-    return write_checkpoint(at)
+    return write_checkpoint(at, new_series=True)
 
 
 def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
@@ -1154,7 +1179,42 @@ def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
 _JOB = Actor.system("audit_checkpoint")
 
 
-def write_checkpoint(at: datetime) -> dict[str, Any]:
+_SERIES_EVENTS = (EventType.AUDIT_CHECKPOINTS_STARTED, EventType.AUDIT_CHECKPOINTS_RESTARTED)
+
+
+def _series_start() -> int | None:
+    """The seq of the newest event that began a checkpoint series, if any."""
+    from governance.models import AuditEvent
+
+    found = AuditEvent.objects.filter(event_type__in=_SERIES_EVENTS, seq__gt=0)
+    return found.order_by("-seq").values_list("seq", flat=True).first()
+
+
+def _begin_series(restarted: bool, at: datetime) -> bool:
+    """The directory holds no checkpoint. The first series of a log's life begins here,
+    on record (`audit.checkpoints_started`, signed by the checkpoint being written: True).
+    A restart has put its own event on record (False). Otherwise the log says a series
+    began and its checkpoints are gone: the directory was emptied (or the setting points
+    elsewhere), and the newest events may have gone with them. Signing a new first
+    checkpoint would bless that, so it is refused, as over any damage."""
+    if restarted:
+        return False
+    started = _series_start()
+    if started is not None:
+        raise ChainBroken((started, _NO_SERIES.format(seq=started)))
+    with transaction.atomic():
+        append(event_type=EventType.AUDIT_CHECKPOINTS_STARTED, actor=_JOB, at=at)
+    return True
+
+
+_NO_SERIES = (
+    "the log says a checkpoint series began at seq {seq}, but AUDIT_CHECKPOINT_DIR holds "
+    "no checkpoint: it was emptied or points elsewhere, and the newest events could have "
+    "been deleted with its checkpoints"
+)
+
+
+def write_checkpoint(at: datetime, *, new_series: bool = False) -> dict[str, Any]:
     """Sign the current head to a file outside the database.
 
     Written even when nothing happened since the last one, so a gap in the
@@ -1163,7 +1223,9 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
     the file): two at once (the command during the job, or a worker running a
     backlog) would both sign after the same predecessor and fork the series, and
     every later verify would fail. The file is created exclusively, so a writer
-    that somehow raced anyway fails instead of forking it.
+    that somehow raced anyway fails instead of forking it. With no checkpoint in the
+    directory, only the log's first series begins by itself (_begin_series); any
+    other needs `new_series` (restart_checkpoints, which records why).
     """
     directory = _checkpoint_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -1186,7 +1248,7 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
                 raise ChainBroken(problem)
         # Only a checkpoint that will be written says there was a gap (a refused one,
         # every minute while damage stays, would repeat it), and it signs that event.
-        if _record_gap(previous, at):
+        if _record_gap(previous, at) or (previous is None and _begin_series(new_series, at)):
             with transaction.atomic():
                 seq, head = _lock_and_read_head()
         body: dict[str, Any] = {

@@ -91,7 +91,10 @@ class EventType(models.TextChoices):
     MATRIX_IMPORTED = "matrix.imported"
     # Reading who-could-do-what is itself recorded: an export leaves the system.
     REPORT_EXPORTED = "report.exported"
-    AUDIT_CHECKPOINT = "audit.checkpoint"
+    # The first checkpoint series began (written once in a log's life, and signed by that
+    # first checkpoint): from then on an empty checkpoint directory is a finding, not a
+    # fresh start.
+    AUDIT_CHECKPOINTS_STARTED = "audit.checkpoints_started"
     # An admin started a new checkpoint series (after restoring the database from a
     # backup, say): the old series is kept aside, named in the event.
     AUDIT_CHECKPOINTS_RESTARTED = "audit.checkpoints_restarted"

@@ -81,11 +81,13 @@ def verify_output(capsys) -> tuple[int, str]:
 
 def test_an_untouched_chain_verifies(chain, capsys):
     call_command("audit_checkpoint")
-    assert f"seq {chain}" in capsys.readouterr().out
+    # The log's first checkpoint puts the series' start on record, and signs it.
+    started = AuditEvent.objects.get(event_type="audit.checkpoints_started")
+    assert started.seq == chain + 1
+    assert f"seq {chain + 1}" in capsys.readouterr().out
     code, text = verify_output(capsys)
-    head = AuditEvent.objects.order_by("-seq").first().hash
     assert code == 0
-    assert text.strip() == f"ok: {chain} events, head {head}"
+    assert text.strip() == f"ok: {chain + 1} events, head {started.hash}"
 
 
 def test_the_database_refuses_update_and_delete(chain):
@@ -216,7 +218,7 @@ def test_deleting_the_newest_events_is_caught_by_the_checkpoint(chain, capsys):
     code, text = verify_output(capsys)
     assert code == 1
     assert f"FAILED at seq {chain - 2}" in text
-    assert "newest 3 event(s) were deleted" in text
+    assert "newest 4 event(s) were deleted" in text  # 3, and the series' start
 
 
 def test_events_with_no_checkpoint_do_not_verify(chain, capsys, settings):
@@ -240,17 +242,17 @@ def test_a_stale_checkpoint_fails_verify_so_a_stopped_job_cannot_hide_a_deleted_
     says the tail is unprotected."""
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
     written = datetime.now(UTC)
-    audit.write_checkpoint(written)
+    signed = audit.write_checkpoint(written)["seq"]
     assert audit.verify_chain(written + timedelta(minutes=14)).ok
     for i in range(3):
         access.access_check(
             agent="bot", tool="repo", action="read", scope=f"repo:acme/late-{i}", at=NOW
         )
     with triggers_bypassed():
-        sql("DELETE FROM governance_auditevent WHERE seq > %s", [chain + 1])
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [signed + 1])
     later = audit.verify_chain(written + timedelta(minutes=20))
-    assert not later.ok and later.bad_seq == chain
-    assert "is 20 min old" in later.problem and f"after seq {chain}" in later.problem
+    assert not later.ok and later.bad_seq == signed
+    assert "is 20 min old" in later.problem and f"after seq {signed}" in later.problem
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(0)  # the check off: the tail goes unseen
     assert audit.verify_chain(written + timedelta(minutes=20)).ok
 
@@ -266,22 +268,25 @@ def test_a_gap_in_the_checkpoint_series_is_on_record_and_named_by_every_verify(
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
     written = datetime.now(UTC)
     first = audit.write_checkpoint(written)
+    signed = first["seq"]
     for i in range(3):
         access.access_check(
             agent="bot", tool="repo", action="read", scope=f"repo:acme/late-{i}", at=NOW
         )
     with triggers_bypassed():
-        sql("DELETE FROM governance_auditevent WHERE seq > %s", [chain + 1])
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [signed + 1])
     # Nothing is on record about the stop yet: only a checkpoint can tell.
     assert not AuditEvent.objects.filter(event_type="audit.checkpoint_gap").exists()
     second = audit.write_checkpoint(written + timedelta(minutes=70))
 
     gap = AuditEvent.objects.get(event_type="audit.checkpoint_gap")
-    assert gap.seq == second["seq"] == chain + 2  # signed by the checkpoint after it
-    assert json.loads(gap.data) == {"after": first["file"], "after_seq": chain, "minutes": 70}
+    assert gap.seq == second["seq"] == signed + 2  # signed by the checkpoint after it
+    assert json.loads(gap.data) == {"after": first["file"], "after_seq": signed, "minutes": 70}
     verdict = audit.verify_chain(written + timedelta(minutes=71))
     assert verdict.ok and len(verdict.gaps) == 1
-    assert f"events after seq {chain} were not protected until seq {chain + 2}" in (verdict.gaps[0])
+    assert (
+        f"events after seq {signed} were not protected until seq {signed + 2}" in (verdict.gaps[0])
+    )
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(0)  # the check off: nothing said
     assert audit.verify_chain(written + timedelta(minutes=71)).gaps == ()
     # A checkpoint within the age after that leaves no new gap.
@@ -295,9 +300,9 @@ def test_a_refused_checkpoint_records_no_gap(chain, settings):
     of them is written, so none says there was a gap either."""
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
     written = datetime.now(UTC)
-    audit.write_checkpoint(written)
+    signed = audit.write_checkpoint(written)["seq"]
     with triggers_bypassed():
-        sql("DELETE FROM governance_auditevent WHERE seq = %s", [chain])
+        sql("DELETE FROM governance_auditevent WHERE seq = %s", [signed])
     for minutes in (30, 31, 32):
         with pytest.raises(audit.ChainBroken):
             audit.write_checkpoint(written + timedelta(minutes=minutes))
@@ -372,7 +377,7 @@ def test_a_checkpoint_is_written_even_with_no_new_events(chain, capsys):
     call_command("audit_checkpoint")
     call_command("audit_checkpoint")
     first, second = audit.load_checkpoints()
-    assert first["seq"] == second["seq"] == chain
+    assert first["seq"] == second["seq"] == chain + 1  # the events and the series' start
     assert second["prev_signature"] == first["signature"]
     assert verify_output(capsys)[0] == 0
 
@@ -457,11 +462,11 @@ def test_an_event_outside_the_chain_is_found(chain, capsys, seq):
     assert since is not None and not since.ok and since.bad_seq == seq
 
 
-def _delete_tail_and_write_again(chain: int, keep: int) -> None:
-    """Delete the events after seq `keep` and let ordinary traffic write as many again."""
+def _delete_tail_and_write_again(head: int, keep: int) -> None:
+    """Delete the events after seq `keep` and let ordinary traffic write past `head`."""
     with triggers_bypassed():
         sql("DELETE FROM governance_auditevent WHERE seq > %s", [keep])
-    for i in range(chain - keep + 2):
+    for i in range(head - keep + 2):
         access.access_check(
             agent="bot", tool="repo", action="read", scope=f"repo:acme/again-{i}", at=NOW
         )
@@ -473,18 +478,19 @@ def test_a_checkpointed_tail_deleted_and_written_again_is_caught(chain, capsys):
     it looked whole; every checkpoint is held against the log, and the next checkpoint
     is refused rather than signed over the forged head."""
     first = audit.write_checkpoint(NOW)
-    assert first["seq"] == chain
-    _delete_tail_and_write_again(chain, keep=chain - 3)
-    assert AuditEvent.objects.filter(seq__gt=chain).exists()
+    signed = first["seq"]
+    assert signed == chain + 1  # the events and the series' start
+    _delete_tail_and_write_again(signed, keep=chain - 3)
+    assert AuditEvent.objects.filter(seq__gt=signed).exists()
     with pytest.raises(audit.ChainBroken) as refused:
         audit.write_checkpoint(NOW + timedelta(minutes=1))
-    assert refused.value.problem[0] == chain
+    assert refused.value.problem[0] == signed
     assert len(audit.load_checkpoints()) == 1  # nothing signed
-    with pytest.raises(CommandError, match=f"refused: not signed over a damaged log: seq {chain}"):
+    with pytest.raises(CommandError, match=f"refused: not signed over a damaged log: seq {signed}"):
         call_command("audit_checkpoint")
     code, text = verify_output(capsys)
     assert code == 1
-    assert f"FAILED at seq {chain}: event hash differs from checkpoint {first['file']}" in text
+    assert f"FAILED at seq {signed}: event hash differs from checkpoint {first['file']}" in text
 
 
 def test_an_older_checkpoint_is_held_against_the_log_too(chain, capsys, settings):
@@ -492,10 +498,10 @@ def test_an_older_checkpoint_is_held_against_the_log_too(chain, capsys, settings
     second: the newest checkpoint still matches the log, the first one does not."""
     first = audit.write_checkpoint(NOW)
     access.access_check(agent="bot", tool="repo", action="read", scope="repo:acme/n", at=NOW)
-    audit.write_checkpoint(NOW + timedelta(minutes=1))
-    _delete_tail_and_write_again(chain, keep=chain - 2)
+    second = audit.write_checkpoint(NOW + timedelta(minutes=1))
+    _delete_tail_and_write_again(second["seq"], keep=chain - 2)
     verdict = audit.verify_chain(NOW + timedelta(minutes=2))
-    assert not verdict.ok and verdict.bad_seq == chain
+    assert not verdict.ok and verdict.bad_seq == first["seq"]
     assert f"differs from checkpoint {first['file']}" in verdict.problem
 
 
@@ -506,13 +512,13 @@ def test_the_pages_quick_check_holds_every_new_checkpoint_against_the_log(chain,
     the forged head; the one before it does not, and the quick check says so."""
     walked = audit.verify_chain(NOW)
     first = audit.write_checkpoint(NOW)
-    _delete_tail_and_write_again(chain, keep=chain - 1)
+    _delete_tail_and_write_again(first["seq"], keep=chain - 1)
     with monkeypatch.context() as old_writer:
         old_writer.setattr(audit, "_against_checkpoints", lambda *args: None, raising=False)
         audit.write_checkpoint(NOW + timedelta(minutes=1))
     since = audit.verify_since(walked.count - 2, _hash_at(walked.count - 2))
     assert since is not None and not since.ok
-    assert since.bad_seq == chain and first["file"] in since.problem
+    assert since.bad_seq == first["seq"] and first["file"] in since.problem
 
 
 def _hash_at(seq: int) -> str:
@@ -522,12 +528,12 @@ def _hash_at(seq: int) -> str:
 def test_the_checkpoint_job_refuses_and_records_the_damage(chain):
     from governance import tasks
 
-    audit.write_checkpoint(NOW)
-    _delete_tail_and_write_again(chain, keep=chain - 3)
+    signed = audit.write_checkpoint(NOW)["seq"]
+    _delete_tail_and_write_again(signed, keep=chain - 3)
     result = tasks.audit_checkpoint.run()
-    assert result["refused"] and result["bad_seq"] == chain
+    assert result["refused"] and result["bad_seq"] == signed
     failed = AuditEvent.objects.get(event_type="audit.verify_failed")
-    assert json.loads(failed.data)["bad_seq"] == chain
+    assert json.loads(failed.data)["bad_seq"] == signed
     assert len(audit.load_checkpoints()) == 1
 
 
@@ -593,6 +599,73 @@ def test_after_a_restore_an_admin_starts_a_new_checkpoint_series(chain, person, 
     assert code == 0 and f"ok: {signed - 1} events" in text
 
 
+def test_an_emptied_checkpoint_directory_is_a_finding_not_a_fresh_start(
+    chain, person, settings, capsys
+):
+    """Whoever can write the database and the checkpoint directory deletes a week of the
+    newest events and every checkpoint. The next checkpoint used to begin a new series
+    over the shortened head, and verify said ok. The log says a series began: without
+    its checkpoints nothing is signed and verify fails, until an admin says why."""
+    from governance import tasks
+
+    person("heidi", "admins")
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(0)  # not the stale-checkpoint alarm
+    first = audit.write_checkpoint(NOW)
+    started = AuditEvent.objects.get(event_type="audit.checkpoints_started").seq
+    for i in range(4):
+        access.access_check(agent="bot", tool="repo", action="read", scope=f"repo:acme/{i}", at=NOW)
+    audit.write_checkpoint(NOW + timedelta(minutes=1))
+    walked = audit.verify_chain(NOW + timedelta(minutes=1))
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [first["seq"]])
+    for path in settings.AUDIT_CHECKPOINT_DIR.glob("checkpoint-*.json"):
+        path.unlink()
+
+    expected = f"FAILED at seq {started}: the log says a checkpoint series began at seq {started}"
+    code, text = verify_output(capsys)
+    assert code == 1 and expected in text and "emptied" in text
+    since = audit.verify_since(first["seq"], _hash_at(first["seq"]))  # the page's check
+    assert since is not None and not since.ok and since.bad_seq == started
+    with pytest.raises(audit.ChainBroken) as refused:
+        audit.write_checkpoint(NOW + timedelta(minutes=2))
+    assert refused.value.problem[0] == started
+    with pytest.raises(CommandError, match="refused: not signed over a damaged log"):
+        call_command("audit_checkpoint")
+    assert tasks.audit_checkpoint.run()["refused"]
+    assert audit.load_checkpoints() == []
+    assert AuditEvent.objects.filter(event_type="audit.checkpoints_started").count() == 1
+    assert walked.count > first["seq"]  # what was lost stays lost; the loss shows
+
+    call_command("audit_checkpoint", "--start-new-series", "--as", "heidi", "--reason", "INC-9")
+    capsys.readouterr()
+    code, text = verify_output(capsys)
+    assert code == 0 and text.startswith("ok: ")
+    restarted = AuditEvent.objects.get(event_type="audit.checkpoints_restarted")
+    assert json.loads(restarted.data)["files"] == 0  # nothing was there to keep aside
+
+
+def test_an_older_checkpoint_series_put_back_is_not_the_current_one(
+    chain, person, settings, capsys
+):
+    """After a restart the old series is kept aside. Moved back in place of the new
+    one, it still verifies on its own terms, but it is not the series the log says
+    began last."""
+    admin = person("heidi", "admins")
+    old = audit.write_checkpoint(NOW)
+    audit.restart_checkpoints(
+        reason="drill", actor=audit.Actor.user(admin), at=NOW + timedelta(minutes=1)
+    )
+    restarted = AuditEvent.objects.get(event_type="audit.checkpoints_restarted").seq
+    assert verify_output(capsys)[0] == 0
+    for path in settings.AUDIT_CHECKPOINT_DIR.glob("checkpoint-*.json"):
+        path.unlink()
+    (aside,) = settings.AUDIT_CHECKPOINT_DIR.glob("archived-*")
+    (aside / old["file"]).rename(settings.AUDIT_CHECKPOINT_DIR / old["file"])
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert f"FAILED at seq {restarted}: checkpoint {old['file']} begins a series" in text
+
+
 @pytest.mark.parametrize(
     "garbage",
     ["not json", "{}", "[1, 2]", '{"seq": "5", "head": "x", "count": 5, "time": "now",'
@@ -601,13 +674,13 @@ def test_after_a_restore_an_admin_starts_a_new_checkpoint_series(chain, person, 
 def test_an_unreadable_checkpoint_is_a_finding_not_a_crash(chain, capsys, settings, garbage):
     """Garbage dropped into the checkpoint directory made verify raise, so no
     audit.verify_failed event was written and no alert went out."""
-    audit.write_checkpoint(NOW)
+    signed = audit.write_checkpoint(NOW)["seq"]
     (settings.AUDIT_CHECKPOINT_DIR / "checkpoint-999999999-x.json").write_text(garbage)
     code, text = verify_output(capsys)
     assert code == 1
     assert "checkpoint checkpoint-999999999-x.json is unreadable" in text
     failed = AuditEvent.objects.get(event_type="audit.verify_failed")
-    assert json.loads(failed.data)["bad_seq"] == chain + 1
+    assert json.loads(failed.data)["bad_seq"] == signed + 1
     with pytest.raises(audit.ChainBroken):
         audit.write_checkpoint(NOW + timedelta(minutes=1))
     assert audit.latest_checkpoint()["unreadable"]  # a page shows it, never a 500
@@ -620,7 +693,7 @@ def test_events_after_a_checkpoint_still_verify(chain, capsys):
     )
     code, text = verify_output(capsys)
     assert code == 0
-    assert f"ok: {chain + 1} events" in text
+    assert f"ok: {chain + 2} events" in text  # the events, the series' start, the new one
 
 
 # --- Concurrent writers ----------------------------------------------------------

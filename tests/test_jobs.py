@@ -206,7 +206,9 @@ def test_one_failing_row_does_not_stop_the_rows_after_it(make_agent, make_tool, 
 def test_the_checkpoint_task_writes_a_checkpoint_even_with_nothing_new(db):
     first = tasks.audit_checkpoint()
     second = tasks.audit_checkpoint()
-    assert first["seq"] == second["seq"] == 0
+    # An empty log: the first checkpoint signs the series' start, its only event.
+    assert first["seq"] == second["seq"] == 1
+    assert events(EventType.AUDIT_CHECKPOINTS_STARTED)[0].seq == 1
     assert len(audit.load_checkpoints()) == 2
 
 
