@@ -222,10 +222,13 @@ ORDER BY g.id
 _MAIN_KINDS = "isibbbittt" + "iisssttti" + "bit"  # one letter per column (db.query)
 # When the grant's oldest undecided review item fell due: past it, REVIEW_DEFAULT_RULE
 # `revoke` has ended the grant, whether or not the job has run (_window_reason). Once
-# the job has applied the rule (`auto_revoked`) the item still says when: a question
-# about a moment between the due date and the job's run gets the same answer as then.
+# the job has applied the rule (`auto_revoked`), or closed the item `ended` because the
+# grant ended before the job ran, the item still says when: a question about a moment
+# between the due date and the job's run gets the same answer as then
+# (models.reviews.undecided_at_due_q says the same for the ORM).
 _REVIEW_DUE = """(SELECT min(r.due_at) FROM governance_reviewitem r
-        WHERE r.grant_id = {grant}.id AND r.status IN ('pending', 'auto_revoked'))"""
+        WHERE r.grant_id = {grant}.id AND (r.status IN ('pending', 'auto_revoked')
+              OR (r.status = 'ended' AND r.decided_at >= r.due_at)))"""
 _MAIN_QUERY = {
     # jsonb: `?` is "has this string element"; fields only when the list is not empty.
     "postgresql": _MAIN_COLUMNS.format(

@@ -18,6 +18,7 @@ from governance.models import (
     ReviewItem,
     Tool,
 )
+from governance.models.reviews import undecided_at_due_q
 from governance.models.tasks import open_at_q
 
 
@@ -38,9 +39,7 @@ def grants_in_force(at: datetime) -> QuerySet[Grant]:
     (ancestors aside). What the matrix file and the daily count hold."""
     found = live_grants(at).filter(Q(task__isnull=True) | open_at_q(at, "task__"))
     if settings.REVIEW_DEFAULT_RULE == "revoke":  # as policy._window_reason decides
-        overdue = ReviewItem.objects.filter(
-            status__in=[ReviewItem.Status.PENDING, ReviewItem.Status.AUTO_REVOKED], due_at__lte=at
-        )
+        overdue = ReviewItem.objects.filter(undecided_at_due_q(), due_at__lte=at)
         found = found.exclude(pk__in=overdue.values("grant_id"))
     return found
 

@@ -592,3 +592,50 @@ def test_deciding_an_item_whose_grant_ended_closes_it_as_ended(world, system, de
         decide(item3, decision, at=g3.expires_at)
     assert caught.value.code == "grant_not_live"
     assert ReviewItem.objects.get(pk=item3.pk).status == "ended"
+
+
+@pytest.mark.parametrize("ending", ["revoked", "expired", "late_decision"])
+def test_a_grant_ended_after_its_review_fell_due_stays_ended_from_the_due_date(
+    world, system, ending
+):
+    """The item fell due undecided, so the grant ended at the due date; before the
+    hourly job came, the grant ended on its own too (an admin revoked it, it expired,
+    or a reviewer answered late), and the job closed the item `ended`, not
+    `auto_revoked`. The moment in between used to read as allowed again: a what-if,
+    the access report and the file said access that authorize() had refused then."""
+    from governance.services.access import access_check
+
+    campaign = open_campaign()
+    item = campaign.items.get(grant=world["grants"][0])
+    grant = item.grant
+    due = campaign.due_at
+    Grant.objects.update(expires_at=due + timedelta(days=1))
+    read = {"tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    between = due + timedelta(minutes=20)
+    then = access_check(agent="bot", at=between, **read)
+    assert (then.decision, then.reason) == ("deny", "grant_revoked")
+    event = AuditEvent.objects.get(uid=then.decision_id)
+    assert (event.decision, event.reason) == ("deny", "grant_revoked")
+
+    ended_at = due + timedelta(minutes=30)
+    late = due + timedelta(minutes=50)
+    if ending == "revoked":
+        grant_services.grant_revoke(grant_id=grant.pk, reason="tidy", actor=system, at=ended_at)
+        reviews.review_items_apply_due_rule(actor=system, at=late)
+    elif ending == "expired":
+        Grant.objects.filter(pk=grant.pk).update(expires_at=ended_at)
+        reviews.review_items_apply_due_rule(actor=system, at=late)
+    else:  # revoked, then the reviewer answers after the due date, before the job
+        grant_services.grant_revoke(grant_id=grant.pk, reason="tidy", actor=system, at=ended_at)
+        with pytest.raises(Conflict, match="was due at"):
+            decide(item, "keep", at=late)
+    item.refresh_from_db()
+    assert item.status == "ended" and item.decided_at == late
+
+    again = authorize(agent="bot", at=between, **read)
+    assert (again.decision, again.reason) == ("deny", "grant_revoked")
+    assert grant.pk not in selectors.grants_in_force(between).values_list("pk", flat=True)
+    from governance.services.reports import access_rows
+
+    rows = [r for r in access_rows(at=between) if r["grant"] == grant.pk]
+    assert rows == [] or rows[0]["blocked_by"] is not None

@@ -195,3 +195,13 @@ class SecondLookMark(models.Model):
 
     def __str__(self) -> str:
         return f"second looks sampled through {self.sampled_through}"
+
+
+def undecided_at_due_q() -> Q:
+    """Review items still undecided at their due date, whatever came after: under
+    REVIEW_DEFAULT_RULE `revoke` each ended its grant at due_at. Pending still, revoked
+    by the job, or closed `ended` later because the grant ended meanwhile (revoked,
+    expired, its task closed) before the job ran. policy._REVIEW_DUE says it in SQL."""
+    return Q(status__in=["pending", "auto_revoked"]) | Q(
+        status="ended", decided_at__gte=F("due_at")
+    )
