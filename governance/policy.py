@@ -345,18 +345,23 @@ def _policy_verdicts(
     scope: str,
     task_id: int | None,
     at: datetime,
+    above: list[int],
 ) -> list[tuple[int, str]]:
     """(policy id, verdict) of every live confirmation policy covering this call, less
     the approving ones whose author has a stake in it (stake_check). Nobody confirms
     their own agent's calls, by hand or by rule. A deny only ever restricts, whoever
-    wrote it."""
+    wrote it. `above`: the agents up the grant's delegation chain; their denies bind
+    what they handed down (a subagent never does what its parent could not), their
+    approves answer for their own calls only."""
     when = db.param_dt(at)
-    rows = db.execute(_POLICY_QUERY, [agent_id, tool_id, action, task_id, when, when, when])
-    found = [
-        (pid, verdict, author, db.read_dt(written))
-        for pid, verdict, pattern, author, written in rows
-        if scope_matches(pattern, scope)
-    ]
+    found = []
+    for holder in (agent_id, *above):
+        rows = db.execute(_POLICY_QUERY, [holder, tool_id, action, task_id, when, when, when])
+        found += [
+            (pid, verdict, author, db.read_dt(written))
+            for pid, verdict, pattern, author, written in rows
+            if (holder == agent_id or verdict == "deny") and scope_matches(pattern, scope)
+        ]
     if not any(verdict == "approve" for _, verdict, _, _ in found):
         return [(pid, verdict) for pid, verdict, _, _ in found]
     has_stake = stake_check(agent_id, grant_id)
@@ -410,6 +415,14 @@ class PastState:
 
     suspended_agents: frozenset[int] = frozenset()
     quarantined_tools: frozenset[int] = frozenset()
+
+
+def ancestor_agents(parent_id: int | None) -> list[int]:
+    """The agents holding each grant up a delegation chain from `parent_id`, nearest
+    first (none for a grant that was not delegated)."""
+    if parent_id is None:
+        return []
+    return [row[5] for row in db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "it")]
 
 
 def _ancestors_reason(parent_id: int, at: int, past: PastState | None = None) -> Reason | None:
@@ -693,7 +706,14 @@ def _authorize(
     # A confirmation policy may answer for a person: a deny wins over everything (an
     # approval included), an approve stands in for one when none is named.
     verdicts = _policy_verdicts(
-        agent_id, tool_id, ctx["grant_id"], action, scope, ctx.get("task_id"), at
+        agent_id,
+        tool_id,
+        ctx["grant_id"],
+        action,
+        scope,
+        ctx.get("task_id"),
+        at,
+        ancestor_agents(live[18]),
     )
     denying = [pid for pid, verdict in verdicts if verdict == "deny"]
     if denying:

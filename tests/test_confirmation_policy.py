@@ -614,3 +614,45 @@ def test_the_access_report_lists_only_the_policies_the_gate_would_ask(
     )
     assert (decision.decision, decision.policy_id) == ("approval_required", None)
     assert event_of(decision).event_type == "access.approval_required"
+
+
+def test_a_parents_deny_policy_binds_what_it_hands_down(world, make_agent, carol):
+    """A deny on the parent (delete under repo:acme/prod/* refused, even with a person's
+    approval) used to bind the parent alone: handed `delete` on repo:acme/* the subagent
+    got approval_required, and with a person's approval, or an approve policy of its
+    own, deleted under prod. A deny up the delegation chain binds every grant below it;
+    an approve policy answers for its own agent only. The access report says so too."""
+    from governance.models import Grant
+    from governance.services.reports import access_rows
+
+    Grant.objects.filter(pk=world.grant.pk).update(delegable=True)
+    child = make_agent("sweeper", parent=world.agent)
+    handed = grants.grant_delegate(
+        parent_grant_id=world.grant.pk,
+        child=child,
+        actions=["delete"],
+        scope="repo:acme/*",
+        expires_at=world.grant.expires_at,
+        justification="clean up",
+        actor=Actor.agent(world.agent),
+        at=NOW - timedelta(minutes=20),
+    )
+    freeze = write(world, "deny", scope="repo:acme/prod/*", reason="prod freeze")
+    write(world, "approve", scope="repo:acme/*")  # the parent's own: not the child's
+    prod = {"tool": "repo", "action": "delete", "scope": "repo:acme/prod/db", "at": NOW}
+
+    first = access_check(agent="sweeper", **prod)
+    assert (first.decision, first.reason, first.policy_id) == ("deny", "approval_denied", freeze.pk)
+    assert json.loads(event_of(first).data) == {"confirmation_policy": freeze.pk}
+    assert Approval.objects.filter(agent=child).count() == 0
+    # A person's approval of the exact call changes nothing while the deny stands.
+    write(world, "approve", agent=child, author=approver(carol), scope="repo:acme/*")
+    again = access_check(agent="sweeper", **prod)
+    assert (again.decision, again.reason) == ("deny", "approval_denied")
+    assert event_of(again).reason == "approval_denied"
+    # Outside the deny's scope the child's own approve policy answers; the parent's does not.
+    other = access_check(agent="sweeper", **{**prod, "scope": "repo:acme/tmp/x"})
+    assert other.allowed and other.policy_id != freeze.pk
+    assert event_of(other).decision == "allow"
+    (row,) = [r for r in access_rows(NOW) if r["grant"] == handed.pk]
+    assert f"deny#{freeze.pk}" in row["policies"]

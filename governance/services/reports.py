@@ -22,7 +22,13 @@ from governance import audit, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Tool
-from governance.policy import PastState, grant_dead_reason, patterns_overlap, stake_check
+from governance.policy import (
+    PastState,
+    ancestor_agents,
+    grant_dead_reason,
+    patterns_overlap,
+    stake_check,
+)
 
 ACCESS_COLUMNS = (
     "grant",
@@ -109,7 +115,7 @@ def access_rows(at: datetime) -> list[dict[str, Any]]:
             # anything else (suspended agent, quarantined tool, dead ancestor)
             # would refuse it, with agent and tool state as they were at `at`.
             "blocked_by": grant_dead_reason(g.pk, at, past),
-            "policies": _answering(policies.get((g.agent_id, g.tool_id), []), g, shapes[g.pk], at),
+            "policies": _answering(_asked(policies, g), g, shapes[g.pk], at),
         }
         for g in grants
     ]
@@ -121,6 +127,18 @@ def _policies_by_pair(at: datetime) -> dict[tuple[int, int], list[Any]]:
     for p in selectors.live_policies(at).select_related("tool", "task").order_by("pk"):
         found.setdefault((p.agent_id, p.tool_id), []).append(p)
     return found
+
+
+def _asked(policies: dict[tuple[int, int], list[Any]], grant: Grant) -> list[Any]:
+    """The policies the gate asks about a call under this grant: its agent's, and the
+    denies of every agent up its delegation chain (policy._policy_verdicts)."""
+    above = [
+        p
+        for holder in ancestor_agents(grant.delegated_from_id)
+        for p in policies.get((holder, grant.tool_id), [])
+        if p.verdict == "deny"
+    ]
+    return policies.get((grant.agent_id, grant.tool_id), []) + above
 
 
 def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: datetime) -> list[str]:
