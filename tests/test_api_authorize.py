@@ -283,3 +283,43 @@ def test_an_error_never_quotes_what_cannot_be_written_out():
     response = exception_handler(ValidationError({"\ud800": ['"\udfff" is not valid.']}), {})
     rendered = JSONRenderer().render(response.data).decode()
     assert response.status_code == 400 and "\\\\ud800" in rendered and "\\\\udfff" in rendered
+
+
+def test_a_delegation_over_http_narrows_the_envelope_and_is_refused_when_wider(
+    make_agent, make_tool, make_grant, agent_client
+):
+    """POST /delegations takes fields, egress, limits and delegable; anything wider than
+    the parent grant is a 403 naming why, with nothing written."""
+    bot = make_agent("bot")
+    make_agent("bot-sub", parent=bot)
+    make_tool("repo")
+    from governance.models import Tool
+
+    grant = make_grant(
+        bot, Tool.objects.get(name="repo"), ("read",), "repo:acme/*", delegable=True,
+        starts_at=timezone.now() - timedelta(minutes=5), egress=["api.example.com:443"],
+        limits={"memory_mb": 512},
+    )  # fmt: skip
+    client = agent_client(bot)
+    body = {"grant": grant.pk, "agent": "bot-sub", "actions": ["read"], "scope": "repo:acme/x/*",
+            "expires_at": grant.expires_at.isoformat(), "justification": "sub-task"}  # fmt: skip
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+    for extra, code in [
+        ({"egress": ["api.example.com:443", "other.example.com:443"]}, "wider_egress"),
+        ({"limits": {"memory_mb": 1024}}, "wider_limits"),
+    ]:
+        response = client.post("/api/v1/delegations", {**body, **extra}, format="json")
+        assert response.status_code == 403, response.content
+        assert response.json()["error"]["code"] == code
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+    response = client.post(
+        "/api/v1/delegations",
+        {**body, "egress": [], "limits": {"memory_mb": 64, "cpus": None}},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    child = Grant.objects.get(pk=response.json()["id"])
+    assert (child.egress, child.limits(), child.delegable) == ([], {"memory_mb": 64}, False)
+    event = last_event()
+    assert (event.event_type, event.grant_id) == ("grant.delegated", child.pk)
+    assert json.loads(event.data)["egress"] == []

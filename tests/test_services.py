@@ -299,6 +299,79 @@ def test_the_depth_limit_holds(family, settings):
         delegate(first, grandchild, scope="repo:acme/api/core/*")
 
 
+def test_a_delegation_can_be_handed_down_again_within_the_depth_limit(family, settings):
+    """The depth limit used to count levels nothing could reach: a delegated grant was
+    never delegable. Asked for, it is, while the chain has room for one more level."""
+    parent, child, grandchild, _ = family
+    settings.DELEGATION_MAX_DEPTH = 2
+    first = delegate(parent, child, delegable=True)
+    assert first.delegable and json.loads(last_event().data)["delegable"] is True
+    second = delegate(first, grandchild, scope="repo:acme/api/core/*", actor=Actor.agent(child))
+    assert second.delegated_from_id == first.pk and not second.delegable
+    ask = {"agent": "grandchild", "tool": "repo", "action": "read", "at": NOW}
+    decision = access.access_check(scope="repo:acme/api/core/x", **ask)
+    assert decision.allowed and last_event().grant_id == second.pk
+    # At the limit a delegation cannot be made delegable: nothing below could use it.
+    with pytest.raises(Forbidden, match="cannot be handed down again") as err:
+        delegate(first, grandchild, scope="repo:acme/api/web/*", delegable=True)
+    assert err.value.code == "depth_exceeded"
+    settings.DELEGATION_MAX_DEPTH = 1
+    with pytest.raises(Forbidden) as err:
+        delegate(parent, child, scope="repo:acme/web/*", delegable=True)
+    assert err.value.code == "depth_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"fields": ["title", "secret"]}, "wider_fields"),
+        ({"fields": []}, "wider_fields"),  # no field list at all: every field
+        ({"egress": ["api.example.com:443", "evil.example.net:443"]}, "wider_egress"),
+        ({"limits": {"memory_mb": 513}}, "wider_limits"),
+        ({"limits": {"pids": 65}}, "wider_limits"),  # the parent sets none: the floor
+    ],
+)
+def test_a_delegation_narrows_the_envelope_but_never_widens_it(
+    family, make_grant, repo, change, code
+):
+    """Fields, egress and execution limits were copied whole from the parent, so a
+    parent had to hand down its whole network allowlist even for a subtask that needs
+    none. They can now be narrowed; anything wider is refused, with nothing written."""
+    parent, child, _, _ = family
+    wide = make_grant(
+        parent.agent, repo, ("read",), "repo:acme/*", delegable=True,
+        fields=["title", "body"], egress=["api.example.com:443", "cdn.example.com:443"],
+        limits={"memory_mb": 512},
+    )  # fmt: skip
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+    with pytest.raises(Forbidden) as err:
+        delegate(wide, child, **change)
+    assert err.value.code == code
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+    narrow = delegate(
+        wide, child, fields=["title"], egress=[], limits={"memory_mb": 128, "pids": 16}
+    )
+    assert (narrow.fields, narrow.egress) == (["title"], [])
+    assert narrow.limits() == {"memory_mb": 128, "pids": 16}
+    data = json.loads(last_event().data)
+    assert (data["fields"], data["egress"], data["limits"], data["justification"]) == (
+        ["title"], [], {"memory_mb": 128, "pids": 16}, "subtask",
+    )  # fmt: skip
+    inherited = delegate(wide, child, scope="repo:acme/web/*")
+    assert (inherited.fields, inherited.egress) == (["title", "body"], wide.egress)
+    assert inherited.limits() == {"memory_mb": 512}
+
+
+def test_nothing_is_handed_down_to_a_suspended_subagent(family, system):
+    parent, child, _, _ = family
+    agents.agent_suspend(agent=child, reason="compromised", actor=system, at=NOW - MS)
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+    with pytest.raises(Conflict) as err:
+        delegate(parent, child)
+    assert err.value.code == "agent_suspended"
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+
+
 def test_revoking_a_parent_ends_every_descendant_at_once(family, system, settings):
     parent, child, grandchild, _ = family
     first = delegate(parent, child)

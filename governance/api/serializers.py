@@ -557,6 +557,29 @@ class DelegationIn(StrictSerializer):
     scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
     expires_at = serializers.DateTimeField()
     justification = _free_text(max_length=2000)
+    # Left out: the parent grant's own. Given: narrower, or 403 (wider_fields,
+    # wider_egress, wider_limits).
+    fields = serializers.ListField(
+        child=exact_char(max_length=100),
+        required=False,
+        max_length=100,
+        help_text="Inside the parent's field list (any list if the parent has none)",
+    )
+    egress = DeclaredListField(
+        child=exact_char(max_length=300),
+        required=False,
+        max_length=100,
+        declared={"items": {"pattern": EGRESS_PATTERN}},
+        help_text="Entries of the parent's egress allowlist",
+    )
+    limits = LimitsIn(
+        required=False, allow_null=True, help_text="Each at most the parent's (or the floor)"
+    )
+    delegable = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="The subagent may hand it down again, within the depth limit",
+    )
 
 
 class MeOut(serializers.Serializer):

@@ -347,8 +347,18 @@ class DelegationView(APIView):
     @extend_schema(
         operation_id="delegate",
         request=s.DelegationIn,
-        responses={201: s.GrantOut, **ERRORS},
-        description="Hand one of your live grants, narrowed, to one of your subagents.",
+        responses={
+            201: s.GrantOut,
+            409: OpenApiResponse(s.ErrorSerializer, description="The subagent is suspended"),
+            **ERRORS,
+        },
+        description=(
+            "Hand one of your live grants, narrowed, to one of your subagents: a subset of "
+            "its actions, a scope inside its scope, an expiry no later than its, and "
+            "optionally fewer fields, fewer egress entries and lower limits. Anything "
+            "wider is 403 with the reason (wider_actions, wider_scope, longer_expiry, "
+            "wider_fields, wider_egress, wider_limits, not_delegable, depth_exceeded)."
+        ),
     )
     def post(self, request: Request) -> Response:
         # Each delegation is a live grant: counted with the token's grant requests, or a
@@ -369,6 +379,10 @@ class DelegationView(APIView):
             scope=data["scope"],
             expires_at=data["expires_at"],
             justification=data["justification"],
+            fields=data.get("fields"),
+            egress=data.get("egress"),
+            limits={k: v for k, v in (data.get("limits") or {}).items() if v is not None},
+            delegable=data["delegable"],
             actor=actor_for(request),
             at=timezone.now(),
         )

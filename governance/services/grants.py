@@ -24,6 +24,7 @@ from governance.policy import grant_dead_reason, pattern_is_valid, pattern_withi
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from sandbox_runner.egress import parse_destination
+from sandbox_runner.spec import DEFAULT_LIMITS
 
 MAX_FIELDS = 100  # as the API schema declares (GrantRequestIn.fields)
 MAX_FIELD_NAME = 100
@@ -160,7 +161,14 @@ def grant_request(
         )
         if before_event is not None:
             before_event(grant)
-        _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
+        _event(
+            grant,
+            EventType.GRANT_REQUESTED,
+            actor,
+            at,
+            justification=justification,
+            **envelope_data(grant),
+        )
         notifications.request_pending(grant=grant, at=at)
     return grant
 
@@ -450,7 +458,14 @@ def grant_issue(
             at=at,
         )
         extra = _approve_row(grant, approved_by, at, None, None, None)
-        _event(grant, EventType.GRANT_REQUESTED, actor, at, justification=justification)
+        _event(
+            grant,
+            EventType.GRANT_REQUESTED,
+            actor,
+            at,
+            justification=justification,
+            **envelope_data(grant),
+        )
         _event(
             grant,
             EventType.GRANT_ISSUED,
@@ -555,19 +570,30 @@ def grant_delegate(
     justification: str,
     actor: audit.Actor,
     at: datetime,
+    fields: Sequence[str] | None = None,
+    egress: Sequence[str] | None = None,
+    limits: dict[str, Any] | None = None,
+    delegable: bool = False,
 ) -> Grant:
     """Hand a subagent a subset of a live grant. Never wider, never longer.
 
-    Asking again for the same delegation (parent, subagent, actions, scope, expiry)
-    while it is active returns the grant made the first time, with no new event."""
+    `fields`, `egress`, `limits`: narrower than the parent's (None: the parent's own).
+    `delegable`: the subagent may hand it down again, within DELEGATION_MAX_DEPTH.
+    Asking again for the same delegation (parent, subagent, actions, scope, expiry,
+    envelope) while it is active returns the grant made the first time, with no new
+    event."""
     with transaction.atomic():
         parent = (
             Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
             .get(pk=parent_grant_id)
         )
+        # The subagent as it is now, held: a suspension committing meanwhile is seen.
+        child = Agent.objects.select_for_update(no_key=True).get(pk=child.pk)
         if child.parent_id != parent.agent_id:
             raise Forbidden("not_a_subagent", f"{child.name} is not a subagent of {parent.agent}.")
+        if child.status != Agent.Status.ACTIVE:
+            raise Conflict("agent_suspended", f"{child.name} is suspended: nothing is handed down.")
         if not parent.delegable:
             raise Forbidden("not_delegable", "The parent grant does not allow delegation.")
         depth = 0
@@ -577,6 +603,11 @@ def grant_delegate(
             cursor = cursor.delegated_from
         if depth + 1 > settings.DELEGATION_MAX_DEPTH:
             raise Forbidden("depth_exceeded", "The delegation chain is already at its limit.")
+        if delegable and depth + 2 > settings.DELEGATION_MAX_DEPTH:
+            raise Forbidden(
+                "depth_exceeded",
+                "This delegation is at the chain's limit: it cannot be handed down again.",
+            )
         # Live per the decision module: own window, every ancestor, agent, tool.
         dead = grant_dead_reason(parent.pk, at)
         if dead is not None:
@@ -590,7 +621,8 @@ def grant_delegate(
             raise Forbidden("longer_expiry", "A delegation cannot outlive its parent grant.")
         if expires_at <= at:
             raise GovernanceError("invalid_expiry", "The expiry must be in the future.")
-        validate_shape(tool=parent.tool, actions=actions, scope=scope)
+        fields, egress, ceiling = _narrowed_envelope(parent, fields, egress, limits)
+        validate_shape(tool=parent.tool, actions=actions, scope=scope, fields=fields, egress=egress)
         # The parent's row lock serialises delegations from it: no twin can slip in.
         for twin in Grant.objects.filter(
             delegated_from=parent,
@@ -599,8 +631,14 @@ def grant_delegate(
             revoked_at__isnull=True,
             scope=scope,
             expires_at=expires_at,
+            delegable=delegable,
         ):
-            if set(twin.actions) == set(actions):
+            if (set(twin.actions), set(twin.fields), set(twin.egress), twin.limits()) == (
+                set(actions),
+                set(fields),
+                set(egress),
+                ceiling,
+            ):
                 return twin
         grant = Grant.objects.create(
             agent=child,
@@ -608,13 +646,10 @@ def grant_delegate(
             task=parent.task,
             actions=list(actions),
             scope=scope,
-            fields=list(parent.fields),
-            egress=list(parent.egress),
-            limit_cpus=parent.limit_cpus,
-            limit_memory_mb=parent.limit_memory_mb,
-            limit_pids=parent.limit_pids,
-            limit_wall_seconds=parent.limit_wall_seconds,
-            limit_scratch_mb=parent.limit_scratch_mb,
+            fields=fields,
+            egress=egress,
+            **{f"limit_{name}": value for name, value in ceiling.items()},
+            delegable=delegable,
             justification=justification,
             requested_by_agent=parent.agent,
             status=Grant.Status.ACTIVE,
@@ -625,9 +660,56 @@ def grant_delegate(
             break_glass=parent.break_glass,
         )
         _event(
-            grant, EventType.GRANT_DELEGATED, actor, at, delegated_from=parent.pk, depth=depth + 1
+            grant,
+            EventType.GRANT_DELEGATED,
+            actor,
+            at,
+            delegated_from=parent.pk,
+            depth=depth + 1,
+            justification=justification,
+            **envelope_data(grant),
         )
     return grant
+
+
+def envelope_data(grant: Grant) -> dict[str, Any]:
+    """What a grant allows besides its actions and scope, as its events record it."""
+    return {
+        "fields": list(grant.fields),
+        "egress": list(grant.egress),
+        "limits": grant.limits(),
+        "delegable": grant.delegable,
+    }
+
+
+def _narrowed_envelope(
+    parent: Grant,
+    fields: Sequence[str] | None,
+    egress: Sequence[str] | None,
+    limits: dict[str, Any] | None,
+) -> tuple[list[str], list[str], dict[str, Any]]:
+    """A delegation's fields, egress and limits: the parent's, or narrower ones asked
+    for. Never wider: a field list inside the parent's (a parent with none covers any
+    list, and an empty one is no limit), egress from the parent's list, and each limit
+    at most the parent's (the runner's floor where the parent sets none)."""
+    if fields is None:
+        fields = list(parent.fields)
+    elif parent.fields and not (fields and set(fields) <= set(parent.fields)):
+        raise Forbidden("wider_fields", "A delegation can only carry the parent's fields.")
+    if egress is None:
+        egress = list(parent.egress)
+    elif extra := sorted(set(egress) - set(parent.egress)):
+        raise Forbidden("wider_egress", f"Egress to {', '.join(extra)} is not in the parent grant.")
+    ceiling = parent.limits()
+    for name, value in _limits(limits).items():
+        name = name.removeprefix("limit_")
+        cap = ceiling.get(name, getattr(DEFAULT_LIMITS, name))
+        if value > cap:
+            raise Forbidden(
+                "wider_limits", f"The {name} limit {value} is above the parent grant's {cap}."
+            )
+        ceiling[name] = value
+    return list(fields), list(egress), ceiling
 
 
 def grants_expire(*, actor: audit.Actor, at: datetime) -> int:
