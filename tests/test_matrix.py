@@ -1184,3 +1184,20 @@ def test_a_grant_whose_task_has_ended_is_not_in_force_and_the_file_imports_back(
     snapshot = hygiene.trend_snapshot_record(actor=system, at=NOW)
     assert snapshot.total == selectors.grants_in_force(NOW).count()
     assert snapshot.total == selectors.live_grants(NOW).count() - 1
+
+
+def test_a_window_of_part_of_a_second_is_a_line_error_not_a_database_error(world, tmp_path):
+    """A window of half a second passed, and its request could never be approved (cut to
+    0 s, it broke the database's check: a 500 in the UI, a 503 from the API)."""
+    before = counts()
+    path = write(
+        tmp_path,
+        "grants:\n- {agent: bot, tool: repo, actions: [read], scope: 'repo:acme/api/*',\n"
+        "   justification: j, starts_at: 2026-11-29T12:00:00Z,\n"
+        "   expires_at: 2026-11-29T12:00:00.500000Z}\n",
+    )
+    message = rejected(path, "--as", "alice")
+    assert "matrix.yaml:4: grants[0].expires_at: Duration must be a whole number of seconds" in (
+        message
+    )
+    assert counts() == before

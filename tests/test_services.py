@@ -125,6 +125,46 @@ def test_a_request_is_decided_once(bot, repo, alice, bob):
     assert Grant.objects.get(pk=grant.pk).status == "denied"
 
 
+def test_approval_holds_the_maximum_lifetime_in_force_then(bot, repo, alice, bob, settings):
+    """The maximum was checked when the request was filed only: lowered while the
+    request waited, approving it still issued the old length. Refused, never shortened
+    behind the approver's back; a shorter duration can be approved."""
+    grant = request(bot, repo, alice, duration=timedelta(days=7))
+    settings.GRANT_MAX_TTL = timedelta(hours=24)
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as err:
+        grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=NOW)
+    assert err.value.code == "invalid_grant" and "24 hours" in err.value.message
+    assert Grant.objects.get(pk=grant.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+    issued = grants.grant_approve(
+        grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=NOW,
+        duration=timedelta(hours=24),
+    )  # fmt: skip
+    assert issued.expires_at - issued.starts_at == timedelta(hours=24)
+    assert last_event().event_type == "grant.issued"
+
+
+def test_no_grant_is_issued_to_a_suspended_agent(bot, repo, alice, bob, system):
+    grant = request(bot, repo, alice)
+    agents.agent_suspend(agent=bot, reason="compromised", actor=system, at=NOW - MS)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Conflict) as err:
+        grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=NOW)
+    assert err.value.code == "agent_suspended"
+    assert Grant.objects.get(pk=grant.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_duration_must_be_whole_seconds(bot, repo, alice):
+    """A window of half a second was cut to 0 s at approval and broke the database's
+    expires-after-start check: a 500 in the UI, a 503 from the API."""
+    with pytest.raises(GovernanceError) as err:
+        request(bot, repo, alice, duration=timedelta(seconds=1, milliseconds=500))
+    assert err.value.fields == {"duration": "Duration must be a whole number of seconds."}
+    assert not Grant.objects.exists()
+
+
 def test_a_duration_over_the_maximum_is_rejected_not_clamped(bot, repo, alice, settings):
     with pytest.raises(GovernanceError) as err:
         request(bot, repo, alice, duration=settings.GRANT_MAX_TTL + timedelta(seconds=1))

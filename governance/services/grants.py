@@ -75,6 +75,8 @@ def validate_shape(
                 f"Duration exceeds the maximum grant lifetime of {hours:g} hours; "
                 "there are no permanent grants."
             )
+        elif duration % timedelta(seconds=1):
+            errors["duration"] = "Duration must be a whole number of seconds."
     if errors:
         raise GovernanceError(
             "invalid_grant", "The grant is not valid: " + " ".join(errors.values()), fields=errors
@@ -380,6 +382,10 @@ def _approve_row(
             "self_approval",
             "Nobody approves the request that ratifies a break-glass they opened.",
         )
+    if grant.agent.status != Agent.Status.ACTIVE:
+        raise Conflict(
+            "agent_suspended", f"{grant.agent.name} is suspended: no grant is issued to it."
+        )
     assert grant.requested_duration is not None
     narrowed = _narrowing(grant, actions, scope, duration)
     requested = {
@@ -389,7 +395,21 @@ def _approve_row(
     }
     grant.actions = narrowed.get("actions", grant.actions)
     grant.scope = narrowed.get("scope", grant.scope)
-    window = timedelta(seconds=narrowed.get("duration_seconds", requested["duration_seconds"]))
+    window = (
+        timedelta(seconds=narrowed["duration_seconds"])
+        if "duration_seconds" in narrowed
+        else grant.requested_duration
+    )
+    if window > settings.GRANT_MAX_TTL:
+        # The maximum in force now, not when the request was filed: it may have been
+        # lowered since. Refused, never shortened behind the approver's back.
+        hours = settings.GRANT_MAX_TTL.total_seconds() / 3600
+        raise GovernanceError(
+            "invalid_grant",
+            f"The requested duration exceeds the maximum grant lifetime now in force "
+            f"({hours:g} hours): approve it with a shorter duration, or deny it.",
+            fields={"duration": f"at most {hours:g} hours"},
+        )
     grant.status = Grant.Status.ACTIVE
     grant.approved_by = approver
     grant.decided_at = at
