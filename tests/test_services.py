@@ -402,6 +402,55 @@ def test_a_delegation_narrows_the_envelope_but_never_widens_it(
     assert inherited.limits() == {"memory_mb": 512}
 
 
+@pytest.mark.parametrize("how", ["revoke", "narrow"])
+def test_a_person_overruling_a_delegation_is_not_undone_by_asking_again(family, bob, how):
+    """A person revoked (or narrowed) what the parent handed down, and the parent agent
+    asked for the same delegation again at once and got it back: re-certification of
+    delegated grants had no lasting effect. Now the parent grant can no longer be
+    delegated; what else it handed down stays, and a person grants anything more."""
+    parent, child, grandchild, _ = family
+    first = delegate(parent, child)
+    other = delegate(parent, child, scope="repo:acme/web/*")
+    if how == "revoke":
+        grants.grant_revoke(
+            grant_id=first.pk, reason="not for this task", actor=Actor.user(bob), at=NOW,
+            revoked_by=bob,
+        )  # fmt: skip
+    else:
+        grants.grant_narrow(
+            grant_id=first.pk, scope="repo:acme/api/docs/*", reason="review: docs only",
+            actor=Actor.user(bob), at=NOW, narrowed_by=bob,
+        )  # fmt: skip
+    parent.refresh_from_db()
+    assert not parent.delegable
+    withdrawn = AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=parent.pk).get()
+    data = json.loads(withdrawn.data)
+    assert (data["delegable"], data["before"]) == (False, {"delegable": True})
+    assert f"#{first.pk}" in data["reason"] and withdrawn.actor == "user:bob"
+    before = Grant.objects.count()
+    with pytest.raises(Forbidden) as err:
+        delegate(parent, child, at=NOW + MS)
+    assert err.value.code == "not_delegable" and Grant.objects.count() == before
+    assert Grant.objects.get(pk=other.pk).status == "active"
+    ask = {"agent": "child", "tool": "repo", "action": "read", "at": NOW + MS}
+    assert access.access_check(scope="repo:acme/web/x", **ask).allowed
+
+
+def test_a_revoke_by_no_person_leaves_the_parent_delegable(family, system, bob):
+    """Jobs (expiry, a task ending, a review's due-date rule) overrule nobody; nor does a
+    narrowing that changes nothing."""
+    parent, child, _, _ = family
+    first = delegate(parent, child)
+    grants.grant_narrow(
+        grant_id=first.pk, reason="same", actor=Actor.user(bob), at=NOW, narrowed_by=bob
+    )
+    grants.grant_revoke(grant_id=first.pk, reason="job", actor=system, at=NOW)
+    parent.refresh_from_db()
+    assert parent.delegable
+    assert not AuditEvent.objects.filter(event_type="grant.narrowed").exists()
+    assert delegate(parent, child, scope="repo:acme/web/*", at=NOW + MS).status == "active"
+
+
 def test_nothing_is_handed_down_to_a_suspended_subagent(family, system):
     parent, child, _, _ = family
     agents.agent_suspend(agent=child, reason="compromised", actor=system, at=NOW - MS)

@@ -516,11 +516,60 @@ def grant_revoke(
 ) -> list[Grant]:
     """Revoke at once, and everything delegated from it, in one transaction.
 
-    Safe to call twice: an already-ended grant is left as it is.
+    Safe to call twice: an already-ended grant is left as it is. A person revoking a
+    delegated grant overrules its delegation (_overruled).
     """
-    return grants_revoke(
-        grant_ids=[grant_id], reason=reason, actor=actor, at=at, revoked_by=revoked_by
+    with transaction.atomic():
+        overruled = _overruled(grant_id, revoked_by)
+        ended = grants_revoke(
+            grant_ids=[grant_id], reason=reason, actor=actor, at=at, revoked_by=revoked_by
+        )
+        _withdraw_delegation(overruled, grant_id, actor, at)
+    return ended
+
+
+def _overruled(grant_id: int, person: Any) -> Grant | None:
+    """A person ending or narrowing a live delegated grant overrules the delegation, and
+    the parent grant it came from can no longer be delegated: its agent could otherwise
+    hand the same back at once, undoing a revoke or a review's narrowing. A person must
+    grant it again. The parent's row, locked here before the child's (the order
+    narrowing the parent takes), or None when nothing is withdrawn."""
+    if person is None:
+        return None
+    parent_id = (
+        Grant.objects.filter(pk=grant_id, status=Grant.Status.ACTIVE)
+        .values_list("delegated_from_id", flat=True)
+        .first()
     )
+    if parent_id is None:
+        return None
+    parent = (
+        Grant.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("agent", "tool", "task")
+        .get(pk=parent_id)
+    )
+    if not parent.delegable:
+        return None
+    parent.delegable = False
+    parent.save(update_fields=["delegable"])
+    return parent
+
+
+def _withdraw_delegation(
+    parent: Grant | None, child_id: int, actor: audit.Actor, at: datetime
+) -> None:
+    """The event of _overruled()'s change, after every row the transaction changes."""
+    if parent is not None:
+        _event(
+            parent,
+            EventType.GRANT_NARROWED,
+            actor,
+            at,
+            reason=f"a person overruled delegation #{child_id}: nothing more is delegated "
+            "from this grant",
+            before={"delegable": True},
+            delegable=False,
+        )
 
 
 def grants_revoke(
@@ -811,6 +860,7 @@ def grant_narrow(
     if not reason.strip():
         raise GovernanceError("reason_required", "Say why the grant is narrowed.")
     with transaction.atomic():
+        overruled = _overruled(grant_id, narrowed_by)  # undone with the rest if refused
         grant = (
             Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
@@ -838,6 +888,7 @@ def grant_narrow(
         before["expires_at"] = grant.expires_at.isoformat()
         new_actions = [a for a in grant.actions if a in new_actions]  # the grant's order
         if (new_actions, new_scope, new_expiry) == (grant.actions, grant.scope, grant.expires_at):
+            transaction.set_rollback(True)  # nothing changed: nothing is overruled either
             return grant
         grant.actions = new_actions
         grant.scope = new_scope
@@ -870,6 +921,7 @@ def grant_narrow(
                 revoked_by=narrowed_by,
             )
         _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before)
+        _withdraw_delegation(overruled, grant.pk, actor, at)
     return grant
 
 
