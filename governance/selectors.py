@@ -32,6 +32,27 @@ def live_grants(at: datetime) -> QuerySet[Grant]:
     )
 
 
+def agent_tree(agents: QuerySet[Agent], root_id: int) -> list[Agent]:
+    """The agent and every agent below it, rows of `agents` (which may lock them),
+    parents before children. Bounded as the delegation walk is, and each agent once,
+    so a corrupted cycle cannot loop."""
+    found = list(agents.filter(pk=root_id))
+    seen = {a.pk for a in found}
+    frontier = list(seen)
+    for _ in range(32):
+        if not frontier:
+            break
+        children = [
+            child
+            for child in agents.filter(parent_id__in=frontier).order_by("pk")
+            if child.pk not in seen
+        ]
+        found.extend(children)
+        seen.update(c.pk for c in children)
+        frontier = [c.pk for c in children]
+    return found
+
+
 def grants_in_force(at: datetime) -> QuerySet[Grant]:
     """live_grants() less those bound to a task that is not open at `at` (ended or
     closed before the job has revoked them, or not started) and those whose review fell

@@ -599,3 +599,92 @@ def test_the_opener_may_close_their_own_early_and_nobody_else_without_a_role(
     (revoked,) = events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)
     assert revoked.actor == "user:alice" and revoked.break_glass
     assert not authorize(**ask(NOW + MS)).allowed
+
+
+def test_break_glass_cannot_reach_a_suspended_agent(setup, open_bg, system):
+    """Every call of a suspended agent is refused, so a break-glass grant for it was
+    only noise: the banner, every approver notified, an incident campaign."""
+    from governance.services import agents
+
+    agents.agent_suspend(agent=setup["agent"], reason="compromised", actor=system, at=NOW - MS)
+    before = (Grant.objects.count(), AuditEvent.objects.count(), len(mail.outbox))
+    with pytest.raises(Conflict) as err:
+        open_bg()
+    assert err.value.code == "agent_suspended"
+    assert (Grant.objects.count(), AuditEvent.objects.count(), len(mail.outbox)) == before
+    assert list(selectors.breakglass_active(NOW)) == []
+
+
+@pytest.mark.parametrize("how", ["close", "confirm_closed"])
+def test_closing_break_glass_after_its_ttl_leaves_it_expired_not_cut_short(
+    setup, open_bg, system, how
+):
+    """Past its TTL the grant had expired, whether or not the job had marked it:
+    closing it then used to record a revoke 'closed early' after its expiry."""
+    bg = open_bg(ttl=timedelta(minutes=10))
+    later = NOW + timedelta(minutes=30)
+    frank = setup["frank"]
+    if how == "close":
+        bgs.breakglass_close(
+            breakglass_id=bg.pk, closed_by=setup["erin"], comment="done",
+            actor=Actor.user(setup["erin"]), at=later,
+        )  # fmt: skip
+    else:
+        bgs.breakglass_confirm_closed(
+            breakglass_id=bg.pk, reviewer=frank, comment="over", actor=Actor.user(frank), at=later
+        )
+    assert events(EventType.GRANT_REVOKED, grant_id=bg.grant_id) == []
+    grants_expire(actor=system, at=later)
+    grant = Grant.objects.get(pk=bg.grant_id)
+    assert (grant.status, grant.revoked_at) == ("expired", None)
+    assert len(events(EventType.GRANT_EXPIRED, grant_id=bg.grant_id)) == 1
+    if how == "close":
+        (closed,) = events(EventType.BREAKGLASS_CLOSED)
+        assert json.loads(closed.data)["grant_status"] == "expired"
+
+
+def test_every_event_about_a_call_under_break_glass_is_flagged(setup, open_bg):
+    """The approval a destructive call under break-glass needed was recorded unflagged:
+    filtering the log on the flag missed who confirmed calls during the incident."""
+    from governance.services.approvals import approval_approve
+
+    bg = open_bg(actions=["read", "delete"])
+    first = access_check(**ask(NOW + timedelta(minutes=1), "delete"))
+    assert first.decision == "approval_required"
+    frank = setup["frank"]
+    approval_approve(
+        approval_id=first.approval_id, approver=frank, actor=Actor.user(frank),
+        at=NOW + timedelta(minutes=2),
+    )  # fmt: skip
+    used = access_check(approval=first.approval_id, **ask(NOW + timedelta(minutes=3), "delete"))
+    assert used.allowed and AuditEvent.objects.get(uid=used.decision_id).break_glass
+    about = AuditEvent.objects.filter(grant_id=bg.grant_id)
+    assert {"access.approval_required", "approval.approved"} <= set(
+        about.values_list("event_type", flat=True)
+    )
+    assert [e.event_type for e in about if not e.break_glass] == []
+
+
+def test_an_incident_campaign_reviews_what_the_agent_handed_down(
+    setup, open_bg, make_agent, make_grant, system
+):
+    """The incident campaign covered the agent's own grants only: what it had delegated
+    to its subagents, access it controls, went unreviewed."""
+    from governance.services.grants import grant_delegate
+
+    sub = make_agent("sub", parent=setup["agent"])
+    parent = make_grant(
+        setup["agent"], setup["tool"], actions=("read", "update"), duration=timedelta(days=2),
+        delegable=True,
+    )  # fmt: skip
+    child = grant_delegate(
+        parent_grant_id=parent.pk, child=sub, actions=["update"], scope=SCOPE,
+        expires_at=parent.expires_at, justification="sub", actor=system,
+        at=NOW - timedelta(minutes=5),
+    )  # fmt: skip
+    bg = open_bg(scope="repo:acme/ops/*")
+    campaign = ReviewCampaign.objects.get(key=f"incident:breakglass:{bg.pk}")
+    covered = set(campaign.items.values_list("grant_id", flat=True))
+    assert {parent.pk, bg.grant_id, child.pk} <= covered
+    opened = json.loads(events(EventType.REVIEW_CAMPAIGN_OPENED)[-1].data)
+    assert child.pk in {item["grant"] for item in opened["items"]}

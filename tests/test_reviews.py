@@ -427,7 +427,7 @@ def test_items_whose_grant_ended_are_closed_without_nagging(world, system):
 
 
 def test_unused_grants_carry_a_proposal_and_show_in_the_selector(world, settings):
-    settings.UNUSED_GRANT_DAYS = 30
+    settings.UNUSED_GRANT_HOURS = 30 * 24
     g1, g2, g3 = world["grants"]
     later = NOW + timedelta(days=31)
     Grant.objects.update(expires_at=later + timedelta(days=10))
@@ -459,9 +459,28 @@ def test_the_review_open_command(world, monkeypatch):
     out = StringIO()
     call_command("review_open", "--reason", "after INC-9", "--agent", "bot", stdout=out)
     campaign = ReviewCampaign.objects.get()
-    assert campaign.items.count() == 2 and campaign.agent.name == "bot"
-    assert "2 item(s)" in out.getvalue()
+    # bot's two grants and what bot handed down to its subagent: access it controls.
+    g1, g2, _ = world["grants"]
+    assert set(campaign.items.values_list("grant_id", flat=True)) == {
+        g1.pk, g2.pk, world["child"].pk,
+    }  # fmt: skip
+    assert campaign.agent.name == "bot" and "3 item(s)" in out.getvalue()
     assert events(EventType.REVIEW_CAMPAIGN_OPENED)[0].actor == "system:command:review_open"
+
+
+def test_a_keyed_one_agent_campaign_cannot_stand_in_for_the_quarters(world, system):
+    """A key names one campaign. A one-agent campaign opened under the quarter's key used
+    to be returned by the scheduled job, and nobody else's grants were reviewed."""
+    bot = world["child"].agent.parent
+    reviews.review_campaign_open(
+        kind="on_demand", reason="just bot", key="scheduled:2026-P4", agent=bot,
+        actor=system, at=NOW,
+    )  # fmt: skip
+    with pytest.raises(Conflict) as err:
+        reviews.review_campaign_open_scheduled(actor=system, at=NOW)
+    assert err.value.code == "campaign_key_taken"
+    assert ReviewCampaign.objects.count() == 1
+    assert len(events(EventType.REVIEW_CAMPAIGN_OPENED)) == 1
 
 
 @pytest.mark.parametrize(

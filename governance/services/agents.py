@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from governance import audit
+from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
 from governance.models import Agent, AgentToken, Approval
@@ -75,26 +75,8 @@ def _refuse_suspended_parent(parent: Agent, name: str) -> None:
 
 
 def _tree_locked(agent: Agent) -> list[Agent]:
-    """The agent and every agent below it, each row locked, parents before children.
-    Bounded as the delegation walk is, and each agent once, so a corrupted cycle
-    cannot loop."""
-    found = list(Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk))
-    seen = {a.pk for a in found}
-    frontier = list(seen)
-    for _ in range(32):
-        if not frontier:
-            break
-        children = [
-            child
-            for child in Agent.objects.select_for_update(no_key=True)
-            .filter(parent_id__in=frontier)
-            .order_by("pk")
-            if child.pk not in seen
-        ]
-        found.extend(children)
-        seen.update(c.pk for c in children)
-        frontier = [c.pk for c in children]
-    return found
+    """The agent and every agent below it, each row locked, parents before children."""
+    return selectors.agent_tree(Agent.objects.select_for_update(no_key=True), agent.pk)
 
 
 def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime) -> Agent:

@@ -38,6 +38,8 @@ def _event(
         arguments_hash=approval.arguments_hash,
         approval_id=str(approval.pk),
         grant_id=approval.grant_id,
+        # A call under break-glass: everything about it carries the flag.
+        break_glass=approval.grant is not None and approval.grant.break_glass,
         data=data,
     )
 

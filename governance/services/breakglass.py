@@ -178,7 +178,14 @@ def breakglass_open(
         # One opener at a time: the per-hour count below cannot be raced past.
         get_user_model().objects.select_for_update(no_key=True).filter(pk=opener.pk).first()
         # One agent at a time: two people opening for it at once see each other's.
-        Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk).first()
+        held = Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk).first()
+        if held is None or held.status != Agent.Status.ACTIVE:
+            # Every call of a suspended agent is refused: a grant would only be noise
+            # (the banner, every approver notified, an incident campaign).
+            raise Conflict(
+                "agent_suspended",
+                f"{agent.name} is suspended (the kill switch): break-glass cannot reach it.",
+            )
         live = _live_for(agent, tool, at).first()
         if live is not None:
             if _is_repeat(live, opener, ticket, actions, scope, task):
@@ -308,7 +315,7 @@ def breakglass_close(
         bg.closed_at = at
         bg.closed_by = closed_by
         bg.save(update_fields=["closed_at", "closed_by"])
-        if bg.grant.status == Grant.Status.ACTIVE:
+        if _still_live(bg.grant, at):
             grant_revoke(
                 grant_id=bg.grant_id,
                 reason=f"break-glass {bg.ticket} closed early: {comment}",
@@ -324,10 +331,20 @@ def breakglass_close(
                 at,
                 closed_by=closed_by.get_username(),
                 comment=comment,
-                grant_status=bg.grant.status,
+                grant_status=_ended_as(bg.grant),
             )
     bg.grant.refresh_from_db()
     return bg
+
+
+def _still_live(grant: Grant, at: datetime) -> bool:
+    """Closing ends only what has not ended: a grant past its TTL expired then (the job
+    marks it), and recording a revoke now would say the access was cut short."""
+    return grant.status == Grant.Status.ACTIVE and grant.expires_at > at
+
+
+def _ended_as(grant: Grant) -> str:
+    return "expired" if grant.status == Grant.Status.ACTIVE else grant.status
 
 
 def _start_review(breakglass_id: int, reviewer: Any, comment: str, at: datetime) -> BreakGlass:
@@ -412,7 +429,7 @@ def breakglass_confirm_closed(
             bg.closed_at = at
             bg.closed_by = reviewer
         bg.save()
-        if bg.grant.status == Grant.Status.ACTIVE:
+        if _still_live(bg.grant, at):
             grant_revoke(
                 grant_id=bg.grant_id,
                 reason=f"break-glass {bg.ticket} confirmed closed: {comment}",
@@ -446,7 +463,7 @@ def breakglass_reviews_mark_overdue(*, actor: audit.Actor, at: datetime) -> int:
         bg = BreakGlass.objects.select_related(
             "grant__agent", "grant__tool", "grant__task", "opened_by"
         ).get(pk=pk)
-        if bg.grant.status == Grant.Status.ACTIVE and bg.grant.expires_at > at:
+        if _still_live(bg.grant, at):
             grant_revoke(
                 grant_id=bg.grant_id,
                 reason=f"break-glass {bg.ticket}: review overdue",

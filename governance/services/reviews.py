@@ -56,7 +56,7 @@ from governance import audit, notifications, roles
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
-from governance.selectors import approver_users, live_grants, unused_grants
+from governance.selectors import agent_tree, approver_users, live_grants, unused_grants
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from governance.services.grants import grant_event, grant_narrow, grant_revoke
@@ -121,6 +121,13 @@ def review_campaign_open(
     if due_at <= at:
         raise GovernanceError("invalid_due", "The due date must be in the future.")
     if key is not None and (existing := ReviewCampaign.objects.filter(key=key).first()):
+        if (existing.kind, existing.agent_id) != (kind, agent.pk if agent else None):
+            # A key names one campaign: another kind or agent under it must not stand in
+            # for it (a one-agent campaign keyed like the quarter's would skip the rest).
+            raise Conflict(
+                "campaign_key_taken",
+                f"Campaign #{existing.pk} ({existing.kind}) already has the key {key!r}.",
+            )
         return existing
     try:
         with transaction.atomic():
@@ -167,7 +174,10 @@ def review_campaign_open(
 def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
     grants = live_grants(at)
     if campaign.agent_id is not None:
-        grants = grants.filter(agent_id=campaign.agent_id)
+        # The agent and its subagents: what it handed down is its access too (keeping
+        # the parent grant does not keep what was delegated from it).
+        tree = agent_tree(Agent.objects.all(), campaign.agent_id)
+        grants = grants.filter(agent_id__in=[a.pk for a in tree])
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
     proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
     pick = _rotation(campaign.pk)

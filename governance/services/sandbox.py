@@ -74,6 +74,7 @@ def _event(
         decision=decision,
         reason=reason,
         grant_id=run.grant_id,
+        break_glass=run.grant is not None and run.grant.break_glass,
         data={"run_id": str(run.run_id), "status": run.status, **data},
     )
 
