@@ -1330,3 +1330,22 @@ def test_an_agent_cannot_bury_a_request_among_many_awaiting_a_person(
     room = call(3, NOW + 6 * MS)
     assert room.decision == "approval_required" and Approval.objects.count() == 4
     assert last_event().event_type == "access.approval_required"
+
+
+def test_a_token_prefix_already_taken_is_drawn_again_not_a_database_error(
+    bot, alice, system, monkeypatch
+):
+    """The prefix is 32 random bits under a unique constraint: a collision made issuing
+    fail with a database error (503 from the API, 500 in the UI)."""
+    import secrets
+
+    from governance.models import AgentToken
+
+    first, _ = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW)
+    real, draws = secrets.token_hex, iter([first.prefix, first.prefix])
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: next(draws, None) or real(n))
+    second, plaintext = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW)
+    assert second.prefix != first.prefix and plaintext.split("_")[1] == second.prefix
+    assert AgentToken.objects.count() == 2
+    issued = AuditEvent.objects.filter(event_type="agent_token.issued").order_by("seq")
+    assert [json.loads(e.data)["prefix"] for e in issued] == [first.prefix, second.prefix]

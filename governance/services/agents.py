@@ -119,6 +119,9 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
     return agent
 
 
+_PREFIX_TRIES = 5
+
+
 def token_issue(
     *,
     created_by: Any,
@@ -134,16 +137,28 @@ def token_issue(
             "invalid_expiry",
             f"Token lifetime must be 1 to {settings.AGENT_TOKEN_MAX_DAYS} days.",
         )
-    plaintext, prefix, digest = AgentToken.generate(personal=agent is None)
     with transaction.atomic():
-        token = AgentToken.objects.create(
-            agent=agent,
-            user=user,
-            prefix=prefix,
-            digest=digest,
-            created_by=created_by,
-            expires_at=at + timedelta(days=days),
-        )
+        for attempt in range(_PREFIX_TRIES):
+            # The prefix (the lookup key) is 32 random bits: a collision is rare, not
+            # impossible, and is met with another draw, never a database error.
+            plaintext, prefix, digest = AgentToken.generate(personal=agent is None)
+            try:
+                with transaction.atomic():  # a savepoint: a collision undoes the row only
+                    token = AgentToken.objects.create(
+                        agent=agent,
+                        user=user,
+                        prefix=prefix,
+                        digest=digest,
+                        created_by=created_by,
+                        expires_at=at + timedelta(days=days),
+                    )
+                break
+            except IntegrityError:
+                if (
+                    attempt == _PREFIX_TRIES - 1
+                    or not AgentToken.objects.filter(prefix=prefix).exists()
+                ):
+                    raise
         audit.append(
             event_type=EventType.TOKEN_ISSUED,
             actor=actor,
