@@ -115,7 +115,7 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "task": "governance.tasks.usage_fold",
             "schedule": timedelta(minutes=1),
         },
-        # Grants unused for UNUSED_GRANT_DAYS are flagged for the dashboard and the next
+        # Grants unused for UNUSED_GRANT_HOURS are flagged for the dashboard and the next
         # campaign. Usage is counted per decision; a day's granularity is plenty.
         "unused-scan": {
             "task": "governance.tasks.unused_scan",

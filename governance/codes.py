@@ -109,7 +109,7 @@ class EventType(models.TextChoices):
     TOKEN_EXPIRED = "agent_token.expired"
     # Narrowed in place by a review: fewer actions, narrower scope or earlier expiry.
     GRANT_NARROWED = "grant.narrowed"
-    # Unused for UNUSED_GRANT_DAYS: proposed for removal (or narrowing to read).
+    # Unused for UNUSED_GRANT_HOURS: proposed for removal (or narrowing to read).
     GRANT_UNUSED_FLAGGED = "grant.unused_flagged"
     BREAKGLASS_OPENED = "breakglass.opened"
     # Closed early after its grant had already ended elsewhere (a live one's close is

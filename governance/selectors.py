@@ -244,24 +244,49 @@ def unused_proposal(grant: Grant) -> str:
     return "remove"
 
 
-def unused_grants(at: datetime, *, days: int | None = None) -> list[Grant]:
-    """Live grants not used for UNUSED_GRANT_DAYS (or `days`), each with `.proposal`
+def unused_grants(at: datetime) -> list[Grant]:
+    """Live grants not used for UNUSED_GRANT_HOURS, each with `.proposal`
     ("remove" or "narrow_to_read") and `.idle_since`: for the dashboard and the
     next campaign. Never-used grants count from their start."""
     from datetime import timedelta
 
     from django.conf import settings
 
-    cutoff = at - timedelta(days=days or settings.UNUSED_GRANT_DAYS)
-    found = list(
-        live_grants(at)
+    cutoff = at - timedelta(hours=settings.UNUSED_GRANT_HOURS)
+    busy = _used_through_delegations(cutoff)
+    found = [
+        grant
+        for grant in live_grants(at)
         .filter(Q(last_used_at__lte=cutoff) | Q(last_used_at__isnull=True, starts_at__lte=cutoff))
         .order_by("agent__name", "id")
-    )
+        if grant.pk not in busy
+    ]
     for grant in found:
         grant.proposal = unused_proposal(grant)  # type: ignore[attr-defined]
         grant.idle_since = grant.last_used_at or grant.starts_at  # type: ignore[attr-defined]
     return found
+
+
+def _used_through_delegations(since: datetime) -> set[int]:
+    """Grants a delegation below them was used under since `since`: a parent grant
+    its subagents use is not idle (removing it would end theirs too)."""
+    busy: set[int] = set()
+    frontier = set(
+        Grant.objects.filter(delegated_from__isnull=False, last_used_at__gt=since).values_list(
+            "delegated_from_id", flat=True
+        )
+    )
+    for _ in range(32):  # bounded as every delegation walk is
+        frontier -= busy
+        if not frontier:
+            break
+        busy |= frontier
+        frontier = set(
+            Grant.objects.filter(pk__in=frontier, delegated_from__isnull=False).values_list(
+                "delegated_from_id", flat=True
+            )
+        )
+    return busy
 
 
 def breakglass_active(at: datetime) -> QuerySet[Any]:

@@ -458,7 +458,19 @@ REVIEW_REMIND_BEFORE = timedelta(
     hours=env_int("REVIEW_REMIND_BEFORE_HOURS", 72, minimum=1, maximum=90 * 24)
 )
 # A grant unused this long is proposed for removal (write/destructive: narrowing to read).
-UNUSED_GRANT_DAYS = env_int("UNUSED_GRANT_DAYS", 30, minimum=1, maximum=365)
+# Hours, and shorter than GRANT_MAX_TTL: a threshold no grant lives to reach flags
+# nothing (the old UNUSED_GRANT_DAYS=30 against 7-day grants did exactly that).
+if "UNUSED_GRANT_DAYS" in os.environ:
+    raise ImproperlyConfigured("UNUSED_GRANT_DAYS is now UNUSED_GRANT_HOURS (hours)")
+_TTL_HOURS = int(GRANT_MAX_TTL.total_seconds() // 3600)
+UNUSED_GRANT_HOURS = env_int(
+    "UNUSED_GRANT_HOURS", max(1, min(72, _TTL_HOURS // 2)), minimum=1, maximum=YEAR_HOURS
+)
+if UNUSED_GRANT_HOURS >= _TTL_HOURS:
+    raise ImproperlyConfigured(
+        f"UNUSED_GRANT_HOURS={UNUSED_GRANT_HOURS} is not below GRANT_MAX_TTL_HOURS="
+        f"{_TTL_HOURS}: no grant would live long enough to be found unused"
+    )
 # Share of yesterday's approved grant requests and destructive actions sampled for a
 # second look by another approver.
 SECOND_LOOK_FRACTION = env_fraction("SECOND_LOOK_FRACTION", 0.1)

@@ -26,6 +26,7 @@ from governance.services import agents as agent_services
 from governance.services import approvals as approval_services
 from governance.services import hygiene, second_look
 from governance.services.access import access_check
+from governance.services.hygiene import grants_flag_unused
 from tests.conftest import MS, NOW
 
 
@@ -39,7 +40,7 @@ def events(event_type: str, **filters: object) -> list[AuditEvent]:
 def test_unused_grants_are_flagged_once_per_idle_spell(
     make_agent, make_tool, make_grant, system, settings
 ):
-    settings.UNUSED_GRANT_DAYS = 30
+    settings.UNUSED_GRANT_HOURS = 30 * 24
     agent, tool = make_agent(), make_tool()
     long = timedelta(days=7)
     rw = make_grant(agent, tool, actions=("read", "update"), duration=long)
@@ -357,3 +358,58 @@ def test_each_lifecycle_task_calls_its_service_and_returns_a_summary(db, approve
     assert tasks.second_look_sample() == {"sampled": 0}
     assert tasks.expiring_notices() == {"notified": 0}
     assert tasks.notifications_sweep() == {"queued": 0}
+
+
+def test_with_the_shipped_defaults_an_unused_grant_is_flagged(
+    make_agent, make_tool, make_grant, system
+):
+    """UNUSED_GRANT_DAYS=30 against the 7-day maximum: no grant ever lived long enough."""
+    from django.conf import settings as live
+
+    assert live.UNUSED_GRANT_HOURS < live.GRANT_MAX_TTL.total_seconds() / 3600
+    grant = make_grant(make_agent(), make_tool(), duration=live.GRANT_MAX_TTL, starts_at=NOW)
+    at = NOW + timedelta(hours=live.UNUSED_GRANT_HOURS)
+    assert grants_flag_unused(actor=system, at=at) == 1
+    (event,) = AuditEvent.objects.filter(event_type="grant.unused_flagged")
+    assert event.grant_id == grant.pk
+    assert json.loads(event.data)["hours"] == live.UNUSED_GRANT_HOURS
+
+
+def test_a_parent_grant_busy_through_its_delegation_is_not_idle(
+    make_agent, make_tool, make_grant, system, settings
+):
+    """Only the grant named on an allowed call is credited: a parent grant its subagent
+    used all day was proposed for removal, which would have ended the subagent's too."""
+    from governance.services.access import access_check
+    from governance.services.grants import grant_delegate
+
+    settings.UNUSED_GRANT_HOURS = 24
+    parent_agent = make_agent("bot")
+    sub = make_agent("sub", parent=parent_agent)
+    tool = make_tool()
+    parent = make_grant(
+        parent_agent, tool, duration=timedelta(days=5), delegable=True,
+        starts_at=NOW - timedelta(days=3),
+    )  # fmt: skip
+    idle = make_grant(parent_agent, tool, scope="repo:acme/web/*", duration=timedelta(days=5),
+                      starts_at=NOW - timedelta(days=3))  # fmt: skip
+    grant_delegate(
+        parent_grant_id=parent.pk, child=sub, actions=["read"], scope="repo:acme/api/*",
+        expires_at=parent.expires_at, justification="sub", actor=system,
+        at=NOW - timedelta(days=3),
+    )  # fmt: skip
+    used = access_check(
+        agent="sub",
+        tool="repo",
+        action="read",
+        scope="repo:acme/api/x",
+        at=NOW - timedelta(hours=2),
+    )
+    assert used.allowed and AuditEvent.objects.get(uid=used.decision_id).decision == "allow"
+    grants_flag_unused(actor=system, at=NOW)
+    flagged = set(
+        AuditEvent.objects.filter(event_type="grant.unused_flagged").values_list(
+            "grant_id", flat=True
+        )
+    )
+    assert parent.pk not in flagged and idle.pk in flagged

@@ -95,6 +95,20 @@ def test_the_largest_allowed_durations_start():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_an_unused_threshold_no_grant_lives_to_reach_stops_start_up():
+    """UNUSED_GRANT_DAYS=30 against 7-day grants flagged nothing, ever. The threshold is
+    in hours now and must be below the longest grant; the old name is refused, not
+    silently ignored."""
+    assert_refused(start("governance.settings", UNUSED_GRANT_HOURS="168"), "UNUSED_GRANT_HOURS=168")
+    assert_refused(
+        start("governance.settings", GRANT_MAX_TTL_HOURS="24", UNUSED_GRANT_HOURS="24"),
+        "no grant would live long enough",
+    )
+    assert_refused(start("governance.settings", UNUSED_GRANT_DAYS="3"), "UNUSED_GRANT_HOURS")
+    ok = start("governance.settings", GRANT_MAX_TTL_HOURS="2", UNUSED_GRANT_HOURS=None)
+    assert ok.returncode == 0, ok.stderr  # the default follows a short maximum (1 hour)
+
+
 # --- REDIS_URL ----------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from governance.services.usage import usage_fold
 
 
 def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
-    """Flag live grants idle for UNUSED_GRANT_DAYS, proposing removal (or narrowing to
+    """Flag live grants idle for UNUSED_GRANT_HOURS, proposing removal (or narrowing to
     read for write/destructive grants that also hold read). The flag is what the next
     campaign's item and the dashboard show; the decision stays with a reviewer."""
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
@@ -52,7 +52,7 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
             data={
                 "proposal": proposals[pk],
                 "idle_since": idle_since.isoformat() if idle_since else None,
-                "days": settings.UNUSED_GRANT_DAYS,
+                "hours": settings.UNUSED_GRANT_HOURS,
             },
         )
 

@@ -114,7 +114,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "expiring": queries.expiring_soon(now)[:50],
         "unused": selectors.unused_grants(now)[:20],
         "summary": selectors.matrix_summary(),
-        "unused_days": settings.UNUSED_GRANT_DAYS,
+        "unused_hours": settings.UNUSED_GRANT_HOURS,
         "grants_chart": charts.line_chart(labels, series, "Live grants per day"),
         "decisions_chart": charts.stacked_bars(
             day_labels,
