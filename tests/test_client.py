@@ -268,7 +268,15 @@ class Stub:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        # shutdown() waits for serve_forever to return, forever if its thread has
+        # already died (a teardown that once hung a whole run): only a live one is asked.
+        if self.thread.is_alive():
+            self.server.shutdown()
+        self.server.server_close()
 
     def answer(self, status: int, body: Any, **headers: str) -> None:
         self.status = status
@@ -280,8 +288,7 @@ class Stub:
 def stub() -> Iterator[Stub]:
     server = Stub()
     yield server
-    server.server.shutdown()
-    server.server.server_close()
+    server.stop()
 
 
 def guarded_probe(client: GovernanceClient) -> tuple[Any, list[int]]:
