@@ -109,6 +109,9 @@ class EventType(models.TextChoices):
     TOKEN_EXPIRED = "agent_token.expired"
     # Narrowed in place by a review: fewer actions, narrower scope or earlier expiry.
     GRANT_NARROWED = "grant.narrowed"
+    # A person overruled a delegation made under this grant (or below it): nothing more
+    # is delegated from it. Its actions, scope and window are unchanged.
+    GRANT_DELEGATION_WITHDRAWN = "grant.delegation_withdrawn"
     # Unused for UNUSED_GRANT_HOURS: proposed for removal (or narrowing to read).
     GRANT_UNUSED_FLAGGED = "grant.unused_flagged"
     BREAKGLASS_OPENED = "breakglass.opened"

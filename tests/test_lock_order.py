@@ -281,3 +281,71 @@ def test_a_decision_that_waited_out_a_revoke_is_made_again(
     ]
     assert str(newest[0].uid) == decision.decision_id and newest[0].reason == decision.reason
     assert audit.verify_chain().ok
+
+
+def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks(
+    postgres_only, make_agent, make_tool, make_grant, alice, monkeypatch
+):
+    """Break-glass locks the agent's row, then its incident campaign folds usage into
+    grant rows (the parent's, if used since the last fold). Delegating locked the parent
+    grant and then the subagent's row: the opposite order, a deadlock the database broke
+    by failing the delegation. Both now take the agent before the grant."""
+    from django.utils import timezone
+
+    from governance.audit import Actor
+    from governance.models import Grant
+    from governance.services import access, breakglass, grants, reviews
+
+    parent_agent = make_agent("parent")
+    child = make_agent("child", parent=parent_agent)
+    repo, other = make_tool("repo"), make_tool("other")
+    parent = make_grant(
+        parent_agent, repo, ("read",), "repo:acme/*", delegable=True,
+        starts_at=timezone.now() - timedelta(minutes=5),
+    )  # fmt: skip
+    used = access.access_check(
+        agent="parent", tool="repo", action="read", scope="repo:acme/x", at=timezone.now()
+    )
+    assert used.allowed  # a use of the parent grant that no fold has counted yet
+    real_fold, agent_held = reviews.usage_fold, threading.Event()
+
+    def slow_fold(**kw: Any) -> Any:
+        agent_held.set()  # break-glass holds the subagent's row now
+        time.sleep(0.7)  # the delegation starts meanwhile
+        return real_fold(**kw)
+
+    monkeypatch.setattr(reviews, "usage_fold", slow_fold)
+    errors: list[BaseException] = []
+
+    def open_breakglass() -> None:
+        try:
+            breakglass.breakglass_open(
+                opener=alice, agent=child, tool=other, actions=["read"], scope="x:y/*",
+                ticket="INC-1", reason="incident", actor=Actor.user(alice), at=timezone.now(),
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def delegate() -> None:
+        try:
+            assert agent_held.wait(10)
+            grants.grant_delegate(
+                parent_grant_id=parent.pk, child=child, actions=["read"],
+                scope="repo:acme/api/*", expires_at=parent.expires_at, justification="j",
+                actor=Actor.agent(parent_agent), at=timezone.now(),
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=open_breakglass), threading.Thread(target=delegate)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert errors == []
+    assert Grant.objects.filter(delegated_from=parent, agent=child).count() == 1
+    assert audit.verify_chain().ok

@@ -423,10 +423,14 @@ def test_a_person_overruling_a_delegation_is_not_undone_by_asking_again(family, 
         )  # fmt: skip
     parent.refresh_from_db()
     assert not parent.delegable
-    withdrawn = AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=parent.pk).get()
+    withdrawn = AuditEvent.objects.get(event_type="grant.delegation_withdrawn")
     data = json.loads(withdrawn.data)
-    assert (data["delegable"], data["before"]) == (False, {"delegable": True})
+    assert (withdrawn.grant_id, data["overruled"]) == (parent.pk, first.pk)
     assert f"#{first.pk}" in data["reason"] and withdrawn.actor == "user:bob"
+    # The access report for a moment before it still reads the grant's shape then.
+    from governance.services.reports import access_rows
+
+    assert parent.pk in {r["grant"] for r in access_rows(NOW - MS)}
     before = Grant.objects.count()
     with pytest.raises(Forbidden) as err:
         delegate(parent, child, at=NOW + MS)
@@ -434,6 +438,42 @@ def test_a_person_overruling_a_delegation_is_not_undone_by_asking_again(family, 
     assert Grant.objects.get(pk=other.pk).status == "active"
     ask = {"agent": "child", "tool": "repo", "action": "read", "at": NOW + MS}
     assert access.access_check(scope="repo:acme/web/x", **ask).allowed
+
+
+def test_an_overrule_cannot_be_undone_from_one_level_up(family, bob, settings):
+    """Overruling only the direct parent left the grant above it delegable: its agent
+    handed the middle agent a fresh delegable copy, which handed the same back down."""
+    parent, child, grandchild, _ = family
+    settings.DELEGATION_MAX_DEPTH = 3
+    mid = delegate(parent, child, delegable=True)
+    low = delegate(mid, grandchild, scope="repo:acme/api/core/*", actor=Actor.agent(child))
+    grants.grant_revoke(
+        grant_id=low.pk, reason="reviewer said no", actor=Actor.user(bob), at=NOW, revoked_by=bob
+    )
+    assert not Grant.objects.filter(pk__in=[parent.pk, mid.pk], delegable=True).exists()
+    withdrawn = AuditEvent.objects.filter(event_type="grant.delegation_withdrawn")
+    assert sorted(withdrawn.values_list("grant_id", flat=True)) == sorted([parent.pk, mid.pk])
+    with pytest.raises(Forbidden) as err:
+        delegate(parent, child, delegable=True, expires_at=parent.expires_at - MS, at=NOW + MS)
+    assert err.value.code == "not_delegable"
+    ask = {"agent": "grandchild", "tool": "repo", "action": "read", "at": NOW + MS}
+    decision = access.access_check(scope="repo:acme/api/core/x", **ask)
+    assert (decision.decision, decision.reason) == ("deny", "grant_revoked")
+
+
+def test_an_egress_entry_is_compared_as_the_proxy_reads_it(family, make_grant, repo):
+    """'API.example.com:443' names the parent's 'api.example.com:443' (the runner's
+    parser says so) and is not wider; the child keeps the parent's spelling."""
+    parent, child, _, _ = family
+    wide = make_grant(
+        parent.agent, repo, ("read",), "repo:acme/*", delegable=True,
+        egress=["api.example.com:443"],
+    )  # fmt: skip
+    narrow = delegate(wide, child, egress=["API.example.com:443", "api.example.com:0443"])
+    assert narrow.egress == ["api.example.com:443"]
+    with pytest.raises(Forbidden) as err:
+        delegate(wide, child, egress=["api.example.com:444"], scope="repo:acme/web/*")
+    assert err.value.code == "wider_egress"
 
 
 def test_a_revoke_by_no_person_leaves_the_parent_delegable(family, system, bob):
@@ -447,7 +487,7 @@ def test_a_revoke_by_no_person_leaves_the_parent_delegable(family, system, bob):
     grants.grant_revoke(grant_id=first.pk, reason="job", actor=system, at=NOW)
     parent.refresh_from_db()
     assert parent.delegable
-    assert not AuditEvent.objects.filter(event_type="grant.narrowed").exists()
+    assert not AuditEvent.objects.filter(event_type="grant.delegation_withdrawn").exists()
     assert delegate(parent, child, scope="repo:acme/web/*", at=NOW + MS).status == "active"
 
 

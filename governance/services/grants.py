@@ -382,7 +382,8 @@ def _approve_row(
             "self_approval",
             "Nobody approves the request that ratifies a break-glass they opened.",
         )
-    if grant.agent.status != Agent.Status.ACTIVE:
+    # The row as it is now (a caller's Agent instance may be older than a suspension).
+    if Agent.objects.filter(pk=grant.agent_id).values_list("status", flat=True).get() != "active":
         raise Conflict(
             "agent_suspended", f"{grant.agent.name} is suspended: no grant is issued to it."
         )
@@ -528,47 +529,47 @@ def grant_revoke(
     return ended
 
 
-def _overruled(grant_id: int, person: Any) -> Grant | None:
-    """A person ending or narrowing a live delegated grant overrules the delegation, and
-    the parent grant it came from can no longer be delegated: its agent could otherwise
-    hand the same back at once, undoing a revoke or a review's narrowing. A person must
-    grant it again. The parent's row, locked here before the child's (the order
-    narrowing the parent takes), or None when nothing is withdrawn."""
-    if person is None:
-        return None
-    parent_id = (
-        Grant.objects.filter(pk=grant_id, status=Grant.Status.ACTIVE)
-        .values_list("delegated_from_id", flat=True)
-        .first()
-    )
-    if parent_id is None:
-        return None
-    parent = (
-        Grant.objects.select_for_update(of=("self",), no_key=True)
-        .select_related("agent", "tool", "task")
-        .get(pk=parent_id)
-    )
-    if not parent.delegable:
-        return None
-    parent.delegable = False
-    parent.save(update_fields=["delegable"])
-    return parent
+def _overruled(grant_id: int, person: Any) -> list[Grant]:
+    """A person ending or narrowing a live delegated grant overrules the delegation:
+    no grant above it can be delegated any more. Its holder could otherwise hand the
+    same back at once (or have it handed back from one level up), undoing a revoke or
+    a review's narrowing; a person must grant it again. The ancestors' rows, locked
+    here root first, before the child's (the order narrowing a parent takes) and
+    changed; the ones that were delegable are returned for _withdraw_delegation."""
+    if person is None or not Grant.objects.filter(pk=grant_id, status=Grant.Status.ACTIVE).exists():
+        return []
+    chain: list[int] = []
+    cursor = Grant.objects.filter(pk=grant_id).values_list("delegated_from_id", flat=True).get()
+    while cursor is not None and cursor not in chain and len(chain) < 32:
+        chain.append(cursor)
+        cursor = Grant.objects.filter(pk=cursor).values_list("delegated_from_id", flat=True).get()
+    withdrawn = []
+    for pk in reversed(chain):  # root first
+        ancestor = (
+            Grant.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("agent", "tool", "task")
+            .get(pk=pk)
+        )
+        if ancestor.delegable:
+            ancestor.delegable = False
+            ancestor.save(update_fields=["delegable"])
+            withdrawn.append(ancestor)
+    return withdrawn
 
 
 def _withdraw_delegation(
-    parent: Grant | None, child_id: int, actor: audit.Actor, at: datetime
+    withdrawn: list[Grant], child_id: int, actor: audit.Actor, at: datetime
 ) -> None:
-    """The event of _overruled()'s change, after every row the transaction changes."""
-    if parent is not None:
+    """The events of _overruled()'s changes, after every row the transaction changes."""
+    for grant in withdrawn:
         _event(
-            parent,
-            EventType.GRANT_NARROWED,
+            grant,
+            EventType.GRANT_DELEGATION_WITHDRAWN,
             actor,
             at,
             reason=f"a person overruled delegation #{child_id}: nothing more is delegated "
             "from this grant",
-            before={"delegable": True},
-            delegable=False,
+            overruled=child_id,
         )
 
 
@@ -652,13 +653,14 @@ def grant_delegate(
     envelope) while it is active returns the grant made the first time, with no new
     event."""
     with transaction.atomic():
+        # The subagent as it is now, held: a suspension committing meanwhile is seen.
+        # Agent before grant, the order break-glass takes (its campaign folds usage).
+        child = Agent.objects.select_for_update(no_key=True).get(pk=child.pk)
         parent = (
             Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
             .get(pk=parent_grant_id)
         )
-        # The subagent as it is now, held: a suspension committing meanwhile is seen.
-        child = Agent.objects.select_for_update(no_key=True).get(pk=child.pk)
         if child.parent_id != parent.agent_id:
             raise Forbidden("not_a_subagent", f"{child.name} is not a subagent of {parent.agent}.")
         if child.status != Agent.Status.ACTIVE:
@@ -751,6 +753,13 @@ def envelope_data(grant: Grant) -> dict[str, Any]:
     }
 
 
+def _destination(entry: str) -> Any:
+    try:
+        return parse_destination(entry)
+    except (ValueError, TypeError):
+        return None  # validate_shape words the error
+
+
 def _narrowed_envelope(
     parent: Grant,
     fields: Sequence[str] | None,
@@ -767,8 +776,16 @@ def _narrowed_envelope(
         raise Forbidden("wider_fields", "A delegation can only carry the parent's fields.")
     if egress is None:
         egress = list(parent.egress)
-    elif extra := sorted(set(egress) - set(parent.egress)):
-        raise Forbidden("wider_egress", f"Egress to {', '.join(extra)} is not in the parent grant.")
+    else:
+        # Compared as the runner's proxy reads them; kept in the parent's spelling.
+        # (An entry that does not parse is left for validate_shape to refuse, a 400.)
+        allowed = {_destination(entry): entry for entry in parent.egress}
+        wanted = [(e, _destination(e)) for e in egress]
+        if extra := sorted(e for e, d in wanted if d is not None and d not in allowed):
+            raise Forbidden(
+                "wider_egress", f"Egress to {', '.join(extra)} is not in the parent grant."
+            )
+        egress = list(dict.fromkeys(e if d is None else allowed[d] for e, d in wanted))
     ceiling = parent.limits()
     for name, value in _limits(limits).items():
         name = name.removeprefix("limit_")
