@@ -844,10 +844,10 @@ def verify_since(seq: int, head: str) -> Verdict | None:
     if not verdict.ok:
         return verdict
     try:
-        tail = _checkpoints_after(seq)  # empty only when the directory holds none
+        tail = _checkpoints_after(seq)
         problem = (
             _unchained()
-            or (_series_problem(tail) if not tail else None)
+            or _series_problem(_first_checkpoint())
             or _against_checkpoints(tail, verdict.count)
         )
     except ChainBroken as exc:
@@ -919,21 +919,30 @@ def verify_chain(at: datetime | None = None) -> Verdict:
 
 def _series_problem(checkpoints: list[dict[str, Any]]) -> tuple[int, str] | None:
     """The series in the directory is the one the log says began last: its first
-    checkpoint signed that event or a later one. None, when the log says one began,
-    is an emptied directory; an older series put back is one the log has moved on from.
-    (A log from before series were recorded has no such event: nothing to hold.)"""
-    started = _series_start()
-    if started is None:
+    checkpoint signed that event or a later one (or is the one a log from before series
+    were recorded adopted). None, when the log says one began, is an emptied directory;
+    an older series put back is one the log has moved on from."""
+    found = _series_start()
+    if found is None:
         return None
+    started, adopted = found
     if not checkpoints:
         return started, _NO_SERIES.format(seq=started)
     first = checkpoints[0]
-    if first["seq"] < started:
+    if "unreadable" in first:
+        return None  # a finding of its own (_check_checkpoint_chain)
+    if first["file"] != adopted and (adopted is not None or first["seq"] < started):
         return started, (
-            f"checkpoint {first['file']} begins a series at seq {first['seq']}, before the "
-            f"series the log says began at seq {started}: not the current series"
+            f"checkpoint {first['file']} begins a series the log does not say began (its "
+            f"newest series began at seq {started}): not the current series"
         )
     return None
+
+
+def _first_checkpoint() -> list[dict[str, Any]]:
+    """The directory's first checkpoint, alone (none: an empty list)."""
+    paths = _checkpoint_paths()
+    return [_read_checkpoint(paths[0])] if paths else []
 
 
 def _checkpoint_gaps(checkpoints: list[dict[str, Any]]) -> tuple[str, ...]:
@@ -1128,12 +1137,20 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
         raise ValueError("say why the checkpoint series is restarted (--reason)")
     directory = _checkpoint_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    aside = directory / f"archived-{at.strftime('%Y%m%dT%H%M%S%fZ')}"
+    # One lock over the move, the event and the new series' first checkpoint: the job
+    # in between would find the restart on record and no checkpoint, and cry damage.
     with open(directory / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = _checkpoint_paths()
         last = _read_checkpoint(old[-1]) if old else None
-        aside.mkdir()
+        stamp = at.strftime("%Y%m%dT%H%M%S%fZ")
+        aside = directory / f"archived-{stamp}"
+        for n in itertools.count(2):  # two restarts at one instant: two folders
+            try:
+                aside.mkdir()
+                break
+            except FileExistsError:
+                aside = directory / f"archived-{stamp}-{n}"
         for path in old:
             path.rename(aside / path.name)
         with transaction.atomic():
@@ -1150,7 +1167,7 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                     "last_head": last.get("head") if last else None,
                 },
             )
-    return write_checkpoint(at, new_series=True)
+        return _write_locked(directory, at, new_series=True)
 
 
 def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
@@ -1182,12 +1199,16 @@ _JOB = Actor.system("audit_checkpoint")
 _SERIES_EVENTS = (EventType.AUDIT_CHECKPOINTS_STARTED, EventType.AUDIT_CHECKPOINTS_RESTARTED)
 
 
-def _series_start() -> int | None:
-    """The seq of the newest event that began a checkpoint series, if any."""
+def _series_start() -> tuple[int, str | None] | None:
+    """The newest event that began a checkpoint series: its seq, and the first
+    checkpoint's file name when it adopted a series already in the directory."""
     from governance.models import AuditEvent
 
     found = AuditEvent.objects.filter(event_type__in=_SERIES_EVENTS, seq__gt=0)
-    return found.order_by("-seq").values_list("seq", flat=True).first()
+    row = found.order_by("-seq").values_list("seq", "data").first()
+    if row is None:
+        return None
+    return row[0], json.loads(row[1] or "{}").get("adopted")
 
 
 def _begin_series(restarted: bool, at: datetime) -> bool:
@@ -1199,11 +1220,27 @@ def _begin_series(restarted: bool, at: datetime) -> bool:
     checkpoint would bless that, so it is refused, as over any damage."""
     if restarted:
         return False
-    started = _series_start()
-    if started is not None:
-        raise ChainBroken((started, _NO_SERIES.format(seq=started)))
+    found = _series_start()
+    if found is not None:
+        raise ChainBroken((found[0], _NO_SERIES.format(seq=found[0])))
     with transaction.atomic():
         append(event_type=EventType.AUDIT_CHECKPOINTS_STARTED, actor=_JOB, at=at)
+    return True
+
+
+def _adopt_series(first: Path, at: datetime) -> bool:
+    """A series already in the directory that the log says nothing about (written
+    before series were recorded): adopted, on record, naming its first checkpoint, so
+    from now on an emptied directory is a finding here too. True if recorded."""
+    if _series_start() is not None:
+        return False
+    with transaction.atomic():
+        append(
+            event_type=EventType.AUDIT_CHECKPOINTS_STARTED,
+            actor=_JOB,
+            at=at,
+            data={"adopted": first.name},
+        )
     return True
 
 
@@ -1231,41 +1268,54 @@ def write_checkpoint(at: datetime, *, new_series: bool = False) -> dict[str, Any
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        existing = _checkpoint_paths()
-        previous = _read_checkpoint(existing[-1]) if existing else None
+        return _write_locked(directory, at, new_series=new_series)
+
+
+def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[str, Any]:
+    """write_checkpoint() with the directory's lock held."""
+    existing = _checkpoint_paths()
+    previous = _read_checkpoint(existing[-1]) if existing else None
+    with transaction.atomic():
+        # Read a head no writer is half-way through extending.
+        seq, head = _lock_and_read_head()
+    if previous is not None:
+        # Never sign over damage: if the log no longer holds what the previous
+        # checkpoint signed (its newest events deleted and written again, say), a
+        # new signature would bless the forged head; nor extend a series the log says
+        # is not the current one. Refused; verify reports it.
+        problem = (
+            _check_checkpoint_chain([previous], continues=True)
+            or _series_problem([_read_checkpoint(existing[0])])
+            or _against_checkpoints([previous], seq)
+        )
+        if problem:
+            log.error("audit checkpoint refused at seq %s: %s", *problem)
+            raise ChainBroken(problem)
+    # Only a checkpoint that will be written says there was a gap (a refused one,
+    # every minute while damage stays, would repeat it), and it signs that event.
+    recorded = _record_gap(previous, at)
+    if previous is None:
+        recorded = _begin_series(new_series, at) or recorded
+    else:
+        recorded = _adopt_series(existing[0], at) or recorded
+    if recorded:
         with transaction.atomic():
-            # Read a head no writer is half-way through extending.
             seq, head = _lock_and_read_head()
-        if previous is not None:
-            # Never sign over damage: if the log no longer holds what the previous
-            # checkpoint signed (its newest events deleted and written again, say), a
-            # new signature would bless the forged head. Refused; verify reports it.
-            problem = _check_checkpoint_chain([previous], continues=True) or (
-                _against_checkpoints([previous], seq)
-            )
-            if problem:
-                log.error("audit checkpoint refused at seq %s: %s", *problem)
-                raise ChainBroken(problem)
-        # Only a checkpoint that will be written says there was a gap (a refused one,
-        # every minute while damage stays, would repeat it), and it signs that event.
-        if _record_gap(previous, at) or (previous is None and _begin_series(new_series, at)):
-            with transaction.atomic():
-                seq, head = _lock_and_read_head()
-        body: dict[str, Any] = {
-            "seq": seq,
-            "head": head,
-            "count": seq,
-            "time": _iso(at),
-            "prev_signature": previous["signature"] if previous else "",
-        }
-        body["signature"] = _sign_checkpoint(body)
-        index = len(existing) + 1
-        path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-        tmp = directory / f".{path.name}.{os.getpid()}.tmp"
-        tmp.write_text(canonical_json(body))
-        try:
-            os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
-        finally:
-            tmp.unlink()
+    body: dict[str, Any] = {
+        "seq": seq,
+        "head": head,
+        "count": seq,
+        "time": _iso(at),
+        "prev_signature": previous["signature"] if previous else "",
+    }
+    body["signature"] = _sign_checkpoint(body)
+    index = len(existing) + 1
+    path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    tmp.write_text(canonical_json(body))
+    try:
+        os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
+    finally:
+        tmp.unlink()
     body["file"] = path.name
     return body

@@ -664,6 +664,51 @@ def test_an_older_checkpoint_series_put_back_is_not_the_current_one(
     code, text = verify_output(capsys)
     assert code == 1
     assert f"FAILED at seq {restarted}: checkpoint {old['file']} begins a series" in text
+    # Nor does the job sign onto it, nor the page's quick check pass it.
+    with pytest.raises(audit.ChainBroken):
+        audit.write_checkpoint(NOW + timedelta(minutes=2))
+    since = audit.verify_since(restarted, _hash_at(restarted))
+    assert since is not None and not since.ok and since.bad_seq == restarted
+
+
+def test_a_series_from_before_series_were_recorded_is_adopted_and_then_held(
+    chain, settings, capsys, monkeypatch
+):
+    """A log whose checkpoints predate audit.checkpoints_started never recorded a start,
+    so emptying its directory still looked like a fresh start. Its next checkpoint adopts
+    the series on record, naming the first file; from then on it is held like any."""
+    with monkeypatch.context() as old_code:
+        old_code.setattr(audit, "_begin_series", lambda restarted, at: False)
+        old_code.setattr(audit, "_adopt_series", lambda first, at: False)
+        first = audit.write_checkpoint(NOW)
+    assert not AuditEvent.objects.filter(event_type="audit.checkpoints_started").exists()
+    audit.write_checkpoint(NOW + timedelta(minutes=1))
+    adopted = AuditEvent.objects.get(event_type="audit.checkpoints_started")
+    assert json.loads(adopted.data) == {"adopted": first["file"]}
+    assert verify_output(capsys)[0] == 0
+    for i in range(3):
+        access.access_check(agent="bot", tool="repo", action="read", scope=f"repo:acme/{i}", at=NOW)
+    audit.write_checkpoint(NOW + timedelta(minutes=2))  # adopted once, not every minute
+    assert AuditEvent.objects.filter(event_type="audit.checkpoints_started").count() == 1
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [adopted.seq])
+    for path in settings.AUDIT_CHECKPOINT_DIR.glob("checkpoint-*.json"):
+        path.unlink()
+    with pytest.raises(audit.ChainBroken) as refused:
+        audit.write_checkpoint(NOW + timedelta(minutes=3))
+    assert refused.value.problem[0] == adopted.seq
+    code, text = verify_output(capsys)
+    assert code == 1 and f"the log says a checkpoint series began at seq {adopted.seq}" in text
+
+
+def test_two_restarts_at_one_instant_keep_both_series_aside(chain, person, settings):
+    admin = person("heidi", "admins")
+    audit.write_checkpoint(NOW)
+    for _ in range(2):
+        audit.restart_checkpoints(reason="drill", actor=audit.Actor.user(admin), at=NOW)
+    folders = sorted(p.name for p in settings.AUDIT_CHECKPOINT_DIR.glob("archived-*"))
+    assert len(folders) == 2 and folders[1] == f"{folders[0]}-2"
+    assert audit.verify_chain(NOW).ok
 
 
 @pytest.mark.parametrize(
