@@ -252,6 +252,8 @@ def unused_grants(at: datetime) -> list[Grant]:
 
     from django.conf import settings
 
+    if not settings.UNUSED_GRANT_HOURS:
+        return []  # the scan is off
     cutoff = at - timedelta(hours=settings.UNUSED_GRANT_HOURS)
     busy = _used_through_delegations(cutoff)
     found = [

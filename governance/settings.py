@@ -463,8 +463,9 @@ REVIEW_REMIND_BEFORE = timedelta(
 if "UNUSED_GRANT_DAYS" in os.environ:
     raise ImproperlyConfigured("UNUSED_GRANT_DAYS is now UNUSED_GRANT_HOURS (hours)")
 _TTL_HOURS = int(GRANT_MAX_TTL.total_seconds() // 3600)
+# 0 turns the scan off (the default when grants live at most an hour: none could idle).
 UNUSED_GRANT_HOURS = env_int(
-    "UNUSED_GRANT_HOURS", max(1, min(72, _TTL_HOURS // 2)), minimum=1, maximum=YEAR_HOURS
+    "UNUSED_GRANT_HOURS", min(72, _TTL_HOURS // 2), minimum=0, maximum=YEAR_HOURS
 )
 if UNUSED_GRANT_HOURS >= _TTL_HOURS:
     raise ImproperlyConfigured(

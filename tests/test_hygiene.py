@@ -413,3 +413,13 @@ def test_a_parent_grant_busy_through_its_delegation_is_not_idle(
         )
     )
     assert parent.pk not in flagged and idle.pk in flagged
+
+
+def test_an_unused_threshold_of_zero_turns_the_scan_off(
+    make_agent, make_tool, make_grant, system, settings
+):
+    settings.UNUSED_GRANT_HOURS = 0
+    make_grant(make_agent(), make_tool(), duration=timedelta(days=2), starts_at=NOW)
+    assert selectors.unused_grants(NOW + timedelta(days=1)) == []
+    assert grants_flag_unused(actor=system, at=NOW + timedelta(days=1)) == 0
+    assert not AuditEvent.objects.filter(event_type="grant.unused_flagged").exists()

@@ -472,15 +472,24 @@ def test_a_keyed_one_agent_campaign_cannot_stand_in_for_the_quarters(world, syst
     """A key names one campaign. A one-agent campaign opened under the quarter's key used
     to be returned by the scheduled job, and nobody else's grants were reviewed."""
     bot = world["child"].agent.parent
-    reviews.review_campaign_open(
-        kind="on_demand", reason="just bot", key="scheduled:2026-P4", agent=bot,
-        actor=system, at=NOW,
-    )  # fmt: skip
+    for key in ("scheduled:2026-P4", "incident:breakglass:1"):
+        with pytest.raises(GovernanceError) as err:
+            reviews.review_campaign_open(
+                kind="on_demand", reason="just bot", key=key, agent=bot, actor=system, at=NOW
+            )
+        assert err.value.code == "reserved_key"
+    assert not ReviewCampaign.objects.exists() and events(EventType.REVIEW_CAMPAIGN_OPENED) == []
+    # A key of one's own still names one campaign: another agent cannot take it over.
+    mine = reviews.review_campaign_open(
+        kind="on_demand", reason="bot", key="audit-7", agent=bot, actor=system, at=NOW
+    )
     with pytest.raises(Conflict) as err:
-        reviews.review_campaign_open_scheduled(actor=system, at=NOW)
+        reviews.review_campaign_open(
+            kind="on_demand", reason="all", key="audit-7", actor=system, at=NOW
+        )
     assert err.value.code == "campaign_key_taken"
-    assert ReviewCampaign.objects.count() == 1
-    assert len(events(EventType.REVIEW_CAMPAIGN_OPENED)) == 1
+    assert reviews.review_campaign_open_scheduled(actor=system, at=NOW).pk != mine.pk
+    assert len(events(EventType.REVIEW_CAMPAIGN_OPENED)) == 2
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,10 @@ def test_an_unused_threshold_no_grant_lives_to_reach_stops_start_up():
     assert_refused(start("governance.settings", UNUSED_GRANT_DAYS="3"), "UNUSED_GRANT_HOURS")
     ok = start("governance.settings", GRANT_MAX_TTL_HOURS="2", UNUSED_GRANT_HOURS=None)
     assert ok.returncode == 0, ok.stderr  # the default follows a short maximum (1 hour)
+    # The shortest maximum (1 hour) starts as it always did: the scan is off (0).
+    for unused in (None, "0"):
+        ok = start("governance.settings", GRANT_MAX_TTL_HOURS="1", UNUSED_GRANT_HOURS=unused)
+        assert ok.returncode == 0, ok.stderr
 
 
 # --- REDIS_URL ----------------------------------------------------------------------------

@@ -101,6 +101,9 @@ def _rotation(campaign_pk: int) -> Any:
     return pick
 
 
+_RESERVED_KEYS = ("scheduled:", "incident:")
+
+
 def review_campaign_open(
     *,
     kind: str,
@@ -120,15 +123,14 @@ def review_campaign_open(
     due_at = due_at or at + settings.REVIEW_DUE
     if due_at <= at:
         raise GovernanceError("invalid_due", "The due date must be in the future.")
+    if kind == ReviewCampaign.Kind.ON_DEMAND and (key or "").startswith(_RESERVED_KEYS):
+        # The scheduled job's and break-glass's own keys: a campaign opened by hand
+        # under one would stand in for (or block) the period's or the incident's.
+        raise GovernanceError(
+            "reserved_key", f"Keys starting {' or '.join(_RESERVED_KEYS)} are the system's."
+        )
     if key is not None and (existing := ReviewCampaign.objects.filter(key=key).first()):
-        if (existing.kind, existing.agent_id) != (kind, agent.pk if agent else None):
-            # A key names one campaign: another kind or agent under it must not stand in
-            # for it (a one-agent campaign keyed like the quarter's would skip the rest).
-            raise Conflict(
-                "campaign_key_taken",
-                f"Campaign #{existing.pk} ({existing.kind}) already has the key {key!r}.",
-            )
-        return existing
+        return _same(existing, kind, agent)
     try:
         with transaction.atomic():
             campaign = ReviewCampaign.objects.create(
@@ -167,8 +169,20 @@ def review_campaign_open(
         # Another worker opened the same keyed campaign first: that one stands.
         if key is None:
             raise
-        return ReviewCampaign.objects.get(key=key)
+        return _same(ReviewCampaign.objects.get(key=key), kind, agent)
     return campaign
+
+
+def _same(existing: ReviewCampaign, kind: str, agent: Agent | None) -> ReviewCampaign:
+    """The campaign already opened under a key, if it is the one asked for: a key names
+    one campaign, and another kind or agent must not stand in for it (a one-agent
+    campaign keyed like the quarter's would skip everyone else)."""
+    if (existing.kind, existing.agent_id) != (kind, agent.pk if agent else None):
+        raise Conflict(
+            "campaign_key_taken",
+            f"Campaign #{existing.pk} ({existing.kind}) already has the key {existing.key!r}.",
+        )
+    return existing
 
 
 def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
