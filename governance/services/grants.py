@@ -163,14 +163,7 @@ def grant_request(
         )
         if before_event is not None:
             before_event(grant)
-        _event(
-            grant,
-            EventType.GRANT_REQUESTED,
-            actor,
-            at,
-            justification=justification,
-            **envelope_data(grant),
-        )
+        _requested_event(grant, actor, at)
         notifications.request_pending(grant=grant, at=at)
     return grant
 
@@ -479,14 +472,7 @@ def grant_issue(
             at=at,
         )
         extra = _approve_row(grant, approved_by, at, None, None, None)
-        _event(
-            grant,
-            EventType.GRANT_REQUESTED,
-            actor,
-            at,
-            justification=justification,
-            **envelope_data(grant),
-        )
+        _requested_event(grant, actor, at)
         _event(
             grant,
             EventType.GRANT_ISSUED,
@@ -741,6 +727,18 @@ def grant_delegate(
             **envelope_data(grant),
         )
     return grant
+
+
+def _requested_event(grant: Grant, actor: audit.Actor, at: datetime) -> None:
+    """grant.requested: what was asked for, why, and its whole envelope."""
+    _event(
+        grant,
+        EventType.GRANT_REQUESTED,
+        actor,
+        at,
+        justification=grant.justification,
+        **envelope_data(grant),
+    )
 
 
 def envelope_data(grant: Grant) -> dict[str, Any]:
