@@ -847,7 +847,7 @@ def verify_since(seq: int, head: str) -> Verdict | None:
         tail = _checkpoints_after(seq)
         problem = (
             _unchained()
-            or _series_problem(_first_checkpoint())
+            or _series_problem(_first_checkpoint(), _series_start())
             or _against_checkpoints(tail, verdict.count)
         )
     except ChainBroken as exc:
@@ -906,7 +906,7 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     problem = (
         _unchained()
         or _check_checkpoint_chain(checkpoints)
-        or _series_problem(checkpoints)
+        or _series_problem(checkpoints, _series_start())
         or _against_checkpoints(checkpoints, count)
     )
     if problem:
@@ -917,15 +917,17 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     return Verdict(True, count, prev_hash, gaps=_checkpoint_gaps(checkpoints))
 
 
-def _series_problem(checkpoints: list[dict[str, Any]]) -> tuple[int, str] | None:
-    """The series in the directory is the one the log says began last: its first
-    checkpoint signed that event or a later one (or is the one a log from before series
-    were recorded adopted). None, when the log says one began, is an emptied directory;
-    an older series put back is one the log has moved on from."""
-    found = _series_start()
-    if found is None:
+def _series_problem(
+    checkpoints: list[dict[str, Any]], series: tuple[int, str | None] | None
+) -> tuple[int, str] | None:
+    """The series in the directory is the one the log says began last (`series`:
+    _series_start()): its first checkpoint signed that event or a later one (or is the
+    one a log from before series were recorded adopted). None, when the log says one
+    began, is an emptied directory; an older series put back is one the log has moved
+    on from."""
+    if series is None:
         return None
-    started, adopted = found
+    started, adopted = series
     if not checkpoints:
         return started, _NO_SERIES.format(seq=started)
     first = checkpoints[0]
@@ -1211,7 +1213,7 @@ def _series_start() -> tuple[int, str | None] | None:
     return row[0], json.loads(row[1] or "{}").get("adopted")
 
 
-def _begin_series(restarted: bool, at: datetime) -> bool:
+def _begin_series(restarted: bool, series: tuple[int, str | None] | None, at: datetime) -> bool:
     """The directory holds no checkpoint. The first series of a log's life begins here,
     on record (`audit.checkpoints_started`, signed by the checkpoint being written: True).
     A restart has put its own event on record (False). Otherwise the log says a series
@@ -1220,19 +1222,18 @@ def _begin_series(restarted: bool, at: datetime) -> bool:
     checkpoint would bless that, so it is refused, as over any damage."""
     if restarted:
         return False
-    found = _series_start()
-    if found is not None:
-        raise ChainBroken((found[0], _NO_SERIES.format(seq=found[0])))
+    if series is not None:
+        raise ChainBroken((series[0], _NO_SERIES.format(seq=series[0])))
     with transaction.atomic():
         append(event_type=EventType.AUDIT_CHECKPOINTS_STARTED, actor=_JOB, at=at)
     return True
 
 
-def _adopt_series(first: Path, at: datetime) -> bool:
+def _adopt_series(first: Path, series: tuple[int, str | None] | None, at: datetime) -> bool:
     """A series already in the directory that the log says nothing about (written
     before series were recorded): adopted, on record, naming its first checkpoint, so
     from now on an emptied directory is a finding here too. True if recorded."""
-    if _series_start() is not None:
+    if series is not None:
         return False
     with transaction.atomic():
         append(
@@ -1251,7 +1252,7 @@ _NO_SERIES = (
 )
 
 
-def write_checkpoint(at: datetime, *, new_series: bool = False) -> dict[str, Any]:
+def write_checkpoint(at: datetime) -> dict[str, Any]:
     """Sign the current head to a file outside the database.
 
     Written even when nothing happened since the last one, so a gap in the
@@ -1262,13 +1263,13 @@ def write_checkpoint(at: datetime, *, new_series: bool = False) -> dict[str, Any
     every later verify would fail. The file is created exclusively, so a writer
     that somehow raced anyway fails instead of forking it. With no checkpoint in the
     directory, only the log's first series begins by itself (_begin_series); any
-    other needs `new_series` (restart_checkpoints, which records why).
+    other is begun by restart_checkpoints, which records why.
     """
     directory = _checkpoint_dir()
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _write_locked(directory, at, new_series=new_series)
+        return _write_locked(directory, at, new_series=False)
 
 
 def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[str, Any]:
@@ -1278,6 +1279,7 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
     with transaction.atomic():
         # Read a head no writer is half-way through extending.
         seq, head = _lock_and_read_head()
+    series = _series_start()
     if previous is not None:
         # Never sign over damage: if the log no longer holds what the previous
         # checkpoint signed (its newest events deleted and written again, say), a
@@ -1285,7 +1287,7 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
         # is not the current one. Refused; verify reports it.
         problem = (
             _check_checkpoint_chain([previous], continues=True)
-            or _series_problem([_read_checkpoint(existing[0])])
+            or _series_problem([_read_checkpoint(existing[0])], series)
             or _against_checkpoints([previous], seq)
         )
         if problem:
@@ -1295,9 +1297,9 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
     # every minute while damage stays, would repeat it), and it signs that event.
     recorded = _record_gap(previous, at)
     if previous is None:
-        recorded = _begin_series(new_series, at) or recorded
+        recorded = _begin_series(new_series, series, at) or recorded
     else:
-        recorded = _adopt_series(existing[0], at) or recorded
+        recorded = _adopt_series(existing[0], series, at) or recorded
     if recorded:
         with transaction.atomic():
             seq, head = _lock_and_read_head()
