@@ -417,18 +417,24 @@ class PastState:
     quarantined_tools: frozenset[int] = frozenset()
 
 
+def _ancestor_rows(parent_id: int) -> list[tuple[Any, ...]]:
+    """Each grant up a delegation chain from `parent_id`, nearest first: its window,
+    its holder's status and id, its review due date (_ANCESTORS_QUERY)."""
+    return db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "it")
+
+
 def ancestor_agents(parent_id: int | None) -> list[int]:
     """The agents holding each grant up a delegation chain from `parent_id`, nearest
     first (none for a grant that was not delegated)."""
-    if parent_id is None:
-        return []
-    return [row[5] for row in db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "it")]
+    return [] if parent_id is None else [row[5] for row in _ancestor_rows(parent_id)]
 
 
-def _ancestors_reason(parent_id: int, at: int, past: PastState | None = None) -> Reason | None:
-    """Why a delegated grant is dead because of an ancestor, or None. An ancestor
-    that was refused, or whose agent is suspended, cuts the chain: `grant_revoked`."""
-    rows = db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "it")
+def _ancestors_reason(
+    rows: list[tuple[Any, ...]], at: int, past: PastState | None = None
+) -> Reason | None:
+    """Why a delegated grant is dead because of an ancestor (`rows`: _ancestor_rows),
+    or None. An ancestor that was refused, or whose agent is suspended, cuts the chain:
+    `grant_revoked`."""
     for status, starts, expires, revoked, agent_status, agent_id, review_due in rows:
         if (agent_id in past.suspended_agents) if past else agent_status != "active":
             return Reason.GRANT_REVOKED
@@ -481,7 +487,7 @@ def _grant_dead(
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
     if reason is None and parent_id is not None:
-        reason = _ancestors_reason(parent_id, at_us, past)
+        reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, past)
     return reason, row
 
 
@@ -668,6 +674,7 @@ def _authorize(
     applicable = False
     in_scope_dead: list[Reason] = []
     live: tuple[Any, ...] | None = None
+    above: list[int] = []  # the live grant's ancestors' agents (the gate's deny policies)
     for row in rows:
         g_id, g_task, g_scope, g_fields, g_status, g_starts, g_expires, g_revoked = row[10:18]
         if g_id is None:
@@ -680,10 +687,12 @@ def _authorize(
         if not covered or (g_fields and not _fields_ok(_json_list(g_fields), arguments)):
             continue
         reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at_us, row[21])
+        chain: list[tuple[Any, ...]] = []
         if reason is None and row[18] is not None:
-            reason = _ancestors_reason(row[18], at_us)
+            chain = _ancestor_rows(row[18])
+            reason = _ancestors_reason(chain, at_us)
         if reason is None:
-            live = row
+            live, above = row, [ancestor[5] for ancestor in chain]
             break
         in_scope_dead.append(reason)
         # A denial because a break-glass grant ended still touches break-glass: say so.
@@ -713,7 +722,7 @@ def _authorize(
         scope,
         ctx.get("task_id"),
         at,
-        ancestor_agents(live[18]),
+        above,
     )
     denying = [pid for pid, verdict in verdicts if verdict == "deny"]
     if denying:

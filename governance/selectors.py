@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -248,10 +248,6 @@ def unused_grants(at: datetime) -> list[Grant]:
     """Live grants not used for UNUSED_GRANT_HOURS, each with `.proposal`
     ("remove" or "narrow_to_read") and `.idle_since`: for the dashboard and the
     next campaign. Never-used grants count from their start."""
-    from datetime import timedelta
-
-    from django.conf import settings
-
     if not settings.UNUSED_GRANT_HOURS:
         return []  # the scan is off
     cutoff = at - timedelta(hours=settings.UNUSED_GRANT_HOURS)

@@ -376,7 +376,8 @@ def _approve_row(
             "Nobody approves the request that ratifies a break-glass they opened.",
         )
     # The row as it is now (a caller's Agent instance may be older than a suspension).
-    if Agent.objects.filter(pk=grant.agent_id).values_list("status", flat=True).get() != "active":
+    status = Agent.objects.filter(pk=grant.agent_id).values_list("status", flat=True).get()
+    if status != Agent.Status.ACTIVE:
         raise Conflict(
             "agent_suspended", f"{grant.agent.name} is suspended: no grant is issued to it."
         )
