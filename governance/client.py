@@ -35,13 +35,14 @@ import io
 import ipaddress
 import json
 import logging
+import re
 import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -260,6 +261,17 @@ class GovernanceClient:
                 "plain http:// would send the token in the clear: use https://, or "
                 "http:// only to this machine (127.0.0.1, ::1, localhost)"
             )
+        # A token read from a file keeps its newline: strip it. Anything else that is not
+        # printable ASCII would be refused by http.client in a message quoting the header.
+        token = token.strip() if isinstance(token, str) else token
+        if not isinstance(token, str) or not re.fullmatch(r"[!-~]+", token):
+            raise ValueError("the token must be printable ASCII with no spaces")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < float("inf")
+        ):
+            raise ValueError("timeout must be a positive number of seconds")
         root = base_url.rstrip("/")
         if root.endswith(API_PREFIX):
             root = root[: -len(API_PREFIX)]
@@ -279,7 +291,13 @@ class GovernanceClient:
 
     def _call(self, method: str, path: str, payload: Any = None) -> _Answer:
         """One request, done within self.timeout from now or not at all. Never raises:
-        every failure comes back as an _Answer."""
+        every failure comes back as an _Answer, whose problem never quotes the token."""
+        answer = self._send(method, path, payload)
+        if len(self._token) >= 8 and self._token in answer.problem:  # ours are 40+
+            answer = replace(answer, problem=answer.problem.replace(self._token, "[token]"))
+        return answer
+
+    def _send(self, method: str, path: str, payload: Any) -> _Answer:
         deadline = time.monotonic() + self.timeout
         try:
             data = None if payload is None else json.dumps(payload).encode()
@@ -512,37 +530,38 @@ class GovernanceClient:
                 assert decision.decision_id  # _parse_decision requires it on allow
                 return decision.decision_id
 
-            if inspect.iscoroutinefunction(fn):
+            async def settle(decision_id: str, pending: Any) -> Any:
+                """Await the call's work, then report it: the report follows the body."""
+                try:
+                    result = await pending
+                except BaseException as exc:
+                    excerpt = type(exc).__name__
+                    await asyncio.to_thread(
+                        self._report_quietly, decision_id, "failed", excerpt=excerpt
+                    )
+                    raise
+                digest = _digest(result)
+                await asyncio.to_thread(
+                    self._report_quietly, decision_id, "succeeded", result_digest=digest
+                )
+                return result
+
+            async def arun(
+                approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> Any:
                 # The body runs when the coroutine is awaited, so the check and the
                 # report go around the await; the HTTP calls block, so they run in a
                 # thread and the event loop goes on meanwhile.
-                async def arun(
-                    approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-                ) -> Any:
-                    decision_id = await asyncio.to_thread(ask, approval, args, kwargs)
-                    try:
-                        result = await fn(*args, **kwargs)
-                    except BaseException as exc:
-                        excerpt = type(exc).__name__
-                        await asyncio.to_thread(
-                            self._report_quietly, decision_id, "failed", excerpt=excerpt
-                        )
-                        raise
-                    digest = _digest(result)
+                decision_id = await asyncio.to_thread(ask, approval, args, kwargs)
+                try:
+                    pending = fn(*args, **kwargs)
+                except BaseException as exc:
+                    excerpt = type(exc).__name__
                     await asyncio.to_thread(
-                        self._report_quietly, decision_id, "succeeded", result_digest=digest
+                        self._report_quietly, decision_id, "failed", excerpt=excerpt
                     )
-                    return result
-
-                @functools.wraps(fn)
-                async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    return await arun(None, args, kwargs)
-
-                async def async_with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
-                    return await arun(approval_id, args, kwargs)
-
-                async_wrapper.with_approval = async_with_approval  # type: ignore[attr-defined]
-                return async_wrapper  # type: ignore[return-value]
+                    raise
+                return await settle(decision_id, pending)
 
             def run(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 decision_id = ask(approval, args, kwargs)
@@ -551,18 +570,46 @@ class GovernanceClient:
                 except BaseException as exc:
                     self._report_quietly(decision_id, "failed", excerpt=type(exc).__name__)
                     raise
+                if inspect.isawaitable(result):
+                    # An async tool that does not look like one (an `async def` under
+                    # another decorator, an object with `async def __call__`): nothing
+                    # has run yet. The caller awaits this, and the report follows.
+                    return settle(decision_id, result)
                 self._report_quietly(decision_id, "succeeded", result_digest=_digest(result))
                 return result
 
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                return run(None, args, kwargs)
+            def make(bound: tuple[Any, ...]) -> Any:
+                """The wrapper, with `bound` (a method's instance) before the arguments."""
+                if inspect.iscoroutinefunction(fn):
 
-            def with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
-                return run(approval_id, args, kwargs)
+                    @functools.wraps(fn)
+                    async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                        return await arun(None, bound + args, kwargs)
 
-            wrapper.with_approval = with_approval  # type: ignore[attr-defined]
-            return wrapper  # type: ignore[return-value]
+                    async def async_with_approval(
+                        approval_id: str, *args: Any, **kwargs: Any
+                    ) -> Any:
+                        return await arun(approval_id, bound + args, kwargs)
+
+                    async_wrapper.with_approval = async_with_approval  # type: ignore[attr-defined]
+                    return async_wrapper
+
+                @functools.wraps(fn)
+                def wrapper(*args: Any, **kwargs: Any) -> Any:
+                    return run(None, bound + args, kwargs)
+
+                def with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
+                    return run(approval_id, bound + args, kwargs)
+
+                wrapper.with_approval = with_approval  # type: ignore[attr-defined]
+                return wrapper
+
+            plain = make(())
+            if next(iter(signature.parameters), None) in ("self", "cls"):
+                # A method: `obj.method.with_approval(id, ...)` must pass `obj` along,
+                # which an attribute of a plain function cannot.
+                return _GuardedMethod(plain, make)  # type: ignore[return-value]
+            return plain  # type: ignore[no-any-return]
 
         return decorate
 
@@ -574,6 +621,21 @@ class GovernanceClient:
             self.report_outcome(decision_id, outcome, **kw)
         except Exception as exc:
             log.warning("could not report the outcome of decision %s: %s", decision_id, _name(exc))
+
+
+class _GuardedMethod:
+    """A guarded method. Read from an instance, it is the wrapper with the instance
+    bound, `with_approval` included; read from the class, the plain wrapper."""
+
+    def __init__(self, plain: Any, make: Callable[[tuple[Any, ...]], Any]) -> None:
+        functools.update_wrapper(self, plain)
+        self._plain, self._make = plain, make
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self._plain if instance is None else self._make((instance,))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._plain(*args, **kwargs)
 
 
 def _digest(result: Any) -> str | None:

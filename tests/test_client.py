@@ -662,3 +662,112 @@ def test_a_generator_tool_is_refused_when_decorated(stub):
         with pytest.raises(TypeError, match="generator"):
             guard(fn)
     assert stub.requests == []
+
+
+def _asked(stub: Stub) -> list[dict[str, Any]]:
+    return [json.loads(r["body"]) for r in stub.requests if r["path"].endswith("/authorize")]
+
+
+def test_a_token_read_from_a_file_keeps_working_and_a_bad_one_is_never_quoted(stub):
+    """`open("token").read()` keeps the newline: http.client refused the header with an
+    error quoting it, and the client put that error (the whole token) in the denial,
+    in its exceptions and in its log. The newline is stripped now; a token that is
+    still not printable ASCII is refused when the client is made, without quoting it."""
+    secret = "agt_deadbeef_" + "S3cr3t" * 5
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, secret + "\n")
+    assert client.authorize("repo", "read", "repo:acme/x").allowed
+    assert stub.requests[-1]["auth"] == f"Bearer {secret}"
+    for bad in (secret[:10] + "\n" + secret[10:], secret + " x", "", "tök"):
+        with pytest.raises(ValueError) as caught:
+            GovernanceClient(stub.url, bad)
+        assert "S3cr3t" not in str(caught.value)
+
+
+@pytest.mark.parametrize("timeout", [None, 0, -1, float("inf"), float("nan"), True, "5"])
+def test_a_timeout_that_cannot_bound_a_call_is_refused_when_the_client_is_made(stub, timeout):
+    """timeout=None (urllib's "no timeout") was taken, and every authorize() then raised
+    TypeError instead of answering with a denial."""
+    with pytest.raises(ValueError, match="timeout"):
+        GovernanceClient(stub.url, "t", timeout=timeout)
+
+
+def _passthrough(fn: Any) -> Any:
+    """An ordinary decorator (logging, retry, tracing) under @guarded."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def test_an_async_tool_that_does_not_look_like_one_is_reported_after_it_ran(stub):
+    """An `async def` under another decorator, or an object with `async def __call__`,
+    took the sync path: "succeeded" was reported (for the coroutine object) before the
+    body ran, whatever the body then did."""
+    import asyncio
+
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    guard = client.guarded(tool="repo", action="delete", scope="repo:acme/x")
+    ran: list[str] = []
+
+    @guard
+    @_passthrough
+    async def wrapped(p: str) -> str:
+        ran.append(p)
+        raise RuntimeError("the delete failed")
+
+    class Callable_:
+        async def __call__(self, p: str) -> str:
+            ran.append(p)
+            return "deleted"
+
+    pending = wrapped("a.py")
+    assert outcomes(stub) == [] and ran == []  # asked, nothing ran, nothing reported
+    with pytest.raises(RuntimeError):
+        asyncio.run(pending)
+    assert ran == ["a.py"] and outcomes(stub) == ["failed"]
+
+    pending = guard(Callable_())("b.py")
+    assert outcomes(stub) == ["failed"] and ran == ["a.py"]
+    assert asyncio.run(pending) == "deleted"
+    assert ran == ["a.py", "b.py"] and outcomes(stub) == ["failed", "succeeded"]
+
+
+def test_with_approval_on_a_guarded_method_passes_the_instance(stub):
+    """`repo.delete.with_approval(id, p)` did not pass `repo` (an attribute of a plain
+    function is not bound), so the retry after ApprovalRequired could not be described."""
+    import asyncio
+
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    guard = client.guarded(tool="repo", action="delete", scope=lambda self, p: f"repo:acme/{p}")
+
+    class Repo:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        @guard
+        def delete(self, p: str) -> str:
+            return f"{self.name} deleted {p}"
+
+        @guard
+        async def adelete(self, p: str) -> str:
+            return f"{self.name} deleted {p} later"
+
+    repo = Repo("r1")
+    assert repo.delete("x") == "r1 deleted x"
+    assert repo.delete.with_approval("a-1", "y") == "r1 deleted y"
+    assert asyncio.run(repo.adelete.with_approval("a-2", "z")) == "r1 deleted z later"
+    assert Repo.delete(repo, "w") == "r1 deleted w"  # read from the class: unbound
+    asked = _asked(stub)
+    assert [(a["scope"], a.get("approval"), a["arguments"]) for a in asked] == [
+        ("repo:acme/x", None, {"p": "x"}),
+        ("repo:acme/y", "a-1", {"p": "y"}),
+        ("repo:acme/z", "a-2", {"p": "z"}),
+        ("repo:acme/w", None, {"p": "w"}),
+    ]
+    assert Repo.delete.__name__ == "delete" and outcomes(stub) == ["succeeded"] * 4
