@@ -87,6 +87,30 @@ def test_malformed_bodies_are_400_with_fields(setup, bad):
     assert error["code"] == "invalid_request" and error["message"] and error["fields"]
 
 
+@pytest.mark.parametrize(
+    ("path", "big"),
+    [
+        (URL, body(arguments={"blob": "x" * 3_000_000})),
+        (
+            "/api/v1/grant-requests",
+            {"tool": "repo", "actions": ["read"], "scope": "repo:acme/y",
+             "duration_seconds": 60, "justification": "x" * 3_000_000},
+        ),
+    ],
+)  # fmt: skip
+def test_a_body_over_the_upload_limit_is_413_and_writes_nothing(setup, path, big, caplog):
+    """Over DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB) Django raises RequestDataTooBig: it was
+    an unhandled error (a traceback in the log, 503 "try again") for a request that can
+    never succeed."""
+    before = AuditEvent.objects.count()
+    response = setup["client"].post(path, json.dumps(big), content_type="application/json")
+    assert response.status_code == 413, response.content[:200]
+    error = response.json()["error"]
+    assert error["code"] == "request_too_large" and "bytes" in error["message"]
+    assert AuditEvent.objects.count() == before and not Grant.objects.filter(scope="repo:acme/y")
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 def test_tool_names_are_not_trimmed(setup):
     response = setup["client"].post(URL, body(tool=" repo"), format="json")
     assert response.json()["reason"] == "unknown_tool"

@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 import psycopg
-from django.core.exceptions import ObjectDoesNotExist
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
@@ -66,6 +67,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         )
     if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            error_body(
+                "request_too_large",
+                f"The request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
+            ),
+            status=413,
+        )
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
         message = "The request is not valid: " + "; ".join(f"{k}: {v}" for k, v in fields.items())

@@ -31,6 +31,7 @@ ERRORS = {
     401: OpenApiResponse(s.ErrorSerializer, description="Missing or invalid token"),
     403: OpenApiResponse(s.ErrorSerializer, description="Not allowed"),
     404: OpenApiResponse(s.ErrorSerializer, description="No such object (or not yours)"),
+    413: OpenApiResponse(s.ErrorSerializer, description="Request body too large"),
     429: OpenApiResponse(s.ErrorSerializer, description="Rate limited; see Retry-After"),
 }
 
