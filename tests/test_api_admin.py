@@ -550,6 +550,25 @@ def test_closing_a_task_ends_every_grant_bound_to_it(admin, world, make_grant):
         assert admin.get(f"{API}/tasks/NOPE").status_code == 404
 
 
+def test_a_task_whose_key_holds_a_slash_is_read_and_closed(admin, world, make_grant):
+    """A key may hold `/` (a ticket such as `acme/api#42`), but the routes took
+    <str:key>: such a task could be neither read nor closed, so its grants stayed."""
+    opened = admin.post(f"{API}/tasks", {"key": "acme/api#42"}, format="json")
+    assert opened.status_code == 201, opened.content
+    task = Task.objects.get(key="acme/api#42")
+    bound = make_grant(world["bot"], world["mail"], starts_at=task.starts_at, task=task)
+    assert admin.get(f"{API}/tasks/acme/api%2342").json()["key"] == "acme/api#42"
+    closed = admin.post(f"{API}/tasks/acme/api%2342/close")
+    assert closed.status_code == 200 and closed.json()["status"] == "closed"
+    bound.refresh_from_db()
+    assert bound.status == "revoked"
+    assert AuditEvent.objects.filter(event_type="task.closed", task="acme/api#42").exists()
+    # A key ending in /close would be read as the close action: refused, nothing written.
+    with _Unchanged(Task):
+        _error(admin.post(f"{API}/tasks", {"key": "ops/close"}, format="json"), 400,
+               "invalid_task_key")  # fmt: skip
+
+
 # --- Grants ------------------------------------------------------------------------------
 
 

@@ -212,7 +212,7 @@ def test_the_table_covers_every_ui_route() -> None:
     filled = [re.sub(r"\{\w+\}", "1", path.split("?")[0]) for _, path, _, _ in TABLE]
     missing = []
     for route in ui.url_patterns:
-        pattern = re.sub(r"<(int|str|uuid):\w+>", "[^/]+", str(route.pattern))
+        pattern = re.sub(r"<(int|str|uuid|path):\w+>", "[^/]+", str(route.pattern))
         if not any(re.fullmatch("/ui/" + pattern, url) for url in filled):
             missing.append(str(route.pattern))
     assert not missing, f"UI routes without a row in TABLE: {missing}"

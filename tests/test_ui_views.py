@@ -16,6 +16,7 @@ from governance import policy
 from governance.audit import Actor
 from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task
 from governance.services import access, grants, tools
+from governance.services import tasks as task_services
 from tests import ui_world
 from tests.conftest import last_event
 
@@ -710,6 +711,19 @@ def test_closing_a_task_revokes_its_grants() -> None:
         at=timezone.now(),
     )
     assert decision.decision == "deny" and decision.reason == "task_closed"
+
+
+def test_the_tasks_page_lists_and_closes_a_task_whose_key_holds_a_slash() -> None:
+    """`{% url 'ui:task-close' key %}` could not hold `/`: the tasks page was a 500 for
+    everyone once such a task existed."""
+    world = ui_world.build()
+    task_services.task_open(key="acme/api#42", owner=world.alice, actor=Actor.system("t"),
+                            at=timezone.now())  # fmt: skip
+    client = ui_world.signed_in("admin")
+    page = client.get("/ui/tasks/")
+    assert page.status_code == 200 and "acme/api#42" in page.content.decode()
+    assert ui_world.post(client, "/ui/tasks/acme/api%2342/close").status_code == 302
+    assert Task.objects.get(key="acme/api#42").status == "closed"
 
 
 def test_what_if_answers_for_field_limited_grants_as_authorize_does() -> None:

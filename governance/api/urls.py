@@ -52,8 +52,10 @@ urlpatterns = [
     path("tools/<str:name>", admin.ToolDetailView.as_view(), name="tool"),
     path("tools/<str:name>/approve", admin.ToolApproveView.as_view(), name="tool-approve"),
     path("tasks", admin.TaskListView.as_view(), name="tasks"),
-    path("tasks/<str:key>", admin.TaskDetailView.as_view(), name="task"),
-    path("tasks/<str:key>/close", admin.TaskCloseView.as_view(), name="task-close"),
+    # A task key may hold `/` (a ticket such as `acme/api#42`): <path:key>, and the
+    # close route first, so `tasks/acme/api#42/close` is not read as a key.
+    path("tasks/<path:key>/close", admin.TaskCloseView.as_view(), name="task-close"),
+    path("tasks/<path:key>", admin.TaskDetailView.as_view(), name="task"),
     path("grants", admin.GrantListView.as_view(), name="grants"),
     path("grants/<int:grant_id>", admin.GrantDetailView.as_view(), name="grant"),
     path("grants/<int:grant_id>/revoke", admin.GrantRevokeView.as_view(), name="grant-revoke"),

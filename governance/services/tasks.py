@@ -25,6 +25,8 @@ def validate_key(key: str) -> None:
             "invalid_task_key",
             "A task key is 1-100 characters on one line: no padding, no control characters.",
         )
+    if key.endswith("/close"):  # its page would be the close action's URL
+        raise GovernanceError("invalid_task_key", "A task key cannot end in '/close'.")
 
 
 def task_open(
