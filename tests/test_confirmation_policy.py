@@ -234,6 +234,42 @@ def test_the_owner_may_restrict_their_own_agent_with_a_deny_policy(world, alice)
     assert json.loads(event_of(decision).data) == {"confirmation_policy": deny.pk}
 
 
+def test_nobody_with_a_stake_lifts_a_deny_on_their_own_agents_calls(
+    world, alice, carol, dave, make_agent
+):
+    """Revoking a deny only checked the approver role: the owner, frozen out of prod
+    deletes by someone else, lifted the freeze and went on. Lifting a deny loosens, so
+    it takes what writing an approve takes: no stake in the agent or any agent below
+    it (whose calls the deny binds). Revoking an approve policy restricts: anyone may."""
+    freeze = write(world, "deny", scope="repo:acme/prod/*", reason="prod freeze")
+    child = make_agent("sweeper", parent=world.agent, owner=approver(carol))
+    stakes = (approver(alice), approver(carol))  # the owner; the subagent's owner
+    before = AuditEvent.objects.count()
+    for person in stakes:
+        with pytest.raises(Forbidden) as refused:
+            confirmation.policy_revoke(
+                policy_id=freeze.pk, by=person, reason="done", actor=Actor.user(person), at=NOW
+            )
+        assert refused.value.code == "self_approval"
+    assert AuditEvent.objects.count() == before
+    assert ConfirmationPolicy.objects.get(pk=freeze.pk).revoked_at is None
+    denied = ask(scope="repo:acme/prod/db")
+    assert (denied.reason, event_of(denied).reason) == ("approval_denied", "approval_denied")
+    # An approver with no stake lifts it; the owner may revoke an approve policy.
+    outsider = approver(dave)
+    confirmation.policy_revoke(
+        policy_id=freeze.pk, by=outsider, reason="freeze over", actor=Actor.user(outsider), at=NOW
+    )
+    lifted = AuditEvent.objects.filter(event_type="confirmation_policy.revoked").get()
+    assert lifted.actor == f"user:{dave.username}"
+    loose = write(world, "approve")
+    confirmation.policy_revoke(
+        policy_id=loose.pk, by=approver(alice), reason="ask me", actor=Actor.user(alice), at=NOW
+    )
+    assert ConfirmationPolicy.objects.get(pk=loose.pk).revoked_at == NOW
+    assert child.parent_id == world.agent.pk
+
+
 def test_a_policy_whose_author_comes_to_act_as_the_agent_stops_answering(world):
     policy = write(world)
     assert ask().allowed

@@ -167,6 +167,15 @@ def policy_revoke(
             raise NotFound("not_found", "No such confirmation policy.")
         if not policy.live_at(at):
             raise Conflict("not_live", "The policy has already ended.")
+        # Lifting a deny loosens what it binds (the agent, and every agent below it):
+        # the rule for writing an approve, for each of them.
+        if policy.verdict == ConfirmationPolicy.Verdict.DENY and any(
+            by.pk in policy_stakeholders(bound, policy.tool, policy.action, at=at)
+            for bound in selectors.agent_tree(Agent.objects.all(), policy.agent_id)
+        ):
+            raise Forbidden(
+                "self_approval", "Nobody lifts a deny policy on their own agent's calls."
+            )
         policy.revoked_at = at
         policy.revoked_by = by
         policy.revoke_reason = reason
