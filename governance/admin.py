@@ -3,6 +3,11 @@
 Every state change must go through a service so it writes its audit event;
 the admin's generic add/change/delete would bypass that, so it is switched
 off here. Approving, revoking and the rest live in the governance UI and API.
+
+The site is for people with the admins role (and staff status): it is where accounts
+and their roles are managed (each change a person.* event, services/people.py). The
+audit log is not shown here: it is read in the UI and its exports, where each look is
+an audit.viewed event.
 """
 
 from typing import Any
@@ -10,10 +15,25 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task, Tool
+from governance import roles
+from governance.models import Agent, AgentToken, Approval, Grant, Task, Tool
+
+
+def admins_only(request: HttpRequest) -> bool:
+    user = request.user
+    return bool(user.is_active and user.is_staff and roles.is_admin(user))
+
+
+admin.site.has_permission = admins_only  # type: ignore[method-assign]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return admins_only(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return admins_only(request)
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -56,18 +76,3 @@ class GrantAdmin(ReadOnlyAdmin):
 class ApprovalAdmin(ReadOnlyAdmin):
     list_display = ("id", "agent", "tool", "action", "scope", "status", "expires_at")
     list_filter = ("status",)
-
-
-@admin.register(AuditEvent)
-class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = (
-        "seq",
-        "created_at",
-        "event_type",
-        "actor",
-        "agent",
-        "tool",
-        "decision",
-        "reason",
-    )
-    list_filter = ("event_type", "decision")

@@ -83,7 +83,6 @@ def matrix_summary() -> dict[str, Any]:
             status=Approval.Status.PENDING, expires_at__gt=now
         ).count(),
         "events": AuditEvent.objects.count(),
-        "grants": live_grants(now).order_by("agent__name", "tool__name")[:200],
     }
 
 

@@ -7,6 +7,7 @@ GRANT_MAX_TTL_HOURS must not quietly hand out week-long grants.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from datetime import timedelta
@@ -114,7 +115,7 @@ def database_from_url(url: str) -> dict[str, object]:
         "HOST": host,
         "PORT": str(port),
         # Persistent connections: a decision should not pay a TCP + auth handshake.
-        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60, maximum=86_400),
         "CONN_HEALTH_CHECKS": True,
         "TEST": {"NAME": env_str("DATABASE_TEST_NAME", f"test_{name}")},
     }
@@ -239,8 +240,13 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# People approve what agents may do: no password on the common-password list, all
+# digits, or close to the account's own name or address.
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -341,6 +347,24 @@ SESSION_COOKIE_AGE = env_int("UI_SESSION_HOURS", 12, minimum=1, maximum=24 * 30)
 # Sign-in attempts per minute: per account (whatever address) and per address.
 RATE_LIMITS["login_account"] = env_int("RATE_LIMIT_LOGIN_ACCOUNT_PER_MINUTE", 5, minimum=1)
 RATE_LIMITS["login_address"] = env_int("RATE_LIMIT_LOGIN_ADDRESS_PER_MINUTE", 20, minimum=1)
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated addresses or CIDR blocks (`10.0.0.0/8, ::1`)."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=True))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an address or network") from None
+    return tuple(networks)
+
+
+# The reverse proxies in front of the web service. A request from one of them is
+# counted against the address its X-Forwarded-For names (the rightmost one that is
+# not itself a trusted proxy); without this, behind a proxy every sign-in would come
+# from the proxy's address and share one per-address limit. Empty: the peer counts.
+TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 
 # --- Lifecycle: notifications, break-glass, reviews (issue #5) -----------------------------
 

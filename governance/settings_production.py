@@ -13,11 +13,30 @@ from django.core.exceptions import ImproperlyConfigured
 from governance.settings import *  # noqa: F403
 from governance.settings import AUDIT_HMAC_KEY, REDIS_URL, SECRET_KEY, env_bool, env_int
 
-if SECRET_KEY.startswith("dev-only") or len(SECRET_KEY) < 50:
-    raise ImproperlyConfigured("SECRET_KEY must be set to a random value of 50+ characters")
+
+def _weak(key: str, length: int) -> bool:
+    """A development key (in any disguise), padding, too short, or too few distinct
+    characters (`a` * 32) to have been drawn at random."""
+    bare = key.strip()
+    return (
+        bare != key
+        or "dev-only" in bare.lower()
+        or len(bare) < length
+        or len(set(bare)) < MIN_DISTINCT_KEY_CHARACTERS
+    )
+
+
+# A random key of 32+ characters from any alphabet (hex included) has far more.
+MIN_DISTINCT_KEY_CHARACTERS = 8
+if _weak(SECRET_KEY, 50):
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be set to a random value of 50+ characters (no surrounding spaces)"
+    )
 # Whoever holds this key can rewrite the audit chain undetected: a guessable one is none.
-if AUDIT_HMAC_KEY.startswith("dev-only") or len(AUDIT_HMAC_KEY.strip()) < 32:
-    raise ImproperlyConfigured("AUDIT_HMAC_KEY must be set to a random value of 32+ characters")
+if _weak(AUDIT_HMAC_KEY, 32):
+    raise ImproperlyConfigured(
+        "AUDIT_HMAC_KEY must be set to a random value of 32+ characters (no surrounding spaces)"
+    )
 # Without Redis, each web process counts rate limits on its own (N processes: N times
 # the limit) and the Celery broker is a local folder that other machines never see.
 if REDIS_URL is None:

@@ -5,7 +5,9 @@ from django.views.generic import RedirectView
 from governance import views
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    # The start page is the UI's dashboard: it shows the matrix to a person with a role
+    # and nothing to anyone else (the sign-in page, or 403 for an account with no role).
+    path("", RedirectView.as_view(url="/ui/"), name="home"),
     path("healthz", views.healthz, name="healthz"),
     # One sign-in door, rate-limited: the admin site's login sends people to the UI's.
     path("admin/login/", RedirectView.as_view(url="/ui/login/", query_string=True)),

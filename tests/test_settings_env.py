@@ -171,6 +171,76 @@ def test_production_refuses_a_short_audit_key(key):
     assert_refused(proc, "AUDIT_HMAC_KEY must be set to a random value of 32+ characters")
 
 
+DEV_SECRET = "dev-only-insecure-secret-key-change-me"
+DEV_AUDIT_KEY = "dev-only-insecure-audit-key-change-me"
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        # The published development keys behind padding or a prefix: the check was a
+        # plain startswith() on the raw value, and the length counted the spaces.
+        ("AUDIT_HMAC_KEY", " " + DEV_AUDIT_KEY),
+        ("AUDIT_HMAC_KEY", "x" + DEV_AUDIT_KEY),
+        ("SECRET_KEY", " " + DEV_SECRET + " " * 12),
+        ("SECRET_KEY", "prod-" + DEV_SECRET.upper() + "-0123456789"),
+        ("SECRET_KEY", "s3cret" + " " * 44),  # 6 characters padded to 50
+        ("AUDIT_HMAC_KEY", GOOD_AUDIT_KEY + "\n"),  # a file's newline is not key material
+        # Long enough, but no random value: too few distinct characters.
+        ("AUDIT_HMAC_KEY", "a" * 32),
+        ("AUDIT_HMAC_KEY", "0" * 64),
+        ("AUDIT_HMAC_KEY", "abab" * 10),
+        ("SECRET_KEY", "xyz" * 20),
+    ],
+)
+def test_production_refuses_a_key_that_is_not_a_random_value(name, key):
+    proc = start("governance.settings_production", **{**PRODUCTION, name: key})
+    assert_refused(proc, f"{name} must be set to a random value")
+
+
+def test_production_takes_a_random_hex_key():
+    """A 32-character hex key has 16 symbols to draw from: it must pass."""
+    key = secrets.token_hex(16)
+    proc = start("governance.settings_production", **{**PRODUCTION, "AUDIT_HMAC_KEY": key})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_mistyped_email_backend_stops_start_up():
+    """It started, and every notification e-mail then failed in the worker."""
+    proc = start(
+        "governance.settings", EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackendd"
+    )
+    assert_refused(proc, "EMAIL_BACKEND=", "cannot be imported")
+
+
+def test_a_connection_age_past_a_day_stops_start_up():
+    """A 400-digit DATABASE_CONN_MAX_AGE was taken, then overflowed at the first query."""
+    proc = start(
+        "governance.settings",
+        DATABASE_URL="postgresql://postgres@127.0.0.1:5432/unused",  # read, never opened
+        DATABASE_CONN_MAX_AGE="1" + "0" * 400,
+    )
+    assert_refused(proc, "DATABASE_CONN_MAX_AGE", "outside")
+
+
+@pytest.mark.parametrize("value", ["10.0.0.0/33", "10.0.0.1/8", "proxy.internal", "10.0.0.1,"])
+def test_a_trusted_proxy_that_is_not_an_address_or_network_stops_start_up(value):
+    proc = start("governance.settings", TRUSTED_PROXIES=value)
+    assert_refused(proc, "TRUSTED_PROXIES")
+
+
+def test_trivial_passwords_are_refused() -> None:
+    from django.contrib.auth.models import User
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    carol = User(username="carol.approver", email="carol@example.com")
+    for weak in ("password", "12345678", "qwertyui", "90817263", "carol.approver1"):
+        with pytest.raises(ValidationError):
+            validate_password(weak, carol)
+    validate_password("correct horse battery staple", carol)
+
+
 def test_production_requires_redis():
     proc = start("governance.settings_production", **{**PRODUCTION, "REDIS_URL": None})
     assert_refused(proc, "REDIS_URL must be set in production")

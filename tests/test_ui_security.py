@@ -247,15 +247,95 @@ def test_a_signed_in_person_who_may_not_use_the_admin_site_is_not_sent_round_in_
 
 
 @pytest.mark.django_db
-def test_the_start_page_obeys_its_own_content_security_policy() -> None:
-    """Its inline <style> was blocked by the CSP it is sent with (script and style from
-    this server only), so browsers showed it unstyled; and it linked the admin site to
-    people who may not use it."""
+def test_the_start_page_shows_the_matrix_to_nobody_without_a_role() -> None:
+    """`/` listed every live grant (agent, tool, scope, approver) to any signed-in
+    account, a role-less agent owner's included, and counts to anonymous visitors. It
+    is the dashboard's door now: sign-in, then 403 without a role."""
     ui_world.build()
-    page = ui_world.signed_in("approver").get("/")
-    html = page.content.decode()
-    assert page.status_code == 200 and "<style" not in html and "style=" not in html
-    assert 'href="/static/ui/home.css"' in html and 'href="/admin/"' not in html
+    anonymous = Client().get("/", follow=True)
+    assert anonymous.redirect_chain[-1][0].startswith("/ui/login/")
+    assert b"repo:acme" not in anonymous.content and b"live grants" not in anonymous.content
+    alice = Client()
+    alice.force_login(User.objects.get(username="alice"))  # owns agents, holds no role
+    page = alice.get("/", follow=True)
+    assert page.status_code == 403 and b"repo:acme" not in page.content
+    approver = ui_world.signed_in("approver").get("/", follow=True)
+    assert approver.status_code == 200 and approver.redirect_chain == [("/ui/", 302)]
+
+
+def _login_via(client: Client, username: str, password: str, peer: str, forwarded: str) -> int:
+    client.get("/ui/login/")
+    return client.post(
+        "/ui/login/",
+        {
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+        REMOTE_ADDR=peer,
+        HTTP_X_FORWARDED_FOR=forwarded,
+    ).status_code
+
+
+@pytest.mark.django_db
+def test_behind_a_trusted_proxy_sign_ins_are_counted_per_forwarded_address(settings) -> None:
+    """Behind the production proxy every sign-in came from the proxy's address: one
+    per-address limit for the whole world, which 20 junk attempts a minute used up."""
+    import ipaddress
+
+    ui_world.build()
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_address": 3}
+    settings.TRUSTED_PROXIES = (ipaddress.ip_network("172.18.0.0/16"),)
+    proxy = "172.18.0.1"
+    for i in range(3):
+        assert _login_via(Client(), f"nobody{i}", "x", proxy, f"198.51.100.{i}") == 200
+    # Three strangers used up their own counts, not carol's address's.
+    assert _login_via(Client(), "carol", ui_world.PASSWORD, proxy, "203.0.113.7") == 302
+    # One stranger is limited however its own X-Forwarded-For entries read: the proxy
+    # appends the real peer last, and entries left of it are the client's to forge.
+    for i in range(3):
+        assert _login_via(Client(), "mallory", "x", proxy, f"10.9.9.{i}, 198.51.100.77") == 200
+    assert _login_via(Client(), "bob", ui_world.PASSWORD, proxy, "1.2.3.4, 198.51.100.77") == 429
+    # A peer that is no trusted proxy is counted itself, whatever it forwards.
+    for i in range(3):
+        assert _login_via(Client(), "m2", "x", "192.0.2.50", f"198.51.100.{100 + i}") == 200
+    assert _login_via(Client(), "bob", ui_world.PASSWORD, "192.0.2.50", "203.0.113.9") == 429
+
+
+@pytest.mark.django_db
+def test_look_alike_spellings_of_an_account_share_its_sign_in_limit(settings) -> None:
+    """The form signs `ｃａｒｏｌ` (fullwidth) in as carol (NFKC), but each spelling had a
+    per-account count of its own: guessing at one account was not limited."""
+    ui_world.build()
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_account": 3}
+    for i, name in enumerate(["carol", "\uff43arol", "c\uff41rol"]):
+        assert _login(Client(), name, "wrong", addr=f"127.0.1.{i + 1}").status_code == 200
+    fullwidth = "\uff43\uff41\uff52\uff4f\uff4c"
+    assert _login(Client(), fullwidth, ui_world.PASSWORD, addr="127.0.1.9").status_code == 429
+    assert _login(Client(), "bob", ui_world.PASSWORD, addr="127.0.1.9").status_code == 302
+
+
+@pytest.mark.django_db
+def test_the_admin_site_is_for_admins_and_does_not_show_the_audit_log() -> None:
+    """A staff account with a view permission and no role got into /admin/ and read
+    every audit event there, with no audit.viewed event: the UI is where the log is
+    read, and each look is recorded."""
+    from django.contrib.auth.models import Permission
+
+    ui_world.build()
+    peeker = User.objects.create_user("peeker", is_staff=True)
+    peeker.user_permissions.add(Permission.objects.get(codename="view_grant"))
+    client = Client()
+    client.force_login(peeker)
+    refused = client.get("/admin/governance/grant/")
+    assert refused.status_code == 302 and refused["Location"].startswith("/admin/login/")
+    admin = User.objects.get(username=ui_world.ROLE_USERS["admin"])
+    admin.is_staff = True
+    admin.save(update_fields=["is_staff"])
+    admin_client = ui_world.signed_in("admin")
+    assert admin_client.get("/admin/governance/grant/").status_code == 200
+    assert admin_client.get("/admin/governance/auditevent/").status_code == 404
+    assert b"auditevent" not in admin_client.get("/admin/").content
 
 
 def test_a_refused_request_is_logged_in_one_line_and_a_server_error_with_its_traceback() -> None:

@@ -8,6 +8,8 @@ report endpoint does). POST is CSRF-checked by Django's middleware.
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import UsernameField
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -22,6 +25,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from governance import policy, ratelimit, selectors
+from governance.admin import admins_only
 from governance.errors import GovernanceError
 from governance.models import (
     Agent,
@@ -51,9 +55,34 @@ PAGE = 100
 
 
 def _account_key(username: str) -> str:
-    import hashlib
+    """The account a sign-in names, as the sign-in form reads it: Django's UsernameField
+    normalizes to NFKC, so a fullwidth `ｃａｒｏｌ` signs in as `carol` and must count
+    against her limit, not a limit of its own."""
+    named = UsernameField().to_python(username) or ""
+    return hashlib.sha256(named.strip().lower().encode()).hexdigest()[:32]
 
-    return hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
+
+def client_address(request: HttpRequest) -> str:
+    """Who is signing in: the peer, or, while the address in hand is a trusted proxy
+    (TRUSTED_PROXIES), the X-Forwarded-For entry it added (read right to left). The
+    entries left of the first untrusted one are the client's own to write: never read."""
+    address = request.META.get("REMOTE_ADDR") or "unknown"
+    hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+    while _trusted_proxy(address) and hops and _parsed(hops[-1]) is not None:
+        address = hops.pop()
+    return address
+
+
+def _parsed(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(address)
+    except ValueError:
+        return None
+
+
+def _trusted_proxy(address: str) -> bool:
+    parsed = _parsed(address)
+    return parsed is not None and any(parsed in net for net in settings.TRUSTED_PROXIES)
 
 
 class LoginView(auth_views.LoginView):
@@ -66,9 +95,8 @@ class LoginView(auth_views.LoginView):
     redirect_authenticated_user = True
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        address = request.META.get("REMOTE_ADDR") or "unknown"
         try:
-            ratelimit.check("login_address", address)
+            ratelimit.check("login_address", client_address(request))
             ratelimit.check("login_account", _account_key(request.POST.get("username", "")))
         except ratelimit.RateLimited as exc:
             response = self._refuse(
@@ -88,8 +116,7 @@ class LoginView(auth_views.LoginView):
         """Where `next` points, unless that is Django's admin site for someone who may
         not use it: the site sends them back here, and sending them on would loop."""
         url = super().get_redirect_url()
-        user = self.request.user
-        if url.startswith("/admin/") and not (user.is_authenticated and user.is_staff):
+        if url.startswith("/admin/") and not admins_only(self.request):
             return ""  # the UI's start page instead
         return url
 
