@@ -1201,3 +1201,36 @@ def test_a_window_of_part_of_a_second_is_a_line_error_not_a_database_error(world
         message
     )
     assert counts() == before
+
+
+def test_an_entry_whose_grant_fell_due_in_review_is_not_unchanged(
+    make_agent, make_tool, make_grant, alice, bob, system, tmp_path, monkeypatch
+):
+    """authorize() refuses a grant from the moment its review item falls due undecided
+    (REVIEW_DEFAULT_RULE revoke); the hourly job only marks it later. Until then the
+    import called the entry `unchanged` (live as grant #N) and created nothing: an
+    admin restoring access was told nothing needed doing."""
+    from governance.policy import authorize
+    from governance.services.reviews import review_campaign_open
+
+    monkeypatch.setattr(timezone, "now", lambda: NOW)
+    carol = User.objects.create_user("carol")
+    carol.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    bot, repo = make_agent("bot"), make_tool("repo")
+    grant = make_grant(bot, repo, duration=timedelta(hours=8))
+    review_campaign_open(
+        kind="on_demand", reason="q", actor=system, at=NOW - timedelta(minutes=20),
+        due_at=NOW - timedelta(minutes=10),
+    )  # fmt: skip
+    decision = authorize(agent="bot", tool="repo", action="read", scope="repo:acme/api/x", at=NOW)
+    assert decision.reason == "grant_revoked" and grant.status == "active"  # no job ran
+    path = write(
+        tmp_path,
+        'grants:\n- {agent: bot, tool: repo, actions: [read], scope: "repo:acme/api/*",\n'
+        "   justification: restore, duration: 1h}\n",
+    )
+    out = run_import(path, "--as", "alice")
+    assert f"live as grant #{grant.pk}" not in out and ", 0 unchanged," in out
+    request = Grant.objects.get(status="pending", agent=bot)
+    assert request.justification == "restore"
+    assert AuditEvent.objects.filter(event_type="grant.requested", grant_id=request.pk).exists()

@@ -1068,7 +1068,9 @@ class _Planner:
         # Only an ordinary grant makes an entry "unchanged": a break-glass grant ends
         # within hours and a delegated one with its parent.
         ordinary = same.filter(break_glass=False, delegated_from__isnull=True)
-        for grant in selectors.live_grants(self.at).filter(pk__in=ordinary.values("pk")):
+        # In force, as authorize() reads it: a task still open, no review fallen due
+        # undecided (its job may not have run yet).
+        for grant in selectors.grants_in_force(self.at).filter(pk__in=ordinary.values("pk")):
             if sorted(grant.actions) == wanted:
                 if differs := _differences(grant, spec):
                     # Never "unchanged" while the live grant allows what the file does not.
