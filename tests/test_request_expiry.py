@@ -117,7 +117,7 @@ def test_an_expired_request_can_no_longer_be_approved_or_denied(request_at, bob,
 
     with pytest.raises(Conflict) as approving:
         grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=later)
-    assert approving.value.code == "not_pending"
+    assert approving.value.code == "request_expired"  # as before the job ran
     with pytest.raises(Conflict):
         grants.grant_deny(
             grant_id=grant.pk, approver=bob, reason="no", actor=Actor.user(bob), at=later
@@ -176,3 +176,32 @@ def test_a_request_past_its_ttl_is_refused_even_if_the_job_never_ran(request_at,
     # The job then closes the stale one as usual, once.
     assert grant_requests_expire(actor=system, at=late) == 1
     assert len(events(EventType.GRANT_REQUEST_EXPIRED, grant_id=grant.pk)) == 1
+
+
+def test_an_expired_request_gets_the_same_answer_after_the_job_ran(request_at, bob, system):
+    """Once the job had closed it, approving or denying said `not_pending`, "already
+    denied", as if a person had denied it; the README promises `request_expired`
+    whether or not the job has run. A person's denial still reads as one."""
+    grant = request_at(NOW)
+    late = NOW + settings.GRANT_REQUEST_TTL + MS
+    assert grant_requests_expire(actor=system, at=late) == 1
+    before = AuditEvent.objects.count()
+    for decide in (
+        lambda: grants.grant_approve(
+            grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=late
+        ),
+        lambda: grants.grant_deny(
+            grant_id=grant.pk, approver=bob, reason="no", actor=Actor.user(bob), at=late
+        ),
+    ):
+        with pytest.raises(Conflict) as refused:
+            decide()
+        assert (
+            refused.value.code == "request_expired" and "expired undecided" in refused.value.message
+        )
+    assert AuditEvent.objects.count() == before
+    denied = request_at(NOW, scope="repo:acme/web/*")
+    grants.grant_deny(grant_id=denied.pk, approver=bob, reason="no", actor=Actor.user(bob), at=NOW)
+    with pytest.raises(Conflict) as again:
+        grants.grant_approve(grant_id=denied.pk, approver=bob, actor=Actor.user(bob), at=late)
+    assert again.value.code == "not_pending"

@@ -261,9 +261,16 @@ def _lock_pending(grant_id: int, at: datetime) -> Grant:
         .select_related("agent", "tool", "task")
         .get(pk=grant_id)
     )
-    if grant.status != Grant.Status.PENDING:
+    # Closed by the expiry job, or due to be: the same answer whether or not it ran
+    # ("already denied" would say a person denied it).
+    closed_by_job = (
+        grant.status == Grant.Status.DENIED
+        and grant.approved_by_id is None
+        and grant.decision_reason == REQUEST_EXPIRED_REASON
+    )
+    if grant.status != Grant.Status.PENDING and not closed_by_job:
         raise Conflict("not_pending", f"The request is already {grant.status}.")
-    if grant.created_at <= at - settings.GRANT_REQUEST_TTL:
+    if closed_by_job or grant.created_at <= at - settings.GRANT_REQUEST_TTL:
         hours = settings.GRANT_REQUEST_TTL.total_seconds() / 3600
         raise Conflict(
             "request_expired",
