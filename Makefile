@@ -27,9 +27,9 @@ run: $(STAMP)
 	$(PY) manage.py audit_checkpoint
 	@mkdir -p var/celery
 	@echo "Serving on http://$(HOST)/ (with a Celery worker and beat)"
-	@trap 'kill $$worker $$beat 2>/dev/null; wait' EXIT; trap 'exit 130' INT TERM; \
-	$(VENV)/bin/celery -A governance worker --pool=solo --loglevel=INFO & worker=$$!; \
-	$(VENV)/bin/celery -A governance beat --loglevel=INFO --schedule=var/celery/beat-schedule & \
+	@trap 'kill $$worker $$beat 2>/dev/null; wait' EXIT; trap 'exit 129' HUP; trap 'exit 130' INT TERM; \
+	setsid $(VENV)/bin/celery -A governance worker --pool=solo --loglevel=INFO & worker=$$!; \
+	setsid $(VENV)/bin/celery -A governance beat --loglevel=INFO --schedule=var/celery/beat-schedule & \
 	beat=$$!; \
 	$(PY) manage.py runserver --insecure --noreload $(HOST)
 
