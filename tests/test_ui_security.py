@@ -7,6 +7,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -19,7 +20,9 @@ from tests import ui_world
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _login(client: Client, username: str, password: str, addr: str = "127.0.0.1") -> object:
+def _login(
+    client: Client, username: str, password: str, addr: str = "127.0.0.1", **forwarded: str
+) -> Any:
     client.get("/ui/login/")
     return client.post(
         "/ui/login/",
@@ -29,6 +32,7 @@ def _login(client: Client, username: str, password: str, addr: str = "127.0.0.1"
             "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
         },
         REMOTE_ADDR=addr,
+        **forwarded,
     )
 
 
@@ -263,20 +267,6 @@ def test_the_start_page_shows_the_matrix_to_nobody_without_a_role() -> None:
     assert approver.status_code == 200 and approver.redirect_chain == [("/ui/", 302)]
 
 
-def _login_via(client: Client, username: str, password: str, peer: str, forwarded: str) -> int:
-    client.get("/ui/login/")
-    return client.post(
-        "/ui/login/",
-        {
-            "username": username,
-            "password": password,
-            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
-        },
-        REMOTE_ADDR=peer,
-        HTTP_X_FORWARDED_FOR=forwarded,
-    ).status_code
-
-
 @pytest.mark.django_db
 def test_behind_a_trusted_proxy_sign_ins_are_counted_per_forwarded_address(settings) -> None:
     """Behind the production proxy every sign-in came from the proxy's address: one
@@ -286,20 +276,24 @@ def test_behind_a_trusted_proxy_sign_ins_are_counted_per_forwarded_address(setti
     ui_world.build()
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_address": 3}
     settings.TRUSTED_PROXIES = (ipaddress.ip_network("172.18.0.0/16"),)
-    proxy = "172.18.0.1"
+    proxy, stranger = "172.18.0.1", "192.0.2.50"
+
+    def via(peer: str, forwarded: str, name: str, password: str = "x") -> int:
+        return _login(Client(), name, password, peer, HTTP_X_FORWARDED_FOR=forwarded).status_code
+
     for i in range(3):
-        assert _login_via(Client(), f"nobody{i}", "x", proxy, f"198.51.100.{i}") == 200
+        assert via(proxy, f"198.51.100.{i}", f"nobody{i}") == 200
     # Three strangers used up their own counts, not carol's address's.
-    assert _login_via(Client(), "carol", ui_world.PASSWORD, proxy, "203.0.113.7") == 302
+    assert via(proxy, "203.0.113.7", "carol", ui_world.PASSWORD) == 302
     # One stranger is limited however its own X-Forwarded-For entries read: the proxy
     # appends the real peer last, and entries left of it are the client's to forge.
     for i in range(3):
-        assert _login_via(Client(), "mallory", "x", proxy, f"10.9.9.{i}, 198.51.100.77") == 200
-    assert _login_via(Client(), "bob", ui_world.PASSWORD, proxy, "1.2.3.4, 198.51.100.77") == 429
+        assert via(proxy, f"10.9.9.{i}, 198.51.100.77", "mallory") == 200
+    assert via(proxy, "1.2.3.4, 198.51.100.77", "bob", ui_world.PASSWORD) == 429
     # A peer that is no trusted proxy is counted itself, whatever it forwards.
     for i in range(3):
-        assert _login_via(Client(), "m2", "x", "192.0.2.50", f"198.51.100.{100 + i}") == 200
-    assert _login_via(Client(), "bob", ui_world.PASSWORD, "192.0.2.50", "203.0.113.9") == 429
+        assert via(stranger, f"198.51.100.{100 + i}", "m2") == 200
+    assert via(stranger, "203.0.113.9", "bob", ui_world.PASSWORD) == 429
 
 
 @pytest.mark.django_db
