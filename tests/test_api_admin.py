@@ -722,6 +722,23 @@ def test_the_access_report_lists_who_could_do_what_now_and_is_audited(auditor, m
     assert '"format":"json"' in event.data and '"rows":2' in event.data
 
 
+def test_the_access_report_narrows_to_an_agent_task_or_tool(auditor, many_grants):
+    everything = auditor.get(f"{API}/reports/access").json()["rows"]
+    assert {r["tool"] for r in everything} == {"mail", "repo"}
+    for query, keep in [
+        ({"tool": "mail"}, lambda r: r["tool"] == "mail"),
+        ({"task": "TICKET-1"}, lambda r: r["task"] == "TICKET-1"),
+        ({"agent": "bot", "tool": "repo"}, lambda r: r["agent"] == "bot" and r["tool"] == "repo"),
+        ({"agent": "nobody"}, lambda r: False),
+    ]:
+        response = auditor.get(f"{API}/reports/access", query)
+        assert response.status_code == 200, response.content
+        assert response.json()["rows"] == [r for r in everything if keep(r)]
+        recorded = json.loads(last_event().data)
+        assert {k: recorded[k] for k in query} == query
+    _error(auditor.get(f"{API}/reports/access", {"agent": "x" * 101}), 400, "invalid_request")
+
+
 def test_the_access_report_answers_for_a_past_moment(auditor, many_grants):
     revoked_at = Grant.objects.get(pk=many_grants["revoked"].pk).revoked_at
     before_revocation = (revoked_at - timedelta(milliseconds=1)).isoformat()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -582,6 +582,116 @@ def test_an_xlsx_export_shows_control_characters_escaped_never_a_500() -> None:
     assert event.event_type == "report.exported" and json.loads(event.data)["format"] == "xlsx"
 
 
+def test_an_agents_arguments_cannot_make_an_xlsx_export_unreadable() -> None:
+    """U+FFFE and U+FFFF in an agent's arguments were stored as they are and written
+    into the sheet, which XML 1.0 forbids: no spreadsheet could open any XLSX export
+    of a period holding that one call."""
+    ui_world.build()
+    at = timezone.now() - timedelta(minutes=1)
+    decision = access.access_check(
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/docs/x", at=at,
+        arguments={"note": "a\ufffeb\uffffc"},
+    )  # fmt: skip
+    assert decision.allowed
+    client = ui_world.signed_in("auditor")
+    start = (at - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M")
+    end = (at + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M")
+    for path in (
+        f"/ui/exports/decisions?format=xlsx&start={start}&end={end}&agent=bot-a",
+        "/ui/audit/export?format=xlsx&agent=bot-a",
+    ):
+        sheet = load_workbook(io.BytesIO(_download(client, path).content)).active
+        header = [c.value for c in sheet[1]]
+        cells = [r[header.index("arguments")] for r in sheet.iter_rows(min_row=2, values_only=True)]
+        assert any("a\\ufffeb\\uffffc" in (c or "") for c in cells), cells
+
+
+def test_an_xlsx_value_too_long_for_a_cell_is_kept_whole_in_pieces() -> None:
+    """openpyxl cut a cell at 32,767 characters without a word: the data of a campaign
+    over ~750 grants came out as broken JSON in XLSX while CSV and JSON held all of it."""
+    from governance.services import exports
+
+    long = json.dumps({"items": [f"grant {i}" for i in range(6000)]})
+    formula_at_cut = "a" * exports.XLSX_CELL_MAX + "=1+1" + "b" * 10
+    rows = [
+        {"seq": 1, "data": long},
+        {"seq": 2, "data": "short"},
+        {"seq": 3, "data": formula_at_cut},
+    ]
+    book = load_workbook(io.BytesIO(exports.to_xlsx(rows, ["seq", "data"], "audit")))
+    main = list(book["audit"].iter_rows(min_row=2, values_only=True))
+    assert main[1] == (2, "short")
+    assert "sheet 'long values', row 2" in main[0][1] and "row 4" in main[2][1]
+    pieces = list(book["long values"].iter_rows(min_row=2, values_only=True))
+    for row, text in ((2, long), (4, formula_at_cut)):
+        mine = [p for p in pieces if p[0] == row]
+        assert [p[2] for p in mine] == list(range(1, len(mine) + 1)) and mine[0][3] == len(mine)
+        assert "".join(p[4] for p in mine) == text
+        assert all(len(p[4]) <= exports.XLSX_CELL_MAX for p in mine)
+    # No piece begins as a formula: every cell in the file is a plain value.
+    assert all(c.data_type != "f" for r in book["long values"].iter_rows() for c in r)
+
+
+def test_json_exports_keep_microseconds_as_csv_does() -> None:
+    """Django's JSON encoder drops the last three digits of a time: the same decision
+    log said ...43.020053 in CSV and ...43.020000 in JSON, and the record of an access
+    export named another moment than the one exported."""
+    ui_world.build()
+    at = timezone.now().replace(microsecond=20053) - timedelta(minutes=1)
+    access.access_check(agent="bot-a", tool="repo", action="read", scope="repo:acme/docs/y", at=at)
+    client = ui_world.signed_in("auditor")
+    start = (at - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M")
+    end = (at + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M")
+    query = f"start={start}&end={end}&agent=bot-a"
+    as_json = json.loads(_download(client, f"/ui/exports/decisions?format=json&{query}").content)
+    as_csv = list(csv.DictReader(io.StringIO(
+        _download(client, f"/ui/exports/decisions?format=csv&{query}").content.decode()
+    )))  # fmt: skip
+    assert [datetime.fromisoformat(r["time"]) for r in as_json["rows"]] == [
+        datetime.fromisoformat(r["time"]) for r in as_csv
+    ]
+    assert as_json["rows"][-1]["time"].endswith(".020053Z")
+    moment = "2026-11-29T10:00:00.000999"
+    data = json.loads(_download(client, f"/ui/exports/access?format=json&at={moment}").content)
+    assert data["at"] == moment + "Z"
+    assert json.loads(last_event().data)["at"] == moment + "Z"
+
+
+def test_access_reports_narrow_to_an_agent_task_or_tool_as_the_refusal_advises() -> None:
+    """`too_many_rows` said "filter by agent, task or tool", which the access report
+    could not do (400 unknown field): a period over the cap could not be exported."""
+    world = ui_world.build()
+    client = ui_world.signed_in("auditor")
+    start = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    end = (timezone.now() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    for query in ("format=json", f"format=json&start={start}&end={end}"):
+        everything = json.loads(_download(client, f"/ui/exports/access?{query}").content)
+        assert {r["tool"] for r in everything["rows"]} > {"repo"}, everything["rows"]
+        only = json.loads(_download(client, f"/ui/exports/access?{query}&tool=repo").content)
+        assert only["rows"] and {r["tool"] for r in only["rows"]} == {"repo"}
+        assert only["rows"] == [r for r in everything["rows"] if r["tool"] == "repo"]
+        assert json.loads(last_event().data)["tool"] == "repo"
+        by_task = json.loads(_download(client, f"/ui/exports/access?{query}&task=TICKET-9").content)
+        assert by_task["rows"] and {r["task"] for r in by_task["rows"]} == {"TICKET-9"}
+        by_agent = json.loads(_download(client, f"/ui/exports/access?{query}&agent=bot-a").content)
+        assert by_agent["rows"] == [r for r in everything["rows"] if r["agent"] == "bot-a"]
+        nobody = json.loads(_download(client, f"/ui/exports/access?{query}&agent=nope").content)
+        assert nobody["rows"] == []
+    assert world.agent.name == "bot-a"
+
+
+def test_the_printable_report_says_which_rows_are_break_glass() -> None:
+    """CSV, JSON and XLSX had the flag; the page an auditor prints to PDF did not, so a
+    break-glass grant read as an ordinary one with no approver."""
+    world = ui_world.build()
+    ui_world.build_lifecycle(world)
+    page = ui_world.signed_in("auditor").get("/ui/reports/print").content.decode()
+    rows = [r for r in page.split("<tr>") if "repo:acme/incident/*" in r]
+    assert len(rows) == 1 and "<b>break-glass</b>" in rows[0]
+    ordinary = [r for r in page.split("<tr>") if "repo:acme/docs/*" in r]
+    assert ordinary and "<b>break-glass</b>" not in ordinary[0]
+
+
 def test_an_export_whose_file_cannot_be_made_records_no_export(monkeypatch) -> None:
     """The file is made in the transaction that records the export: a failure there
     leaves no `report.exported` for a file that never left."""
@@ -620,7 +730,7 @@ def test_an_export_too_big_to_hand_out_whole_is_refused_not_cut(monkeypatch) -> 
     """A file an auditor receives is always the whole answer: past MAX_ROWS the export
     is refused with a sentence saying how to narrow it (and nothing is recorded as
     handed out); at the limit every row is there."""
-    from governance.services import exports
+    from governance.services import reports
 
     ui_world.build()
     client = ui_world.signed_in("auditor")
@@ -629,6 +739,8 @@ def test_an_export_too_big_to_hand_out_whole_is_refused_not_cut(monkeypatch) -> 
     paths = {
         "decisions": f"/ui/exports/decisions?format=csv&start={start}&end={end}&agent=bot-a",
         "access_period": f"/ui/exports/access?format=csv&start={start}&end={end}",
+        # The moment report too (it was never held to the cap).
+        "access": "/ui/exports/access?format=csv",
         "audit": "/ui/audit/export?format=csv&agent=bot-a",  # exports add no bot-a events
     }
     whole = {
@@ -637,13 +749,13 @@ def test_an_export_too_big_to_hand_out_whole_is_refused_not_cut(monkeypatch) -> 
     }
     assert all(count >= 2 for count in whole.values()), whole
     for name, path in paths.items():
-        monkeypatch.setattr(exports, "MAX_ROWS", whole[name] - 1)
+        monkeypatch.setattr(reports, "MAX_ROWS", whole[name] - 1)
         before = AuditEvent.objects.count()
         refused = client.get(path)
         assert refused.status_code == 400, name
         assert b"too_many_rows" in refused.content and b"narrow the period" in refused.content
         assert AuditEvent.objects.count() == before, name
-        monkeypatch.setattr(exports, "MAX_ROWS", whole[name])
+        monkeypatch.setattr(reports, "MAX_ROWS", whole[name])
         rows = list(csv.DictReader(io.StringIO(_download(client, path).content.decode())))
         assert len(rows) == whole[name], name
         assert json.loads(last_event().data)["rows"] == whole[name]

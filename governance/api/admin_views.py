@@ -473,8 +473,9 @@ class AccessReportView(AdminView):
         query = _parse(s.AccessReportIn, request.query_params)
         now = timezone.now()
         at = query.get("at") or now
+        narrow = {k: query[k] for k in ("agent", "task", "tool") if query.get(k)}
         rows = reports.access_report_export(
-            at=at, fmt=query["format"], actor=actor_for(request), now=now
+            at=at, fmt=query["format"], actor=actor_for(request), now=now, **narrow
         )
         if query["format"] == "csv":
             stamp = at.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")

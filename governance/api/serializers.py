@@ -787,6 +787,9 @@ class GrantRevokeOut(serializers.Serializer):
 class AccessReportIn(StrictSerializer):
     format = serializers.ChoiceField(choices=["json", "csv"], required=False, default="json")
     at = serializers.DateTimeField(required=False, help_text="ISO 8601; default: now")
+    agent = serializers.CharField(required=False, max_length=100, help_text="only this agent")
+    task = serializers.CharField(required=False, max_length=100, help_text="only this task")
+    tool = serializers.CharField(required=False, max_length=100, help_text="only this tool")
 
 
 class AccessRowOut(serializers.Serializer):

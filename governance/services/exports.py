@@ -31,7 +31,6 @@ from governance.services import reports
 from governance.services.outcomes import DECISION_EVENTS
 
 FORMATS = ("csv", "json", "xlsx")
-MAX_ROWS = 100_000
 
 PERIOD_COLUMNS = (
     "grant",
@@ -105,19 +104,6 @@ def _check_format(fmt: str) -> None:
         )
 
 
-def _at_most(items: Any) -> list[Any]:
-    """Every row or none: an export holding more than MAX_ROWS is refused (narrow it),
-    never cut short, so a file an auditor receives is always the whole answer."""
-    found = list(items[: MAX_ROWS + 1])
-    if len(found) > MAX_ROWS:
-        raise GovernanceError(
-            "too_many_rows",
-            f"The export would hold more than {MAX_ROWS:,} rows; narrow the period or "
-            "filter by agent, task or tool.",
-        )
-    return found
-
-
 def _check_period(start: datetime, end: datetime) -> None:
     if end <= start:
         raise GovernanceError(
@@ -150,19 +136,21 @@ def with_reviews(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**row, "reviews": "; ".join(found.get(row["grant"], []))} for row in rows]
 
 
-def access_period_rows(start: datetime, end: datetime) -> list[dict[str, Any]]:
-    """Every grant that was live at some moment in [start, end), each with its widest
-    shape in the period: as it was at `start` (reports.shapes_at)."""
+def access_period_rows(start: datetime, end: datetime, **narrow: str) -> list[dict[str, Any]]:
+    """Every grant that was live at some moment in [start, end) (of one agent, task or
+    tool, when named), each with its widest shape in the period: as it was at `start`
+    (reports.shapes_at)."""
     _check_period(start, end)
     grants = (
-        Grant.objects.exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
+        reports.narrowed(Grant.objects.all(), **narrow)
+        .exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
         .filter(starts_at__lt=end, expires_at__gt=start)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=start))
         .select_related("agent__owner", "tool", "task", "requested_by", "approved_by")
         .select_related("requested_by_agent")
     )
     order = lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.pk)  # noqa: E731
-    rows = _at_most(sorted(grants, key=order))
+    rows = sorted(reports.at_most(grants), key=order)
     shapes = reports.shapes_at(rows, start)
     return with_reviews(
         [
@@ -252,19 +240,31 @@ def decision_rows(
     _check_period(start, end)
     qs = AuditEvent.objects.filter(event_type__in=DECISION_EVENTS)
     qs = audit_filter(qs, start=start, end=end, agent=agent, task=task, tool=tool)
-    return [_event_row(e) for e in _at_most(qs.order_by("seq"))]
+    return [_event_row(e) for e in reports.at_most(qs.order_by("seq"))]
 
 
 def audit_rows(**filters: Any) -> list[dict[str, Any]]:
     qs = audit_filter(AuditEvent.objects.all(), **filters)
-    return [_event_row(e) for e in _at_most(qs.order_by("seq"))]
+    return [_event_row(e) for e in reports.at_most(qs.order_by("seq"))]
 
 
 # --- Writing the record of the read ---------------------------------------------------------
 
 
+class _Encoder(DjangoJSONEncoder):
+    """Django's, but a time keeps its microseconds (Django's drops the last three
+    digits): the JSON file says what the CSV and XLSX say, and the record of an
+    export names the exact moment exported."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, datetime):
+            text = o.isoformat()
+            return text.removesuffix("+00:00") + "Z" if text.endswith("+00:00") else text
+        return super().default(o)
+
+
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+    return json.loads(json.dumps(value, cls=_Encoder))
 
 
 def export(
@@ -318,34 +318,72 @@ def to_csv(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def to_json(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    return json.dumps({**meta, "count": len(rows), "rows": rows}, cls=DjangoJSONEncoder, indent=1)
+    return json.dumps({**meta, "count": len(rows), "rows": rows}, cls=_Encoder, indent=1)
 
 
-# The characters XML 1.0, so XLSX, cannot hold (openpyxl refuses a cell with one).
-_XLSX_ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+# The characters XML 1.0, so XLSX, cannot hold: C0 controls but tab, LF and CR;
+# surrogates; U+FFFE and U+FFFF (one in an agent's arguments made the whole file
+# unreadable: openpyxl wrote it, and no spreadsheet could open it).
+_XLSX_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+# The most characters a spreadsheet cell holds (openpyxl cuts a longer one silently).
+XLSX_CELL_MAX = 32_767
+_FORMULA_START = frozenset("=+-@\t\r")
 
 
 def _xlsx_value(value: Any) -> Any:
     # Numbers stay numbers; everything else is text that cannot be a formula, with the
-    # control characters XLSX cannot hold (XML 1.0) shown as `\x01`, as the audit log
-    # stores them, instead of failing the whole file.
+    # characters XLSX cannot hold shown as `\x01` / `\ufffe`, as the audit log
+    # stores control characters, instead of failing the whole file.
     if isinstance(value, bool) or value is None or not isinstance(value, int | float):
         return _XLSX_ILLEGAL.sub(_escaped, reports.csv_cell(value))
     return value
 
 
 def _escaped(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group(0)):02x}"
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _parts(text: str) -> list[str]:
+    """`text` in pieces that each fit a cell and none of which a spreadsheet would
+    read as a formula (a piece never starts with = + - @, tab or CR)."""
+    parts, at = [], 0
+    while at < len(text):
+        end = min(at + XLSX_CELL_MAX, len(text))
+        while end < len(text) and text[end] in _FORMULA_START and end > at + 1:
+            end -= 1
+        parts.append(text[at:end])
+        at = end
+    return parts
 
 
 def to_xlsx(rows: list[dict[str, Any]], columns: Sequence[str], title: str) -> bytes:
+    """One sheet of rows. A value too long for a cell (event data listing a whole
+    campaign, say) is never cut: its cell says where it is, and the sheet
+    `long values` holds it in order, in pieces (row, column, piece, of, text)."""
     from openpyxl import Workbook
 
     book = Workbook(write_only=True)
     sheet = book.create_sheet(title=title[:31])
     sheet.append(list(columns))
-    for row in rows:
-        sheet.append([_xlsx_value(row[c]) for c in columns])
+    long_values: list[list[Any]] = []
+    for number, row in enumerate(rows, start=2):
+        cells = []
+        for column in columns:
+            value = _xlsx_value(row[column])
+            if isinstance(value, str) and len(value) > XLSX_CELL_MAX:
+                parts = _parts(value)
+                long_values += [
+                    [number, column, n, len(parts), part] for n, part in enumerate(parts, 1)
+                ]
+                value = f"({len(value):,} characters: sheet 'long values', row {number})"
+            cells.append(value)
+        sheet.append(cells)
+    if long_values:
+        rest = book.create_sheet(title="long values")
+        rest.append(["row", "column", "piece", "of", "text"])
+        for line in long_values:
+            rest.append(line)
     out = io.BytesIO()
     book.save(out)
     return out.getvalue()

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from governance import audit, selectors
@@ -86,11 +87,42 @@ def shapes_at(grants: Iterable[Grant], at: datetime) -> dict[int, dict[str, Any]
     return shapes
 
 
-def access_rows(at: datetime) -> list[dict[str, Any]]:
-    """One row per grant live at `at`, in a stable order (as matrix_snapshot), each with
-    its actions, scope and expiry as they were at `at` (shapes_at)."""
+MAX_ROWS = 100_000
+
+
+def at_most(items: Any) -> list[Any]:
+    """Every row or none: an export holding more than MAX_ROWS is refused (narrow it),
+    never cut short, so a file an auditor receives is always the whole answer."""
+    found = list(items[: MAX_ROWS + 1])
+    if len(found) > MAX_ROWS:
+        raise GovernanceError(
+            "too_many_rows",
+            f"The export would hold more than {MAX_ROWS:,} rows; narrow the period or "
+            "filter by agent, task or tool.",
+        )
+    return found
+
+
+def narrowed(grants: QuerySet[Grant], *, agent: str = "", task: str = "", tool: str = "") -> Any:
+    """An access report's grants for one agent, task or tool (each optional, exact)."""
+    if agent:
+        grants = grants.filter(agent__name=agent)
+    if task:
+        grants = grants.filter(task__key=task)
+    if tool:
+        grants = grants.filter(tool__name=tool)
+    return grants
+
+
+def access_rows(
+    at: datetime, *, agent: str = "", task: str = "", tool: str = ""
+) -> list[dict[str, Any]]:
+    """One row per grant live at `at` (of one agent, task or tool, when named), in a
+    stable order (as matrix_snapshot), each with its actions, scope and expiry as they
+    were at `at` (shapes_at). More than MAX_ROWS: refused (too_many_rows)."""
+    live = narrowed(selectors.live_grants(at), agent=agent, task=task, tool=tool)
     grants = sorted(
-        selectors.live_grants(at).select_related("agent__owner", "requested_by_agent"),
+        at_most(live.select_related("agent__owner", "requested_by_agent")),
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
     )
     shapes = shapes_at(grants, at)
@@ -211,20 +243,27 @@ def state_at(at: datetime) -> PastState:
 
 
 def access_report_export(
-    *, at: datetime, fmt: str, actor: audit.Actor, now: datetime
+    *, at: datetime, fmt: str, actor: audit.Actor, now: datetime, **narrow: str
 ) -> list[dict[str, Any]]:
-    """The rows for `at`, with the `report.exported` event that says who read them."""
+    """The rows for `at` (narrowed to an agent, task or tool, when named), with the
+    `report.exported` event that says who read them."""
     if fmt not in FORMATS:
         raise GovernanceError(
             "invalid_format", f"Format must be one of {', '.join(FORMATS)}.", fields={"format": fmt}
         )
     with transaction.atomic():
-        rows = access_rows(at)
+        rows = access_rows(at, **narrow)
         audit.append(
             event_type=EventType.REPORT_EXPORTED,
             actor=actor,
             at=now,
-            data={"report": "access", "at": at.isoformat(), "format": fmt, "rows": len(rows)},
+            data={
+                "report": "access",
+                "at": at.isoformat(),
+                "format": fmt,
+                "rows": len(rows),
+                **{k: v for k, v in narrow.items() if v},
+            },
         )
     return rows
 

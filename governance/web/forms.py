@@ -162,11 +162,14 @@ class WhatIfForm(StrictForm):
 
 
 class AccessExportForm(StrictForm):
-    """A moment (`at`) or a period (`start`..`end`)."""
+    """A moment (`at`) or a period (`start`..`end`), optionally one agent, task or tool."""
 
     at = MomentField(required=False)
     start = MomentField(required=False, label="from")
     end = MomentField(required=False, label="to")
+    agent = forms.CharField(max_length=100, required=False)
+    task = forms.CharField(max_length=100, required=False)
+    tool = forms.CharField(max_length=100, required=False)
     format = forms.ChoiceField(choices=[(f, f) for f in exports.FORMATS])
 
     def clean(self) -> dict[str, Any]:

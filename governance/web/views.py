@@ -852,12 +852,13 @@ def export_access(request: HttpRequest) -> HttpResponse:
         return common.invalid(request, form)
     data, now = form.cleaned_data, timezone.now()
     fmt = data["format"]
+    narrow = {k: data[k] for k in ("agent", "task", "tool") if data.get(k)}
     try:
         if data.get("start"):
-            params = {"from": data["start"], "to": data["end"]}
+            params = {"from": data["start"], "to": data["end"], **narrow}
             return exports.export(
                 report="access_period",
-                rows_of=lambda: exports.access_period_rows(data["start"], data["end"]),
+                rows_of=lambda: exports.access_period_rows(data["start"], data["end"], **narrow),
                 params=params,
                 fmt=fmt,
                 actor=common.actor(request),
@@ -867,14 +868,15 @@ def export_access(request: HttpRequest) -> HttpResponse:
                 ),
             )
         at = data.get("at") or now
+        params = {"at": at, **narrow}
         return exports.export(
             report="access",
-            rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
-            params={"at": at},
+            rows_of=lambda: exports.with_reviews(reports.access_rows(at, **narrow)),
+            params=params,
             fmt=fmt,
             actor=common.actor(request),
             now=now,
-            build=lambda rows: _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, {"at": at}),
+            build=lambda rows: _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, params),
         )
     except GovernanceError as exc:
         return common.failed(request, exc)
