@@ -1155,28 +1155,21 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                 aside = directory / f"archived-{stamp}-{n}"
         for path in old:
             path.rename(aside / path.name)
-        restart = {
-            "event_type": EventType.AUDIT_CHECKPOINTS_RESTARTED,
-            "actor": actor,
-            "at": at,
-            "reason": "checkpoints_restarted",
-            "data": {
-                "comment": reason,
-                "archived": aside.name,
-                "files": len(old),
-                "last_seq": last.get("seq") if last else None,
-                "last_head": last.get("head") if last else None,
-            },
-        }
-        try:
-            return _write_locked(directory, at, restart=restart)
-        except BaseException:
-            # Nothing on record and no new checkpoint: the old series goes back where it
-            # was, as if the restart had not been asked for.
-            for path in old:
-                (aside / path.name).rename(path)
-            aside.rmdir()
-            raise
+        with transaction.atomic():
+            append(
+                event_type=EventType.AUDIT_CHECKPOINTS_RESTARTED,
+                actor=actor,
+                at=at,
+                reason="checkpoints_restarted",
+                data={
+                    "comment": reason,
+                    "archived": aside.name,
+                    "files": len(old),
+                    "last_seq": last.get("seq") if last else None,
+                    "last_head": last.get("head") if last else None,
+                },
+            )
+        return _write_locked(directory, at, new_series=True)
 
 
 def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
@@ -1276,14 +1269,11 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _write_locked(directory, at)
+        return _write_locked(directory, at, new_series=False)
 
 
-def _write_locked(
-    directory: Path, at: datetime, *, restart: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """write_checkpoint() with the directory's lock held. `restart`: the event of a new
-    series (restart_checkpoints), recorded with its first checkpoint or not at all."""
+def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[str, Any]:
+    """write_checkpoint() with the directory's lock held."""
     existing = _checkpoint_paths()
     previous = _read_checkpoint(existing[-1]) if existing else None
     with transaction.atomic():
@@ -1303,46 +1293,31 @@ def _write_locked(
         if problem:
             log.error("audit checkpoint refused at seq %s: %s", *problem)
             raise ChainBroken(problem)
+    # Only a checkpoint that will be written says there was a gap (a refused one,
+    # every minute while damage stays, would repeat it), and it signs that event.
+    recorded = _record_gap(previous, at)
+    if previous is None:
+        recorded = _begin_series(new_series, series, at) or recorded
+    else:
+        recorded = _adopt_series(existing[0], series, at) or recorded
+    if recorded:
+        with transaction.atomic():
+            seq, head = _lock_and_read_head()
+    body: dict[str, Any] = {
+        "seq": seq,
+        "head": head,
+        "count": seq,
+        "time": _iso(at),
+        "prev_signature": previous["signature"] if previous else "",
+    }
+    body["signature"] = _sign_checkpoint(body)
     index = len(existing) + 1
     path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-    written = False
+    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    tmp.write_text(canonical_json(body))
     try:
-        # What the checkpoint puts on record (a gap, a series' start) commits with
-        # its file or not at all: a file that cannot be written (a full disk) leaves no
-        # start without a checkpoint, which would read as an emptied directory, and no
-        # gap that the next attempt records again. The chain lock such an event takes
-        # is held over the file's write, a few hundred microseconds once a minute.
-        with transaction.atomic():
-            # Only a checkpoint that will be written says there was a gap (a refused
-            # one, every minute while damage stays, would repeat it), and it signs it.
-            recorded = restart is not None
-            if restart is not None:
-                append(**restart)
-            recorded = _record_gap(previous, at) or recorded
-            if previous is None:
-                recorded = _begin_series(restart is not None, series, at) or recorded
-            else:
-                recorded = _adopt_series(existing[0], series, at) or recorded
-            if recorded:
-                seq, head = _lock_and_read_head()
-            body: dict[str, Any] = {
-                "seq": seq,
-                "head": head,
-                "count": seq,
-                "time": _iso(at),
-                "prev_signature": previous["signature"] if previous else "",
-            }
-            body["signature"] = _sign_checkpoint(body)
-            tmp = directory / f".{path.name}.{os.getpid()}.tmp"
-            tmp.write_text(canonical_json(body))
-            try:
-                os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
-                written = True
-            finally:
-                tmp.unlink()
-    except BaseException:
-        if written:  # the events it signs did not commit: it signs nothing that exists
-            path.unlink(missing_ok=True)
-        raise
+        os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
+    finally:
+        tmp.unlink()
     body["file"] = path.name
     return body
