@@ -1185,6 +1185,11 @@ def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
         return False
     minutes = int((at - since).total_seconds() // 60)
     log.warning("audit checkpoint gap: %s min since %s", minutes, previous["file"])
+    if _gap_recorded_after(previous):
+        # An earlier attempt recorded this gap, then could not write its checkpoint (a
+        # full disk, say): the gap is on record once, and the checkpoint written now
+        # signs that event.
+        return False
     with transaction.atomic():
         append(
             event_type=EventType.AUDIT_CHECKPOINT_GAP,
@@ -1193,6 +1198,15 @@ def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
             data={"after": previous["file"], "after_seq": previous["seq"], "minutes": minutes},
         )
     return True
+
+
+def _gap_recorded_after(previous: dict[str, Any]) -> bool:
+    from governance.models import AuditEvent
+
+    mark = canonical_json({"after": previous["file"]})[1:-1]  # `"after":"checkpoint-..."`
+    return AuditEvent.objects.filter(
+        event_type=EventType.AUDIT_CHECKPOINT_GAP, seq__gt=previous["seq"], data__contains=mark
+    ).exists()
 
 
 _JOB = Actor.system("audit_checkpoint")

@@ -295,6 +295,37 @@ def test_a_gap_in_the_checkpoint_series_is_on_record_and_named_by_every_verify(
     assert AuditEvent.objects.filter(event_type="audit.checkpoint_gap").count() == 1
 
 
+def test_a_gap_is_recorded_once_however_often_its_checkpoint_fails_to_be_written(
+    chain, settings, monkeypatch
+):
+    """The gap goes on record before the checkpoint that signs it is written: with the
+    disk full, every minute's attempt recorded the same gap again."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    written = datetime.now(UTC)
+    first = audit.write_checkpoint(written)
+    real_link = os.link
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "link", full)
+    for minute in (70, 71, 72):
+        with pytest.raises(OSError):
+            audit.write_checkpoint(written + timedelta(minutes=minute))
+    monkeypatch.setattr(os, "link", real_link)
+    second = audit.write_checkpoint(written + timedelta(minutes=73))
+    (gap,) = AuditEvent.objects.filter(event_type="audit.checkpoint_gap")
+    assert json.loads(gap.data) == {
+        "after": first["file"],
+        "after_seq": first["seq"],
+        "minutes": 70,
+    }
+    assert second["seq"] == gap.seq and audit.verify_chain(written + timedelta(minutes=74)).ok
+    # A later stop after the new checkpoint is a gap of its own.
+    audit.write_checkpoint(written + timedelta(minutes=200))
+    assert AuditEvent.objects.filter(event_type="audit.checkpoint_gap").count() == 2
+
+
 def test_a_refused_checkpoint_records_no_gap(chain, settings):
     """Over a damaged log every checkpoint is refused (the job tries each minute): none
     of them is written, so none says there was a gap either."""
