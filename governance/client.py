@@ -38,9 +38,11 @@ import logging
 import re
 import socket
 import time
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -570,41 +572,42 @@ class GovernanceClient:
                 except BaseException as exc:
                     self._report_quietly(decision_id, "failed", excerpt=type(exc).__name__)
                     raise
-                if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
                     # An async tool that does not look like one (an `async def` under
                     # another decorator, an object with `async def __call__`): nothing
-                    # has run yet. The caller awaits this, and the report follows.
+                    # has run yet. The caller awaits this, and the report follows. (A
+                    # Task or Future the tool started is returned as it is, reported now.)
                     return settle(decision_id, result)
                 self._report_quietly(decision_id, "succeeded", result_digest=_digest(result))
                 return result
 
-            def make(bound: tuple[Any, ...]) -> Any:
-                """The wrapper, with `bound` (a method's instance) before the arguments."""
+            def make() -> Any:
+                """The wrapper (a new one each time: a method's instance gets its own)."""
                 if inspect.iscoroutinefunction(fn):
 
                     @functools.wraps(fn)
                     async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                        return await arun(None, bound + args, kwargs)
+                        return await arun(None, args, kwargs)
 
                     async def async_with_approval(
                         approval_id: str, *args: Any, **kwargs: Any
                     ) -> Any:
-                        return await arun(approval_id, bound + args, kwargs)
+                        return await arun(approval_id, args, kwargs)
 
                     async_wrapper.with_approval = async_with_approval  # type: ignore[attr-defined]
                     return async_wrapper
 
                 @functools.wraps(fn)
                 def wrapper(*args: Any, **kwargs: Any) -> Any:
-                    return run(None, bound + args, kwargs)
+                    return run(None, args, kwargs)
 
                 def with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
-                    return run(approval_id, bound + args, kwargs)
+                    return run(approval_id, args, kwargs)
 
                 wrapper.with_approval = with_approval  # type: ignore[attr-defined]
                 return wrapper
 
-            plain = make(())
+            plain = make()
             if next(iter(signature.parameters), None) in ("self", "cls"):
                 # A method: `obj.method.with_approval(id, ...)` must pass `obj` along,
                 # which an attribute of a plain function cannot.
@@ -624,15 +627,37 @@ class GovernanceClient:
 
 
 class _GuardedMethod:
-    """A guarded method. Read from an instance, it is the wrapper with the instance
-    bound, `with_approval` included; read from the class, the plain wrapper."""
+    """A guarded method. Read from an instance it is a real bound method (its signature
+    without `self`, equal to itself, picklable by name) whose `with_approval` passes the
+    instance along too; read from the class, the plain wrapper."""
 
-    def __init__(self, plain: Any, make: Callable[[tuple[Any, ...]], Any]) -> None:
+    def __init__(self, plain: Any, make: Callable[[], Any]) -> None:
         functools.update_wrapper(self, plain)
         self._plain, self._make = plain, make
+        # One function per live instance (by identity), so `obj.m == obj.m`.
+        self._bound: dict[int, tuple[Any, Any]] = {}
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
-        return self._plain if instance is None else self._make((instance,))
+        if instance is None:
+            return self._plain
+        held = self._bound.get(id(instance))
+        if held is not None and held[0]() is instance:
+            return types.MethodType(held[1], instance)
+        function = self._make()
+        unbound = function.with_approval
+        try:
+            ref = weakref.ref(instance)
+        except TypeError:  # no weak references: a function per access, holding it
+            ref = None
+
+        def with_approval(approval_id: str, *args: Any, **kwargs: Any) -> Any:
+            return unbound(approval_id, ref() if ref is not None else instance, *args, **kwargs)
+
+        function.with_approval = with_approval
+        if ref is not None:
+            self._bound[id(instance)] = (ref, function)
+            weakref.finalize(instance, self._bound.pop, id(instance), None)
+        return types.MethodType(function, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._plain(*args, **kwargs)

@@ -563,10 +563,12 @@ def test_a_task_whose_key_holds_a_slash_is_read_and_closed(admin, world, make_gr
     bound.refresh_from_db()
     assert bound.status == "revoked"
     assert AuditEvent.objects.filter(event_type="task.closed", task="acme/api#42").exists()
-    # A key ending in /close would be read as the close action: refused, nothing written.
+    # A key ending in /close would be read as the close action, and a browser resolves
+    # `..` in the close button's URL (acme/x/../close posts to acme's): refused.
     with _Unchanged(Task):
-        _error(admin.post(f"{API}/tasks", {"key": "ops/close"}, format="json"), 400,
-               "invalid_task_key")  # fmt: skip
+        for key in ("ops/close", "acme/x/..", "acme/./x", ".."):
+            _error(admin.post(f"{API}/tasks", {"key": key}, format="json"), 400,
+                   "invalid_task_key")  # fmt: skip
 
 
 # --- Grants ------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import inspect
 import json
+import pickle
 import socket
 import threading
 import time
@@ -771,3 +773,46 @@ def test_with_approval_on_a_guarded_method_passes_the_instance(stub):
         ("repo:acme/w", None, {"p": "w"}),
     ]
     assert Repo.delete.__name__ == "delete" and outcomes(stub) == ["succeeded"] * 4
+    # Still a bound method in every way a framework looks at one.
+    assert inspect.ismethod(repo.delete) and repo.delete.__self__ is repo
+    assert list(inspect.signature(repo.delete).parameters) == ["p"]
+    assert repo.delete == repo.delete and repo.delete != Repo("r2").delete
+    assert inspect.iscoroutinefunction(repo.adelete)
+    assert pickle.loads(pickle.dumps(_PICKLED.run)).__self__.name == "pickled"
+
+
+_LOCAL = GovernanceClient("http://127.0.0.1:9", "t")
+
+
+class _Pickled:
+    def __init__(self) -> None:
+        self.name = "pickled"
+
+    @_LOCAL.guarded(tool="repo", action="read", scope="repo:acme/x")
+    def run(self) -> None: ...
+
+
+_PICKLED = _Pickled()
+
+
+def test_a_task_a_sync_tool_starts_is_returned_as_it_is(stub):
+    """Only a coroutine (nothing ran yet) is deferred; a Task the tool started stays a
+    Task the caller can cancel or watch."""
+    import asyncio
+
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+
+    async def main() -> Any:
+        async def work() -> str:
+            return "done"
+
+        @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+        def start() -> Any:
+            return asyncio.ensure_future(work())
+
+        task = start()  # asks in the loop: a test; real callers ask from a thread
+        assert isinstance(task, asyncio.Task)
+        return await task
+
+    assert asyncio.run(main()) == "done" and outcomes(stub) == ["succeeded"]

@@ -294,6 +294,10 @@ def test_behind_a_trusted_proxy_sign_ins_are_counted_per_forwarded_address(setti
     for i in range(3):
         assert via(stranger, f"198.51.100.{100 + i}", "m2") == 200
     assert via(stranger, "203.0.113.9", "bob", ui_world.PASSWORD) == 429
+    # A dual-stack server sees the proxy as ::ffff:172.18.0.1: the same proxy.
+    for i in range(3):
+        assert via("::ffff:172.18.0.1", f"198.51.100.{200 + i}", f"v6{i}") == 200
+    assert via("::ffff:172.18.0.1", "203.0.113.10", "carol", ui_world.PASSWORD) == 302
 
 
 @pytest.mark.django_db

@@ -25,8 +25,12 @@ def validate_key(key: str) -> None:
             "invalid_task_key",
             "A task key is 1-100 characters on one line: no padding, no control characters.",
         )
-    if key.endswith("/close"):  # its page would be the close action's URL
-        raise GovernanceError("invalid_task_key", "A task key cannot end in '/close'.")
+    # Its page would be the close action's URL; a browser resolves `.` and `..` in a
+    # URL, so the close button of `acme/x/..` would post to `acme`'s.
+    if key.endswith("/close") or any(part in (".", "..") for part in key.split("/")):
+        raise GovernanceError(
+            "invalid_task_key", "A task key cannot end in '/close' or hold a '.' or '..' part."
+        )
 
 
 def task_open(

@@ -70,14 +70,17 @@ def client_address(request: HttpRequest) -> str:
     hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
     while _trusted_proxy(address) and hops and _parsed(hops[-1]) is not None:
         address = hops.pop()
-    return address
+    return str(_parsed(address) or address)
 
 
 def _parsed(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address; an IPv4 one a dual-stack socket shows as `::ffff:a.b.c.d` as IPv4."""
     try:
-        return ipaddress.ip_address(address)
+        parsed = ipaddress.ip_address(address)
     except ValueError:
         return None
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    return mapped if mapped is not None else parsed
 
 
 def _trusted_proxy(address: str) -> bool:
