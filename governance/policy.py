@@ -350,9 +350,10 @@ def _policy_verdicts(
     """(policy id, verdict) of every live confirmation policy covering this call, less
     the approving ones whose author has a stake in it (stake_check). Nobody confirms
     their own agent's calls, by hand or by rule. A deny only ever restricts, whoever
-    wrote it. `above`: the agents up the grant's delegation chain; their denies bind
-    what they handed down (a subagent never does what its parent could not), their
-    approves answer for their own calls only."""
+    wrote it. `above`: the agents up the grant's delegation chain and up the agent tree;
+    their denies bind every agent below them, whichever grant it calls under (a subagent
+    never does what its parent is refused), their approves answer for their own calls
+    only."""
     when = db.param_dt(at)
     found = []
     for holder in (agent_id, *above):
@@ -427,6 +428,32 @@ def ancestor_agents(parent_id: int | None) -> list[int]:
     """The agents holding each grant up a delegation chain from `parent_id`, nearest
     first (none for a grant that was not delegated)."""
     return [] if parent_id is None else [row[5] for row in _ancestor_rows(parent_id)]
+
+
+_PARENTS_QUERY = """
+WITH RECURSIVE up(id, parent_id, depth) AS (
+    SELECT a.id, a.parent_id, 0 FROM governance_agent a WHERE a.id = %s
+    UNION ALL
+    SELECT a.id, a.parent_id, up.depth + 1
+    FROM governance_agent a JOIN up ON a.id = up.parent_id WHERE up.depth < 32
+)
+SELECT id FROM up WHERE depth > 0 ORDER BY depth
+"""
+
+
+def parent_agents(agent_id: int) -> list[int]:
+    """Every agent above this one in the agent tree, nearest first."""
+    return [row[0] for row in db.query(_PARENTS_QUERY, [agent_id], "i")]
+
+
+def binding_agents(agent_id: int, delegated: list[int]) -> list[int]:
+    """The agents whose deny policies bind this agent's calls under a grant whose
+    delegation chain is held by `delegated`: those, and every agent above it in the
+    tree (a subagent never makes a call its parent is refused, whichever grant it
+    holds), once each."""
+    found = dict.fromkeys([*delegated, *parent_agents(agent_id)])
+    found.pop(agent_id, None)
+    return list(found)
 
 
 def _ancestors_reason(
@@ -722,7 +749,7 @@ def _authorize(
         scope,
         ctx.get("task_id"),
         at,
-        above,
+        binding_agents(agent_id, above),
     )
     denying = [pid for pid, verdict in verdicts if verdict == "deny"]
     if denying:

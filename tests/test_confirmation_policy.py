@@ -234,6 +234,40 @@ def test_the_owner_may_restrict_their_own_agent_with_a_deny_policy(world, alice)
     assert json.loads(event_of(decision).data) == {"confirmation_policy": deny.pk}
 
 
+def test_a_parents_deny_binds_a_subagents_own_grants_too(world, make_agent, make_grant, bob):
+    """The parent's deny bound only what it handed down: a subagent holding a delete
+    grant of its own got approval_required under the parent's prod freeze, and with a
+    person's approval deleted under prod. A subagent never makes a call its parent is
+    refused, whichever grant it calls under."""
+    from governance.services.reports import access_rows
+
+    child = make_agent("sweeper", parent=world.agent)
+    grandchild = make_agent("sweeper.sub", parent=child)
+    own = [
+        make_grant(agent, world.tool, actions=("delete",), scope="repo:acme/*",
+                   starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))
+        for agent in (child, grandchild)
+    ]  # fmt: skip
+    freeze = write(world, "deny", scope="repo:acme/prod/*", reason="prod freeze")
+    for name in ("sweeper", "sweeper.sub"):
+        refused = access_check(
+            agent=name, tool="repo", action="delete", scope="repo:acme/prod/db", at=NOW
+        )
+        assert (refused.decision, refused.reason, refused.policy_id) == (
+            "deny", "approval_denied", freeze.pk,
+        )  # fmt: skip
+        assert event_of(refused).reason == "approval_denied"
+    assert not Approval.objects.filter(agent__in=[child, grandchild]).exists()
+    # Outside the freeze the subagent's own grant asks a person, as before.
+    other = access_check(
+        agent="sweeper", tool="repo", action="delete", scope="repo:acme/tmp/x", at=NOW
+    )
+    assert other.decision == "approval_required" and event_of(other).decision == "approval_required"
+    rows = {r["grant"]: r for r in access_rows(NOW)}
+    assert all(f"deny#{freeze.pk}" in rows[g.pk]["policies"] for g in own)
+    assert bob.pk  # an approver exists; nobody was asked
+
+
 def test_nobody_with_a_stake_lifts_a_deny_on_their_own_agents_calls(
     world, alice, carol, dave, make_agent
 ):

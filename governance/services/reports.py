@@ -26,6 +26,7 @@ from governance.models import Agent, AuditEvent, Grant, Tool
 from governance.policy import (
     PastState,
     ancestor_agents,
+    binding_agents,
     grant_dead_reason,
     patterns_overlap,
     stake_check,
@@ -163,10 +164,11 @@ def _policies_by_pair(at: datetime) -> dict[tuple[int, int], list[Any]]:
 
 def _asked(policies: dict[tuple[int, int], list[Any]], grant: Grant) -> list[Any]:
     """The policies the gate asks about a call under this grant: its agent's, and the
-    denies of every agent up its delegation chain (policy._policy_verdicts)."""
+    denies of every agent up its delegation chain and up the agent tree
+    (policy._policy_verdicts)."""
     above = [
         p
-        for holder in ancestor_agents(grant.delegated_from_id)
+        for holder in binding_agents(grant.agent_id, ancestor_agents(grant.delegated_from_id))
         for p in policies.get((holder, grant.tool_id), [])
         if p.verdict == "deny"
     ]
