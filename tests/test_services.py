@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 
 from governance.audit import Actor
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import AuditEvent, Grant
+from governance.models import Agent, AuditEvent, Grant
 from governance.services import access, agents, grants, tasks, tools
 from tests.conftest import MS, NOW, last_event
 
@@ -1389,3 +1389,29 @@ def test_a_token_prefix_already_taken_is_drawn_again_not_a_database_error(
     assert AgentToken.objects.count() == 2
     issued = AuditEvent.objects.filter(event_type="agent_token.issued").order_by("seq")
     assert [json.loads(e.data)["prefix"] for e in issued] == [first.prefix, second.prefix]
+
+
+def test_the_agent_tree_is_never_deeper_than_the_kill_switch_reaches(
+    make_agent, make_tool, make_grant, system
+):
+    """agent_suspend walks the tree 32 levels down, and agents could nest deeper: an
+    agent 33 levels below a suspended root stayed active and kept its grants. The tree
+    is capped at AGENT_TREE_MAX_DEPTH levels, well inside every walk of it."""
+    chain = [make_agent("a0")]
+    for level in range(1, agents.AGENT_TREE_MAX_DEPTH):
+        chain.append(make_agent(f"a{level}", parent=chain[-1]))
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as refused:
+        make_agent("too-deep", parent=chain[-1])
+    assert refused.value.code == "agent_tree_too_deep"
+    assert AuditEvent.objects.count() == before and not Agent.objects.filter(name="too-deep")
+    deepest = chain[-1].name
+    make_grant(chain[-1], make_tool("repo"), starts_at=NOW - timedelta(minutes=1))
+    assert access.access_check(
+        agent=deepest, tool="repo", action="read", scope="repo:acme/api/x", at=NOW
+    ).allowed
+    agents.agent_suspend(agent=chain[0], reason="compromised", actor=system, at=NOW)
+    denied = access.access_check(
+        agent=deepest, tool="repo", action="read", scope="repo:acme/api/x", at=NOW + MS
+    )
+    assert (denied.reason, last_event().reason) == ("agent_suspended", "agent_suspended")

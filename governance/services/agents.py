@@ -59,10 +59,17 @@ def agent_create(
     return agent
 
 
+# How deep the agent tree may grow (a root agent is level 1). Every walk of the tree
+# (suspension's kill switch, stakes, deny policies: 32 levels) then reaches all of it;
+# an agent 33 levels down used to stay active when its root was suspended.
+AGENT_TREE_MAX_DEPTH = 16
+
+
 def _refuse_suspended_parent(parent: Agent, name: str) -> None:
-    """Refuse when the parent or any agent above it is suspended (bounded walk)."""
+    """Refuse when the parent or any agent above it is suspended, or when the new agent
+    would sit deeper than AGENT_TREE_MAX_DEPTH."""
     above: Agent | None = parent
-    for _ in range(32):
+    for _ in range(AGENT_TREE_MAX_DEPTH - 1):
         if above is None:
             return
         if above.status != Agent.Status.ACTIVE:
@@ -72,6 +79,12 @@ def _refuse_suspended_parent(parent: Agent, name: str) -> None:
                 "a subagent of a suspended agent is suspended too.",
             )
         above = above.parent
+    if above is not None:
+        raise GovernanceError(
+            "agent_tree_too_deep",
+            f"An agent sits at most {AGENT_TREE_MAX_DEPTH} levels down its tree; "
+            f"{name} would be deeper.",
+        )
 
 
 def _tree_locked(agent: Agent) -> list[Agent]:
