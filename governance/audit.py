@@ -633,7 +633,44 @@ class ChainBroken(Exception):
 
 class StateChanged(Exception):
     """A decision's event was refused: a state change committed after the decision read
-    the state (migration 0013). Nothing was written; decide again."""
+    the state (migration 0013). Nothing was written; decide again. `seen_seq`: the
+    newest event the refused decision's read could see."""
+
+    def __init__(self, message: str, seen_seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seen_seq = seen_seq
+
+
+# Events that never make a decision read again (migration 0013's HARMLESS, which the
+# database applies; this is its copy for changed_at()).
+_NEUTRAL_PREFIXES = ("access.", "sandbox.")
+_NEUTRAL_TYPES = (
+    "grant.expired",
+    "grant.request_expired",
+    "approval.expired",
+    "agent_token.expired",
+    "audit.checkpoint",
+    "audit.verify_failed",
+    "audit.viewed",
+    "report.exported",
+    "trend.recorded",
+    "grant.unused_flagged",
+)
+
+
+def changed_at(seen_seq: int) -> datetime | None:
+    """When the newest state change after `seen_seq` happened (its event's time): a
+    decision decided again after it is decided at that moment at the earliest, or a
+    revoke recorded as "from T" would not apply to a question asked just before T and
+    answered after the revoke committed."""
+    from django.db.models import Max
+
+    from governance.models import AuditEvent
+
+    found = AuditEvent.objects.filter(seq__gt=seen_seq).exclude(event_type__in=_NEUTRAL_TYPES)
+    for prefix in _NEUTRAL_PREFIXES:
+        found = found.exclude(event_type__startswith=prefix)
+    return found.aggregate(newest=Max("created_at"))["newest"]
 
 
 # Event data written by people, not by the code: masked like arguments are.
@@ -727,7 +764,7 @@ def _write(row: dict[str, Any], seen_seq: int | None = None) -> Written:
         params += [row[name] for name in _ROW_FIELDS]
         seq, link = db.query(_PG_APPEND, [*params, seen_seq], "is")[0]
         if seq is None:
-            raise StateChanged("the state changed after the decision read it")
+            raise StateChanged("the state changed after the decision read it", seen_seq)
         return Written(seq=seq, uid=row["uid"], hash=link)
     last_seq, prev_hash = _lock_and_read_head()  # SQLite: the write transaction serialises
     row["seq"] = last_seq + 1

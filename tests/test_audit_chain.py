@@ -29,7 +29,7 @@ from governance import audit
 from governance.audit import Actor
 from governance.models import AuditEvent
 from governance.services import access
-from tests.conftest import NOW
+from tests.conftest import MS, NOW
 
 triggers = importlib.import_module("governance.migrations.0002_audit_append_only")
 
@@ -1319,3 +1319,51 @@ def test_a_decision_whose_state_keeps_changing_is_denied_with_error(
         "error",
         decision.decision_id,
     )
+
+
+@pytest.mark.parametrize("change", ["grant", "policy"])
+def test_a_decision_decided_again_after_a_revoke_is_decided_no_earlier_than_it(
+    postgres_only, transactional_db, monkeypatch, make_agent, make_tool, make_grant, person, change
+):
+    """The retry decided at the question's own `at`, and a revoke is a time ("from T",
+    T the revoker's moment, after the question's): the fresh read allowed again, and
+    the allow was delivered, and logged, after the revocation. It is decided at the
+    change's moment now: a grant revoked, or an approve policy lifted, applies to it."""
+    from datetime import timedelta as td
+
+    from governance.services import confirmation, grants
+
+    bot, repo = make_agent("bot"), make_tool("repo")
+    grant = make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
+    bob = person("bob-approver", "approvers")
+    policy = confirmation.policy_create(
+        author=bob, agent=bot, tool=repo, action="delete", scope="repo:acme/*",
+        verdict="approve", reason="scratch", duration=td(hours=1), actor=Actor.user(bob),
+        at=NOW - td(minutes=5),
+    )  # fmt: skip
+    real, calls = access.authorize, []
+
+    def read_then_change(**question):
+        decision = real(**question)
+        if not calls:  # committed while this decision waits for the chain lock
+            if change == "grant":
+                grants.grant_revoke(
+                    grant_id=grant.pk, reason="incident", actor=Actor.user(bob), at=NOW + MS
+                )
+            else:
+                confirmation.policy_revoke(
+                    policy_id=policy.pk, by=bob, reason="stop", actor=Actor.user(bob), at=NOW + MS
+                )
+        calls.append((question["at"], decision.decision))
+        return decision
+
+    monkeypatch.setattr(access, "authorize", read_then_change)
+    action = "read" if change == "grant" else "delete"
+    decision = access.access_check(
+        agent="bot", tool="repo", action=action, scope="repo:acme/x", at=NOW
+    )
+    assert [at for at, _ in calls] == [NOW, NOW + MS]  # decided again, at the change
+    assert not decision.allowed
+    written = AuditEvent.objects.get(uid=decision.decision_id)
+    assert written.decision == decision.decision and written.created_at == NOW + MS
+    assert not AuditEvent.objects.filter(event_type="access.allowed").exists()

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +36,9 @@ from governance.policy import Decision, authorize
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # decisions made again when the state changed under them, then deny `error`
+# A decision made again after a change is decided at the change's moment, at most this
+# far past its own `at` (a change commits within the wait for the chain lock).
+RETRY_AHEAD_MAX = timedelta(seconds=60)
 
 _EVENT_FOR = {
     Verdict.ALLOW: EventType.ACCESS_ALLOWED,
@@ -398,9 +401,15 @@ def access_check(
                     attachments=attachments,
                 )
                 return replace(decision, decision_id=str(written.uid))
-            except audit.StateChanged:
+            except audit.StateChanged as changed:
                 # A revoke, suspension or other change committed while this decision
-                # waited for the chain lock: its answer may be stale, so decide again.
+                # waited for the chain lock: its answer may be stale, so decide again,
+                # no earlier than the change (a revoke "from T" applies to it). A change
+                # only commits within the wait, so one dated far ahead is not followed.
+                since = audit.changed_at(changed.seen_seq) if changed.seen_seq else None
+                if since is not None:
+                    at = question["at"]
+                    question["at"] = max(at, min(since, at + RETRY_AHEAD_MAX))
                 continue
         raise audit.StateChanged(f"the state kept changing over {ATTEMPTS} attempts")
     except Exception:
