@@ -1415,3 +1415,38 @@ def test_the_agent_tree_is_never_deeper_than_the_kill_switch_reaches(
         agent=deepest, tool="repo", action="read", scope="repo:acme/api/x", at=NOW + MS
     )
     assert (denied.reason, last_event().reason) == ("agent_suspended", "agent_suspended")
+
+
+def test_a_tool_that_says_something_new_voids_the_approvals_given_before(
+    make_agent, make_tool, make_grant, bob, system
+):
+    """A person confirmed a delete against what the tool said then; the third-party
+    tool's definition changed, an admin approved the new one, and the old approval still
+    let the call through. Quarantine voids every open approval for the tool."""
+    from governance.models import Approval
+    from governance.services import approvals
+
+    bot, repo = make_agent("bot"), make_tool("repo")
+    make_grant(bot, repo, ("delete",), "repo:acme/*", starts_at=NOW - timedelta(minutes=1))
+    call = {"agent": "bot", "tool": "repo", "action": "delete", "scope": "repo:acme/x"}
+    first = access.access_check(at=NOW, **call)
+    waiting = access.access_check(at=NOW, **{**call, "scope": "repo:acme/y"})
+    approvals.approval_approve(
+        approval_id=first.approval_id, approver=bob, actor=Actor.user(bob), at=NOW + MS
+    )
+    tools.tool_update_definition(
+        tool=repo, description="now deletes the whole org", input_schema={}, actor=system,
+        at=NOW + 2 * MS,
+    )  # fmt: skip
+    quarantined = last_event()
+    assert quarantined.event_type == "tool.quarantined"
+    assert json.loads(quarantined.data)["approvals_voided"] == 2
+    assert set(Approval.objects.values_list("status", flat=True)) == {"expired"}
+    repo.refresh_from_db()
+    tools.tool_approve_definition(
+        tool=repo, definition_hash=repo.definition_hash, approver=bob, actor=Actor.user(bob),
+        at=NOW + 3 * MS,
+    )  # fmt: skip
+    used = access.access_check(at=NOW + 4 * MS, approval=first.approval_id, **call)
+    assert (used.decision, used.reason) == ("deny", "approval_invalid")
+    assert last_event().reason == "approval_invalid" and waiting.approval_id

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from governance import audit
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Tool
+from governance.models import Approval, Tool
 from governance.models.tools import definition_hash
 from governance.services.agents import validate_name
 
@@ -94,12 +94,22 @@ def tool_update_definition(
         tool.definition_updated_by = updated_by
         tool.save()
         quarantined = tool.is_quarantined
+        data: dict[str, Any] = {"definition_hash": digest, "approved_hash": tool.approved_hash}
+        if quarantined:
+            # A person confirmed each open approval against what the tool said then;
+            # none of them fires after the tool says something else, even once its new
+            # definition is approved.
+            voided = Approval.objects.filter(
+                tool=tool, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+            ).update(status=Approval.Status.EXPIRED)
+            if voided:
+                data["approvals_voided"] = voided
         audit.append(
             event_type=EventType.TOOL_QUARANTINED if quarantined else EventType.TOOL_UPDATED,
             actor=actor,
             at=at,
             tool=tool.name,
-            data={"definition_hash": digest, "approved_hash": tool.approved_hash},
+            data=data,
         )
     return tool
 
