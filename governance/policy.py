@@ -283,17 +283,20 @@ WHERE p.agent_id = %s AND p.tool_id = %s AND p.action = %s
   AND (p.revoked_at IS NULL OR p.revoked_at > %s)
 ORDER BY p.id
 """
-# Who has a stake in a call by this agent under this grant, as services.approvals.
-# stakeholders() counts them: the owners of the agent and of every agent above it;
-# up the grant's delegation chain, each grant's requester and its holder's owner; and
-# the creators of the tokens of all those agents, with each token's lifetime.
-_STAKE_QUERY = """
-WITH RECURSIVE tree(id, parent_id, depth) AS (
+# The agent (depth 1) and every agent above it.
+_TREE_UP = """tree(id, parent_id, depth) AS (
     SELECT a.id, a.parent_id, 1 FROM governance_agent a WHERE a.id = %s
     UNION ALL
     SELECT a.id, a.parent_id, tree.depth + 1
     FROM governance_agent a JOIN tree ON a.id = tree.parent_id WHERE tree.depth < 32
-), chain(id, parent_id, requested_by_id, agent_id, depth) AS (
+)"""
+
+# Who has a stake in a call by this agent under this grant, as services.approvals.
+# stakeholders() counts them: the owners of the agent and of every agent above it;
+# up the grant's delegation chain, each grant's requester and its holder's owner; and
+# the creators of the tokens of all those agents, with each token's lifetime.
+_STAKE_QUERY = f"""
+WITH RECURSIVE {_TREE_UP}, chain(id, parent_id, requested_by_id, agent_id, depth) AS (
     SELECT g.id, g.delegated_from_id, g.requested_by_id, g.agent_id, 1
     FROM governance_grant g WHERE g.id = %s
     UNION ALL
@@ -430,15 +433,7 @@ def ancestor_agents(parent_id: int | None) -> list[int]:
     return [] if parent_id is None else [row[5] for row in _ancestor_rows(parent_id)]
 
 
-_PARENTS_QUERY = """
-WITH RECURSIVE up(id, parent_id, depth) AS (
-    SELECT a.id, a.parent_id, 0 FROM governance_agent a WHERE a.id = %s
-    UNION ALL
-    SELECT a.id, a.parent_id, up.depth + 1
-    FROM governance_agent a JOIN up ON a.id = up.parent_id WHERE up.depth < 32
-)
-SELECT id FROM up WHERE depth > 0 ORDER BY depth
-"""
+_PARENTS_QUERY = f"WITH RECURSIVE {_TREE_UP} SELECT id FROM tree WHERE depth > 1 ORDER BY depth"
 
 
 def parent_agents(agent_id: int) -> list[int]:
