@@ -166,13 +166,21 @@ def _asked(policies: dict[tuple[int, int], list[Any]], grant: Grant) -> list[Any
     """The policies the gate asks about a call under this grant: its agent's, and the
     denies of every agent up its delegation chain and up the agent tree
     (policy._policy_verdicts)."""
+    own = policies.get((grant.agent_id, grant.tool_id), [])
+    if not any(
+        p.verdict == "deny"
+        for (holder, tool), found in policies.items()
+        if tool == grant.tool_id and holder != grant.agent_id
+        for p in found
+    ):
+        return own  # no other agent's deny on this tool: no walk up the trees (a query each)
     above = [
         p
         for holder in binding_agents(grant.agent_id, ancestor_agents(grant.delegated_from_id))
         for p in policies.get((holder, grant.tool_id), [])
         if p.verdict == "deny"
     ]
-    return policies.get((grant.agent_id, grant.tool_id), []) + above
+    return own + above
 
 
 def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: datetime) -> list[str]:
