@@ -85,12 +85,13 @@ class Actor:
 # hide from an approver exactly the part of a call that matters).
 SECRET_KEY_WORDS = frozenset(
     "pass password passwd pwd passphrase passcode secret secrets token tokens auth "
-    "authorization authorisation credential credentials cookie cookies session ssn cvv "
-    "cvc otp totp".split()
+    "authorization authorisation credential credentials creds cookie cookies session ssn "
+    "cvv cvc otp totp".split()
 )
 SECRET_KEY_ENDINGS = (
     "password", "passwd", "passphrase", "passcode", "pincode", "secret", "token", "apikey",
-    "privatekey", "accesskey", "secretkey", "signingkey", "encryptionkey", "cardnumber",
+    "privatekey", "privkey", "accesskey", "secretkey", "signingkey", "encryptionkey", "sshkey",
+    "hmackey", "masterkey", "cardnumber",
     "credential", "credentials", "cookie", "sessionid",
 )  # fmt: skip
 _KEY_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -130,7 +131,8 @@ SECRET_VALUES = re.compile(
     r"|\b(?:agt|usr)_[0-9a-f]{8}_\S+"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
-EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+# Any script: `jöhn.doe@exämple.com` is as personal as its ASCII spelling.
+EMAIL = re.compile(r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}")
 # Payment card numbers in text: 13-19 digits starting as card numbers do (2-6), single
 # spaces or dashes between groups, that pass the Luhn check (so millisecond timestamps,
 # which start with 1, and most order numbers do not).
@@ -168,22 +170,35 @@ BASIC = re.compile(r"\b(?i:basic)\s+([A-Za-z0-9+/]{4,}={0,2})")
 KEY_VALUE = re.compile(
     r"""(?<![A-Za-z0-9_.\-"'])(?P<key>-*["']?[A-Za-z_][A-Za-z0-9_.-]*["']?)"""
     r"""(?P<sep>\s*=\s*|:\s+|(?<=["']):\s*)"""
-    r"""(?P<value>"[^"]*"|'[^']*'|[^\s,;&}\]"'\[][^\s,;&}\]"']*)"""
+    r"""(?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,;&}\]"'\[][^\s,;&}\]"']*)"""
 )
 # In text, a name is a secret's only when it ends in a secret noun (`--password`,
 # `GITHUB_TOKEN`, `API_KEY`), not when a secret word is merely in it: `--secret-id`,
 # `--auth-method`, `max_tokens` and `AUTH-1234` name things an approver must see.
 TEXT_SECRET_LAST_WORDS = frozenset(
     "password passwd pwd passphrase passcode secret token credential credentials cookie "
-    "authorization apikey".split()
+    "authorization apikey creds".split()
 )
 TEXT_SECRET_LAST_TWO = frozenset(
-    "apikey accesskey secretkey privatekey signingkey accountkey".split()
+    "apikey accesskey secretkey privatekey privkey signingkey accountkey sshkey hmackey "
+    "masterkey".split()
 )
 # A last word that ends in one of these is a secret's name too: PGPASSWORD, apitoken.
 TEXT_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey")
 # A password in a URL: scheme://user:password@host (the password may hold an `@`).
 URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s]*@")
+# An Authorization header written out: everything after the name is the credential,
+# whatever the scheme (`Token <hex>`, `ApiKey x`, `Digest username=..., response=...`).
+AUTH_HEADER = re.compile(
+    r"(?<![A-Za-z0-9_-])((?i:proxy-)?(?i:authori[sz]ation)\s*:[ \t]*)([^\s\"'][^\r\n\"']*)"
+)
+# Passwords in SQL: `ALTER USER app WITH PASSWORD '...'`, `PASSWORD('...')`, `CREATE
+# USER app IDENTIFIED BY '...'` (Oracle's may be unquoted).
+SQL_SECRETS = (
+    re.compile(r"""(?i)(?<![\w"'])((?:password|identified\s+by)(?:\s+|\s*\(\s*))"""
+               r"""('(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*")"""),
+    re.compile(r"""(?i)\b(identified\s+by\s+)([^\s'";,)(][^\s'";,)]*)"""),
+)  # fmt: skip
 # Command lines that carry a password without `=`: `--password hunter2`, `sshpass -p
 # hunter2`, `mysql -phunter2`, `curl -u admin:hunter2`. Each starts at a fixed word and
 # looks a bounded distance ahead, so a long string is scanned in linear time.
@@ -249,8 +264,9 @@ def _mask_string(value: str, heuristics: bool = True) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = BASIC.sub(_basic, value)
     value = URL_PASSWORD.sub(r"\1[secret]@", value)
+    value = AUTH_HEADER.sub(r"\1[secret]", value)
     value = KEY_VALUE.sub(_key_value, value)
-    for pattern in CLI_SECRETS:
+    for pattern in (*SQL_SECRETS, *CLI_SECRETS):
         value = pattern.sub(_cli_secret, value)
     value = EMAIL.sub("[email]", value)
     value = CARD.sub(_card, value)
@@ -402,7 +418,8 @@ _SECRET_FLAG = re.compile(
 
 
 def _mask_argv(argv: list[str], masked: list[Any]) -> None:
-    """Mask, in place, the arguments of `argv` that are passwords by their position."""
+    """Mask, in place, the arguments of `argv` that are passwords by their position
+    (an element that is not a string is "" in `argv`: a number after `--password` goes)."""
     programs: set[str] = set()
     for i, arg in enumerate(argv):
         prev = argv[i - 1] if i else ""
@@ -422,14 +439,22 @@ def mask(value: Any, depth: int = 0) -> Any:
     if depth > 20:
         return "[too deep]"
     if isinstance(value, Mapping):
-        return {
-            str(k): "[masked]" if secret_key_name(str(k)) else mask(v, depth + 1)
-            for k, v in value.items()
-        }
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            name = str(k)
+            # A key can be PII or a credential itself (an ACL keyed by e-mail address, a
+            # map keyed by token): explicit forms only, so ordinary names stay readable.
+            key = masked_key = _mask_string(name, heuristics=False)
+            n = 1
+            while key in out:  # two keys masked alike stay two entries
+                n += 1
+                key = f"{masked_key} #{n}"
+            out[key] = "[masked]" if secret_key_name(name) else mask(v, depth + 1)
+        return out
     if isinstance(value, list | tuple):
         masked = [mask(v, depth + 1) for v in value]
-        if all(isinstance(v, str) for v in value):
-            _mask_argv(list(value), masked)
+        # Any list may be a command line; its other elements are not flags.
+        _mask_argv([v if isinstance(v, str) else "" for v in value], masked)
         return masked
     if isinstance(value, str):
         return _mask_string(value)
@@ -835,10 +860,32 @@ def _rows(after: int = 0) -> Iterator[dict[str, Any]]:
         yield event
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Constant-time equality of two digests as stored, whatever a tamperer put there
+    (compare_digest refuses non-ASCII text: that would be a crash, not a finding)."""
+    return hmac.compare_digest(
+        str(a).encode("utf-8", "surrogatepass"), str(b).encode("utf-8", "surrogatepass")
+    )
+
+
 def _walk(after: int, prev_hash: str) -> Verdict:
     """Check every event after seq `after` links onto `prev_hash` and its successors."""
     expected_seq, count = after + 1, after
-    for row in _rows(after):
+    rows = _rows(after)
+    while True:
+        try:
+            row = next(rows, None)
+        except Exception as exc:  # a value no reader can decode was written past the app
+            return Verdict(
+                False,
+                count,
+                prev_hash,
+                expected_seq,
+                f"the event at or after seq {expected_seq} is unreadable "
+                f"({printable(str(exc))[:200]}): edited outside the application",
+            )
+        if row is None:
+            break
         seq = row["seq"]
         if seq != expected_seq:
             problem = (
@@ -855,10 +902,15 @@ def _walk(after: int, prev_hash: str) -> Verdict:
                 seq,
                 "prev_hash does not link to the previous event (inserted, deleted or reordered)",
             )
-        if not (
-            hmac.compare_digest(event_hash(prev_hash, row), row["hash"])
-            or hmac.compare_digest(legacy_event_hash(prev_hash, row), row["hash"])
-        ):
+        try:
+            intact = _same(event_hash(prev_hash, row), row["hash"]) or _same(
+                legacy_event_hash(prev_hash, row), row["hash"]
+            )
+        except Exception as exc:  # a column no reader can use (an unreadable time, say)
+            return Verdict(
+                False, count, prev_hash, seq, f"the event is unreadable ({exc.__class__.__name__})"
+            )
+        if not intact:
             return Verdict(
                 False,
                 count,
@@ -877,12 +929,16 @@ def verify_since(seq: int, head: str) -> Verdict | None:
     `seq` (a different database, or the row changed): only a full walk can say more."""
     if seq and _hash_at(seq) != head:
         return None
+    broken: tuple[int, str] | None = None
+    try:
+        tail = _checkpoints_after(seq)  # before the walk, as in verify_chain()
+    except ChainBroken as exc:
+        tail, broken = [], exc.problem
     verdict = _walk(seq, head)
     if not verdict.ok:
         return verdict
     try:
-        tail = _checkpoints_after(seq)
-        problem = (
+        problem = broken or (
             _unchained()
             or _series_problem(_first_checkpoint(), _series_start())
             or _against_checkpoints(tail, verdict.count)
@@ -935,11 +991,14 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     """Walk the chain from genesis, look for events outside it, then hold it against
     every checkpoint; the latest must exist (once there are events) and be recent
     (AUDIT_CHECKPOINT_MAX_AGE)."""
+    # The checkpoints first: one the job writes while the walk runs signs events the
+    # walk may not reach, and would read as the newest events deleted. Each one read
+    # here signed events that had committed, so the walk reaches them all.
+    checkpoints = load_checkpoints()
     verdict = _walk(0, GENESIS)
     if not verdict.ok:
         return verdict
     count, prev_hash = verdict.count, verdict.head
-    checkpoints = load_checkpoints()
     problem = (
         _unchained()
         or _check_checkpoint_chain(checkpoints)
@@ -1091,7 +1150,7 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise ValueError(f"{key!r} is missing or not a {kind.__name__}")
         datetime.fromisoformat(body["time"])
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         return {"file": path.name, "seq": 0, "unreadable": printable(str(exc))[:200]}
     body["file"] = path.name
     return body
@@ -1143,7 +1202,7 @@ def _check_checkpoint_chain(
                 f"checkpoint {name} is unreadable ({body['unreadable']}): the events it "
                 "should cover are not protected by it"
             )
-        if not hmac.compare_digest(_sign_checkpoint(body), str(body.get("signature", ""))):
+        if not _same(_sign_checkpoint(body), body.get("signature", "")):
             return body.get("seq", 0), f"checkpoint {name} has a bad signature"
         if body["prev_signature"] != prev_signature:
             return body["seq"], f"checkpoint {name} does not follow the previous checkpoint"

@@ -1367,3 +1367,141 @@ def test_a_decision_decided_again_after_a_revoke_is_decided_no_earlier_than_it(
     written = AuditEvent.objects.get(uid=decision.decision_id)
     assert written.decision == decision.decision and written.created_at == NOW + MS
     assert not AuditEvent.objects.filter(event_type="access.allowed").exists()
+
+
+# --- Review findings: verify never crashes, never races the checkpoint job -----------
+
+
+def test_a_checkpoint_written_while_verify_walks_is_not_a_deleted_tail(chain, monkeypatch):
+    """The checkpoint job runs every minute. A checkpoint it signs while verify walks
+    the log covers events the walk may not reach: it must not read as the newest
+    events deleted (a false alarm, recorded for ever in the log)."""
+    call_command("audit_checkpoint")
+    later = NOW + timedelta(minutes=1)
+    walk = audit._walk
+
+    def job_runs_meanwhile(after, prev_hash):
+        verdict = walk(after, prev_hash)
+        access.access_check(agent="bot", tool="repo", action="read", scope="repo:acme/9", at=later)
+        audit.write_checkpoint(later)
+        return verdict
+
+    monkeypatch.setattr(audit, "_walk", job_runs_meanwhile)
+    verdict = audit.verify_chain(later)
+    assert verdict.ok, verdict.render()
+    head = verdict.head
+    # The incremental check (the page's, the job's) reads the checkpoints first too.
+    seq = verdict.count
+    since = audit.verify_since(seq, head)
+    assert since is not None and since.ok, since and since.render()
+
+
+@pytest.mark.parametrize(
+    "column, value", [("hash", "é" * 64), ("uid", "not-a-uuid"), ("created_at", "garbage")]
+)
+def test_a_malformed_event_is_a_finding_not_a_crash(chain, capsys, column, value):
+    if column != "hash" and connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL's uuid and timestamptz columns refuse such a value")
+    call_command("audit_checkpoint")
+    capsys.readouterr()
+    with triggers_bypassed():
+        sql(f"UPDATE governance_auditevent SET {column} = %s WHERE seq = 5", [value])
+    code, text = verify_output(capsys)
+    assert code == 1 and "FAILED at seq 5" in text, text
+    assert AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "[" * 100_000,  # nested past the JSON reader's recursion limit
+        '{"seq": 5, "head": "x", "count": 5, "time": "2026-11-29T12:00:00+00:00",'
+        ' "prev_signature": "", "signature": "\u00e9"}',  # not ASCII
+    ],
+)
+def test_a_malformed_checkpoint_is_a_finding_not_a_crash(chain, capsys, settings, garbage):
+    audit.write_checkpoint(NOW)
+    (settings.AUDIT_CHECKPOINT_DIR / "checkpoint-999999999-x.json").write_text(garbage)
+    code, text = verify_output(capsys)
+    assert code == 1 and "checkpoint-999999999-x.json" in text, text
+    assert AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+
+
+# --- Review findings: masking ---------------------------------------------------------
+
+
+def _stored(arguments):
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    assert event.reason == "allowed"
+    return event.arguments
+
+
+@pytest.mark.parametrize(
+    "arguments, secret",
+    [
+        # PII or a credential as a mapping key.
+        ({"acl": {"jane.doe@example.com": "write"}}, "jane.doe@example.com"),
+        ({"seen": {"ghp_0123456789abcdefghijABCDEFGHIJ": True}}, "ghp_0123"),
+        # An Authorization header in any scheme: everything after the name.
+        ({"header": "Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"}, "9944b0919"),
+        ({"header": "Authorization: ApiKey hunter2hunter2"}, "hunter2"),
+        ({"cmd": 'curl -H "Proxy-Authorization: Digest response=hunter2" x'}, "hunter2"),
+        # SQL that sets a password.
+        ({"sql": "ALTER USER app WITH PASSWORD 'n3w-Passw0rd'"}, "n3w-Passw0rd"),
+        ({"sql": "CREATE USER app IDENTIFIED BY 'n3w-Passw0rd'"}, "n3w-Passw0rd"),
+        ({"sql": "CREATE USER app IDENTIFIED BY n3wPassw0rd;"}, "n3wPassw0rd"),
+        ({"sql": "SET PASSWORD FOR app = PASSWORD('n3w-Passw0rd')"}, "n3w-Passw0rd"),
+        # A quoted secret holding an escaped quote.
+        ({"body": '{"password": "ab\\"cd-hunter2"}'}, "hunter2"),
+        # A command line with an element that is not a string.
+        ({"argv": ["deploy", "--password", "hunter2", 3]}, "hunter2"),
+        ({"argv": ["deploy", "--token", 123456789]}, "123456789"),
+        # E-mail addresses in any script.
+        ({"to": "jöhn.doe@exämple.com"}, "doe@ex"),
+        # Secret names.
+        ({"privKey": "hunter2"}, "hunter2"),
+        ({"ssh_key": "hunter2"}, "hunter2"),
+        ({"hmac_key": "hunter2"}, "hunter2"),
+        ({"master_key": "hunter2"}, "hunter2"),
+        ({"creds": "hunter2"}, "hunter2"),
+        ({"env": "SSH_KEY=hunter2 make deploy"}, "hunter2"),
+    ],
+)
+def test_more_secrets_and_pii_are_masked(chain, arguments, secret):
+    assert secret not in _stored(arguments)
+
+
+def test_masking_keys_keeps_ordinary_keys_and_every_entry(chain):
+    stored = json.loads(
+        _stored(
+            {
+                "labels": {"team-a": 1, "repo:acme/api": 2, "branch": "main"},
+                "acl": {"a@example.com": "read", "b@example.com": "write"},
+                "argv": ["git", "log", 3, "--oneline"],
+            }
+        )
+    )
+    assert stored["labels"] == {"team-a": 1, "repo:acme/api": 2, "branch": "main"}
+    assert stored["acl"] == {"[email]": "read", "[email] #2": "write"}
+    assert stored["argv"] == ["git", "log", 3, "--oneline"]
+
+
+def test_an_outcome_excerpt_is_masked_before_it_is_cut(chain):
+    from governance.models import Agent
+    from governance.services import outcomes
+
+    decided = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW
+    )
+    written = outcomes.outcome_report(
+        agent=Agent.objects.get(name="bot"),
+        decision_id=decided.decision_id,
+        outcome="succeeded",
+        at=NOW,
+        excerpt="x" * 980 + " mailed jane.doe@example.com ok",
+    )
+    excerpt = json.loads(AuditEvent.objects.get(uid=written.uid).data)["excerpt"]
+    assert "jane.doe@" not in excerpt and excerpt.endswith("mailed [email] ok"[: 1000 - 981])

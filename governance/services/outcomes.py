@@ -63,7 +63,7 @@ def outcome_report(
                     "decision_id": str(uid),
                     "outcome": outcome,
                     "result_digest": result_digest,
-                    "excerpt": audit.mask(excerpt[:1000]),
+                    "excerpt": audit.mask(excerpt)[:1000],
                 },
             )
     except IntegrityError:
