@@ -293,8 +293,9 @@ _TREE_UP = """tree(id, parent_id, depth) AS (
 
 # Who has a stake in a call by this agent under this grant, as services.approvals.
 # stakeholders() counts them: the owners of the agent and of every agent above it;
-# up the grant's delegation chain, each grant's requester and its holder's owner; and
-# the creators of the tokens of all those agents, with each token's lifetime.
+# up the grant's delegation chain, each grant's requester and its holder's owner; the
+# creators of the tokens of all those agents, with each token's lifetime; and whoever
+# opened a break-glass up the chain or whose break-glass a grant in it ratifies.
 _STAKE_QUERY = f"""
 WITH RECURSIVE {_TREE_UP}, chain(id, parent_id, requested_by_id, agent_id, depth) AS (
     SELECT g.id, g.delegated_from_id, g.requested_by_id, g.agent_id, 1
@@ -312,6 +313,9 @@ SELECT a.owner_id, NULL, NULL FROM governance_agent a
 WHERE a.id IN (SELECT id FROM stake_agents)
 UNION ALL
 SELECT requested_by_id, NULL, NULL FROM chain WHERE requested_by_id IS NOT NULL
+UNION ALL
+SELECT b.opened_by_id, NULL, NULL FROM governance_breakglass b
+WHERE b.grant_id IN (SELECT id FROM chain) OR b.ratified_request_id IN (SELECT id FROM chain)
 """
 # (Tokens first: PostgreSQL types a UNION's columns from its first branch on, and two
 # bare NULLs first would be typed text.)

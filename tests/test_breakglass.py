@@ -688,3 +688,70 @@ def test_an_incident_campaign_reviews_what_the_agent_handed_down(
     assert {parent.pk, bg.grant_id, child.pk} <= covered
     opened = json.loads(events(EventType.REVIEW_CAMPAIGN_OPENED)[-1].data)
     assert child.pk in {item["grant"] for item in opened["items"]}
+
+
+# --- Whoever declared the emergency does not re-certify what continues it ---------------
+
+
+def _ratified_and_approved(setup):
+    """erin opens break-glass, frank ratifies it, grace approves the request it files."""
+    erin, frank, grace = setup["erin"], setup["frank"], setup["grace"]
+    bg = bgs.breakglass_open(
+        opener=erin, agent=setup["agent"], tool=setup["tool"], actions=["read", "update"],
+        scope=SCOPE, ticket="INC-42", reason="outage", actor=Actor.user(erin), at=NOW,
+    )  # fmt: skip
+    bg = bgs.breakglass_ratify(
+        breakglass_id=bg.pk, reviewer=frank, comment="needed for a week",
+        actor=Actor.user(frank), at=NOW + timedelta(hours=2),
+    )  # fmt: skip
+    from governance.services import grants as grant_services
+
+    with pytest.raises(Forbidden) as refused:
+        grant_services.grant_approve(
+            grant_id=bg.ratified_request_id, approver=erin, actor=Actor.user(erin),
+            at=NOW + timedelta(hours=3),
+        )  # fmt: skip
+    assert refused.value.code == "self_approval"
+    grant_services.grant_approve(
+        grant_id=bg.ratified_request_id, approver=grace, actor=Actor.user(grace),
+        at=NOW + timedelta(hours=3),
+    )  # fmt: skip
+    return bg
+
+
+def test_the_opener_does_not_recertify_the_grant_that_continues_their_break_glass(setup):
+    from governance.services import reviews
+
+    erin = setup["erin"]
+    bg = _ratified_and_approved(setup)
+    campaign = reviews.review_campaign_open(
+        kind="on_demand", reason="after incident", actor=Actor.system("t"),
+        at=NOW + timedelta(hours=3, minutes=10),
+    )  # fmt: skip
+    item = campaign.items.get(grant_id=bg.ratified_request_id)
+    assert item.reviewer_id != erin.pk
+    erin.groups.add(Group.objects.get_or_create(name="admins")[0])
+    erin = type(erin).objects.get(pk=erin.pk)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as refused:
+        reviews.review_item_decide(
+            item_id=item.pk, reviewer=erin, decision="keep", comment="still needed",
+            actor=Actor.user(erin), at=NOW + timedelta(hours=3, minutes=20),
+        )  # fmt: skip
+    assert refused.value.code == "self_review"
+    item.refresh_from_db()
+    assert item.status == "pending" and AuditEvent.objects.count() == before
+
+
+def test_the_opener_is_not_given_the_second_look_at_its_ratification(setup):
+    from governance.models import SecondLook
+    from governance.services import second_look
+
+    bg = _ratified_and_approved(setup)
+    sampled = second_look.second_looks_sample(
+        actor=Actor.system("t"), at=NOW + timedelta(hours=4), fraction=1.0
+    )
+    assert sampled == 1
+    look = SecondLook.objects.get()
+    assert look.grant_id == bg.ratified_request_id
+    assert look.reviewer_id not in (setup["erin"].pk, setup["grace"].pk)

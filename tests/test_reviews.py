@@ -56,10 +56,10 @@ def world(make_agent, make_tool, make_grant, approvers, bob, system):
     return {"grants": [g1, g2, g3], "child": child, "approvers": approvers, "bob": bob}
 
 
-def open_campaign(**kw):
+def open_campaign(at=NOW, **kw):
     kw.setdefault("kind", "on_demand")
     kw.setdefault("reason", "quarter end")
-    return reviews.review_campaign_open(actor=Actor.system("test"), at=NOW, **kw)
+    return reviews.review_campaign_open(actor=Actor.system("test"), at=at, **kw)
 
 
 def test_a_campaign_has_one_item_per_live_grant_and_rotates_reviewers(
@@ -387,7 +387,16 @@ def test_an_undecided_item_past_its_due_date_ends_the_grant_with_no_job_run(worl
         # between (a what-if, the access report) still gets the answer given then.
         late = due + timedelta(hours=1)
         reviews.review_items_apply_due_rule(actor=Actor.system("test"), at=late)
-        assert Grant.objects.get(pk=g1.pk).revoked_at == late
+        # The row says when access ended (the due date, as authorize() decided); the
+        # event says when the job recorded it, and when it took effect.
+        assert Grant.objects.get(pk=g1.pk).revoked_at == due
+        revoked = AuditEvent.objects.get(event_type="grant.revoked", grant_id=g1.pk)
+        assert revoked.created_at == late
+        assert json.loads(revoked.data)["effective_at"] == due.isoformat()
+        from governance.services.exports import access_period_rows
+
+        period = access_period_rows(due + timedelta(minutes=10), due + timedelta(minutes=20))
+        assert g1.pk not in {row["grant"] for row in period}
         between = authorize(agent="bot", at=due + timedelta(minutes=30), **read)
         assert (between.decision, between.reason) == ("deny", "grant_revoked")
         assert g1.pk not in selectors.grants_in_force(due + timedelta(minutes=30)).values_list(
@@ -667,3 +676,65 @@ def test_a_grant_ended_after_its_review_fell_due_stays_ended_from_the_due_date(
 
     rows = [r for r in access_rows(at=between) if r["grant"] == grant.pk]
     assert rows == [] or rows[0]["blocked_by"] is not None
+
+
+# --- A late decision, another campaign's due date, a narrowing that changes nothing ----
+
+
+def test_a_refused_late_decision_is_not_logged_as_the_reviewers_revoke(world):
+    g1 = world["grants"][0]
+    campaign = open_campaign(due_at=NOW + timedelta(days=1))
+    item = campaign.items.get(grant=g1)
+    who = item.reviewer
+    with pytest.raises(Conflict) as refused:
+        reviews.review_item_decide(
+            item_id=item.pk, reviewer=who, decision="keep", comment="keep it",
+            actor=Actor.user(who), at=NOW + timedelta(days=1, hours=3),
+        )  # fmt: skip
+    assert refused.value.code == "past_due"
+    revoked = AuditEvent.objects.get(event_type=EventType.GRANT_REVOKED, grant_id=g1.pk)
+    rule = AuditEvent.objects.get(event_type=EventType.REVIEW_ITEM_DUE_RULE, grant_id=g1.pk)
+    assert (revoked.actor_type, rule.actor_type) == ("system", "system")
+    assert Grant.objects.get(pk=g1.pk).revoked_at == NOW + timedelta(days=1)
+
+
+def test_keep_is_refused_for_a_grant_another_campaign_already_ended(world):
+    g1 = world["grants"][0]
+    due = NOW + timedelta(days=1)
+    open_campaign(reason="first", due_at=due)
+    later = due + timedelta(minutes=10)
+    read = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    assert authorize(at=later, **read).reason == "grant_revoked"
+    # A campaign opened now has no item for it (nor for the child handed down from it).
+    second = open_campaign(reason="second", at=later)
+    assert not second.items.filter(grant=g1).exists()
+    assert not second.items.filter(grant=world["child"]).exists()
+    # An item opened earlier, still pending, cannot keep it either: it closes as ended.
+    third = open_campaign(
+        reason="third", at=NOW + timedelta(hours=1), due_at=due + timedelta(days=3)
+    )
+    item = third.items.get(grant=g1)
+    with pytest.raises(Conflict) as refused:
+        reviews.review_item_decide(
+            item_id=item.pk, reviewer=item.reviewer, decision="keep", comment="still needed",
+            actor=Actor.user(item.reviewer), at=later + timedelta(minutes=1),
+        )  # fmt: skip
+    assert refused.value.code == "grant_not_live"
+    item.refresh_from_db()
+    assert item.status == "ended"
+    assert not events(EventType.REVIEW_ITEM_DECIDED, grant_id=g1.pk)
+
+
+def test_a_narrowing_that_changes_nothing_is_not_recorded_as_narrowed(world):
+    g1 = world["grants"][0]
+    item = open_campaign().items.get(grant=g1)
+    with pytest.raises(GovernanceError) as refused:
+        reviews.review_item_decide(
+            item_id=item.pk, reviewer=item.reviewer, decision="narrow", comment="narrowed",
+            actor=Actor.user(item.reviewer), at=NOW + timedelta(minutes=1),
+            scope=g1.scope, actions=list(g1.actions),
+        )  # fmt: skip
+    assert refused.value.code == "invalid_decision"
+    item.refresh_from_db()
+    assert item.status == "pending"
+    assert not events(EventType.REVIEW_ITEM_DECIDED) and not events(EventType.GRANT_NARROWED)

@@ -17,7 +17,7 @@ from django.db.models import Q
 from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
-from governance.models import Agent, AgentToken, Approval, Grant
+from governance.models import Agent, AgentToken, Approval, BreakGlass, Grant
 from governance.policy import grant_dead_reason
 from governance.services.claims import claim_each
 
@@ -54,7 +54,8 @@ def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> s
     Also whoever could act as the agent from `at` (the moment the request or the
     approval was created) on: the creator of every token of the agent, or of an agent
     above it, that was live at any moment since (not revoked or expired by `at`,
-    whenever it was created). An admin who issues himself a token for someone else's
+    whenever it was created). And whoever opened a break-glass up the grant's chain
+    or whose break-glass the grant ratifies. An admin who issues himself a token for someone else's
     agent can file requests as that agent, or make the approved call with it once he
     has approved it himself; he must do neither under his own name."""
     users = set()
@@ -65,9 +66,18 @@ def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> s
         users.add(agent.owner_id)
         tree.append(agent.pk)
         agent = agent.parent
-    for link in grant.chain() if grant is not None else ():
+    chain = list(grant.chain()) if grant is not None else []
+    for link in chain:
         users.update((link.requested_by_id, link.agent.owner_id))
         tree.append(link.agent_id)
+    # Whoever declared the emergency: a break-glass grant up the chain, or the request
+    # that continues one after its ratification, is their own access decision.
+    users.update(
+        BreakGlass.objects.filter(
+            Q(grant_id__in=[link.pk for link in chain])
+            | Q(ratified_request_id__in=[link.pk for link in chain])
+        ).values_list("opened_by_id", flat=True)
+    )
     users.update(
         AgentToken.objects.filter(agent_id__in=tree, expires_at__gt=at)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))

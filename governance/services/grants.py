@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from governance import audit, notifications, roles
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
-from governance.models import Agent, Approval, BreakGlass, Grant, Task, Tool
+from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
@@ -365,8 +365,8 @@ def _approve_row(
     Refused (Forbidden `self_approval`): the requester; anyone with a stake in the
     agent (approvals.stakeholders as of the request's creation: the owners up the
     agent tree and whoever held a live token for them then), whoever filed the
-    request (the agent or a person); and the person who opened the break-glass this
-    request ratifies."""
+    request (the agent or a person), the person who opened the break-glass this
+    request ratifies among them."""
     if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
         raise Forbidden("self_approval", "Nobody approves their own request.")
     # Every request, not only the agent's own: an owner approving a request someone
@@ -374,13 +374,9 @@ def _approve_row(
     if approver.pk in stakeholders(grant.agent, grant, at=grant.created_at):
         raise Forbidden(
             "self_approval",
-            "An agent's owner (or the owner of an agent above it), or anyone who held a "
-            "token for it when the request was made, cannot approve its grants.",
-        )
-    if BreakGlass.objects.filter(ratified_request_id=grant.pk, opened_by_id=approver.pk).exists():
-        raise Forbidden(
-            "self_approval",
-            "Nobody approves the request that ratifies a break-glass they opened.",
+            "An agent's owner (or the owner of an agent above it), anyone who held a "
+            "token for it when the request was made, or whoever opened the break-glass "
+            "it ratifies, cannot approve its grants.",
         )
     # The row as it is now (a caller's Agent instance may be older than a suspension).
     status = Agent.objects.filter(pk=grant.agent_id).values_list("status", flat=True).get()
@@ -507,17 +503,31 @@ def _descendants(grant_ids: list[int]) -> list[Grant]:
 
 
 def grant_revoke(
-    *, grant_id: int, reason: str, actor: audit.Actor, at: datetime, revoked_by: Any = None
+    *,
+    grant_id: int,
+    reason: str,
+    actor: audit.Actor,
+    at: datetime,
+    revoked_by: Any = None,
+    effective_at: datetime | None = None,
 ) -> list[Grant]:
     """Revoke at once, and everything delegated from it, in one transaction.
 
     Safe to call twice: an already-ended grant is left as it is. A person revoking a
-    delegated grant overrules its delegation (_overruled).
+    delegated grant overrules its delegation (_overruled). `effective_at` (earlier
+    than `at`): a job applying, late, a rule that authorize() applied from that moment
+    on (a review's due date); the rows say when access ended, the events when the job
+    recorded it.
     """
     with transaction.atomic():
         overruled = _overruled(grant_id, revoked_by)
         ended = grants_revoke(
-            grant_ids=[grant_id], reason=reason, actor=actor, at=at, revoked_by=revoked_by
+            grant_ids=[grant_id],
+            reason=reason,
+            actor=actor,
+            at=at,
+            revoked_by=revoked_by,
+            effective_at=effective_at,
         )
         _withdraw_delegation(overruled, grant_id, actor, at)
     return ended
@@ -574,10 +584,12 @@ def grants_revoke(
     actor: audit.Actor,
     at: datetime,
     revoked_by: Any = None,
+    effective_at: datetime | None = None,
 ) -> list[Grant]:
     """grant_revoke for several grants in one transaction (a task's, a narrowed grant's
     delegations): every row is locked and changed first and the events come last, so
     the chain lock is the last lock the transaction takes (tests/conftest.py)."""
+    ended_at = at if effective_at is None else min(at, effective_at)
     if not reason.strip():
         raise GovernanceError("reason_required", "Say why the grant is revoked.")
     with transaction.atomic():
@@ -600,7 +612,7 @@ def grants_revoke(
                     continue
                 seen.add(grant.pk)
                 grant.status = Grant.Status.REVOKED if grant.starts_at else Grant.Status.DENIED
-                grant.revoked_at = at if grant.starts_at else None
+                grant.revoked_at = max(ended_at, grant.starts_at) if grant.starts_at else None
                 grant.revoked_by = revoked_by
                 grant.decision_reason = reason
                 grant.save()
@@ -615,6 +627,8 @@ def grants_revoke(
         open_ones.update(status=Approval.Status.EXPIRED)
         for grant, root_pk in ended:
             data: dict[str, Any] = {"cascade_from": root_pk} if grant.pk != root_pk else {}
+            if grant.revoked_at is not None and grant.revoked_at != at:
+                data["effective_at"] = grant.revoked_at.isoformat()
             if voided.get(grant.pk):
                 data["approvals_voided"] = voided[grant.pk]
             # A request that never started is refused, not revoked: the event says what

@@ -53,10 +53,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from governance import audit, notifications, roles
-from governance.codes import EventType
+from governance.codes import EventType, Reason
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
-from governance.selectors import agent_tree, approver_users, live_grants, unused_grants
+from governance.policy import grant_dead_reason
+from governance.selectors import agent_tree, approver_users, grants_in_force, unused_grants
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from governance.services.grants import grant_event, grant_narrow, grant_revoke
@@ -185,8 +186,16 @@ def _same(existing: ReviewCampaign, kind: str, agent: Agent | None) -> ReviewCam
     return existing
 
 
+# What grant_dead_reason() may answer for a grant that has not ended: it is live, or
+# its agent is suspended or its tool quarantined (either may come back, so the grant is
+# still reviewed, and may be revoked).
+_NOT_ENDED = (None, Reason.AGENT_SUSPENDED, Reason.TOOL_QUARANTINED)
+
+
 def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
-    grants = live_grants(at)
+    # In force: not one whose review in another campaign fell due undecided (revoked
+    # from then on, whether or not the job has run) nor one whose task is over.
+    grants = grants_in_force(at)
     if campaign.agent_id is not None:
         # The agent and its subagents: what it handed down is its access too (keeping
         # the parent grant does not keep what was delegated from it).
@@ -291,7 +300,14 @@ def review_item_decide(
         # Ended as the job reads it (the row: revoked, denied, expired, or past its
         # expiry before the job ran). A suspended agent's grant is not ended: it may
         # come back, so it is still reviewed (and may be revoked).
-        ended = grant.status != Grant.Status.ACTIVE or grant.expires_at <= at
+        ended = (
+            grant.status != Grant.Status.ACTIVE
+            or grant.expires_at <= at
+            # Ended by a rule authorize() applies before a job records it (another
+            # campaign's due date, its task's end, an ancestor's end). Past this item's
+            # own due date its rule applies, whatever else holds.
+            or (not late and grant_dead_reason(grant.pk, at) not in _NOT_ENDED)
+        )
         if not (late or ended):
             _record_decision(
                 item, reviewer, decision, comment, actor, at, actions, scope, expires_at
@@ -302,7 +318,8 @@ def review_item_decide(
     # run this outside a transaction of their own, as the API and UI views do: inside
     # one, raising the refusal would roll the applied rule back with the rest, and the
     # job would apply it at its next run.)
-    applied = _close_now(item.pk, ended=ended, actor=actor, at=at)
+    # The rule's doing, not the reviewer's: the events name the system, as the job's.
+    applied = _close_now(item.pk, ended=ended, actor=audit.Actor.system("review_due_rule"), at=at)
     if late:
         raise Conflict(
             "past_due",
@@ -341,6 +358,7 @@ def _record_decision(
     item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
     # Then the grant (its own events), and this item's event last.
     if decision == "narrow":
+        shape = (list(grant.actions), grant.scope, grant.expires_at)
         grant_narrow(
             grant_id=grant.pk,
             actions=actions,
@@ -352,6 +370,11 @@ def _record_decision(
             at=at,
         )
         grant.refresh_from_db()
+        if (list(grant.actions), grant.scope, grant.expires_at) == shape:
+            # Recorded as narrowed, it would say the grant shrank: it is as wide as before.
+            raise GovernanceError(
+                "invalid_decision", "This narrowing changes nothing: keep the grant instead."
+            )
     elif decision == "revoke":
         grant_revoke(
             grant_id=grant.pk,
@@ -405,11 +428,15 @@ def _claim_due(pk: int, rule: str, at: datetime) -> int:
 
 def _announce_due(pk: int, rule: str, actor: audit.Actor, at: datetime) -> None:
     if rule == "revoke":  # the grant's rows and events first, the item's event last
+        grant_id, due_at = ReviewItem.objects.values_list("grant_id", "due_at").get(pk=pk)
         grant_revoke(
-            grant_id=ReviewItem.objects.values_list("grant_id", flat=True).get(pk=pk),
+            grant_id=grant_id,
             reason=f"review item #{pk} not decided by its due date",
             actor=actor,
             at=at,
+            # authorize() refused it from the due date on: the row says so too, so an
+            # access report for a moment before the job ran does not show it live.
+            effective_at=due_at,
         )
     item = _item_event(pk, actor, at, rule=rule)
     notifications.review_overdue(
