@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from governance import db
+from governance import db, roles
 from governance.audit import arguments_digest
 from governance.codes import ACTION_VALUES, ActionClass, Reason
 from governance.codes import Decision as Verdict
@@ -274,8 +274,14 @@ FROM governance_approval WHERE id = %s AND agent_id = %s
 
 # The live confirmation policies for this agent, tool and action (and the call's task,
 # for a task-bound policy); their scope patterns are matched in Python, as grants' are.
-_POLICY_QUERY = """
-SELECT p.id, p.verdict, p.scope, p.created_by_id, p.created_at
+# And whether the author may approve now (active, an approver or admin): an approve
+# policy is a standing approval, and stops answering with its author's authority.
+_POLICY_QUERY = f"""
+SELECT p.id, p.verdict, p.scope, p.created_by_id, p.created_at,
+       EXISTS (SELECT 1 FROM auth_user u WHERE u.id = p.created_by_id AND u.is_active
+               AND (u.is_superuser OR EXISTS (
+                   SELECT 1 FROM auth_user_groups ug JOIN auth_group r ON r.id = ug.group_id
+                   WHERE ug.user_id = u.id AND r.name IN ('{roles.ADMINS}', '{roles.APPROVERS}'))))
 FROM governance_confirmationpolicy p
 WHERE p.agent_id = %s AND p.tool_id = %s AND p.action = %s
   AND (p.task_id IS NULL OR p.task_id = %s)
@@ -355,8 +361,9 @@ def _policy_verdicts(
     above: list[int],
 ) -> list[tuple[int, str]]:
     """(policy id, verdict) of every live confirmation policy covering this call, less
-    the approving ones whose author has a stake in it (stake_check). Nobody confirms
-    their own agent's calls, by hand or by rule. A deny only ever restricts, whoever
+    the approving ones whose author has a stake in it (stake_check) or may no longer
+    approve (deactivated, or no approver role now). Nobody confirms their own agent's
+    calls, by hand or by rule. A deny only ever restricts, whoever
     wrote it. `above`: the agents up the grant's delegation chain and up the agent tree;
     their denies bind every agent below them, whichever grant it calls under (a subagent
     never does what its parent is refused), their approves answer for their own calls
@@ -367,8 +374,10 @@ def _policy_verdicts(
         rows = db.execute(_POLICY_QUERY, [holder, tool_id, action, task_id, when, when, when])
         found += [
             (pid, verdict, author, db.read_dt(written))
-            for pid, verdict, pattern, author, written in rows
-            if (holder == agent_id or verdict == "deny") and scope_matches(pattern, scope)
+            for pid, verdict, pattern, author, written, may_approve in rows
+            if (holder == agent_id or verdict == "deny")
+            and (verdict == "deny" or may_approve)
+            and scope_matches(pattern, scope)
         ]
     if not any(verdict == "approve" for _, verdict, _, _ in found):
         return [(pid, verdict) for pid, verdict, _, _ in found]

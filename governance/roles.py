@@ -31,6 +31,12 @@ def is_approver(user: Any) -> bool:
     return _in(user, ADMINS, APPROVERS)
 
 
+def may_approve(user: Any) -> bool:
+    """An approver who is still active: what an approve confirmation policy's author
+    must be for it to answer (policy._policy_verdicts asks the same in SQL)."""
+    return user is not None and bool(getattr(user, "is_active", False)) and is_approver(user)
+
+
 def is_auditor(user: Any) -> bool:
     """Read-only everything."""
     return _in(user, ADMINS, AUDITORS)

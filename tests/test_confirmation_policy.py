@@ -726,3 +726,33 @@ def test_a_parents_deny_policy_binds_what_it_hands_down(world, make_agent, carol
     assert event_of(other).decision == "allow"
     (row,) = [r for r in access_rows(NOW) if r["grant"] == handed.pk]
     assert f"deny#{freeze.pk}" in row["policies"]
+
+
+@pytest.mark.parametrize("how", ["deactivated", "role_removed"])
+def test_an_approve_policy_stops_answering_once_its_author_may_no_longer_approve(world, how):
+    """A policy is a standing approval: it answers only while its author could approve
+    by hand (active, an approver). Their deny policies keep binding."""
+    from governance.services import reports
+    from governance.web.queries import live_confirmation_policies
+
+    approve = write(world)
+    deny = write(world, "deny", scope="repo:acme/tmp/keep/*")
+    assert ask().reason == "allowed"
+    bob = User.objects.get(pk=world.bob.pk)
+    if how == "deactivated":
+        bob.is_active = False
+        bob.save()
+    else:
+        bob.groups.clear()
+    decision = ask(at=NOW + MS)
+    assert (decision.decision, decision.reason) == ("approval_required", "approval_required")
+    event = AuditEvent.objects.get(uid=decision.decision_id)
+    assert (event.decision, event.reason) == ("approval_required", "approval_required")
+    denied = ask(at=NOW + MS, scope="repo:acme/tmp/keep/x")
+    assert (denied.decision, denied.reason) == ("deny", "approval_denied")
+    # What people read says the same: the report, and the policy list's marker.
+    (row,) = [r for r in reports.access_rows(NOW + MS) if r["grant"] == world.grant.pk]
+    assert f"approve#{approve.pk}" not in row["policies"]
+    assert f"deny#{deny.pk}" in row["policies"]
+    silenced = {p.pk: p.silenced for p in live_confirmation_policies(NOW + MS)}
+    assert silenced == {approve.pk: True, deny.pk: False}

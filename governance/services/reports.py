@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
-from governance import audit, selectors
+from governance import audit, roles, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Tool
@@ -157,7 +157,9 @@ def access_rows(
 def _policies_by_pair(at: datetime) -> dict[tuple[int, int], list[Any]]:
     """The confirmation policies in force at `at`, by (agent, tool)."""
     found: dict[tuple[int, int], list[Any]] = {}
-    for p in selectors.live_policies(at).select_related("tool", "task").order_by("pk"):
+    for p in (
+        selectors.live_policies(at).select_related("tool", "task", "created_by").order_by("pk")
+    ):
         found.setdefault((p.agent_id, p.tool_id), []).append(p)
     return found
 
@@ -190,7 +192,7 @@ def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: dat
     tool marked irreversible: the tool as it is now), under the grant's task or none
     (a task-bound policy only while its task is open), on a scope overlapping the
     grant's; an approve policy only when its author has no stake in the grant's calls
-    (policy.stake_check), since the gate ignores it otherwise."""
+    (policy.stake_check) and may still approve, since the gate ignores it otherwise."""
     candidates = [
         p
         for p in policies
@@ -206,7 +208,8 @@ def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: dat
         candidates = [
             p
             for p in candidates
-            if p.verdict == "deny" or not has_stake(p.created_by_id, p.created_at)
+            if p.verdict == "deny"
+            or (roles.may_approve(p.created_by) and not has_stake(p.created_by_id, p.created_at))
         ]
     return [f"{p.verdict}#{p.pk}" for p in candidates]
 

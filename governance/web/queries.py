@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncDate
 
-from governance import audit, selectors
+from governance import audit, roles, selectors
 from governance.codes import ActionClass, EventType
 from governance.models import (
     Agent,
@@ -251,8 +251,9 @@ def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:
 
 def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
     """Policies in their window now (for people to see; decisions ask authorize()).
-    `silenced` marks one whose author has since come to hold a stake in the agent or
-    its calls' grants: authorize() no longer lets it answer."""
+    `silenced` marks an approve policy whose author has since come to hold a stake in
+    the agent or its calls' grants, or may no longer approve (deactivated, role gone):
+    authorize() no longer lets it answer."""
     from governance.services.confirmation import policy_stakeholders
 
     found = list(
@@ -263,7 +264,8 @@ def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
     )
     for policy in found:
         policy.silenced = policy.verdict == "approve" and (  # type: ignore[attr-defined]
-            policy.created_by_id
+            not roles.may_approve(policy.created_by)
+            or policy.created_by_id
             in policy_stakeholders(policy.agent, policy.tool, policy.action, at=policy.created_at)
         )
     return found
