@@ -21,6 +21,28 @@ class ActionClass(models.TextChoices):
 
 ACTION_VALUES: frozenset[str] = frozenset(ActionClass.values)
 
+# A grant's (or a sandbox run's) code-execution ceilings: (least, most) of each, the
+# same whichever door a grant comes through (API, matrix file, service). cpus may be a
+# fraction; the others are whole numbers (memory_mb: the engine's own minimum is 6).
+LIMIT_BOUNDS: dict[str, tuple[float, int]] = {
+    "memory_mb": (6, 1 << 20),
+    "cpus": (0.01, 1024),
+    "pids": (1, 1 << 22),
+    "wall_seconds": (1, 7 * 86400),
+    "scratch_mb": (1, 1 << 20),
+}
+
+
+def limit_problem(key: str, value: object) -> str | None:
+    """What is wrong with `value` as the `key` limit (a sentence's end), or None."""
+    least, most = LIMIT_BOUNDS[key]
+    kind = (int, float) if key == "cpus" else (int,)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        return "must be a number" if key == "cpus" else "must be a whole number"
+    if not least <= value <= most:  # type: ignore[operator]
+        return f"must be between {least} and {most}"
+    return None
+
 
 class Decision(models.TextChoices):
     ALLOW = "allow"

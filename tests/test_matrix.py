@@ -631,7 +631,7 @@ def test_an_absurd_duration_is_an_error_not_a_crash(world, tmp_path):
     )
     message = rejected(path, "--as", "alice")
     assert "matrix.yaml:3: grants[0].duration: Duration exceeds the maximum" in message
-    assert "matrix.yaml:3: grants[0].limits.memory_mb: must be a positive whole number" in message
+    assert "matrix.yaml:3: grants[0].limits.memory_mb: must be between 6 and 1048576" in message
 
 
 def test_a_file_can_define_new_agents_tools_and_tasks_for_its_grants(world, tmp_path, ada):
@@ -1234,3 +1234,86 @@ def test_an_entry_whose_grant_fell_due_in_review_is_not_unchanged(
     request = Grant.objects.get(status="pending", agent=bot)
     assert request.justification == "restore"
     assert AuditEvent.objects.filter(event_type="grant.requested", grant_id=request.pk).exists()
+
+
+# --- Odd values are line errors, never a crash; limits as the API bounds them ------------
+
+
+def test_a_duration_with_thousands_of_digits_is_a_line_error_not_a_crash(world, ada, tmp_path):
+    path = write(
+        tmp_path,
+        "grants:\n"
+        "- {agent: bot, tool: repo, actions: [read], scope: 'repo:acme/x/*', justification: j,"
+        f" duration: {'9' * 5000}s}}\n",
+    )
+    before = counts()
+    message = rejected(path, "--as", "ada")
+    assert "matrix.yaml:2: grants[0].duration" in message
+    assert counts() == before
+
+
+def test_a_time_past_year_9999_in_utc_is_a_line_error_not_a_crash(world, ada, tmp_path):
+    path = write(
+        tmp_path,
+        "tasks:\n- {key: T-9, owner: alice, window: {ends_at: '9999-12-31T23:59:59-12:00'}}\n",
+    )
+    before = counts()
+    message = rejected(path, "--dry-run", "--as", "ada")
+    assert "matrix.yaml:2: tasks[0].window.ends_at" in message and "9999" in message
+    assert counts() == before
+
+
+@pytest.mark.parametrize(
+    "limits, problem",
+    [
+        ("{memory_mb: 1}", "limits.memory_mb: must be between 6"),
+        ("{cpus: 0.000001}", "limits.cpus: must be between 0.01"),
+        ("{wall_seconds: 2147483647}", "limits.wall_seconds: must be between 1 and 604800"),
+        ("{pids: 1.5}", "limits.pids: must be a whole number"),
+    ],
+)
+def test_limits_obey_the_same_bounds_as_the_api(world, ada, tmp_path, limits, problem):
+    path = write(
+        tmp_path,
+        "grants:\n"
+        "- {agent: bot, tool: repo, actions: [read], scope: 'repo:acme/x/*', justification: j,"
+        f" duration: 1h, limits: {limits}}}\n",
+    )
+    before = counts()
+    message = rejected(path, "--as", "ada")
+    assert f"matrix.yaml:2: grants[0].{problem}" in message
+    assert counts() == before
+
+
+def test_the_service_bounds_limits_as_the_api_does(world, alice, system):
+    from governance.errors import GovernanceError
+    from governance.services import grants as grant_service
+
+    for bad in ({"memory_mb": 1}, {"cpus": 2000}, {"wall_seconds": 8 * 86400}):
+        with pytest.raises(GovernanceError) as refused:
+            grant_service.grant_request(
+                agent=Agent.objects.get(name="bot"), tool=Tool.objects.get(name="repo"),
+                actions=["read"], scope="repo:acme/*", duration=timedelta(hours=1),
+                justification="j", requested_by=alice, actor=system, at=NOW, limits=bad,
+            )  # fmt: skip
+        assert refused.value.code == "invalid_limits"
+
+
+def test_the_requested_event_says_what_was_requested(
+    make_agent, make_tool, make_grant, alice, system
+):
+    """An issued grant's grant.requested event describes the request (pending, no
+    window), and every request's event says how long was asked for."""
+    from governance.services import grants as grant_service
+
+    issued = make_grant(make_agent("bot2"), make_tool("repo2"), duration=timedelta(hours=1))
+    data = json.loads(AuditEvent.objects.get(grant_id=issued.pk, event_type="grant.requested").data)
+    assert (data["status"], data["starts_at"], data["expires_at"]) == ("pending", None, None)
+    assert data["duration_seconds"] == 3600
+    request = grant_service.grant_request(
+        agent=make_agent("bot3"), tool=make_tool("repo3"), actions=["read"],
+        scope="repo:acme/*", duration=timedelta(hours=3), justification="j",
+        requested_by=alice, actor=system, at=NOW,
+    )  # fmt: skip
+    event = AuditEvent.objects.get(grant_id=request.pk, event_type="grant.requested")
+    assert json.loads(event.data)["duration_seconds"] == 3 * 3600

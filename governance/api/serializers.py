@@ -24,7 +24,7 @@ from rest_framework import parsers, serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.utils import json as drf_json
 
-from governance.codes import ActionClass, Reason
+from governance.codes import LIMIT_BOUNDS, ActionClass, Reason
 from governance.codes import Decision as Verdict
 from governance.models import Grant, Tool
 from governance.text import is_text, is_utf8, json_problem
@@ -507,21 +507,22 @@ def _actions(**kw: Any) -> DeclaredListField:
     )
 
 
+def _limit_field(key: str, **kw: Any) -> Any:
+    least, most = LIMIT_BOUNDS[key]
+    kind = StrictNumberField if key == "cpus" else StrictIntegerField
+    return kind(min_value=least, max_value=most, required=False, allow_null=True, **kw)
+
+
 class LimitsIn(StrictSerializer):
     """Code-execution ceilings: a grant's (requested with it) or a sandbox run's."""
 
-    memory_mb = StrictIntegerField(min_value=6, max_value=1 << 20, required=False, allow_null=True)
-    cpus = StrictNumberField(min_value=0.01, max_value=1024, required=False, allow_null=True)
-    pids = StrictIntegerField(min_value=1, max_value=1 << 22, required=False, allow_null=True)
-    wall_seconds = StrictIntegerField(
-        min_value=1, max_value=7 * 86400, required=False, allow_null=True
-    )
-    scratch_mb = StrictIntegerField(
-        min_value=1,
-        max_value=1 << 20,
-        required=False,
-        allow_null=True,
-        help_text="Size of the sandbox's writable /workspace, a tmpfs (MiB)",
+    # codes.LIMIT_BOUNDS: the bounds the service and the matrix file apply too.
+    memory_mb = _limit_field("memory_mb")
+    cpus = _limit_field("cpus")
+    pids = _limit_field("pids")
+    wall_seconds = _limit_field("wall_seconds")
+    scratch_mb = _limit_field(
+        "scratch_mb", help_text="Size of the sandbox's writable /workspace, a tmpfs (MiB)"
     )
 
 

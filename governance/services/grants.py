@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from governance import audit, notifications, roles
-from governance.codes import ACTION_VALUES, EventType
+from governance.codes import ACTION_VALUES, LIMIT_BOUNDS, EventType, limit_problem
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
@@ -233,18 +233,16 @@ def require_open_task(task_id: int | None, at: datetime) -> None:
 
 
 def _limits(limits: dict[str, Any] | None) -> dict[str, Any]:
-    """The grant's code-execution ceilings as columns: cpus a positive number, the rest
-    positive whole numbers (under 2**31: 32-bit columns on PostgreSQL)."""
+    """The grant's code-execution ceilings as columns, each within codes.LIMIT_BOUNDS."""
     limits = limits or {}
-    allowed = {"cpus", "memory_mb", "pids", "wall_seconds", "scratch_mb"}
-    unknown = set(limits) - allowed
+    unknown = set(limits) - set(LIMIT_BOUNDS)
     if unknown:
         raise GovernanceError("invalid_limits", f"Unknown limits: {', '.join(sorted(unknown))}.")
     for key, value in limits.items():
-        kind = (int, float) if key == "cpus" else (int,)
-        if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < 2**31:
+        problem = limit_problem(key, value)
+        if problem:
             raise GovernanceError(
-                "invalid_limits", f"The {key} limit must be a positive number, got {value!r}."
+                "invalid_limits", f"The {key} limit {problem}, got {value!r}."[:300]
             )
     return {f"limit_{k}": v for k, v in limits.items()}
 
@@ -752,12 +750,19 @@ def grant_delegate(
 
 
 def _requested_event(grant: Grant, actor: audit.Actor, at: datetime) -> None:
-    """grant.requested: what was asked for, why, and its whole envelope."""
+    """grant.requested: what was asked for (how long included), why, and its whole
+    envelope. A request: pending, with no window yet, also when grant_issue() has
+    already approved the row (its grant.issued event follows)."""
+    duration = grant.requested_duration
     _event(
         grant,
         EventType.GRANT_REQUESTED,
         actor,
         at,
+        status=Grant.Status.PENDING,
+        starts_at=None,
+        expires_at=None,
+        duration_seconds=int(duration.total_seconds()) if duration is not None else None,
         justification=grant.justification,
         **envelope_data(grant),
     )

@@ -60,7 +60,7 @@ from django.utils.dateparse import parse_datetime
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from governance import audit, roles, selectors
-from governance.codes import ACTION_VALUES, EventType
+from governance.codes import ACTION_VALUES, EventType, limit_problem
 from governance.errors import Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.models.tools import definition_hash
@@ -333,6 +333,10 @@ class _Reader:
             return self.error(node, path, "must be a date-time like 2026-11-29T12:00:00Z")
         if value.tzinfo is None:
             return self.error(node, path, "needs a time zone (end it with Z for UTC)")
+        try:
+            value.astimezone(UTC)  # stored in UTC: 9999-12-31T23:00-12:00 is no such moment
+        except OverflowError:
+            return self.error(node, path, "is outside the years 1 to 9999 in UTC")
         return value
 
     def plain_mapping(self, node: Node | None, path: str) -> Any:
@@ -360,6 +364,8 @@ def parse_duration(text: str) -> timedelta | None:
         return None
     parts: dict[str, int] = {}
     for amount, unit in re.findall(r"([0-9]+)([wdhms])", text):
+        if len(amount.lstrip("0")) > 12:  # far past any maximum (and int() of 4,300+ digits
+            return timedelta.max  # refuses): too long, which validate_shape says
         parts[_UNITS[unit]] = parts.get(_UNITS[unit], 0) + int(amount)
     try:
         return timedelta(**parts)
@@ -929,11 +935,9 @@ class _Planner:
             if value is None or value is BAD:
                 limits[key] = value
                 continue
-            number_ok = isinstance(value, int | float) if key == "cpus" else isinstance(value, int)
-            # Under 2**31: the columns are 32-bit integers on PostgreSQL.
-            if isinstance(value, bool) or not number_ok or not 0 < value < 2**31:
-                kind = "a positive number" if key == "cpus" else "a positive whole number"
-                value = r.error(value_node, f"{path}.{key}", f"must be {kind}")
+            problem = limit_problem(key, value)  # the bounds every door applies
+            if problem:
+                value = r.error(value_node, f"{path}.{key}", problem)
             limits[key] = value
         if BAD in limits.values():
             return BAD
