@@ -51,9 +51,9 @@ class EgressDecision:
     allowed: bool
     # allowed | not_allowlisted | bad_destination | unresolvable | internal_address |
     # bad_request (the proxy's: a request head it does not forward, see proxy._parse_head),
-    # sni_mismatch, sni_missing, not_tls (the proxy's: a tunnel to an allowed name
-    # whose first bytes are a ClientHello for another or no server name, or are not a
-    # whole ClientHello at all)
+    # sni_mismatch, sni_missing, sni_hidden, not_tls (the proxy's: a tunnel to an
+    # allowed name whose first bytes are a ClientHello for another, no or an encrypted
+    # server name, or are not a whole ClientHello at all)
     reason: str
     host: str
     port: int

@@ -362,7 +362,9 @@ class EgressProxy:
         Anything else is reported as refused, never sent, and None is returned:
 
         - a hello naming another server is `sni_mismatch`; one naming none is
-          `sni_missing` (the server would pick any site behind the address);
+          `sni_missing` (the server would pick any site behind the address); one whose
+          real server name is encrypted (ECH, ESNI) is `sni_hidden` (a front end routes
+          on that name, not on the one in the clear);
         - anything that is not a whole, well-formed ClientHello within CONNECT_TIMEOUT
           of the tunnel opening (plain HTTP, SSH, a malformed or oversized hello, a
           pause, the sandbox closing, a server that speaks first) is `not_tls`. Which
@@ -383,7 +385,9 @@ class EgressProxy:
                 break
             data += chunk
         reason, named = None, decision.host
-        if hello.kind != "tls":
+        if hello.kind == "hidden":
+            reason = "sni_hidden"
+        elif hello.kind != "tls":
             reason = "not_tls"
         elif hello.name is None:
             reason = "sni_missing"

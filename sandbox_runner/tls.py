@@ -26,7 +26,8 @@ _HOST_NAME = 0x00
 
 @dataclass(frozen=True)
 class Hello:
-    """kind: "more" (send more bytes), "not_tls", "tls" (name: the SNI or None), "malformed"."""
+    """kind: "more" (send more bytes), "not_tls", "tls" (name: the SNI or None), "malformed",
+    "hidden" (the server name is encrypted: ECH)."""
 
     kind: str
     name: str | None = None
@@ -35,6 +36,11 @@ class Hello:
 MORE = Hello("more")
 NOT_TLS = Hello("not_tls")
 MALFORMED = Hello("malformed")
+# Encrypted Client Hello (and its drafts, and ESNI before it): the name in the clear is
+# only the front end's; the server the client really asks for is encrypted inside, and
+# a front end routes on that one. No name to check, so nothing the allowlist can pass.
+HIDDEN = Hello("hidden")
+_HIDDEN_NAME = frozenset({0xFE0D, 0xFE0C, 0xFE0B, 0xFE0A, 0xFE09, 0xFE08, 0xFFCE})
 
 
 def read_client_hello(data: bytes) -> Hello:
@@ -94,6 +100,8 @@ def _server_name(body: bytes) -> Hello:
                 name = _host_name(data)
                 if name is None:
                     return MALFORMED
+            elif kind in _HIDDEN_NAME:
+                return HIDDEN
         return Hello("tls", name)
     except ValueError:
         return MALFORMED

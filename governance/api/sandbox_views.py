@@ -69,6 +69,7 @@ EGRESS_REASONS = (
     "internal_address",
     "sni_mismatch",
     "sni_missing",
+    "sni_hidden",
     "not_tls",
     "http_in_tunnel",  # from runners older than not_tls, which replaced it
 )

@@ -15,7 +15,7 @@ from sandbox_runner import proxy as proxy_module
 from sandbox_runner.egress import parse_destination
 from sandbox_runner.proxy import EgressProxy
 from tests.sandbox_runner.test_egress_proxy import _Server
-from tests.sandbox_runner.test_tls import client_hello, split_into_records
+from tests.sandbox_runner.test_tls import client_hello, hello_with_hidden_name, split_into_records
 
 
 @pytest.fixture
@@ -550,3 +550,14 @@ def test_a_server_that_speaks_first_is_reached_through_a_grant_naming_its_addres
     handler.join(timeout=5)
     server.close()
     assert [r.reason for r in reports] == ["allowed"]
+
+
+def test_a_hello_with_an_encrypted_server_name_is_refused_on_record(listener):
+    """ECH names the allowed host in the clear and the real one inside: a front end
+    shared by many sites routes on the inner one. Refused, never sent."""
+    port, received = listener
+    reports: list = []
+    tunnel(named_proxy(port, reports), port, hello_with_hidden_name("api.example"))
+    assert wait_for(received) == [b""]
+    # The CONNECT was allowed (the name is on the grant); what came down it was not.
+    assert [(r.allowed, r.reason) for r in reports] == [(True, "allowed"), (False, "sni_hidden")]

@@ -102,3 +102,39 @@ def _grow_server_name(hello: bytes, at: int, extra: bytes) -> bytes:
     record = int.from_bytes(out[3:5], "big") + grow
     out[3:5] = record.to_bytes(2, "big")
     return bytes(out)
+
+
+def _extension(kind: int, body: bytes) -> bytes:
+    return kind.to_bytes(2, "big") + len(body).to_bytes(2, "big") + body
+
+
+def hello_with_hidden_name(outer_name: str, kind: int = 0xFE0D) -> bytes:
+    """A ClientHello naming `outer_name` in the clear, the real server name encrypted
+    in an Encrypted Client Hello extension (`kind`: ECH, its drafts, or ESNI)."""
+    import os
+
+    name = outer_name.encode()
+    names = b"\x00" + len(name).to_bytes(2, "big") + name
+    sni = _extension(0x0000, len(names).to_bytes(2, "big") + names)
+    enc, payload = os.urandom(32), os.urandom(200)
+    ech = _extension(
+        kind,
+        b"\x00\x00\x01\x00\x01\x2a" + len(enc).to_bytes(2, "big") + enc
+        + len(payload).to_bytes(2, "big") + payload,
+    )  # fmt: skip
+    extensions = sni + ech + _extension(0x002B, b"\x02\x03\x04")
+    body = (
+        b"\x03\x03" + os.urandom(32) + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+        + len(extensions).to_bytes(2, "big") + extensions
+    )  # fmt: skip
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + len(handshake).to_bytes(2, "big") + handshake
+
+
+@pytest.mark.parametrize("kind", [0xFE0D, 0xFE0A, 0xFFCE])
+def test_a_hello_whose_server_name_is_encrypted_is_hidden(kind):
+    assert read_client_hello(hello_with_hidden_name("api.example", kind)).kind == "hidden"
+    # The same hello without the encrypted name is an ordinary one.
+    assert read_client_hello(hello_with_hidden_name("api.example", 0x0017)) == Hello(
+        "tls", "api.example"
+    )
