@@ -314,9 +314,12 @@ def _parse_run(spec: RunSpec, body: dict[str, Any]) -> Authorization:
         values[name] = value
     try:
         egress = tuple(parse_destination(e) for e in body.get("egress") or [])
+        # Compared as the proxy parses them: the server answers in its own spelling
+        # (`localhost:8080` for `LOCALHOST:8080`, `[::1]:8080` for `[0::1]:8080`).
+        asked = None if spec.egress is None else {parse_destination(e) for e in spec.egress}
     except ValueError as exc:
         return malformed(f"egress: {exc}")
-    if spec.egress is not None and {str(d) for d in egress} - set(spec.egress):
+    if asked is not None and set(egress) - asked:
         return malformed("egress beyond what was asked for")
     limits = Limits.from_values(values)
     return Authorization(outcome="allow", limits=limits, egress=egress, **common)

@@ -372,6 +372,16 @@ def run_started(
         )
         if run is None or run.decision != Verdict.ALLOW:
             raise RuntimeError(f"run {run_id} was not authorized or already started")
+        # The deadline is the runner's to report, within the wall time it was allowed
+        # (a minute's slack for clocks): the record, and the jobs that close runs past
+        # their deadline, must not hold a 60 s run open for a month.
+        wall = (run.limits or {}).get("wall_seconds")
+        if wall is not None and run.deadline_at > at + timedelta(seconds=wall) + HELD_GRACE:
+            raise Conflict(
+                "deadline_exceeds_limits",
+                f"The reported deadline {run.deadline_at.isoformat()} is past the run's "
+                f"{wall} s of wall time from its start.",
+            )
         # The start gate: the kill switch (or a revoke) may have landed while the
         # backend built the sandbox. The runner kills what it built before the code
         # runs and closes the run as failed.

@@ -704,3 +704,39 @@ def test_an_allow_whose_limits_would_become_no_limit_is_malformed(name, value):
             "limits": {**limits, name: value}, "egress": []}  # fmt: skip
     assert _parse_run(spec, body).outcome == "malformed"
     assert _parse_run(spec, {**body, "limits": limits}).outcome == "allow"
+
+
+@pytest.mark.parametrize("asked", ["LOCALHOST:8080", "[0::1]:8080", "API.Example.com:443"])
+def test_the_http_adapter_takes_back_the_egress_it_asked_for_in_any_spelling(asked):
+    """The server answers in the proxy's spelling; the runner compares as it parses."""
+    from sandbox_runner.authorizers import _parse_run
+    from sandbox_runner.egress import parse_destination
+    from sandbox_runner.spec import RunSpec
+
+    spec = RunSpec(agent="coder", task="SBX-1", command=("true",), egress=(asked,))
+    limits = {"memory_mb": 256, "cpus": 1, "pids": 64, "wall_seconds": 60, "scratch_mb": 64}
+    body = {"run_id": spec.run_id, "decision": "allow", "decision_id": "d-1",
+            "reason": "allowed", "limits": limits,
+            "egress": [str(parse_destination(asked))]}  # fmt: skip
+    assert _parse_run(spec, body).outcome == "allow"
+    wider = {**body, "egress": [str(parse_destination(asked)), "evil.example:443"]}
+    refused = _parse_run(spec, wider)
+    assert refused.outcome == "malformed" and "beyond what was asked" in refused.message
+
+
+@pytest.mark.django_db
+def test_a_started_report_cannot_put_the_deadline_past_the_runs_wall_time(two_agents):
+    a, _, run_id, decision_id = two_agents
+    record = SandboxRun.objects.get(run_id=run_id)
+    wall = record.limits["wall_seconds"]
+    before = _snapshot()
+    body = {**_started(decision_id), "deadline": timezone.now().timestamp() + 30 * 86400}
+    answer = a.post(f"{RUNS}/{run_id}/started", body, format="json")
+    assert answer.status_code == 409, answer.content
+    assert answer.json()["error"]["code"] == "deadline_exceeds_limits"
+    assert _snapshot() == before
+    record.refresh_from_db()
+    assert (record.status, record.deadline_at) == ("requested", None)
+    # Within the wall time it starts.
+    ok = {**_started(decision_id), "deadline": timezone.now().timestamp() + wall}
+    assert a.post(f"{RUNS}/{run_id}/started", ok, format="json").status_code == 200
