@@ -602,7 +602,7 @@ def test_the_access_report_names_the_policies_that_answer_for_a_grants_destructi
         "/api/v1/reports/access", {"at": (NOW - MS).isoformat(), "format": "csv"}
     ).content.decode()
     header, *lines = csv_text.splitlines()
-    assert header.split(",")[-1] == "policies"
+    assert header.split(",")[-1] == '"policies"'
     assert any(line.endswith(f'"approve#{allowing.pk},deny#{denying.pk}"') for line in lines)
 
 

@@ -924,3 +924,28 @@ def test_the_approver_is_told_how_many_values_of_a_call_are_hidden_from_them() -
     assert "1 value below is hidden, because it looks like a credential" in body
     assert body.count('class="warn-box hidden-values"') == 2  # not for repo:acme/old/3
     assert "--all --force prod-db" not in body
+
+
+@pytest.mark.django_db
+def test_a_csv_export_holds_no_formula_for_a_semicolon_locale_spreadsheet():
+    """`;` and `=` are resource characters: a spreadsheet that separates cells at `;`
+    must not find a formula in what follows one, and every cell is quoted."""
+    from governance.services.access import access_check
+
+    ui_world.build()
+    scope = "repo:acme/x;=WEBSERVICE(CHAR(104)&CHAR(116)&A1);"
+    decided = access_check(
+        agent="bot-a", tool="repo", action="read", scope=scope, at=timezone.now()
+    )
+    assert decided.decision == "allow"
+    auditor = ui_world.signed_in("auditor")
+    body = auditor.get(
+        "/ui/exports/decisions?format=csv&start=2000-01-01T00:00&end=2100-01-01T00:00"
+    ).content.decode()
+    line = next(row for row in body.splitlines() if "WEBSERVICE" in row)
+    for delimiter in (";", ","):
+        cells = next(csv.reader(io.StringIO(line), delimiter=delimiter))
+        assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells), cells
+    assert line.startswith('"') and line.endswith('"')  # every cell quoted
+    cells = next(csv.reader(io.StringIO(line)))
+    assert "repo:acme/x;'=WEBSERVICE(CHAR(104)&CHAR(116)&A1);" in cells

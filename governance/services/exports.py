@@ -307,14 +307,7 @@ def audit_viewed(*, actor: audit.Actor, at: datetime, what: str, params: dict[st
 
 
 def to_csv(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    import csv
-
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([reports.csv_cell(row[c]) for c in columns])
-    return out.getvalue()
+    return reports.csv_text(rows, columns)
 
 
 def to_json(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:

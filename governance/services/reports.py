@@ -11,7 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -52,6 +53,7 @@ ACCESS_COLUMNS = (
 FORMATS = ("json", "csv")
 # OWASP's list: =, +, -, @ start a formula; tab and carriage return can smuggle one in.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_AFTER_SEMICOLON = re.compile(r";(?=[=+\-@\t\r])")
 
 
 def _requester(grant: Grant) -> str | None:
@@ -293,13 +295,22 @@ def csv_cell(value: Any) -> str:
         text = ",".join(str(item) for item in value)
     else:
         text = str(value)
+    # A spreadsheet set to `;` as its separator splits a cell at a `;` inside it: what
+    # follows one must not start a formula either (`repo:acme/x;=WEBSERVICE(...)`).
+    text = _AFTER_SEMICOLON.sub(";'", text)
     return "'" + text if text.startswith(_FORMULA_START) else text
 
 
-def access_csv(rows: list[dict[str, Any]]) -> str:
+def csv_text(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    """CSV with a header, every cell quoted (a quoted cell stays whole whatever the
+    reader's separator) and none a formula (csv_cell)."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(ACCESS_COLUMNS)
+    writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow([csv_cell(row[column]) for column in ACCESS_COLUMNS])
+        writer.writerow([csv_cell(row[column]) for column in columns])
     return out.getvalue()
+
+
+def access_csv(rows: list[dict[str, Any]]) -> str:
+    return csv_text(rows, ACCESS_COLUMNS)
