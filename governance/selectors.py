@@ -382,3 +382,15 @@ def by_name(model: type[Any], what: str, **lookup: Any) -> Any:
             f"unknown_{what}", f"No {what} has the {field} {value!r}.", fields={what: "unknown"}
         )
     return found
+
+
+def agent_named_by(user: Any, name: str) -> Agent:
+    """The agent a person names in a request: any, for those who may read every agent
+    (admins, approvers, auditors); their own only, for anyone else, another's answering
+    exactly as a name nobody has (no way to learn which agent names exist)."""
+    from governance import roles
+
+    agent = by_name(Agent, "agent", name=name)
+    if agent.owner_id == user.pk or roles.is_approver(user) or roles.is_auditor(user):
+        return agent
+    return by_name(Agent, "agent", name=name, owner_id=user.pk)  # the unknown answer

@@ -45,7 +45,8 @@ def test_an_agents_token_never_opens_break_glass(world, agent_client):
         ("approver", ("approvers",), 201, None),
         ("admin", ("admins",), 201, None),
         ("owner", (), 201, None),  # alice owns the agent
-        ("stranger", (), 403, "not_allowed"),
+        # Someone else's agent is a name nobody has, to a person with no role.
+        ("stranger", (), 400, "unknown_agent"),
         ("auditor", ("auditors",), 403, "auditor_read_only"),
         # Auditors are read-only even for an agent they own.
         ("owner", ("auditors",), 403, "auditor_read_only"),

@@ -109,7 +109,8 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",   "grant-requests",                   None,          "200 200 200 200 200 200 401"),
     # B naming bot-a is refused as agent_mismatch (400). People file requests
     # for agents they own; admins for any; auditors are read-only.
-    ("POST",  "grant-requests",                   REQUEST,       "201 400 201 403 403 403 401"),
+    # user: another person's agent is an unknown name to someone with no role (400).
+    ("POST",  "grant-requests",                   REQUEST,       "201 400 201 403 403 400 401"),
     ("GET",   "grant-requests/{request}",         None,          "200 404 200 200 200 404 401"),
     ("POST",  "grant-requests/{request}/approve", {},            "403 403 200 200 403 403 401"),
     ("POST",  "grant-requests/{request}/deny",    {"reason": "no"},
@@ -150,7 +151,7 @@ TABLE: list[tuple[str, str, Any, str]] = [
                                                                  "403 403 200 200 403 403 401"),
     # The OpenAPI schema and its viewer are public.
     # Break-glass (opened by alice, the agent's owner, in the world) and reviews.
-    ("POST",  "breakglass",                       BREAKGLASS,    "403 403 201 201 403 403 401"),
+    ("POST",  "breakglass",                       BREAKGLASS,    "403 403 201 201 403 400 401"),
     # Closing early: approvers, admins and the opener (alice: tests/test_api_lifecycle.py).
     ("POST",  "breakglass/{breakglass}/close",    {"comment": "x"},
                                                                  "403 403 200 200 403 403 401"),
@@ -399,3 +400,25 @@ def test_no_agent_reaches_the_admin_api_even_about_itself(client_for, world, cal
         assert getattr(client, method)(API + url, {}, format="json").status_code == 403
     assert AgentToken.objects.filter(agent__name=name).count() == (2 if caller == "A" else 1)
     assert Agent.objects.get(name=name).status == "active"
+
+
+@pytest.mark.parametrize("path", ["/api/v1/grant-requests", "/api/v1/breakglass"])
+def test_a_person_with_no_role_cannot_tell_which_agent_names_exist(make_agent, human_client, path):
+    """Another person's agent answers exactly as a name nobody has."""
+    make_agent("bot-a")  # alice's
+    erin = User.objects.create_user("erin", password="pw-erin-123")
+    client = human_client(erin)
+    body = {"tool": "repo", "actions": ["read"], "scope": "repo:x/*"}
+    if path.endswith("breakglass"):
+        body |= {"ticket": "INC-1", "reason": "x"}
+    else:
+        body |= {"duration_seconds": 600, "justification": "x"}
+    before = AuditEvent.objects.count()
+    theirs = client.post(path, body | {"agent": "bot-a"}, format="json")
+    missing = client.post(path, body | {"agent": "no-such-bot"}, format="json")
+    assert (theirs.status_code, theirs.json()["error"]["code"]) == (400, "unknown_agent")
+    assert theirs.json()["error"] == {
+        **missing.json()["error"],
+        "message": missing.json()["error"]["message"].replace("no-such-bot", "bot-a"),
+    }
+    assert AuditEvent.objects.count() == before

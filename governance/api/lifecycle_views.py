@@ -25,7 +25,7 @@ from governance.api import serializers as s
 from governance.api.admin_views import CONFLICT, _parse
 from governance.api.auth import IsApprover
 from governance.api.views import ERRORS, _get, actor_for
-from governance.models import Agent, BreakGlass, ReviewItem, Task, Tool
+from governance.models import BreakGlass, ReviewItem, Task, Tool
 from governance.services import breakglass, reviews
 
 
@@ -74,7 +74,7 @@ class BreakGlassOpenView(APIView):
         ttl = data.get("ttl_minutes")
         bg = breakglass.breakglass_open(
             opener=request.user,
-            agent=selectors.by_name(Agent, "agent", name=data["agent"]),
+            agent=selectors.agent_named_by(request.user, data["agent"]),
             tool=selectors.by_name(Tool, "tool", name=data["tool"]),
             task=selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None,
             actions=data["actions"],

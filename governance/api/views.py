@@ -288,7 +288,7 @@ class GrantRequestListView(APIView):
                 raise GovernanceError(
                     "agent_required", "Name the agent.", fields={"agent": "required"}
                 )
-            agent = selectors.by_name(Agent, "agent", name=data["agent"])
+            agent = selectors.agent_named_by(request.user, data["agent"])
             # A person asks for their own agents; admins for any. Auditors are
             # read-only, and nobody files requests for someone else's agent.
             if agent.owner_id != request.user.pk and not roles.is_admin(request.user):
