@@ -104,13 +104,19 @@ def review_campaign_scheduled() -> dict[str, Any]:
 
 @app.task(name="governance.tasks.review_due")
 def review_due() -> dict[str, int]:
+    from governance.services.claims import run_parts
     from governance.services.reviews import review_campaigns_close, review_items_apply_due_rule
 
     actor, at = _job("review_due")
-    return {
-        "items": review_items_apply_due_rule(actor=actor, at=at),
-        "campaigns_closed": review_campaigns_close(actor=actor, at=at),
-    }
+    # Each part runs even if the other failed: one bad item must not keep every
+    # finished campaign open.
+    return run_parts(
+        "review_due",
+        {
+            "items": lambda: review_items_apply_due_rule(actor=actor, at=at),
+            "campaigns_closed": lambda: review_campaigns_close(actor=actor, at=at),
+        },
+    )
 
 
 @app.task(name="governance.tasks.review_reminders")

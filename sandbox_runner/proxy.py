@@ -233,9 +233,14 @@ class EgressProxy:
         allowlist: Iterable[Destination],
         report: Callable[[EgressDecision], None],
         resolve: Resolver = system_resolver,
+        note: Callable[[EgressDecision], None] | None = None,
     ) -> None:
+        """`report` puts an attempt on record and returns once it is (an allowed one
+        connects only then); `note`, when given, puts a refusal on its way to the
+        record without waiting (the proxy refuses either way)."""
         self.allowlist = tuple(allowlist)
         self.report = report
+        self.note = note or report
         self.resolve = resolve
         self.sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
@@ -318,6 +323,10 @@ class EgressProxy:
                 # Allowed and on record; the destination did not answer.
                 _answer(conn, 502, "egress allowed, but the destination did not answer")
                 return
+            with self._lock:  # stop() cuts it too: no handler outlives the run
+                self._open.add(upstream)
+            if self._stopped.is_set():
+                return
             if method == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if Destination(decision.host, decision.port).address is None:
@@ -349,6 +358,7 @@ class EgressProxy:
         finally:
             with self._lock:
                 self._open.discard(conn)
+                self._open.discard(upstream)  # type: ignore[arg-type]
             for s in (conn, upstream):
                 if s is not None:
                     with contextlib.suppress(OSError):
@@ -405,11 +415,37 @@ class EgressProxy:
         # runner, whose write failed, stops it). Its host is what the sandbox sent, as
         # printable text of a bounded length (a NUL in it made the record unwritable).
         with contextlib.suppress(Exception):
-            self.report(dataclasses.replace(decision, host=_printable(decision.host)))
+            self.note(dataclasses.replace(decision, host=_printable(decision.host)))
 
     def _refuse(self, conn: socket.socket, decision: EgressDecision, status: int = 403) -> None:
         self._record_refusal(decision)
         _answer(conn, status, f"egress refused: {decision.reason}")
+
+    def drain(self) -> None:
+        """The run is over: connections still waiting in the listen backlog (every
+        handler slot was busy) were never served, and are put on record as refused
+        (`not_served`, with their request line), not dropped unseen. Before the
+        runner closes the egress log; refusals are noted without waiting."""
+        if self.sock is None:
+            return
+        with contextlib.suppress(OSError):
+            self.sock.setblocking(False)
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # nothing more waiting (or the socket is gone)
+                return
+            try:
+                conn.settimeout(0.2)  # what it has sent already: it is not waited for
+                head, _ = _read_head(conn)
+            except OSError:
+                head = b""
+            finally:
+                with contextlib.suppress(OSError):
+                    conn.close()
+            if head:  # connected and sent nothing: nowhere asked for, as in _handle
+                line = re.split(rb"\r?\n", head, maxsplit=1)[0][:100].decode("latin-1")
+                self._record_refusal(EgressDecision(False, "not_served", line, 0))
 
     def stop(self) -> None:
         """Stop listening, cut open tunnels, wait for every handler to report."""

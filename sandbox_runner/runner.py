@@ -193,7 +193,9 @@ def execute(
 
     result = RunResult(run_id=spec.run_id, backend=spec.backend)
     egress = _EgressLog(wake=watch.wake)
-    proxy = EgressProxy(auth.egress, report=egress.record) if auth.egress else None
+    proxy = (
+        EgressProxy(auth.egress, report=egress.record, note=egress.note) if auth.egress else None
+    )
     try:
         workdir = prepare_workdir(spec)
     except Exception as exc:  # nothing was started: record why, as a failed start
@@ -277,8 +279,10 @@ def execute(
         elif not watch.exited.is_set():
             handle.kill()  # an error before the exit: the watch then tears it down
         if proxy is not None:
-            # Attempts made until now are put on record, later ones refused; then the
-            # proxy's handlers can all finish. A failed record fails the run below.
+            # Attempts made until now are put on record (those still waiting to be
+            # served too, as refused), later ones refused; then the proxy's handlers
+            # can all finish. A failed record fails the run below.
+            proxy.drain()
             with contextlib.suppress(Exception):
                 egress.close(authorizer, spec)
             proxy.stop()
@@ -397,6 +401,25 @@ class _EgressLog:
 
     def record(self, decision: EgressDecision) -> None:
         """Proxy side: returns once on record; raises EgressNotRecorded otherwise."""
+        attempt = self._enqueue(decision)
+        if not attempt.done.wait(self.WAIT):
+            with self._lock:
+                if not attempt.taken:  # the runner has not begun to write it: give it up,
+                    attempt.abandoned = True  # and it is written as refused (flush)
+                    raise EgressNotRecorded(f"not recorded within {self.WAIT:g} s")
+            # Being written now: what that write says decides (bounded by its own timeouts).
+            attempt.done.wait(self.WAIT)
+        if not attempt.done.is_set():
+            raise EgressNotRecorded(f"not recorded within {2 * self.WAIT:g} s")
+        if attempt.error is not None:
+            raise EgressNotRecorded(str(attempt.error))
+
+    def note(self, decision: EgressDecision) -> None:
+        """Proxy side, for a refusal: on the way to the record, without waiting (the
+        proxy refuses whatever the write does; a write that fails fails the run)."""
+        self._enqueue(decision)
+
+    def _enqueue(self, decision: EgressDecision) -> _Attempt:
         attempt = _Attempt(decision)
         with self._lock:
             if self._closed:
@@ -408,10 +431,7 @@ class _EgressLog:
             self._count += 1
             self._pending.put(attempt)
         self._wake.set()
-        if not attempt.done.wait(self.WAIT):
-            raise EgressNotRecorded(f"not recorded within {self.WAIT:g} s")
-        if attempt.error is not None:
-            raise EgressNotRecorded(str(attempt.error))
+        return attempt
 
     def flush(self, authorizer: Authorizer, spec: RunSpec, limit: int | None = None) -> None:
         """Runner side: record the waiting attempts, in order (at most `limit`; the
@@ -426,8 +446,14 @@ class _EgressLog:
             except queue.Empty:
                 return
             done += 1
+            with self._lock:
+                attempt.taken = True
+                decision = attempt.decision
+                if attempt.abandoned and decision.allowed:
+                    # Its handler gave up waiting and refused it: it connected nowhere.
+                    decision = replace(decision, allowed=False, reason="not_recorded_in_time")
             try:
-                authorizer.egress(spec, attempt.decision)
+                authorizer.egress(spec, decision)
             except BaseException as exc:
                 self._fail(attempt, exc)
                 raise
@@ -460,6 +486,8 @@ class _Attempt:
     decision: EgressDecision
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    taken: bool = False  # the runner began writing it (under _EgressLog._lock)
+    abandoned: bool = False  # its handler stopped waiting first, and refused it
 
     def fail(self, error: BaseException) -> None:
         self.error = error

@@ -20,6 +20,7 @@ from governance.models import (
     Grant,
     LiveGrantSnapshot,
     Notification,
+    ReviewCampaign,
     SecondLook,
 )
 from governance.services import agents as agent_services
@@ -423,3 +424,19 @@ def test_an_unused_threshold_of_zero_turns_the_scan_off(
     assert selectors.unused_grants(NOW + timedelta(days=1)) == []
     assert grants_flag_unused(actor=system, at=NOW + timedelta(days=1)) == 0
     assert not AuditEvent.objects.filter(event_type="grant.unused_flagged").exists()
+
+
+def test_review_due_closes_finished_campaigns_even_when_an_item_fails(db, approvers, monkeypatch):
+    from governance.services import reviews
+    from governance.services.claims import PartlyFailed
+
+    campaign = tasks.review_campaign_scheduled()["campaign"]
+
+    def broken(**kw):
+        raise RuntimeError("a damaged item")
+
+    monkeypatch.setattr(reviews, "review_items_apply_due_rule", broken)
+    with pytest.raises(PartlyFailed) as failed:
+        tasks.review_due()
+    assert "items failed" in str(failed.value)
+    assert ReviewCampaign.objects.get(pk=campaign).closed_at is not None

@@ -71,6 +71,8 @@ EGRESS_REASONS = (
     "sni_missing",
     "sni_hidden",
     "not_tls",
+    "not_served",  # still waiting to be served when the run ended
+    "not_recorded_in_time",  # allowed, but refused: its record was not written in time
     "http_in_tunnel",  # from runners older than not_tls, which replaced it
 )
 

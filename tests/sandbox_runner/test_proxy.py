@@ -561,3 +561,73 @@ def test_a_hello_with_an_encrypted_server_name_is_refused_on_record(listener):
     assert wait_for(received) == [b""]
     # The CONNECT was allowed (the name is on the grant); what came down it was not.
     assert [(r.allowed, r.reason) for r in reports] == [(True, "allowed"), (False, "sni_hidden")]
+
+
+def test_a_connection_still_waiting_when_the_run_ends_is_on_record(monkeypatch):
+    """Every handler slot busy with a slow allowed server; one more attempt waits in
+    the listen backlog. When the run ends it is put on record as refused (never
+    served), and no handler outlives the run waiting on its slow server."""
+    monkeypatch.setattr(proxy_module, "MAX_HANDLERS", 2)
+    slow = socket.socket()
+    slow.bind(("127.0.0.1", 0))
+    slow.listen(16)  # accepts (the kernel does) and never answers
+    slow_port = slow.getsockname()[1]
+    reports: list = []
+    proxy = EgressProxy([parse_destination(f"127.0.0.1:{slow_port}")], report=reports.append)
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(64)
+    proxy.sock = listening
+    serve = threading.Thread(target=proxy._serve, daemon=True)
+    serve.start()
+    port = listening.getsockname()[1]
+    sandbox = []
+    try:
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(f"GET http://127.0.0.1:{slow_port}/poll HTTP/1.1\r\n\r\n".encode())
+            sandbox.append(s)
+        deadline = time.monotonic() + 5
+        while len(reports) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        evil = socket.create_connection(("127.0.0.1", port))
+        evil.sendall(b"CONNECT evil.example:443 HTTP/1.1\r\n\r\n")
+        sandbox.append(evil)
+        time.sleep(0.2)
+        for s in sandbox:
+            s.close()
+        proxy.drain()
+        started = time.monotonic()
+        proxy.stop()
+        assert time.monotonic() - started < 4  # the slow upstreams were cut, not waited on
+        assert [(r.allowed, r.reason) for r in reports] == [
+            (True, "allowed"),
+            (True, "allowed"),
+            (False, "not_served"),
+        ]
+        assert reports[-1].host == "CONNECT evil.example:443 HTTP/1.1"
+    finally:
+        slow.close()
+
+
+def test_an_attempt_refused_for_want_of_a_record_is_recorded_as_refused(monkeypatch):
+    """The handler stopped waiting for its record and refused: it connected nowhere,
+    and the record written later says so (not `allowed`)."""
+    from sandbox_runner import runner as runner_module
+    from sandbox_runner.egress import EgressDecision
+
+    monkeypatch.setattr(runner_module._EgressLog, "WAIT", 0.2)
+    log = runner_module._EgressLog(wake=threading.Event())
+    allowed = EgressDecision(True, "allowed", "api.example", 443, "127.0.0.1")
+    with pytest.raises(runner_module.EgressNotRecorded):
+        log.record(allowed)
+    recorded: list = []
+
+    class Authorizer:
+        def egress(self, spec, decision):
+            recorded.append(decision)
+
+    log.close(Authorizer(), None)
+    assert [(d.allowed, d.reason, d.host) for d in recorded] == [
+        (False, "not_recorded_in_time", "api.example")
+    ]
