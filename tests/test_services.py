@@ -668,8 +668,9 @@ def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
     bound.refresh_from_db()
     kept.refresh_from_db()
     assert (ended.status, ended.closed_at) == ("closed", NOW)
+    # Revoked from the task's end (as authorize() decided), recorded at the job's run.
     assert (bound.status, bound.revoked_at, bound.decision_reason) == (
-        "revoked", NOW, "task T-ENDED ended",
+        "revoked", NOW - MS, "task T-ENDED ended",
     )  # fmt: skip
     assert kept.status == "active"
     running.refresh_from_db()
@@ -682,6 +683,8 @@ def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
         ("task.closed", "T-ENDED", None),
     ]
     assert json.loads(new[1].data) == {"why": "ended"}
+    assert json.loads(new[0].data)["effective_at"] == (NOW - MS).isoformat()
+    assert new[0].created_at == NOW
     assert all(e.actor == "system:test" for e in new)
     # Twice is once: nothing left to close, nothing written.
     assert tasks.tasks_end(actor=system, at=NOW) == 0

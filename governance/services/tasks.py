@@ -89,7 +89,7 @@ def _claim_close(pk: int, at: datetime) -> int:
 
 
 def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any, why: str) -> None:
-    key = Task.objects.values_list("key", flat=True).get(pk=pk)
+    key, ends_at = Task.objects.values_list("key", "ends_at").get(pk=pk)
     bound = Grant.objects.filter(task_id=pk, status__in=[Grant.Status.ACTIVE, Grant.Status.PENDING])
     grant_ids = list(bound.values_list("pk", flat=True))
     if grant_ids:
@@ -99,6 +99,9 @@ def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any
             actor=actor,
             at=at,
             revoked_by=closed_by,
+            # A task that ran out ended its grants at its end (authorize() refused them
+            # from then on), however late the job records it.
+            effective_at=ends_at if why == "ended" else None,
         )
     # Last: the chain lock is the last lock this transaction takes.
     audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data={"why": why})
