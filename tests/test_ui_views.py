@@ -949,3 +949,20 @@ def test_a_csv_export_holds_no_formula_for_a_semicolon_locale_spreadsheet():
     assert line.startswith('"') and line.endswith('"')  # every cell quoted
     cells = next(csv.reader(io.StringIO(line)))
     assert "repo:acme/x;'=WEBSERVICE(CHAR(104)&CHAR(116)&A1);" in cells
+
+
+def test_pages_that_show_audit_events_record_the_look() -> None:
+    """The grant, agent and tool pages list their audit events: each look is on record,
+    as a look at the audit log is."""
+    world = ui_world.build()
+    client = ui_world.signed_in("auditor")
+    for path, view, params in (
+        (f"/ui/grants/{world.grant.pk}/", "grant", {"grant": world.grant.pk}),
+        ("/ui/agents/bot-a/", "agent", {"agent": "bot-a"}),
+        ("/ui/tools/repo/", "tool", {"tool": "repo"}),
+    ):
+        before = last_event().seq
+        assert client.get(path).status_code == 200, path
+        (look,) = AuditEvent.objects.filter(seq__gt=before)
+        assert (look.event_type, look.actor) == ("audit.viewed", "user:carol")
+        assert json.loads(look.data) == {"view": view, **params}

@@ -217,6 +217,10 @@ def _grants() -> Any:
 def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = common.one(_grants(), pk=grant_id)
     now = timezone.now()
+    # The page shows the grant's audit events: a look at the log, on record.
+    exports.audit_viewed(
+        actor=common.actor(request), at=now, what="grant", params={"grant": grant.pk}
+    )
     uses, last_used = grant_usage(grant)
     return render(
         request,
@@ -467,9 +471,12 @@ def _agent_page(
 @require("read")
 @require_GET
 def agent_detail(request: HttpRequest, name: str) -> HttpResponse:
-    return _agent_page(
-        request, common.one(Agent.objects.select_related("owner", "parent"), name=name)
+    agent = common.one(Agent.objects.select_related("owner", "parent"), name=name)
+    # The page lists the agent's decisions from the audit log: a look at it, on record.
+    exports.audit_viewed(
+        actor=common.actor(request), at=timezone.now(), what="agent", params={"agent": agent.name}
     )
+    return _agent_page(request, agent)
 
 
 @require("admin")
@@ -576,6 +583,10 @@ def tool_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def tool_detail(request: HttpRequest, name: str) -> HttpResponse:
     tool = common.one(Tool.objects.select_related("definition_updated_by"), name=name)
+    # The page shows the tool's audit events: a look at the log, on record.
+    exports.audit_viewed(
+        actor=common.actor(request), at=timezone.now(), what="tool", params={"tool": tool.name}
+    )
     approved = tool.approved_definition or {}
     current = {
         "name": tool.name,
