@@ -246,12 +246,21 @@ def _text_secret_name(name: str) -> bool:
     )
 
 
-def _key_value(match: re.Match[str]) -> str:
-    if not _text_secret_name(match.group("key")):
-        return match.group(0)
+def _key_value(match: re.Match[str], depth: int = 0) -> str:
     value = match.group("value")
+    if not _text_secret_name(match.group("key")):
+        if depth >= _KEY_VALUE_DEPTH:
+            return match.group(0)
+        # Not a secret's name, but its value may hold a pair that is one, which this
+        # match would otherwise step over: `error: PASSWORD=x`, `a=token=x`. A few
+        # levels deep (each one scans the value once: linear, whatever the input).
+        inner = KEY_VALUE.sub(lambda m: _key_value(m, depth + 1), value)
+        return f"{match.group('key')}{match.group('sep')}{inner}"
     quote = value[0] if value[0] in "\"'" else ""
     return f"{match.group('key')}{match.group('sep')}{quote}[secret]{quote}"
+
+
+_KEY_VALUE_DEPTH = 3
 
 
 def _cli_secret(match: re.Match[str]) -> str:

@@ -1468,6 +1468,10 @@ def _stored(arguments):
         ({"master_key": "hunter2"}, "hunter2"),
         ({"creds": "hunter2"}, "hunter2"),
         ({"env": "SSH_KEY=hunter2 make deploy"}, "hunter2"),
+        # A secret's pair inside another pair's value.
+        ({"log": "connect failed: PASSWORD=hunter2 refused"}, "hunter2"),
+        ({"cfg": "opts=token=hunter2"}, "hunter2"),
+        ({"cfg": 'env="DB_PASSWORD=hunter2"'}, "hunter2"),
     ],
 )
 def test_more_secrets_and_pii_are_masked(chain, arguments, secret):

@@ -439,7 +439,7 @@ def run_finished_summary(
         "stderr_excerpt": audit.mask(err["excerpt"])[:EXCERPT_CHARS],
         "stderr_sha256": err["sha256"],
         "stderr_bytes": err["bytes"],
-        "error": error[:2000],
+        "error": audit.mask(error)[:2000],  # the runner's words: masked as its output is
     }
     if summary.get("enforcement"):
         changes["enforcement"] = summary["enforcement"]

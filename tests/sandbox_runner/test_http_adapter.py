@@ -740,3 +740,16 @@ def test_a_started_report_cannot_put_the_deadline_past_the_runs_wall_time(two_ag
     # Within the wall time it starts.
     ok = {**_started(decision_id), "deadline": timezone.now().timestamp() + wall}
     assert a.post(f"{RUNS}/{run_id}/started", ok, format="json").status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_runners_error_text_is_masked_as_its_output_is(two_agents):
+    a, _, run_id, decision_id = two_agents
+    assert (
+        a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json").status_code == 200
+    )
+    body = {**_finished(decision_id), "error": "backend said: DB_PASSWORD=hunter2 jane@example.com"}
+    assert a.post(f"{RUNS}/{run_id}/finished", body, format="json").status_code == 200
+    record = SandboxRun.objects.get(run_id=run_id)
+    assert "hunter2" not in record.error and "jane@" not in record.error
+    assert record.error == "backend said: DB_PASSWORD=[secret] [email]"
