@@ -5,7 +5,7 @@ Services call one function per event, inside the transaction that makes the chan
     request_pending(grant=..., at=...)          a grant request awaits an approver
     approval_needed(approval=..., at=...)       a destructive call awaits confirmation
     breakglass_opened(breakglass=..., notify=[users], at=...)
-    review_due(user=..., items=[...], due_at=..., at=...)
+    review_due(users=[...], subject=..., body=..., data=..., at=...)
     review_overdue(users=[...], subject=..., body=..., data=..., at=...)
     grant_expiring(grant=..., at=...)
     audit_verify_failed(bad_seq=..., problem=..., at=...)
@@ -79,8 +79,15 @@ def notify(
     users: Iterable[Any] = (),
     data: dict[str, Any] | None = None,
 ) -> list[Notification]:
-    """Queue `event` for every given person's e-mail and every configured webhook."""
-    addresses = sorted({u.email for u in users if u is not None and getattr(u, "email", "")})
+    """Queue `event` for every given person's e-mail and every configured webhook. A
+    person who was deactivated (left) is not written to: what goes on is none of theirs."""
+    addresses = sorted(
+        {
+            u.email
+            for u in users
+            if u is not None and getattr(u, "email", "") and getattr(u, "is_active", True)
+        }
+    )
     subject, body = audit.mask(subject), audit.mask(body)
     payload = {"event": event, **audit.masked_data(data or {})}
     rows = [
@@ -413,9 +420,11 @@ def breakglass_opened(
     )
 
 
-def review_due(*, user: Any, subject: str, body: str, data: dict[str, Any], at: datetime) -> Any:
+def review_due(
+    *, users: Iterable[Any], subject: str, body: str, data: dict[str, Any], at: datetime
+) -> Any:
     return notify(
-        NotificationEvent.REVIEW_DUE, subject=subject, body=body, users=[user], data=data, at=at
+        NotificationEvent.REVIEW_DUE, subject=subject, body=body, users=users, data=data, at=at
     )
 
 

@@ -5,16 +5,20 @@ through the Django admin, a shell or a command alike, never with the password ha
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+from io import StringIO
 
 import pytest
 from django.contrib.auth.models import Group, User
 from django.contrib.auth.signals import user_logged_in
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import RequestFactory
 from django.utils import timezone
 
-from governance.models import AuditEvent
-from governance.services import people
+from governance import roles
+from governance.models import AgentToken, AuditEvent
+from governance.services import agents, people
+from tests.conftest import NOW
 
 pytestmark = pytest.mark.django_db
 
@@ -171,3 +175,90 @@ def test_renaming_or_deleting_a_group_is_an_event_for_each_member():
         ("finn", [roles.APPROVERS], []),
     ]
     assert not roles.is_approver(User.objects.get(username="eve"))
+
+
+# --- Review findings: tokens and notices ------------------------------------------------
+
+
+def test_a_revoked_token_is_refused_whatever_the_clock(make_agent, alice, system):
+    from rest_framework.test import APIClient
+
+    now = timezone.now()
+    token, plaintext = agents.token_issue(
+        created_by=alice, agent=make_agent(), actor=system, at=now
+    )
+    # Revoked by a host whose clock runs two seconds ahead of this one.
+    agents.token_revoke(token=token, actor=system, at=now + timedelta(seconds=2))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_the_admin_site_cannot_filter_tokens_by_digest(make_agent, alice, system, client):
+    heidi = User.objects.create_user("heidi", password="pw-heidi-123456", is_staff=True)
+    heidi.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    token, _ = agents.token_issue(created_by=alice, agent=make_agent(), actor=system, at=NOW)
+    client.force_login(heidi)
+    base = "/admin/governance/agenttoken/"
+    assert client.get(base).status_code == 200
+    assert client.get(base, {"prefix": token.prefix}).status_code == 200  # other lookups work
+    for lookup in ("digest__startswith", "digest", "digest__gt"):
+        answer = client.get(base, {lookup: token.digest[:6]})
+        assert answer.status_code == 400 or token.prefix not in answer.content.decode(), lookup
+
+
+@pytest.mark.parametrize("by", ["carol", "gone", "nobody"])
+def test_agent_token_create_records_only_an_active_admin_as_creator(make_agent, person, by):
+    agent = make_agent()
+    person("carol", roles.AUDITORS)
+    gone = User.objects.create_superuser("gone", password="x-very-long-pw-1")
+    gone.is_active = False
+    gone.save()
+    with pytest.raises(CommandError) as refused:
+        call_command("agent_token", "create", agent.name, "--by", by, stdout=StringIO())
+    assert "not an active admin" in str(refused.value)
+    assert not AgentToken.objects.filter(agent=agent).exists()
+
+
+def test_agent_token_create_defaults_to_the_first_active_admin(make_agent, db):
+    agent = make_agent()
+    gone = User.objects.create_superuser("old-root", password="x-very-long-pw-1")
+    gone.is_active = False
+    gone.save()
+    root = User.objects.create_superuser("root", password="x-very-long-pw-2")
+    call_command("agent_token", "create", agent.name, stdout=StringIO(), stderr=StringIO())
+    assert AgentToken.objects.get(agent=agent).created_by == root
+
+
+def test_notices_skip_people_who_left_and_reviewers_who_may_no_longer_decide(
+    make_agent, make_tool, person, system, django_capture_on_commit_callbacks
+):
+    from governance.models import Notification, ReviewItem
+    from governance.services import grants, hygiene, reviews
+
+    owner, requester = person("olga"), person("rick")
+    approver = person("erin", roles.APPROVERS)
+    reviewer = person("frank", roles.APPROVERS)
+    grant = grants.grant_issue(
+        agent=make_agent(owner=owner), tool=make_tool(), actions=["read"], scope="repo:acme/*",
+        duration=timedelta(days=6), justification="t", requested_by=requester,
+        approved_by=approver, actor=system, at=NOW - timedelta(minutes=30),
+    )  # fmt: skip
+    requester.is_active = False
+    requester.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        hygiene.grants_notify_expiring(actor=system, at=grant.expires_at - timedelta(minutes=5))
+    targets = set(Notification.objects.filter(channel="email").values_list("target", flat=True))
+    assert targets == {"olga@example.test"}
+    campaign = reviews.review_campaign_open(
+        kind="on_demand", reason="probe", actor=system, at=NOW, due_at=NOW + timedelta(days=2)
+    )
+    (item,) = ReviewItem.objects.filter(campaign=campaign)
+    assert item.reviewer == reviewer
+    reviewer.groups.clear()
+    Notification.objects.all().delete()
+    with django_capture_on_commit_callbacks(execute=True):
+        reviews.review_reminders_send(actor=system, at=item.due_at - timedelta(hours=1))
+    targets = set(Notification.objects.filter(channel="email").values_list("target", flat=True))
+    # frank may no longer decide it: the approvers who may (erin) hear instead.
+    assert "frank@example.test" not in targets and "erin@example.test" in targets

@@ -119,7 +119,14 @@ class BearerAuthentication(BaseAuthentication):
             raise Unauthenticated()
         token = _token_by_prefix(match.group(1))
         now = timezone.now()
-        if token is None or not token.matches(value.strip()) or not token.is_live_at(now):
+        # Revoked is refused whatever `revoked_at` says against this host's clock (a
+        # revoke stamped by a host whose clock runs ahead).
+        if (
+            token is None
+            or not token.matches(value.strip())
+            or token.revoked_at is not None
+            or not token.is_live_at(now)
+        ):
             raise Unauthenticated()
         if token.agent is not None:
             if token.agent.status != Agent.Status.ACTIVE:

@@ -226,7 +226,7 @@ def _notify_assigned(campaign: ReviewCampaign, items: Sequence[ReviewItem], at: 
     for mine in by_reviewer.values():
         reviewer = mine[0].reviewer
         notifications.review_due(
-            user=reviewer,
+            users=[reviewer],
             subject=f"{len(mine)} grant(s) to review by {campaign.due_at.date().isoformat()}",
             body=(
                 f"Review campaign #{campaign.pk} ({campaign.kind}: {campaign.reason}). "
@@ -440,7 +440,7 @@ def _announce_due(pk: int, rule: str, actor: audit.Actor, at: datetime) -> None:
         )
     item = _item_event(pk, actor, at, rule=rule)
     notifications.review_overdue(
-        users=[item.reviewer] if item.reviewer else approver_users(),
+        users=_reviewers(item),
         subject=f"Review item #{item.pk} was not decided in time: {rule} applied",
         body=(
             f"Grant #{item.grant_id} ({item.grant.agent.name} on {item.grant.tool.name} "
@@ -530,6 +530,14 @@ def review_campaigns_close(*, actor: audit.Actor, at: datetime) -> int:
     )
 
 
+def _reviewers(item: ReviewItem) -> list[Any]:
+    """Who hears about an item: its reviewer while they may still decide it (active, an
+    approver); else every approver, any of whom (an admin) can decide it instead."""
+    if item.reviewer is not None and roles.may_approve(item.reviewer):
+        return [item.reviewer]
+    return list(approver_users())
+
+
 def review_reminders_send(*, actor: audit.Actor, at: datetime) -> int:
     """The job: one reminder per pending item within REVIEW_REMIND_BEFORE of its due
     date. No audit event: a reminder changes no governance state; the Notification
@@ -551,7 +559,7 @@ def review_reminders_send(*, actor: audit.Actor, at: datetime) -> int:
             pk=pk
         )
         notifications.review_due(
-            user=item.reviewer,
+            users=_reviewers(item),
             subject=f"Reminder: review grant #{item.grant_id} by {item.due_at.isoformat()}",
             body=(
                 f"Review item #{item.pk}: {item.grant.agent.name} on {item.grant.tool.name} "

@@ -2,8 +2,10 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Q
 from django.utils import timezone
 
+from governance import roles
 from governance.audit import Actor
 from governance.errors import GovernanceError
 from governance.models import Agent, AgentToken
@@ -21,7 +23,9 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="create a token for AGENT")
         create.add_argument("agent")
         create.add_argument("--expires", type=int, default=30, metavar="DAYS")
-        create.add_argument("--by", default=None, help="admin username recorded as creator")
+        create.add_argument(
+            "--by", default=None, help="active admin recorded as creator (default: the first)"
+        )
         revoke = sub.add_parser("revoke", help="revoke the token with PREFIX")
         revoke.add_argument("prefix")
 
@@ -38,14 +42,22 @@ class Command(BaseCommand):
         agent = Agent.objects.filter(name=options["agent"]).first()
         if agent is None:
             raise CommandError(f"No agent is named {options['agent']!r}.")
-        users = get_user_model().objects
-        creator = (
-            users.filter(username=options["by"]).first()
-            if options["by"]
-            else users.filter(is_superuser=True).order_by("id").first()
+        # The creator is on record (and has a stake in the agent from now on): an active
+        # admin, as the API and the UI require of whoever issues a token.
+        admins = (
+            get_user_model()
+            .objects.filter(is_active=True)
+            .filter(Q(is_superuser=True) | Q(groups__name=roles.ADMINS))
+            .distinct()
+            .order_by("id")
         )
+        creator = (admins.filter(username=options["by"]) if options["by"] else admins).first()
         if creator is None:
-            raise CommandError("No admin to record as the token's creator (use --by USER).")
+            raise CommandError(
+                f"{options['by']!r} is not an active admin: only an admin issues tokens."
+                if options["by"]
+                else "No active admin to record as the token's creator (use --by ADMIN)."
+            )
         try:
             token, plaintext = agents.token_issue(
                 created_by=creator, agent=agent, actor=actor, at=now, days=options["expires"]
