@@ -187,17 +187,26 @@ TEXT_SECRET_LAST_TWO = frozenset(
 TEXT_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey")
 # A password in a URL: scheme://user:password@host (the password may hold an `@`).
 URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s]*@")
-# An Authorization header written out: everything after the name is the credential,
-# whatever the scheme (`Token <hex>`, `ApiKey x`, `Digest username=..., response=...`).
+# An Authorization header written out: the credential after the name, with the scheme
+# word before it when it is one (`Token <hex>`, `ApiKey x`); the rest of the line (a
+# command's target, say) stays readable.
 AUTH_HEADER = re.compile(
-    r"(?<![A-Za-z0-9_-])((?i:proxy-)?(?i:authori[sz]ation)\s*:[ \t]*)([^\s\"'][^\r\n\"']*)"
+    r"(?<![A-Za-z0-9_-])((?i:proxy-)?(?i:authori[sz]ation)\s*:[ \t]*)"
+    r"((?i:token|apikey|api-key|key|digest|negotiate|ntlm|hmac|mac|hawk|oauth|sso-key|ssws"
+    r"|dpop|aws4-hmac-sha256|splunk)[ \t]+)?([^\s\"'][^\s\"']*)"
 )
-# Passwords in SQL: `ALTER USER app WITH PASSWORD '...'`, `PASSWORD('...')`, `CREATE
-# USER app IDENTIFIED BY '...'` (Oracle's may be unquoted).
+# Passwords in SQL, where a statement sets one: `ALTER USER app WITH PASSWORD '...'`,
+# `CREATE ROLE app PASSWORD '...'`, `SET PASSWORD FOR app = PASSWORD('...')`, `CREATE
+# USER app IDENTIFIED BY '...'` (Oracle's may be unquoted). Only after USER or ROLE (or
+# SET PASSWORD) in the same statement: `grep -rn password 'src/'` keeps its path.
+_SQL_QUOTED = r"""('(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*")"""
 SQL_SECRETS = (
-    re.compile(r"""(?i)(?<![\w"'])((?:password|identified\s+by)(?:\s+|\s*\(\s*))"""
-               r"""('(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*")"""),
-    re.compile(r"""(?i)\b(identified\s+by\s+)([^\s'";,)(][^\s'";,)]*)"""),
+    re.compile(r"(?i)(\b(?:user|role)\b[^;'\"\n]{0,200}?\bpassword\s*(?:=\s*)?(?:\(\s*)?)"
+               + _SQL_QUOTED),
+    re.compile(r"(?i)(\bset\s+password\b[^;'\"\n]{0,200}?=\s*(?:password\s*\(\s*)?)"
+               + _SQL_QUOTED),
+    re.compile(r"(?i)(\b(?:user|role)\b[^;'\"\n]{0,200}?\bidentified\s+(?:with\s+\S+\s+)?"
+               r"by\s+)(" + _SQL_QUOTED[1:-1] + r"|[^\s'\";,)(][^\s'\";,)]*)"),
 )  # fmt: skip
 # Command lines that carry a password without `=`: `--password hunter2`, `sshpass -p
 # hunter2`, `mysql -phunter2`, `curl -u admin:hunter2`. Each starts at a fixed word and
@@ -273,7 +282,7 @@ def _mask_string(value: str, heuristics: bool = True) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = BASIC.sub(_basic, value)
     value = URL_PASSWORD.sub(r"\1[secret]@", value)
-    value = AUTH_HEADER.sub(r"\1[secret]", value)
+    value = AUTH_HEADER.sub(r"\1\2[secret]", value)
     value = KEY_VALUE.sub(_key_value, value)
     for pattern in (*SQL_SECRETS, *CLI_SECRETS):
         value = pattern.sub(_cli_secret, value)
@@ -449,15 +458,15 @@ def mask(value: Any, depth: int = 0) -> Any:
         return "[too deep]"
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
+        alike: dict[str, int] = {}
         for k, v in value.items():
             name = str(k)
             # A key can be PII or a credential itself (an ACL keyed by e-mail address, a
             # map keyed by token): explicit forms only, so ordinary names stay readable.
             key = masked_key = _mask_string(name, heuristics=False)
-            n = 1
-            while key in out:  # two keys masked alike stay two entries
-                n += 1
-                key = f"{masked_key} #{n}"
+            while key in out:  # two keys masked alike stay two entries (counted: linear)
+                alike[masked_key] = alike.get(masked_key, 1) + 1
+                key = f"{masked_key} #{alike[masked_key]}"
             out[key] = "[masked]" if secret_key_name(name) else mask(v, depth + 1)
         return out
     if isinstance(value, list | tuple):
