@@ -738,3 +738,62 @@ def test_a_narrowing_that_changes_nothing_is_not_recorded_as_narrowed(world):
     item.refresh_from_db()
     assert item.status == "pending"
     assert not events(EventType.REVIEW_ITEM_DECIDED) and not events(EventType.GRANT_NARROWED)
+
+
+def test_keep_is_refused_for_a_suspended_agents_grant_another_campaign_ended(world, system):
+    from governance.models import Agent
+    from governance.services.agents import agent_suspend
+
+    g1 = world["grants"][0]
+    due = NOW + timedelta(days=1)
+    open_campaign(reason="first", due_at=due)
+    third = open_campaign(
+        reason="third", at=NOW + timedelta(hours=1), due_at=due + timedelta(days=3)
+    )
+    item = third.items.get(grant=g1)
+    agent_suspend(
+        agent=Agent.objects.get(name="bot"), reason="incident", actor=system,
+        at=NOW + timedelta(hours=2),
+    )  # fmt: skip
+    with pytest.raises(Conflict) as refused:
+        reviews.review_item_decide(
+            item_id=item.pk, reviewer=item.reviewer, decision="keep", comment="still needed",
+            actor=Actor.user(item.reviewer), at=due + timedelta(minutes=10),
+        )  # fmt: skip
+    assert refused.value.code == "grant_not_live"
+
+
+def test_a_suspended_agents_live_grant_is_still_reviewed(world, system):
+    from governance.models import Agent
+    from governance.services.agents import agent_suspend
+
+    g1 = world["grants"][0]
+    item = open_campaign().items.get(grant=g1)
+    agent_suspend(
+        agent=Agent.objects.get(name="bot"), reason="incident", actor=system,
+        at=NOW + timedelta(minutes=1),
+    )  # fmt: skip
+    reviews.review_item_decide(
+        item_id=item.pk, reviewer=item.reviewer, decision="revoke", comment="gone",
+        actor=Actor.user(item.reviewer), at=NOW + timedelta(minutes=2),
+    )  # fmt: skip
+    item.refresh_from_db()
+    assert item.status == "revoked"
+
+
+def test_a_late_revoke_is_dated_from_the_earliest_due_date(world):
+    g1 = world["grants"][0]
+    due_b = NOW + timedelta(days=1)
+    due_a = due_b + timedelta(minutes=30)
+    Grant.objects.update(expires_at=NOW + timedelta(days=3))
+    item_a = open_campaign(reason="A", due_at=due_a).items.get(grant=g1)
+    open_campaign(reason="B", due_at=due_b)
+    read = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    assert authorize(at=due_b + timedelta(minutes=10), **read).reason == "grant_revoked"
+    with pytest.raises(Conflict):
+        reviews.review_item_decide(
+            item_id=item_a.pk, reviewer=item_a.reviewer, decision="keep", comment="ok",
+            actor=Actor.user(item_a.reviewer), at=due_a + timedelta(minutes=10),
+        )  # fmt: skip
+    reviews.review_items_apply_due_rule(actor=Actor.system("t"), at=due_a + timedelta(minutes=20))
+    assert Grant.objects.get(pk=g1.pk).revoked_at == due_b

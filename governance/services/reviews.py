@@ -53,10 +53,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from governance import audit, notifications, roles
-from governance.codes import EventType, Reason
+from governance.codes import EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
-from governance.policy import grant_dead_reason
+from governance.models.reviews import undecided_at_due_q
+from governance.policy import PastState, grant_dead_reason
 from governance.selectors import agent_tree, approver_users, grants_in_force, unused_grants
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
@@ -186,12 +187,6 @@ def _same(existing: ReviewCampaign, kind: str, agent: Agent | None) -> ReviewCam
     return existing
 
 
-# What grant_dead_reason() may answer for a grant that has not ended: it is live, or
-# its agent is suspended or its tool quarantined (either may come back, so the grant is
-# still reviewed, and may be revoked).
-_NOT_ENDED = (None, Reason.AGENT_SUSPENDED, Reason.TOOL_QUARANTINED)
-
-
 def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
     # In force: not one whose review in another campaign fell due undecided (revoked
     # from then on, whether or not the job has run) nor one whose task is over.
@@ -304,9 +299,11 @@ def review_item_decide(
             grant.status != Grant.Status.ACTIVE
             or grant.expires_at <= at
             # Ended by a rule authorize() applies before a job records it (another
-            # campaign's due date, its task's end, an ancestor's end). Past this item's
-            # own due date its rule applies, whatever else holds.
-            or (not late and grant_dead_reason(grant.pk, at) not in _NOT_ENDED)
+            # campaign's due date, its task's end, an ancestor's end). Asked with every
+            # agent active and every tool approved (an empty PastState): a suspension
+            # or quarantine may be lifted, so it does not end a grant, and must not hide
+            # what does. Past this item's own due date its rule applies, whatever holds.
+            or (not late and grant_dead_reason(grant.pk, at, PastState()) is not None)
         )
         if not (late or ended):
             _record_decision(
@@ -428,15 +425,22 @@ def _claim_due(pk: int, rule: str, at: datetime) -> int:
 
 def _announce_due(pk: int, rule: str, actor: audit.Actor, at: datetime) -> None:
     if rule == "revoke":  # the grant's rows and events first, the item's event last
-        grant_id, due_at = ReviewItem.objects.values_list("grant_id", "due_at").get(pk=pk)
+        grant_id = ReviewItem.objects.values_list("grant_id", flat=True).get(pk=pk)
+        # authorize() refused it from the earliest due date any of its items passed
+        # undecided (this one, or another campaign's before it): the row says so too, so
+        # an access report for a moment before the job ran does not show it live.
+        first_due = (
+            ReviewItem.objects.filter(undecided_at_due_q(), grant_id=grant_id, due_at__lte=at)
+            .order_by("due_at")
+            .values_list("due_at", flat=True)
+            .first()
+        )
         grant_revoke(
             grant_id=grant_id,
             reason=f"review item #{pk} not decided by its due date",
             actor=actor,
             at=at,
-            # authorize() refused it from the due date on: the row says so too, so an
-            # access report for a moment before the job ran does not show it live.
-            effective_at=due_at,
+            effective_at=first_due,
         )
     item = _item_event(pk, actor, at, rule=rule)
     notifications.review_overdue(
