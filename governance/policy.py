@@ -42,10 +42,10 @@ MAX_NAME_LEN = 100
 
 # --- Scope matching ------------------------------------------------------------
 # Resources are `type:path/with/segments`. Matching is exact about boundaries:
-# a resource must already be canonical (no dot-only segments, even before a `;`
-# parameter; no empty segments, no percent-encoding, no backslashes, printable
-# ASCII only), so there is no second spelling of a path for a pattern to miss.
-# Case is significant.
+# a resource must already be canonical (no empty segments, none ending in a dot, none
+# with a `;` parameter, no percent-encoding, no backslashes, printable ASCII only), so
+# there is no second spelling of a path for a pattern (a grant's, or a deny policy's)
+# to miss. Case is significant.
 _RESOURCE_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/-]+")
 _PATTERN_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/*-]+")
 
@@ -58,9 +58,10 @@ def _split(value: str) -> tuple[str, list[str]]:
 
 
 def _segments_ok(segments: list[str]) -> bool:
-    """No empty segment and none made only of dots, before any `;` parameters too:
-    `..`, `...` and `..;x` are read as "up" by some servers (`..;` by Tomcat)."""
-    return all(seg and seg.split(";", 1)[0].strip(".") for seg in segments)
+    """No empty segment, none ending in a dot (so none made only of dots: `..` is "up",
+    and Windows reads `prod.` as `prod`) and none holding a `;` (servers that take
+    `;` parameters, Tomcat's, read `prod;v=1` as `prod`, and `..;` as "up")."""
+    return all(seg and ";" not in seg and not seg.endswith(".") for seg in segments)
 
 
 def resource_is_canonical(resource: str) -> bool:

@@ -928,15 +928,16 @@ def test_the_approver_is_told_how_many_values_of_a_call_are_hidden_from_them() -
 
 @pytest.mark.django_db
 def test_a_csv_export_holds_no_formula_for_a_semicolon_locale_spreadsheet():
-    """`;` and `=` are resource characters: a spreadsheet that separates cells at `;`
+    """An agent's arguments are its own text: a spreadsheet that separates cells at `;`
     must not find a formula in what follows one, and every cell is quoted."""
     from governance.services.access import access_check
 
     ui_world.build()
-    scope = "repo:acme/x;=WEBSERVICE(CHAR(104)&CHAR(116)&A1);"
+    payload = "x;=WEBSERVICE(CHAR(104)&CHAR(116)&A1);"
     decided = access_check(
-        agent="bot-a", tool="repo", action="read", scope=scope, at=timezone.now()
-    )
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/x",
+        arguments={"note": payload}, at=timezone.now(),
+    )  # fmt: skip
     assert decided.decision == "allow"
     auditor = ui_world.signed_in("auditor")
     body = auditor.get(
@@ -948,7 +949,7 @@ def test_a_csv_export_holds_no_formula_for_a_semicolon_locale_spreadsheet():
         assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells), cells
     assert line.startswith('"') and line.endswith('"')  # every cell quoted
     cells = next(csv.reader(io.StringIO(line)))
-    assert "repo:acme/x;'=WEBSERVICE(CHAR(104)&CHAR(116)&A1);" in cells
+    assert any("x;'=WEBSERVICE(CHAR(104)&CHAR(116)&A1);" in cell for cell in cells), cells
 
 
 def test_pages_that_show_audit_events_record_the_look() -> None:

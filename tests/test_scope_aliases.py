@@ -1,0 +1,61 @@
+"""A resource has one spelling: a second one (a trailing dot, a `;` parameter) that a
+server would read as the same path is refused, so no pattern, a deny policy's above
+all, can be stepped around with it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from governance import roles
+from governance.models import AuditEvent
+from governance.policy import pattern_is_valid, resource_is_canonical
+from governance.services import access, confirmation
+from tests.conftest import NOW
+
+
+def _approver(user: User) -> User:
+    user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    return User.objects.get(pk=user.pk)
+
+
+@pytest.mark.parametrize(
+    "alias",
+    ["repo:acme/prod;v=1/db", "repo:acme/prod;/db", "repo:acme/prod./db", "repo:acme/prod../db"],
+)
+def test_a_deny_policy_is_not_dodged_by_a_second_spelling(
+    make_agent, make_tool, make_grant, bob, dave, system, alias
+):
+    bot = make_agent("bot")
+    repo = make_tool("repo", actions=("read", "delete"))
+    make_grant(bot, repo, ("delete",), "repo:acme/*")
+    for author, verdict, scope in (
+        (bob, "deny", "repo:acme/prod/*"),
+        (dave, "approve", "repo:acme/*"),
+    ):
+        confirmation.policy_create(
+            author=_approver(author), agent=bot, tool=repo, action="delete", scope=scope,
+            verdict=verdict, reason="r", duration=timedelta(hours=1), actor=system,
+            at=NOW - timedelta(minutes=5),
+        )  # fmt: skip
+    plain = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/prod/db", at=NOW
+    )
+    assert (plain.decision, plain.reason) == ("deny", "approval_denied")
+    aliased = access.access_check(agent="bot", tool="repo", action="delete", scope=alias, at=NOW)
+    assert (aliased.decision, aliased.reason) == ("deny", "scope_mismatch")
+    event = AuditEvent.objects.get(uid=aliased.decision_id)
+    assert (event.decision, event.reason, event.scope) == ("deny", "scope_mismatch", alias)
+
+
+@pytest.mark.parametrize("value", ["a:b.", "a:b;c", "a:x/..", "a:x/./y", "a:x/y;", "a:.../y"])
+def test_second_spellings_are_neither_resources_nor_patterns(value):
+    assert not resource_is_canonical(value)
+    assert not pattern_is_valid(value)
+
+
+@pytest.mark.parametrize("value", ["a:.github/x", "a:v1.2/x", "a:x.y-z/w", "repo:acme/api"])
+def test_dots_inside_a_segment_are_fine(value):
+    assert resource_is_canonical(value) and pattern_is_valid(value)
