@@ -187,27 +187,33 @@ TEXT_SECRET_LAST_TWO = frozenset(
 TEXT_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey")
 # A password in a URL: scheme://user:password@host (the password may hold an `@`).
 URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s]*@")
-# An Authorization header written out: the credential after the name, with the scheme
-# word before it when it is one (`Token <hex>`, `ApiKey x`); the rest of the line (a
-# command's target, say) stays readable.
+# An Authorization header written out. Its credential is masked, not the rest of the
+# line (a command's target stays readable): the first word after the name, or, when
+# that word is a scheme (`Token`, `GenieKey`, any word) and a credential follows it, the
+# word after it; for schemes whose credential is a list of parameters (Digest, AWS4,
+# Signature) everything after the scheme.
 AUTH_HEADER = re.compile(
-    r"(?<![A-Za-z0-9_-])((?i:proxy-)?(?i:authori[sz]ation)\s*:[ \t]*)"
-    r"((?i:token|apikey|api-key|key|digest|negotiate|ntlm|hmac|mac|hawk|oauth|sso-key|ssws"
-    r"|dpop|aws4-hmac-sha256|splunk)[ \t]+)?([^\s\"'][^\s\"']*)"
+    r"(?<![A-Za-z0-9_-])((?i:proxy-)?(?i:authori[sz]ation)\s*:[ \t]*)([^\s\"']+)([^\r\n']*)"
 )
+_AUTH_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,39}")
+_AUTH_PARAM_SCHEMES = frozenset("digest aws4-hmac-sha256 signature hmac oauth hawk mac".split())
+_NEXT_WORD = re.compile(r"([ \t]+)([^\s\"']+)")
 # Passwords in SQL, where a statement sets one: `ALTER USER app WITH PASSWORD '...'`,
-# `CREATE ROLE app PASSWORD '...'`, `SET PASSWORD FOR app = PASSWORD('...')`, `CREATE
-# USER app IDENTIFIED BY '...'` (Oracle's may be unquoted). Only after USER or ROLE (or
-# SET PASSWORD) in the same statement: `grep -rn password 'src/'` keeps its path.
+# `CREATE USER 'app'@'%' IDENTIFIED BY '...'`, `SET PASSWORD FOR app = PASSWORD('...')`,
+# `CONNECT TO scott IDENTIFIED BY tiger`. Found at the clause (rare words, so the scan
+# stays linear), then masked when the statement so far names an account (USER, ROLE,
+# CONNECT TO, SET PASSWORD: _sql_secret) or the clause starts its line (a statement over
+# several lines, read line by line in review text); a quoted IDENTIFIED BY always is.
+# So `grep -rn password 'src/'` keeps its path.
 _SQL_QUOTED = r"""('(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*")"""
 SQL_SECRETS = (
-    re.compile(r"(?i)(\b(?:user|role)\b[^;'\"\n]{0,200}?\bpassword\s*(?:=\s*)?(?:\(\s*)?)"
-               + _SQL_QUOTED),
-    re.compile(r"(?i)(\bset\s+password\b[^;'\"\n]{0,200}?=\s*(?:password\s*\(\s*)?)"
-               + _SQL_QUOTED),
-    re.compile(r"(?i)(\b(?:user|role)\b[^;'\"\n]{0,200}?\bidentified\s+(?:with\s+\S+\s+)?"
-               r"by\s+)(" + _SQL_QUOTED[1:-1] + r"|[^\s'\";,)(][^\s'\";,)]*)"),
+    re.compile(r"(?i)(\bpassword\s*(?:=\s*)?(?:\(\s*)?)" + _SQL_QUOTED),
+    re.compile(r"(?i)(\bset\s+password\b[^;'\"\n]{0,100}?=\s*)" + _SQL_QUOTED),
+    re.compile(r"(?i)(\bidentified\s+(?:with\s+\S+\s+)?by\s+)"
+               r"(" + _SQL_QUOTED[1:-1] + r"|[^\s'\";,)(][^\s'\";,)]*)"),
 )  # fmt: skip
+_SQL_ACCOUNT = re.compile(r"(?i)\b(?:user|role|connect\s+to|set\s+password)\b")
+_SQL_LINE_START = re.compile(r"(?i)(?:^|\n)[ \t]*(?:(?:with|encrypted|unencrypted)[ \t]+)*$")
 # Command lines that carry a password without `=`: `--password hunter2`, `sshpass -p
 # hunter2`, `mysql -phunter2`, `curl -u admin:hunter2`. Each starts at a fixed word and
 # looks a bounded distance ahead, so a long string is scanned in linear time.
@@ -272,6 +278,34 @@ def _key_value(match: re.Match[str], depth: int = 0) -> str:
 _KEY_VALUE_DEPTH = 3
 
 
+def _auth_header(match: re.Match[str]) -> str:
+    head, first, rest = match.groups()
+    if _AUTH_SCHEME.fullmatch(first):
+        if first.lower() in _AUTH_PARAM_SCHEMES:
+            return f"{head}{first} [secret]"
+        following = _NEXT_WORD.match(rest)
+        # A scheme word, then its credential (not a command's next flag or a URL).
+        if following and not following.group(2).startswith("-") and "://" not in following[2]:
+            return f"{head}{first}{following.group(1)}[secret]{rest[following.end() :]}"
+    return f"{head}[secret]{rest}"
+
+
+def _sql_secret(match: re.Match[str]) -> str:
+    """SQL_SECRETS' value, masked when the clause is where a statement sets a password:
+    the statement so far (back to a `;`, at most 300 characters) names an account, or
+    the clause starts its line; a quoted IDENTIFIED BY is an account clause anywhere."""
+    value = match.group(2)
+    statement = match.string[max(0, match.start() - 300) : match.start()].rsplit(";", 1)[-1]
+    clause = match.group(1)
+    if (
+        (clause[:1] in "iI" and value[:1] in "'\"")
+        or _SQL_ACCOUNT.search(statement + clause)
+        or _SQL_LINE_START.search(statement)
+    ):
+        return _cli_secret(match)
+    return match.group(0)
+
+
 def _cli_secret(match: re.Match[str]) -> str:
     value = match.group(2)
     quote = value[0] if value[0] in "\"'" else ""
@@ -282,9 +316,11 @@ def _mask_string(value: str, heuristics: bool = True) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = BASIC.sub(_basic, value)
     value = URL_PASSWORD.sub(r"\1[secret]@", value)
-    value = AUTH_HEADER.sub(r"\1\2[secret]", value)
+    value = AUTH_HEADER.sub(_auth_header, value)
     value = KEY_VALUE.sub(_key_value, value)
-    for pattern in (*SQL_SECRETS, *CLI_SECRETS):
+    for pattern in SQL_SECRETS:
+        value = pattern.sub(_sql_secret, value)
+    for pattern in CLI_SECRETS:
         value = pattern.sub(_cli_secret, value)
     value = EMAIL.sub("[email]", value)
     value = CARD.sub(_card, value)

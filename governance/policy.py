@@ -59,9 +59,13 @@ def _split(value: str) -> tuple[str, list[str]]:
 
 def _segments_ok(segments: list[str]) -> bool:
     """No empty segment, none ending in a dot (so none made only of dots: `..` is "up",
-    and Windows reads `prod.` as `prod`) and none holding a `;` (servers that take
-    `;` parameters, Tomcat's, read `prod;v=1` as `prod`, and `..;` as "up")."""
-    return all(seg and ";" not in seg and not seg.endswith(".") for seg in segments)
+    and Windows reads `prod.` as `prod`), none holding a `;` (servers that take `;`
+    parameters, Tomcat's, read `prod;v=1` as `prod`, and `..;` as "up") and none with an
+    NTFS stream name (`prod::$DATA`, `prod:$I30:$INDEX_ALLOCATION` are `prod`)."""
+    return all(
+        seg and ";" not in seg and not seg.endswith(".") and "::" not in seg and ":$" not in seg
+        for seg in segments
+    )
 
 
 def resource_is_canonical(resource: str) -> bool:

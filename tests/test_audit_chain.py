@@ -1522,7 +1522,7 @@ def test_an_outcome_excerpt_is_masked_before_it_is_cut(chain):
         (
             "authorization: CAB-778 approved, drop table customers_2026 on prod-db",
             "CAB-778",
-            "approved, drop table customers_2026 on prod-db",
+            "drop table customers_2026 on prod-db",
         ),
         ("curl -H 'Authorization: Token 9944b0919' https://x/y", "9944b0919", "https://x/y"),
         ("grep -rn password 'src/settings/'", None, "grep -rn password 'src/settings/'"),
@@ -1554,3 +1554,38 @@ def test_masking_many_keys_that_mask_alike_stays_linear(chain):
     # Not a speed claim (that is for benchmarks): a hang guard, 60x what it takes here;
     # the quadratic version ran for minutes.
     assert time.perf_counter() - started < 30
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "CREATE USER 'app'@'localhost' IDENTIFIED BY 'hunter2-Pw';",
+        "ALTER USER 'root'@'%' IDENTIFIED BY 'hunter2-Pw'",
+        "SET PASSWORD FOR 'app'@'%' = PASSWORD('hunter2-Pw')",
+        "ALTER ROLE \"svc-app\" WITH PASSWORD 'hunter2-Pw'",
+        "CREATE ROLE app\n  LOGIN\n  PASSWORD 'hunter2-Pw';",
+        "CREATE DATABASE LINK l CONNECT TO scott IDENTIFIED BY hunter2Pw USING 'x'",
+    ],
+)
+def test_sql_that_sets_a_password_is_masked_in_its_common_spellings(chain, sql):
+    stored = json.loads(_stored({"sql": sql}))["sql"]
+    assert "hunter2" not in stored, stored
+    assert "hunter2" not in audit.mask_review_text(sql + "\n")[0]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Authorization: GenieKey eb243592-faa2-4ba2-a551-1afdf565c889",
+        "Authorization: Bot MTk4NjIyNDgzNDcxOTI1MjQ4.Cl2FMQ.ZnCjm1XVW7vRze4b7Cq4se7kKWs",
+        "Authorization: DeepL-Auth-Key 279a2e9d-83b3-c416-7e2d-f721593e42a0:fx",
+        "Authorization: Custom hunter2",
+        'Authorization: Digest username="u", response="hunter2"',
+    ],
+)
+def test_an_authorization_header_in_any_scheme_hides_its_credential(chain, header):
+    credential = header.split()[-1].strip('"')
+    cmd = f"curl -H '{header}' https://api.example.com/v2/x"
+    stored = json.loads(_stored({"cmd": cmd}))["cmd"]
+    assert credential not in stored and stored.endswith("' https://api.example.com/v2/x"), stored
+    assert credential not in audit.mask_review_text(cmd + "\n")[0]

@@ -237,8 +237,10 @@ def test_notices_skip_people_who_left_and_reviewers_who_may_no_longer_decide(
     from governance.services import grants, hygiene, reviews
 
     owner, requester = person("olga"), person("rick")
-    approver = person("erin", roles.APPROVERS)
+    approver = person("erin", roles.APPROVERS)  # approved the grant: barred from its review
     reviewer = person("frank", roles.APPROVERS)
+    person("gina", roles.APPROVERS)  # an approver not assigned: cannot decide the item
+    person("heidi", roles.ADMINS)  # an admin decides any item
     grant = grants.grant_issue(
         agent=make_agent(owner=owner), tool=make_tool(), actions=["read"], scope="repo:acme/*",
         duration=timedelta(days=6), justification="t", requested_by=requester,
@@ -254,11 +256,13 @@ def test_notices_skip_people_who_left_and_reviewers_who_may_no_longer_decide(
         kind="on_demand", reason="probe", actor=system, at=NOW, due_at=NOW + timedelta(days=2)
     )
     (item,) = ReviewItem.objects.filter(campaign=campaign)
-    assert item.reviewer == reviewer
+    item.reviewer = reviewer
+    item.save(update_fields=["reviewer"])
     reviewer.groups.clear()
     Notification.objects.all().delete()
     with django_capture_on_commit_callbacks(execute=True):
         reviews.review_reminders_send(actor=system, at=item.due_at - timedelta(hours=1))
     targets = set(Notification.objects.filter(channel="email").values_list("target", flat=True))
-    # frank may no longer decide it: the approvers who may (erin) hear instead.
-    assert "frank@example.test" not in targets and "erin@example.test" in targets
+    # frank may no longer decide it: those who may (heidi, an admin with no stake) hear
+    # instead; not erin (barred: she approved it) nor gina (not assigned).
+    assert targets == {"heidi@example.test"}

@@ -23,7 +23,14 @@ def _approver(user: User) -> User:
 
 @pytest.mark.parametrize(
     "alias",
-    ["repo:acme/prod;v=1/db", "repo:acme/prod;/db", "repo:acme/prod./db", "repo:acme/prod../db"],
+    [
+        "repo:acme/prod;v=1/db",
+        "repo:acme/prod;/db",
+        "repo:acme/prod./db",
+        "repo:acme/prod../db",
+        "repo:acme/prod::$DATA/db",
+        "repo:acme/prod:$I30:$INDEX_ALLOCATION/db",
+    ],
 )
 def test_a_deny_policy_is_not_dodged_by_a_second_spelling(
     make_agent, make_tool, make_grant, bob, dave, system, alias
@@ -56,6 +63,8 @@ def test_second_spellings_are_neither_resources_nor_patterns(value):
     assert not pattern_is_valid(value)
 
 
-@pytest.mark.parametrize("value", ["a:.github/x", "a:v1.2/x", "a:x.y-z/w", "repo:acme/api"])
+@pytest.mark.parametrize(
+    "value", ["a:.github/x", "a:v1.2/x", "a:x.y-z/w", "repo:acme/api", "sandbox:python:3.12"]
+)
 def test_dots_inside_a_segment_are_fine(value):
     assert resource_is_canonical(value) and pattern_is_valid(value)

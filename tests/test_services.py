@@ -1453,3 +1453,30 @@ def test_a_tool_that_says_something_new_voids_the_approvals_given_before(
     used = access.access_check(at=NOW + 4 * MS, approval=first.approval_id, **call)
     assert (used.decision, used.reason) == ("deny", "approval_invalid")
     assert last_event().reason == "approval_invalid" and waiting.approval_id
+
+
+def test_a_task_closed_by_hand_after_it_ran_out_dates_its_revokes_from_its_end(
+    bot, repo, make_task, make_grant, system, alice
+):
+    ran_out = make_task("T-RAN-OUT", ends_at=NOW + timedelta(minutes=30))
+    bound = make_grant(
+        bot, repo, ("read",), "repo:acme/*", task=ran_out, duration=timedelta(hours=4)
+    )
+    late = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/x", task="T-RAN-OUT",
+        at=NOW + timedelta(minutes=45),
+    )  # fmt: skip
+    assert (late.decision, late.reason) == ("deny", "task_closed")
+    tasks.task_close(
+        task=ran_out, actor=Actor.user(alice), at=NOW + timedelta(hours=2), closed_by=alice
+    )
+    bound.refresh_from_db()
+    assert (bound.status, bound.revoked_at) == ("revoked", NOW + timedelta(minutes=30))
+    # Closed by hand before its end: revoked from the close.
+    early = make_task("T-EARLY", ends_at=NOW + timedelta(hours=5))
+    kept = make_grant(bot, repo, ("read",), "repo:acme/*", task=early, duration=timedelta(hours=4))
+    tasks.task_close(
+        task=early, actor=Actor.user(alice), at=NOW + timedelta(hours=3), closed_by=alice
+    )
+    kept.refresh_from_db()
+    assert kept.revoked_at == NOW + timedelta(hours=3)

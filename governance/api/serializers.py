@@ -36,13 +36,13 @@ from governance.text import is_text, is_utf8, json_problem
 # services.agents.validate_name (agents and tools)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 # policy.pattern_is_valid: `*` alone, or segments split on `/` (after an optional
-# `kind:` prefix without `*`), none empty, ending in a dot or holding a `;`, `*` only
-# as a whole segment.
-_SEG = r"(?:\*|\.*[{n}-](?:[{n}.-]*[{n}-])?)"
+# `kind:` prefix without `*`), none empty, ending in a dot, holding a `;` or an NTFS
+# stream name (`::`, `:$`), `*` only as a whole segment.
+_SEG = r"(?:\*|\.*{c}(?:(?:{c}|\.)*{c})?)"
 _PLAIN = "A-Za-z0-9_~@!$&'()+,;="  # and `-`, which goes last inside [...]
 _NO_SEMI = _PLAIN.replace(";", "")
-_SEG_NO_COLON = _SEG.format(n=_NO_SEMI)
-_SEG_COLON = _SEG.format(n=":" + _NO_SEMI)
+_SEG_NO_COLON = _SEG.format(c=f"[{_NO_SEMI}-]")
+_SEG_COLON = _SEG.format(c=f"(?:[{_NO_SEMI}-]|:(?![:$]))")
 SCOPE_PATTERN = (
     rf"^(?:{_SEG_NO_COLON}(?:/{_SEG_NO_COLON})*|[./{_PLAIN}-]*:{_SEG_COLON}(?:/{_SEG_COLON})*)$"
 )

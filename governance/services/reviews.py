@@ -536,10 +536,13 @@ def review_campaigns_close(*, actor: audit.Actor, at: datetime) -> int:
 
 def _reviewers(item: ReviewItem) -> list[Any]:
     """Who hears about an item: its reviewer while they may still decide it (active, an
-    approver); else every approver, any of whom (an admin) can decide it instead."""
+    approver); else the admins who may decide it instead (an admin decides any item,
+    unless barred from this grant), or, if every admin is barred, every admin."""
     if item.reviewer is not None and roles.may_approve(item.reviewer):
         return [item.reviewer]
-    return list(approver_users())
+    admins = [u for u in approver_users() if roles.is_admin(u)]
+    barred = _barred(item.grant)
+    return [u for u in admins if u.pk not in barred] or admins
 
 
 def review_reminders_send(*, actor: audit.Actor, at: datetime) -> int:

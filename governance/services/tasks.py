@@ -100,8 +100,8 @@ def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any
             at=at,
             revoked_by=closed_by,
             # A task that ran out ended its grants at its end (authorize() refused them
-            # from then on), however late the job records it.
-            effective_at=ends_at if why == "ended" else None,
+            # from then on), however late the job, or a person closing it, records it.
+            effective_at=ends_at if ends_at is not None and ends_at <= at else None,
         )
     # Last: the chain lock is the last lock this transaction takes.
     audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data={"why": why})
