@@ -292,7 +292,8 @@ def breakglass_active(at: datetime) -> QuerySet[Any]:
 
     return (
         BreakGlass.objects.filter(opened_at__lte=at, expires_at__gt=at, closed_at__isnull=True)
-        .filter(grant__status=Grant.Status.ACTIVE)
+        # The grant's own end too: a review may have narrowed its expiry since.
+        .filter(grant__status=Grant.Status.ACTIVE, grant__expires_at__gt=at)
         .select_related("grant__agent", "grant__tool", "opened_by")
         .order_by("expires_at")
     )

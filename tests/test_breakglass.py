@@ -755,3 +755,12 @@ def test_the_opener_is_not_given_the_second_look_at_its_ratification(setup):
     look = SecondLook.objects.get()
     assert look.grant_id == bg.ratified_request_id
     assert look.reviewer_id not in (setup["erin"].pk, setup["grace"].pk)
+
+
+def test_the_banner_ends_with_the_grant_a_review_narrowed(setup, open_bg):
+    """A review may narrow a break-glass grant's expiry; the banner follows the grant,
+    not the break-glass row's own expiry (the job syncs that later)."""
+    bg = open_bg()
+    Grant.objects.filter(pk=bg.grant_id).update(expires_at=NOW + timedelta(minutes=10))
+    assert [b.pk for b in selectors.breakglass_active(NOW + timedelta(minutes=9))] == [bg.pk]
+    assert list(selectors.breakglass_active(NOW + timedelta(minutes=10))) == []
