@@ -1010,7 +1010,8 @@ def test_masking_a_long_string_finishes(shape):
         pytest.fail("masking did not finish in 60 s")
 
 
-def test_an_outcome_excerpt_holding_json_is_masked(chain):
+def _reported(excerpt: str) -> AuditEvent:
+    """The outcome event of an allowed call reported with this output excerpt."""
     from governance.models import Agent
     from governance.services import outcomes
 
@@ -1022,9 +1023,13 @@ def test_an_outcome_excerpt_holding_json_is_masked(chain):
         decision_id=decided.decision_id,
         outcome="succeeded",
         at=NOW,
-        excerpt='{"password": "hunter2", "db": "postgres://u:pw12345@h/x"}',
+        excerpt=excerpt,
     )
-    event = AuditEvent.objects.get(uid=written.uid)
+    return AuditEvent.objects.get(uid=written.uid)
+
+
+def test_an_outcome_excerpt_holding_json_is_masked(chain):
+    event = _reported('{"password": "hunter2", "db": "postgres://u:pw12345@h/x"}')
     excerpt = json.loads(event.data)["excerpt"]
     assert json.loads(excerpt) == {"password": "[secret]", "db": "postgres://u:[secret]@h/x"}
     assert "hunter2" not in event.data and "pw12345" not in event.data
@@ -1494,20 +1499,8 @@ def test_masking_keys_keeps_ordinary_keys_and_every_entry(chain):
 
 
 def test_an_outcome_excerpt_is_masked_before_it_is_cut(chain):
-    from governance.models import Agent
-    from governance.services import outcomes
-
-    decided = access.access_check(
-        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW
-    )
-    written = outcomes.outcome_report(
-        agent=Agent.objects.get(name="bot"),
-        decision_id=decided.decision_id,
-        outcome="succeeded",
-        at=NOW,
-        excerpt="x" * 980 + " mailed jane.doe@example.com ok",
-    )
-    excerpt = json.loads(AuditEvent.objects.get(uid=written.uid).data)["excerpt"]
+    event = _reported("x" * 980 + " mailed jane.doe@example.com ok")
+    excerpt = json.loads(event.data)["excerpt"]
     assert "jane.doe@" not in excerpt and excerpt.endswith("mailed [email] ok"[: 1000 - 981])
 
 
