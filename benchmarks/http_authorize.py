@@ -80,6 +80,9 @@ from benchmarks.authorize import (
 HOST = "127.0.0.1"
 AUTHORIZE_PATH = "/api/v1/authorize"
 FLOOR_PATH = "/bench/floor"
+# --breakdown: the floor plus /authorize's pieces one at a time (benchmarks.http_urls).
+LIMITED_PATH = "/bench/limited"
+DECIDED_PATH = "/bench/decided"
 TARGET_RATIO = 0.60  # of the floor's throughput, at the highest caller count
 TARGET_P99_MS = 25.0
 REDIS_BENCH_URL = "redis://127.0.0.1:6379/13"
@@ -498,6 +501,38 @@ def _fmt_row(callers: int, floor: Phase, auth: Phase) -> str:
     )
 
 
+_STAGES = (
+    ("floor", "floor: DRF, bearer token, constant JSON"),
+    ("limited", "+ the rate limiter's check"),
+    ("decided", "+ body parsed, authorize() (no audit event)"),
+    ("authorize", "+ access_check's audit event: /authorize"),
+    ("async*", "/authorize, synchronous_commit=off (diagnostic only)"),
+)
+
+
+def _breakdown(phases: dict[tuple[str, int], Phase], top: int) -> str:
+    """/authorize's pieces added to the floor one at a time, at `top` callers: rate,
+    share of the floor's rate, and the CPU each request took (server and PostgreSQL
+    processes, and the whole machine's, in ms of one core per request)."""
+    floor = phases[("floor", top)]
+    lines = [
+        f"breakdown at {top} callers (CPU: ms of one core per request)",
+        f"{'':48} {'req/s':>8} {'of floor':>8} {'p99 ms':>7} {'gunicorn':>8} "
+        f"{'postgres':>8} {'machine':>8}",
+    ]
+    for key, text in _STAGES:
+        phase = phases.get((key, top))
+        if phase is None or not phase.rate:
+            continue
+        per = 1000.0 / phase.rate  # core-seconds/s over requests/s, in ms
+        lines.append(
+            f"{text:48} {phase.rate:>8,.0f} {phase.rate / floor.rate:>8.0%} "
+            f"{phase.p99_ms:>7.2f} {phase.cpu['server'] * per:>8.3f} "
+            f"{phase.cpu['postgres'] * per:>8.3f} {phase.cpu['busy'] * per:>8.3f}"
+        )
+    return "\n".join(lines)
+
+
 def _describe(phase: Phase) -> str:
     statuses = ", ".join(f"{k}: {v}" for k, v in sorted(phase.statuses.items()))
     cpu = phase.cpu
@@ -529,6 +564,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slices", type=int, default=2000, help="(agent, tool) pairs in the mix")
     parser.add_argument("--requests", type=int, default=100_000, help="mix before filtering")
     parser.add_argument("--seed", type=int, default=20300115)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="at the highest caller count, also time the floor plus the rate limiter, and "
+        "plus the decision (no audit event): what each piece of /authorize costs",
+    )
+    parser.add_argument(
+        "--async-commit-diagnostic",
+        action="store_true",
+        help="at the highest caller count, time /authorize once more with "
+        "synchronous_commit=off (a diagnostic of what the fsync costs; never a valid setting)",
+    )
     opts = parser.parse_args(argv)
     callers_list = [int(x) for x in opts.callers.split(",")]
     t_start = time.monotonic()
@@ -570,6 +617,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     authorize_requests = [encode(AUTHORIZE_PATH, token, body) for token, body in bodies]
     floor_requests = [encode(FLOOR_PATH, token, body) for token, body in bodies]
+    stage_requests = {
+        "limited": [encode(LIMITED_PATH, token, body) for token, body in bodies],
+        "decided": [encode(DECIDED_PATH, token, body) for token, body in bodies],
+    }
 
     import gunicorn
     import rest_framework
@@ -669,6 +720,60 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     checks.append(line)
                     print("            " + line, flush=True)
+        top = max(callers_list)
+        if opts.breakdown:
+            for label in ("limited", "decided"):
+                phase = run_phase(
+                    label,
+                    port,
+                    stage_requests[label],
+                    top,
+                    opts.seconds,
+                    parse=label == "decided",
+                    seed=opts.seed + 1 + callers_list.index(top),
+                    server_pids=pids,
+                )
+                phases[(label, top)] = phase
+                print(_describe(phase), flush=True)
+        if opts.async_commit_diagnostic:
+            stop_server(server)
+            # libpq reads PGOPTIONS: every server connection commits without waiting
+            # for the WAL flush. Only here, only to show what the fsync costs.
+            server = start_server(
+                port, {**env, "PGOPTIONS": "-c synchronous_commit=off"}, opts.threads, log_path
+            )
+            pids = wait_ready(server, port, floor_requests[0], log_path)
+            run_phase(
+                "warm-up",
+                port,
+                authorize_requests,
+                4,
+                opts.warmup,
+                parse=False,
+                seed=opts.seed,
+                server_pids=pids,
+            )
+            before = head_seq()
+            phase = run_phase(
+                "async*",
+                port,
+                authorize_requests,
+                top,
+                opts.seconds,
+                parse=True,
+                seed=opts.seed + 1 + callers_list.index(top),
+                server_pids=pids,
+            )
+            phases[("async*", top)] = phase
+            print(_describe(phase), flush=True)
+            access, every = access_events_after(before)
+            decided = phase.statuses[200] + phase.statuses[503]
+            ok = access == decided == every
+            audit_ok &= ok
+            checks.append(
+                f"audit @{top:>2} callers, synchronous_commit=off: {access} new access.* events "
+                f"for {decided} responses 200/503: {'OK' if ok else 'MISMATCH'}"
+            )
     finally:
         stop_server(server)
         revoke_tokens(tokens)
@@ -691,9 +796,11 @@ def main(argv: list[str] | None = None) -> int:
     for callers in callers_list:
         print(_fmt_row(callers, phases[("floor", callers)], phases[("authorize", callers)]))
     print()
+    if opts.breakdown or opts.async_commit_diagnostic:
+        print(_breakdown(phases, top))
+        print()
     for line in checks:
         print(line)
-    top = max(callers_list)
     floor, auth = phases[("floor", top)], phases[("authorize", top)]
     ratio = auth.rate / floor.rate if floor.rate else 0.0
     print(
