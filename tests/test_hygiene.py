@@ -4,7 +4,7 @@ token expiry bookkeeping and second-look sampling. Each runs twice: one effect."
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Group
@@ -86,16 +86,22 @@ def test_an_irreversible_tool_grant_is_proposed_for_removal(make_agent, make_too
 def test_the_daily_snapshot_counts_live_grants_once_and_a_rise_is_highlighted(
     make_agent, make_tool, make_grant, system
 ):
+    """The job runs just after midnight and records the day that has just ended, counted
+    at its end (the moment the dashboard's chart reads for that day)."""
     bot, other, tool = make_agent("bot"), make_agent("other"), make_tool()
     make_grant(bot, tool, duration=timedelta(days=3))
-    day1 = hygiene.trend_snapshot_record(actor=system, at=NOW)
-    assert hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(hours=1)).pk == day1.pk
+    day1 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=1))
+    assert day1.day == NOW.date()
+    again = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=1, hours=1))
+    assert again.pk == day1.pk
     assert (day1.total, day1.per_agent) == (1, {"bot": 1})
     assert selectors.grant_trend()["rise"] is False
 
-    make_grant(other, tool, starts_at=NOW, duration=timedelta(days=3))
-    make_grant(bot, tool, scope="repo:acme/web/*", starts_at=NOW, duration=timedelta(days=3))
-    day2 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=1))
+    tomorrow = NOW + timedelta(days=1)
+    make_grant(other, tool, starts_at=tomorrow, duration=timedelta(days=3))
+    make_grant(bot, tool, scope="repo:acme/web/*", starts_at=tomorrow, duration=timedelta(days=3))
+    day2 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=2))
+    assert day2.day == tomorrow.date()
     assert (day2.total, day2.per_agent) == (3, {"bot": 2, "other": 1})
     trend = selectors.grant_trend()
     assert trend["rise"] is True and trend["rising_agents"] == ["bot", "other"]
@@ -103,8 +109,28 @@ def test_the_daily_snapshot_counts_live_grants_once_and_a_rise_is_highlighted(
     assert len(events(EventType.TREND_RECORDED)) == 2 and LiveGrantSnapshot.objects.count() == 2
 
     Grant.objects.update(expires_at=NOW + timedelta(days=2))
-    day3 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=2))
+    day3 = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=3))
     assert day3.total == 0 and selectors.grant_trend()["rise"] is False
+
+
+def test_the_chart_shows_a_recorded_day_as_that_day_not_the_day_before(
+    make_agent, make_tool, make_grant, system
+):
+    """The snapshot of 00:10 on D+1 counted D's end but was filed under D+1: every
+    recorded day showed the day before's number (a rise on D appeared on D+1)."""
+    from governance.web import queries
+
+    day = datetime(2026, 11, 20, tzinfo=UTC)
+    agent, tool = make_agent(), make_tool()
+    hygiene.trend_snapshot_record(actor=system, at=day + timedelta(minutes=10))  # 00:10 on D
+    make_grant(agent, tool, starts_at=day + timedelta(hours=3), duration=timedelta(days=5))
+    hygiene.trend_snapshot_record(actor=system, at=day + timedelta(days=1, minutes=10))
+    labels, series = queries.live_grants_per_day(day + timedelta(days=2, hours=12), days=4)
+    total = dict(zip(labels, dict(series)["total"], strict=True))
+    assert total["11-19"] == 0 and total["11-20"] == 1, total  # live from 03:00 on D
+    recorded = json.loads(events(EventType.TREND_RECORDED)[-1].data)
+    assert (recorded["day"], recorded["total"]) == ("2026-11-20", 1)
+    assert recorded["counted_at"] == "2026-11-20T23:59:59.999999+00:00"
 
 
 # --- expiring soon -----------------------------------------------------------------------

@@ -432,3 +432,118 @@ def test_a_real_worker_retries_a_failing_webhook_until_it_is_delivered(
         hook.close()
         broker.flushdb()
         broker.close()
+
+
+# --- catch-up: what ended on its own is recorded as it ended -----------------------------
+
+
+def test_catch_up_marks_a_grant_that_expired_before_its_task_ended_as_expired(
+    make_agent, make_tool, make_task, make_grant, system
+):
+    """The job closed the task first and revoked its grants: a grant that had run out a
+    day before its task ended was recorded as "revoked by task X ended", at the task's
+    end, after it was dead."""
+    from governance.services import hygiene
+
+    task = make_task("OPS-1", ends_at=NOW + timedelta(days=2))
+    grant = make_grant(make_agent(), make_tool(), task=task, duration=timedelta(days=1))
+    hygiene.expire_due(actor=system, at=NOW + timedelta(days=7))
+    grant.refresh_from_db()
+    assert (grant.status, grant.revoked_at) == (Grant.Status.EXPIRED, None)
+    kinds = set(AuditEvent.objects.filter(grant_id=grant.pk).values_list("event_type", flat=True))
+    assert EventType.GRANT_EXPIRED in kinds and EventType.GRANT_REVOKED not in kinds
+
+
+def test_revoking_a_grant_already_past_its_expiry_leaves_it_as_it_is(
+    make_agent, make_tool, make_grant, system, bob
+):
+    from governance.services.grants import grant_revoke
+
+    grant = make_grant(make_agent(), make_tool(), duration=timedelta(hours=1))
+    later = grant.expires_at + timedelta(hours=5)  # the expiry job has not run yet
+    seq = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first()
+    ended = grant_revoke(
+        grant_id=grant.pk, reason="cleanup", actor=system, at=later, revoked_by=bob
+    )
+    grant.refresh_from_db()
+    assert ended == [] and (grant.status, grant.revoked_at) == (Grant.Status.ACTIVE, None)
+    assert not AuditEvent.objects.filter(seq__gt=seq).exists()
+    grants_expire(actor=system, at=later)
+    grant.refresh_from_db()
+    assert grant.status == Grant.Status.EXPIRED
+
+
+def test_revoking_a_delegation_that_already_ran_out_does_not_overrule_its_parent(
+    make_agent, make_tool, make_grant, system, bob
+):
+    """Revoking a dead delegated grant took delegation away from its live parent."""
+    from governance.services.grants import grant_delegate, grant_revoke
+
+    parent_agent = make_agent("lead")
+    child_agent = make_agent("helper", parent=parent_agent)
+    parent = make_grant(parent_agent, make_tool(), duration=timedelta(days=2), delegable=True)
+    child = grant_delegate(
+        parent_grant_id=parent.pk,
+        child=child_agent,
+        actions=["read"],
+        scope="repo:acme/api/*",
+        expires_at=NOW + timedelta(hours=1),
+        justification="a short hand-off",
+        actor=system,
+        at=NOW,
+    )
+    grant_revoke(
+        grant_id=child.pk, reason="tidy", actor=system, at=NOW + timedelta(hours=2), revoked_by=bob
+    )
+    parent.refresh_from_db()
+    assert parent.delegable is True
+    assert not AuditEvent.objects.filter(
+        event_type=EventType.GRANT_DELEGATION_WITHDRAWN, grant_id=parent.pk
+    ).exists()
+
+
+def test_the_api_leaves_a_grant_that_already_ran_out_as_it_is(
+    human_client, dave, make_agent, make_tool, make_grant
+):
+    admin = human_client(dave, "admins")
+    now = timezone.now()
+    grant = make_grant(
+        make_agent(), make_tool(), starts_at=now - timedelta(hours=2), duration=timedelta(hours=1)
+    )
+    response = admin.post(f"/api/v1/grants/{grant.pk}/revoke", {"reason": "tidy"}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["ended"] == []
+    row = Grant.objects.get(pk=grant.pk)
+    assert row.status == Grant.Status.ACTIVE and row.revoked_at is None
+    assert not AuditEvent.objects.filter(event_type=EventType.GRANT_REVOKED).exists()
+
+
+def test_catch_up_dates_an_undecided_request_and_an_ended_task_when_they_ended(
+    make_agent, make_tool, make_task, system, alice, settings
+):
+    """A week's outage: the request was dated closed, and the task closed, at the job's
+    run instead of when each ended."""
+    from governance.services import grants as grant_services
+    from governance.services import hygiene
+
+    request = grant_services.grant_request(
+        agent=make_agent(),
+        tool=make_tool(),
+        actions=["read"],
+        scope="repo:acme/api/*",
+        duration=timedelta(hours=1),
+        justification="need it",
+        requested_by=alice,
+        actor=system,
+        at=NOW,
+    )
+    task = make_task("OPS-2", ends_at=NOW + timedelta(hours=1))
+    hygiene.expire_due(actor=system, at=NOW + timedelta(days=10))
+    request.refresh_from_db()
+    task.refresh_from_db()
+    assert request.decided_at == request.created_at + settings.GRANT_REQUEST_TTL
+    assert task.closed_at == task.ends_at
+    expired = AuditEvent.objects.get(event_type=EventType.GRANT_REQUEST_EXPIRED)
+    closed = AuditEvent.objects.get(event_type=EventType.TASK_CLOSED, task="OPS-2")
+    assert json.loads(expired.data)["effective_at"] == request.decided_at.isoformat()
+    assert json.loads(closed.data)["effective_at"] == task.ends_at.isoformat()

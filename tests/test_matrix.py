@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -1172,7 +1172,7 @@ def test_a_grant_whose_task_has_ended_is_not_in_force_and_the_file_imports_back(
 
     ending = make_task("SHORT-1", ends_at=NOW - MINUTE)
     make_grant(world["bot"], world["repo"], scope="repo:acme/short/*", task=ending,
-               starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))  # fmt: skip
+               starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=13))  # fmt: skip
     assert selectors.live_grants(NOW).filter(task=ending).exists()  # its own window
 
     data = export(tmp_path / "m.yaml")
@@ -1181,9 +1181,12 @@ def test_a_grant_whose_task_has_ended_is_not_in_force_and_the_file_imports_back(
     assert "repo:acme/short/*" not in [g["scope"] for g in data["grants"]]
     out = run_import(tmp_path / "m.yaml", "--dry-run", "--as", "alice")
     assert "0 to create" in out
-    snapshot = hygiene.trend_snapshot_record(actor=system, at=NOW)
-    assert snapshot.total == selectors.grants_in_force(NOW).count()
-    assert snapshot.total == selectors.live_grants(NOW).count() - 1
+    # The job just after midnight counts the day that ended, at its end.
+    end_of_day = datetime.combine(NOW.date(), time.max, tzinfo=UTC)
+    assert selectors.live_grants(end_of_day).filter(task=ending).exists()
+    snapshot = hygiene.trend_snapshot_record(actor=system, at=NOW + timedelta(days=1))
+    assert snapshot.total == selectors.grants_in_force(end_of_day).count()
+    assert snapshot.total == selectors.live_grants(end_of_day).count() - 1
 
 
 def test_a_window_of_part_of_a_second_is_a_line_error_not_a_database_error(world, tmp_path):

@@ -667,7 +667,8 @@ def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
     ended.refresh_from_db()
     bound.refresh_from_db()
     kept.refresh_from_db()
-    assert (ended.status, ended.closed_at) == ("closed", NOW)
+    # Closed from its end, as authorize() decided, however late the job.
+    assert (ended.status, ended.closed_at) == ("closed", NOW - MS)
     # Revoked from the task's end (as authorize() decided), recorded at the job's run.
     assert (bound.status, bound.revoked_at, bound.decision_reason) == (
         "revoked", NOW - MS, "task T-ENDED ended",
@@ -682,7 +683,7 @@ def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
         ("grant.revoked", "T-ENDED", bound.pk),
         ("task.closed", "T-ENDED", None),
     ]
-    assert json.loads(new[1].data) == {"why": "ended"}
+    assert json.loads(new[1].data) == {"why": "ended", "effective_at": (NOW - MS).isoformat()}
     assert json.loads(new[0].data)["effective_at"] == (NOW - MS).isoformat()
     assert new[0].created_at == NOW
     assert all(e.actor == "system:test" for e in new)

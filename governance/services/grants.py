@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 
 from governance import audit, notifications, roles
 from governance.codes import ACTION_VALUES, LIMIT_BOUNDS, EventType, limit_problem
@@ -518,7 +519,9 @@ def grant_revoke(
     recorded it.
     """
     with transaction.atomic():
-        overruled = _overruled(grant_id, revoked_by)
+        overruled = _overruled(
+            grant_id, revoked_by, at if effective_at is None else min(at, effective_at)
+        )
         ended = grants_revoke(
             grant_ids=[grant_id],
             reason=reason,
@@ -531,14 +534,20 @@ def grant_revoke(
     return ended
 
 
-def _overruled(grant_id: int, person: Any) -> list[Grant]:
+def _overruled(grant_id: int, person: Any, at: datetime) -> list[Grant]:
     """A person ending or narrowing a live delegated grant overrules the delegation:
     no grant above it can be delegated any more. Its holder could otherwise hand the
     same back at once (or have it handed back from one level up), undoing a revoke or
     a review's narrowing; a person must grant it again. The ancestors' rows, locked
     here root first, before the child's (the order narrowing a parent takes) and
-    changed; the ones that were delegable are returned for _withdraw_delegation."""
-    if person is None or not Grant.objects.filter(pk=grant_id, status=Grant.Status.ACTIVE).exists():
+    changed; the ones that were delegable are returned for _withdraw_delegation. A grant
+    that ran out before `at` is overruled by nothing: it had already ended."""
+    if (
+        person is None
+        or not Grant.objects.filter(
+            pk=grant_id, status=Grant.Status.ACTIVE, expires_at__gt=at
+        ).exists()
+    ):
         return []
     chain: list[int] = []
     cursor = Grant.objects.filter(pk=grant_id).values_list("delegated_from_id", flat=True).get()
@@ -607,6 +616,10 @@ def grants_revoke(
                     Grant.Status.ACTIVE,
                     Grant.Status.PENDING,
                 ):
+                    continue
+                if grant.status == Grant.Status.ACTIVE and grant.expires_at <= ended_at:
+                    # It ran out before this revoke took effect: it expired, and the
+                    # expiry job records it so (grant.expired), not as revoked.
                     continue
                 seen.add(grant.pk)
                 grant.status = Grant.Status.REVOKED if grant.starts_at else Grant.Status.DENIED
@@ -865,7 +878,12 @@ def grant_requests_expire(*, actor: audit.Actor, at: datetime) -> int:
         due,
         claim=lambda pk: Grant.objects.filter(
             pk=pk, status=Grant.Status.PENDING, created_at__lte=cutoff
-        ).update(status=Grant.Status.DENIED, decided_at=at, decision_reason=REQUEST_EXPIRED_REASON),
+        ).update(
+            status=Grant.Status.DENIED,
+            # When it stopped being decidable, however late the job runs.
+            decided_at=F("created_at") + settings.GRANT_REQUEST_TTL,
+            decision_reason=REQUEST_EXPIRED_REASON,
+        ),
         announce=lambda pk: _announce_request_expired(_with_names(pk), actor, at),
     )
 
@@ -878,6 +896,7 @@ def _announce_request_expired(grant: Grant, actor: audit.Actor, at: datetime) ->
         at,
         reason=REQUEST_EXPIRED_REASON,
         created_at=grant.created_at.isoformat(),
+        effective_at=(grant.created_at + settings.GRANT_REQUEST_TTL).isoformat(),
     )
 
 
@@ -902,7 +921,7 @@ def grant_narrow(
     if not reason.strip():
         raise GovernanceError("reason_required", "Say why the grant is narrowed.")
     with transaction.atomic():
-        overruled = _overruled(grant_id, narrowed_by)  # undone with the rest if refused
+        overruled = _overruled(grant_id, narrowed_by, at)  # undone with the rest if refused
         grant = (
             Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")

@@ -15,7 +15,7 @@ Read side: selectors.unused_grants(at) and selectors.grant_trend().
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, time, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -64,13 +64,16 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
 
 
 def trend_snapshot_record(*, actor: audit.Actor, at: datetime) -> LiveGrantSnapshot:
-    """Count live grants in total and per agent for `at`'s UTC day, once per day: those
-    in force (one bound to a task that has ended is not, job or no job)."""
-    day = at.date()
+    """Count live grants in total and per agent at the end of the UTC day before `at`'s
+    (the job runs just after midnight: the day that has just ended), once per day: those
+    in force then (one bound to a task that had ended is not, job or no job). The
+    dashboard's chart reads each day's point at that day's end, as here."""
+    day = at.astimezone(UTC).date() - timedelta(days=1)
     existing = LiveGrantSnapshot.objects.filter(day=day).first()
     if existing is not None:
         return existing
-    rows = grants_in_force(at).values("agent__name").annotate(n=Count("id")).order_by()
+    end = datetime.combine(day, time.max, tzinfo=UTC)
+    rows = grants_in_force(end).values("agent__name").annotate(n=Count("id")).order_by()
     per_agent = {row["agent__name"]: row["n"] for row in rows}
     try:
         with transaction.atomic():
@@ -81,7 +84,12 @@ def trend_snapshot_record(*, actor: audit.Actor, at: datetime) -> LiveGrantSnaps
                 event_type=EventType.TREND_RECORDED,
                 actor=actor,
                 at=at,
-                data={"day": day.isoformat(), "total": snap.total, "per_agent": per_agent},
+                data={
+                    "day": day.isoformat(),
+                    "counted_at": end.isoformat(),
+                    "total": snap.total,
+                    "per_agent": per_agent,
+                },
             )
     except IntegrityError:
         return LiveGrantSnapshot.objects.get(day=day)  # another worker was first
@@ -155,8 +163,10 @@ def expire_due(*, actor: audit.Actor, at: datetime) -> dict[str, int]:
     return run_parts(
         "expire_due",
         {
-            "tasks": lambda: tasks_end(actor=actor, at=at),
+            # Grants first: one that ran out before its task ended is recorded as
+            # expired, not as revoked by the task's end.
             "grants": lambda: grants_expire(actor=actor, at=at),
+            "tasks": lambda: tasks_end(actor=actor, at=at),
             "approvals": lambda: approvals_expire(actor=actor, at=at),
             "requests": lambda: grant_requests_expire(actor=actor, at=at),
             "tokens": lambda: tokens_expire(actor=actor, at=at),

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Value, When
 
 from governance import audit
 from governance.codes import EventType
@@ -83,8 +84,11 @@ def tasks_end(*, actor: audit.Actor, at: datetime) -> int:
 
 
 def _claim_close(pk: int, at: datetime) -> int:
+    # A task that ran out is closed from its end, however late the job (or a person
+    # closing it) records it: authorize() refused it from then on.
     return Task.objects.filter(pk=pk, status=Task.Status.OPEN).update(
-        status=Task.Status.CLOSED, closed_at=at
+        status=Task.Status.CLOSED,
+        closed_at=Case(When(ends_at__lt=at, then=F("ends_at")), default=Value(at)),
     )
 
 
@@ -103,5 +107,8 @@ def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any
             # from then on), however late the job, or a person closing it, records it.
             effective_at=ends_at if ends_at is not None and ends_at <= at else None,
         )
+    data: dict[str, Any] = {"why": why}
+    if ends_at is not None and ends_at < at:
+        data["effective_at"] = ends_at.isoformat()
     # Last: the chain lock is the last lock this transaction takes.
-    audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data={"why": why})
+    audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data=data)
