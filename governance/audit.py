@@ -674,6 +674,14 @@ _HEAD = f"SELECT seq, hash FROM {EVENT_TABLE} ORDER BY seq DESC LIMIT 1"
 _LOCK_THEN_HEAD = f"SELECT pg_advisory_xact_lock({int(CHAIN_LOCK_KEY)}); {_HEAD}"
 
 
+def head_seq() -> int:
+    """The newest event's seq now (0 for an empty log): a check that reads state and
+    then records what it found passes it to append(seen_seq=...), so a state change
+    committing between the read and the event is not recorded as if it came after."""
+    rows = db.execute(_HEAD)
+    return rows[0][0] if rows else 0
+
+
 def _lock_and_read_head() -> tuple[int, str]:
     """Take the chain lock (PostgreSQL), then read the head."""
     if connection.vendor == "postgresql":

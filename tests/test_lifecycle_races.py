@@ -197,3 +197,170 @@ def test_two_people_opening_for_one_agent_and_tool_at_once_open_one(postgres_onl
             ).count()
             == 1
         )
+
+
+# --- A change committing while a check reads: held open, then committed ---------------
+
+
+def _hold_then_commit(work, held, release_after: float, errors: list) -> None:
+    """Run `work` in a transaction on this thread's own connection, say so, and commit
+    `release_after` seconds later: the other side reads while it is uncommitted."""
+    import time
+
+    from django.db import connection, transaction
+
+    try:
+        with transaction.atomic():
+            work()
+            held.set()
+            time.sleep(release_after)
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(exc)
+        held.set()
+    finally:
+        connection.close()
+
+
+def _while_held(work, then):
+    """`then()` on this thread while another thread holds `work` uncommitted; returns
+    then()'s answer (or the Conflict it raised) once `work` has committed."""
+    import threading
+
+    held, errors = threading.Event(), []
+    other = threading.Thread(target=_hold_then_commit, args=(work, held, 1.0, errors))
+    other.start()
+    assert held.wait(10)
+    try:
+        answer = then()
+    except Conflict as exc:
+        answer = exc
+    other.join(10)
+    assert not errors, errors
+    return answer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_start_gate_sees_a_suspension_committing_while_it_checks(
+    postgres_only, make_agent, make_tool, make_grant
+):
+    """The gate read the agent as active, then waited for the chain lock behind the
+    suspension, and recorded `sandbox.run.started` after `agent.suspended`: the code ran
+    (until the runner's next live check) after the kill switch."""
+    from governance.models import Agent
+    from governance.services import agents, sandbox
+    from sandbox_runner.spec import RunSpec
+
+    image = "sha256:" + "5" * 64
+    now = timezone.now()
+    bot = make_agent("bot")
+    code_exec = make_tool("code-exec", actions=("execute",), kind="code_exec")
+    make_grant(bot, code_exec, ("execute",), "sandbox:*", starts_at=now - timedelta(minutes=1))
+    auth = sandbox.run_request(
+        spec=RunSpec(agent="bot", task=None, command=("true",), image_id=image), at=now
+    )
+    assert auth.allowed
+
+    def suspend():
+        agents.agent_suspend(
+            agent=Agent.objects.get(pk=bot.pk),
+            reason="kill switch",
+            actor=Actor.system("soc"),
+            at=timezone.now(),
+        )
+
+    def start():
+        return sandbox.run_started(
+            run_id=auth.run_id,
+            container_id="c1",
+            image_digest=image,
+            deadline=timezone.now().timestamp() + 60,
+            enforcement={},
+            at=timezone.now(),
+        )
+
+    answer = _while_held(suspend, start)
+    kinds = list(AuditEvent.objects.order_by("seq").values_list("event_type", flat=True))
+    assert isinstance(answer, Conflict) and answer.code == "grant_not_live", (answer, kinds)
+    assert "sandbox.run.started" not in kinds and kinds[-1] == EventType.AGENT_SUSPENDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_closing_break_glass_while_an_admin_revokes_its_grant_is_on_record(postgres_only, setup):
+    """The close read the grant as live, its revoke then found it revoked and wrote
+    nothing: closed_at and closed_by were saved with no event naming who closed it."""
+    from governance.services import grants
+
+    frank, heidi = setup["frank"], setup["heidi"]
+    bg = _open(setup, 0, setup["erin"])
+
+    def admin_revoke():
+        grants.grant_revoke(
+            grant_id=bg.grant_id,
+            reason="admin cut it",
+            actor=Actor.user(heidi),
+            at=timezone.now(),
+            revoked_by=heidi,
+        )
+
+    before = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first()
+
+    def close():
+        return bgs.breakglass_close(
+            breakglass_id=bg.pk,
+            closed_by=frank,
+            comment="incident over",
+            actor=Actor.user(frank),
+            at=timezone.now(),
+        )
+
+    _while_held(admin_revoke, close)
+    bg.refresh_from_db()
+    assert bg.closed_by_id == frank.pk
+    after = list(AuditEvent.objects.filter(seq__gt=before).order_by("seq"))
+    assert [(e.event_type, e.actor) for e in after] == [
+        (EventType.GRANT_REVOKED, f"user:{heidi.get_username()}"),
+        (EventType.BREAKGLASS_CLOSED, f"user:{frank.get_username()}"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keeping_a_review_item_while_its_grant_is_revoked_is_refused(
+    postgres_only, make_agent, make_tool, make_grant, approvers
+):
+    """The keep read the grant as live and committed after the revoke: the log showed a
+    reviewer re-certifying a grant that was already revoked."""
+    from governance.services import grants
+
+    heidi = approvers[3]
+    now = timezone.now()
+    grant = make_grant(make_agent(), make_tool(), starts_at=now - timedelta(minutes=5))
+    reviews.review_campaign_open(
+        kind="on_demand", reason="probe", opened_by=heidi, actor=Actor.user(heidi), at=now
+    )
+    item = ReviewItem.objects.get(grant=grant)
+    reviewer = item.reviewer
+
+    def revoke():
+        grants.grant_revoke(
+            grant_id=grant.pk,
+            reason="compromised",
+            actor=Actor.user(heidi),
+            at=timezone.now(),
+            revoked_by=heidi,
+        )
+
+    def keep():
+        return reviews.review_item_decide(
+            item_id=item.pk,
+            reviewer=reviewer,
+            decision="keep",
+            comment="still needed",
+            actor=Actor.user(reviewer),
+            at=timezone.now(),
+        )
+
+    answer = _while_held(revoke, keep)
+    item.refresh_from_db()
+    assert isinstance(answer, Conflict) and answer.code == "grant_not_live", answer
+    assert item.status == ReviewItem.Status.ENDED
+    assert not AuditEvent.objects.filter(event_type=EventType.REVIEW_ITEM_DECIDED).exists()

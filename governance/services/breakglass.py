@@ -315,15 +315,19 @@ def breakglass_close(
         bg.closed_at = at
         bg.closed_by = closed_by
         bg.save(update_fields=["closed_at", "closed_by"])
+        ended = []
         if _still_live(bg.grant, at):
-            grant_revoke(
+            # grant_revoke locks the grant and reads it again: a revoke committing
+            # meanwhile leaves it nothing to end, and then the close is on record below.
+            ended = grant_revoke(
                 grant_id=bg.grant_id,
                 reason=f"break-glass {bg.ticket} closed early: {comment}",
                 actor=actor,
                 at=at,
                 revoked_by=closed_by,
             )
-        else:
+        if not ended:
+            bg.grant.refresh_from_db()
             _event(
                 bg,
                 EventType.BREAKGLASS_CLOSED,

@@ -283,6 +283,16 @@ def review_item_decide(
         if item.status != ReviewItem.Status.PENDING:
             raise Conflict("already_decided", f"The item is already {item.status}.")
         grant = item.grant
+        if decision == "keep":
+            # A keep changes no grant row, so nothing else would wait for a revoke or
+            # narrowing of this grant committing meanwhile: wait here and read what it
+            # left (revoke and narrow lock the grant themselves, ancestors first).
+            grant = (
+                Grant.objects.select_for_update(of=("self",), no_key=True)
+                .select_related("agent", "tool", "task")
+                .get(pk=item.grant_id)
+            )
+            item.grant = grant
         if reviewer.pk in _barred(grant):
             raise Forbidden(
                 "self_review",

@@ -32,7 +32,7 @@ from governance.codes import Decision as Verdict
 from governance.errors import Conflict
 from governance.models import Grant, SandboxRun, Tool
 from governance.policy import call_dead_reason
-from governance.services.access import access_check
+from governance.services.access import ATTEMPTS, access_check
 from sandbox_runner.backends import IMAGE_BACKENDS, IMAGE_UNRESOLVED
 from sandbox_runner.egress import EgressDecision
 from sandbox_runner.spec import (
@@ -59,10 +59,12 @@ def _event(
     actor: audit.Actor,
     at: datetime,
     verdict: tuple[str, str] | None = None,
+    seen_seq: int | None = None,
     **data: Any,
 ) -> None:
     decision, reason = verdict or (run.decision, run.reason)
     audit.append(
+        seen_seq=seen_seq,
         event_type=event_type,
         actor=actor,
         at=at,
@@ -359,6 +361,37 @@ def run_started(
     enforcement: dict[str, str],
     at: datetime,
 ) -> SandboxRun:
+    """The start gate: the run may start only if what it was allowed still holds now.
+    A state change (a suspension, a revoke) committing while the gate checks makes the
+    gate check again, so `sandbox.run.started` is never recorded after a change that
+    would have refused it (as access_check() does for decisions)."""
+    for _attempt in range(ATTEMPTS):
+        try:
+            return _run_started(
+                run_id=run_id,
+                container_id=container_id,
+                image_digest=image_digest,
+                deadline=deadline,
+                enforcement=enforcement,
+                at=at,
+            )
+        except audit.StateChanged:
+            continue
+    raise Conflict(
+        "state_changing",
+        f"The state kept changing over {ATTEMPTS} checks of the start gate; ask again.",
+    )
+
+
+def _run_started(
+    *,
+    run_id: str,
+    container_id: str,
+    image_digest: str,
+    deadline: float,
+    enforcement: dict[str, str],
+    at: datetime,
+) -> SandboxRun:
     with transaction.atomic():
         run = _claim(
             run_id,
@@ -399,6 +432,9 @@ def run_started(
                 f"The run was allowed for image {run.image_id}; the sandbox was built from "
                 f"{image_digest or 'an unnamed image'}.",
             )
+        # Before the gate reads the state: a change committed after this is caught
+        # at the append (StateChanged), and the gate checks again.
+        seen = audit.head_seq()
         dead = _run_dead_reason(run, at)
         if dead is not None:
             raise Conflict("grant_not_live", f"The run's grant can no longer allow it ({dead}).")
@@ -407,6 +443,7 @@ def run_started(
             EventType.SANDBOX_RUN_STARTED,
             _actor(run.agent),
             at,
+            seen_seq=seen,
             container_id=container_id,
             image_digest=image_digest,
             limits=run.limits,
