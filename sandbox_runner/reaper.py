@@ -49,10 +49,12 @@ def reap(
                 container.remove(force=True, v=True)
             except Exception:  # noqa: S110 - gone already (the runner cleaned up meanwhile)
                 pass
-            workdir = Path(container.labels.get(LABEL_WORKDIR, ""))
-            # Only ever delete inside the runner's own work area.
-            if workdir_root is not None and workdir.parent == workdir_root and workdir.name:
-                shutil.rmtree(workdir, ignore_errors=True)
+            if workdir_root is not None:
+                workdir = _own_workdir(
+                    container.labels.get(LABEL_WORKDIR, ""), run_id, workdir_root
+                )
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
         record(run_id, reason)
         killed.append((run_id, reason))
     return killed
@@ -61,3 +63,19 @@ def reap(
 def past_deadline(run_id: str, deadline: float) -> str | None:
     """The reaper's rule without governance: only the deadline counts."""
     return "deadline" if deadline <= time.time() else None
+
+
+def _own_workdir(label: str, run_id: str, root: Path) -> Path | None:
+    """The run's own work directory named by a container's label, or None. Only ever one
+    the runner made for this run (`run-<run id>-...`) directly in its work area: a label
+    naming `<root>/..`, a link out of the area or another run's directory is not ours
+    to delete (the label comes from the engine, not from us)."""
+    workdir = Path(label)
+    if not label or ".." in workdir.parts or not workdir.name.startswith(f"run-{run_id}-"):
+        return None
+    try:
+        if workdir.is_symlink() or workdir.resolve().parent != root.resolve():
+            return None
+    except OSError:
+        return None
+    return workdir

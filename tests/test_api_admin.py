@@ -23,7 +23,7 @@ from governance.models.agents import token_digest
 from governance.models.tools import definition_hash
 from governance.services import grants as grant_service
 from governance.services import reports
-from tests.conftest import last_event
+from tests.conftest import NOW, last_event
 
 API = "/api/v1"
 
@@ -899,3 +899,24 @@ def agents_token(agent: Agent) -> tuple[AgentToken, str]:
     return agents.token_issue(
         created_by=agent.owner, agent=agent, actor=Actor.system("t"), at=timezone.now()
     )
+
+
+def test_the_decision_log_export_ignores_events_outside_the_chain(db, make_agent):
+    """A row put into the audit table by hand (seq 0 or below, outside the chain) showed
+    up in the auditor's decision log like a real decision."""
+    from django.db import connection
+
+    from governance.services import exports
+
+    make_agent("bot")
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO governance_auditevent (seq, uid, created_at, event_type, actor_type,"
+            " actor, agent, task, tool, action, scope, arguments, arguments_hash, decision,"
+            " reason, grant_id, approval_id, break_glass, data, prev_hash, hash) VALUES (-1,"
+            " %s, %s, 'access.allowed', 'agent', 'agent:bot', 'bot', '', 'repo', 'delete',"
+            " 'repo:acme/prod', '{}', '', 'allow', 'allowed', NULL, '', %s, '{}', 'x', 'y')",
+            ["0" * 32, NOW, False],
+        )
+    rows = exports.decision_rows(NOW - timedelta(hours=1), NOW + timedelta(hours=1))
+    assert [r for r in rows if r["seq"] < 1] == []

@@ -347,3 +347,14 @@ def test_a_delegation_over_http_narrows_the_envelope_and_is_refused_when_wider(
     event = last_event()
     assert (event.event_type, event.grant_id) == ("grant.delegated", child.pk)
     assert json.loads(event.data)["egress"] == []
+
+
+def test_the_bearer_scheme_is_case_insensitive(agent_client, make_agent):
+    """RFC 9110: `bearer` is `Bearer`; a standard client sending it was locked out."""
+    client = agent_client(make_agent("casebot"))
+    token = client._credentials["HTTP_AUTHORIZATION"].split(" ", 1)[1]
+    for scheme in ("bearer", "BEARER"):
+        client.credentials(HTTP_AUTHORIZATION=f"{scheme} {token}")
+        assert client.get("/api/v1/me").status_code == 200
+    client.credentials(HTTP_AUTHORIZATION=f"Basic {token}")
+    assert client.get("/api/v1/me").status_code == 401

@@ -1320,3 +1320,11 @@ def test_the_requested_event_says_what_was_requested(
     )  # fmt: skip
     event = AuditEvent.objects.get(grant_id=request.pk, event_type="grant.requested")
     assert json.loads(event.data)["duration_seconds"] == 3 * 3600
+
+
+def test_exporting_to_a_path_that_cannot_be_written_is_a_clear_error(db, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    for target in (tmp_path / "missing-dir" / "m.yaml", tmp_path):
+        with pytest.raises(CommandError, match="cannot write"):
+            call_command("matrix_export", "-o", str(target))

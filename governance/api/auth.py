@@ -114,7 +114,8 @@ class BearerAuthentication(BaseAuthentication):
         if header is None:
             return None  # IsAuthenticated turns this into the same 401
         scheme, _, value = header.partition(" ")
-        match = _TOKEN.fullmatch(value.strip()) if scheme == self.keyword else None
+        # The scheme is case-insensitive (RFC 9110 11.1): `bearer` is `Bearer`.
+        match = _TOKEN.fullmatch(value.strip()) if scheme.lower() == "bearer" else None
         if match is None:
             raise Unauthenticated()
         token = _token_by_prefix(match.group(1))

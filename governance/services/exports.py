@@ -236,9 +236,11 @@ def _event_row(event: AuditEvent) -> dict[str, Any]:
 def decision_rows(
     start: datetime, end: datetime, *, agent: str = "", task: str = "", tool: str = ""
 ) -> list[dict[str, Any]]:
-    """Every decision (allow, deny, approval required) in [start, end), oldest first."""
+    """Every decision (allow, deny, approval required) in [start, end), oldest first.
+    Only events in the chain: a row put in by hand outside it (seq 0 or below) is a
+    finding of verify, never a decision in the log an auditor exports."""
     _check_period(start, end)
-    qs = AuditEvent.objects.filter(event_type__in=DECISION_EVENTS)
+    qs = AuditEvent.objects.filter(event_type__in=DECISION_EVENTS, seq__gt=0)
     qs = audit_filter(qs, start=start, end=end, agent=agent, task=task, tool=tool)
     return [_event_row(e) for e in reports.at_most(qs.order_by("seq"))]
 

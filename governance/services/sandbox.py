@@ -34,7 +34,7 @@ from governance.models import Grant, SandboxRun, Tool
 from governance.policy import call_dead_reason
 from governance.services.access import ATTEMPTS, access_check
 from sandbox_runner.backends import IMAGE_BACKENDS, IMAGE_UNRESOLVED
-from sandbox_runner.egress import EgressDecision
+from sandbox_runner.egress import EgressDecision, parse_destination
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
     LIMIT_NAMES,
@@ -565,8 +565,17 @@ def _run_dead_reason(run: SandboxRun, at: datetime) -> str | None:
 
 
 def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> None:
-    """One audit event per connection attempt, allowed or denied."""
+    """One audit event per connection attempt, allowed or denied. An "allowed" attempt
+    to a destination the run's grant does not name is refused (409), not recorded: the
+    log never says policy let a connection through that the grant forbids (a runner
+    that reports one is broken or compromised)."""
     run = SandboxRun.objects.get(run_id=run_id)
+    if decision.allowed and not _egress_allowed(run, decision):
+        raise Conflict(
+            "egress_not_in_grant",
+            f"{decision.host}:{decision.port} is not among the run's allowed destinations; "
+            "an attempt there is reported as denied, never as allowed.",
+        )
     with transaction.atomic():
         _event(
             run,
@@ -585,6 +594,18 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
             address=decision.address,
             egress_reason=decision.reason,
         )
+
+
+def _egress_allowed(run: SandboxRun, decision: EgressDecision) -> bool:
+    """Is the reported destination one of the run's allowed ones, spelled as the proxy
+    matches them (sandbox_runner.egress.decide)?"""
+    host, port = decision.host, decision.port
+    try:
+        wanted = parse_destination(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        allowed = {parse_destination(entry) for entry in run.egress or []}
+    except ValueError:
+        return False
+    return wanted in allowed
 
 
 # A daemon-less run (bubblewrap) has no container for the reaper to find; its sandbox

@@ -753,3 +753,23 @@ def test_the_runners_error_text_is_masked_as_its_output_is(two_agents):
     record = SandboxRun.objects.get(run_id=run_id)
     assert "hunter2" not in record.error and "jane@" not in record.error
     assert record.error == "backend said: DB_PASSWORD=[secret] [email]"
+
+
+@pytest.mark.django_db
+def test_an_allowed_egress_report_outside_the_runs_grant_is_refused_not_logged(two_agents):
+    """A runner could report `allowed` for any destination, and the log said policy let
+    a connection through that the grant forbids."""
+    a, _, run_id, decision_id = two_agents
+    assert (
+        a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json").status_code == 200
+    )
+    before = _snapshot()
+    forged = {**_egress(decision_id), "reason": "allowed", "host": "evil.example.net", "port": 443}
+    answer = a.post(f"{RUNS}/{run_id}/egress", forged, format="json")
+    assert answer.status_code == 409, answer.content
+    assert answer.json()["error"]["code"] == "egress_not_in_grant"
+    assert _snapshot() == before
+    # A denial of the same destination is what the runner should say, and is logged.
+    denied = {**forged, "reason": "not_allowlisted"}
+    assert a.post(f"{RUNS}/{run_id}/egress", denied, format="json").status_code == 201
+    assert events_of(run_id)[-1] == "sandbox.egress.denied"

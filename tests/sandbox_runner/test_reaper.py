@@ -339,3 +339,60 @@ def test_the_runner_stops_its_sandbox_when_the_agent_is_suspended(backend, code_
     assert not record.timed_out and "agent_suspended" in record.error
     assert outcome.exit_code != 0
     assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+
+
+class _Labelled:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.removed = False
+
+    def kill(self) -> None:
+        pass
+
+    def remove(self, **kw: object) -> None:
+        self.removed = True
+
+
+class _Listing:
+    def __init__(self, containers: list[_Labelled]) -> None:
+        outer = containers
+
+        class Containers:
+            def list(self, **kw: object) -> list[_Labelled]:
+                return outer
+
+        self.containers = Containers()
+
+
+@pytest.mark.parametrize(
+    "label",
+    ["{root}/..", "{root}/../someone-else", "{root}/run-{other}-x", "{parent}/run-{run}-x", ""],
+)
+def test_the_reaper_never_deletes_outside_the_runs_own_work_directory(tmp_path, label):
+    """The work directory comes from a container label, which the engine reports: a label
+    of `<root>/..` passed the old check (its parent is the root) and the reaper, as root,
+    deleted the work area's parent (by default /tmp)."""
+    import uuid
+
+    from sandbox_runner import reaper
+    from sandbox_runner.backends.base import LABEL_DEADLINE, LABEL_RUN, LABEL_WORKDIR
+
+    parent = tmp_path / "parent"
+    root = parent / "governance-sandbox"
+    root.mkdir(parents=True)
+    keep = parent / "someone-elses-file"
+    keep.write_text("precious")
+    run_id, other = str(uuid.uuid4()), str(uuid.uuid4())
+    theirs = root / f"run-{other}-x"
+    theirs.mkdir()
+    ours = root / f"run-{run_id}-abc"
+    ours.mkdir()
+    workdir = label.format(root=root, parent=parent, run=run_id, other=other)
+    container = _Labelled({LABEL_RUN: run_id, LABEL_DEADLINE: "0", LABEL_WORKDIR: workdir})
+    killed = reaper.reap(_Listing([container]), reaper.past_deadline, lambda r, w: None, root)
+    assert killed == [(run_id, "deadline")] and container.removed
+    assert keep.exists() and theirs.exists() and root.exists()
+    # Its own directory, named exactly, is cleaned.
+    container = _Labelled({LABEL_RUN: run_id, LABEL_DEADLINE: "0", LABEL_WORKDIR: str(ours)})
+    reaper.reap(_Listing([container]), reaper.past_deadline, lambda r, w: None, root)
+    assert not ours.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from governance.services.matrix import matrix_export
@@ -23,7 +23,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         text = matrix_export(at=timezone.now())
         if options["output"]:
-            Path(options["output"]).write_text(text, encoding="utf-8")
+            try:
+                Path(options["output"]).write_text(text, encoding="utf-8")
+            except (OSError, UnicodeEncodeError) as exc:
+                raise CommandError(f"cannot write {options['output']!r}: {exc}") from None
             self.stderr.write(f"wrote {options['output']}")
         else:
             self.stdout.write(text, ending="")
