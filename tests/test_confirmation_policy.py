@@ -29,6 +29,7 @@ from governance.models import (
     Approval,
     AuditEvent,
     ConfirmationPolicy,
+    Grant,
     Notification,
     SecondLook,
 )
@@ -756,3 +757,24 @@ def test_an_approve_policy_stops_answering_once_its_author_may_no_longer_approve
     assert f"deny#{deny.pk}" in row["policies"]
     silenced = {p.pk: p.silenced for p in live_confirmation_policies(NOW + MS)}
     assert silenced == {approve.pk: True, deny.pk: False}
+
+
+def test_a_parents_approve_policy_does_not_answer_for_its_subagent(world, make_agent):
+    """An approve policy answers for its own agent's calls only; a deny binds below."""
+    Grant.objects.filter(pk=world.grant.pk).update(delegable=True)
+    child = make_agent("sweeper", parent=world.agent)
+    grants.grant_delegate(
+        parent_grant_id=world.grant.pk, child=child, actions=["delete"],
+        scope="repo:acme/tmp/*", expires_at=world.grant.expires_at, justification="clean tmp",
+        actor=Actor.agent(world.agent), at=NOW - timedelta(minutes=20),
+    )  # fmt: skip
+    write(world, "approve", scope="repo:acme/tmp/*")  # the parent's own
+    decision = access_check(agent="sweeper", tool="repo", action="delete",
+                            scope="repo:acme/tmp/build-1", at=NOW)  # fmt: skip
+    assert (decision.decision, decision.reason, decision.policy_id) == (
+        "approval_required", "approval_required", None,
+    )  # fmt: skip
+    event = AuditEvent.objects.get(uid=decision.decision_id)
+    assert (event.event_type, event.decision) == ("access.approval_required", "approval_required")
+    assert "confirmation_policy" not in (event.data or "")
+    assert Approval.objects.get(pk=decision.approval_id).status == "pending"

@@ -440,3 +440,23 @@ def test_another_agents_approval_looks_like_a_missing_one(world, make_grant, bob
     made_up = access.access_check(at=NOW, approval=str(uuid.uuid4()), **_delete())
     assert (stolen.reason, stolen.message) == (made_up.reason, made_up.message)
     assert stolen.approval_id is None and last_event().approval_id == ""
+
+
+def test_an_approval_asked_under_one_task_is_not_used_under_another(world, bob):
+    from governance.models import Approval
+
+    first = access.access_check(at=NOW, task="T-1", **_delete())
+    assert first.decision == "approval_required"
+    approvals.approval_approve(
+        approval_id=first.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+    other = access.access_check(at=NOW + MS, approval=first.approval_id, **_delete())
+    assert (other.decision, other.reason) == ("deny", "approval_invalid")
+    event = last_event()
+    assert (event.event_type, event.reason, event.task) == ("access.denied", "approval_invalid", "")
+    assert str(event.uid) == other.decision_id
+    assert Approval.objects.get(pk=first.approval_id).status == "approved"
+    right = access.access_check(
+        at=NOW + 2 * MS, task="T-1", approval=first.approval_id, **_delete()
+    )
+    assert right.allowed and last_event().event_type == "access.allowed"

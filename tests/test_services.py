@@ -1481,3 +1481,72 @@ def test_a_task_closed_by_hand_after_it_ran_out_dates_its_revokes_from_its_end(
     )
     kept.refresh_from_db()
     assert kept.revoked_at == NOW + timedelta(hours=3)
+
+
+def test_narrowing_a_parent_ends_a_delegation_outside_its_new_scope(
+    make_agent, make_tool, make_grant
+):
+    """authorize() checks an ancestor's window and status, not that the child's scope
+    still lies inside it: narrowing must revoke what no longer fits."""
+    parent_agent = make_agent("parent")
+    child = make_agent("child", parent=parent_agent)
+    repo = make_tool("repo")
+    parent = make_grant(
+        parent_agent, repo, ("read",), "repo:acme/*", delegable=True,
+        starts_at=NOW - timedelta(minutes=30), duration=timedelta(hours=1),
+    )  # fmt: skip
+    handed = grants.grant_delegate(
+        parent_grant_id=parent.pk, child=child, actions=["read"], scope="repo:acme/api/*",
+        expires_at=parent.expires_at, justification="sub", actor=Actor.agent(parent_agent),
+        at=NOW - timedelta(minutes=1),
+    )  # fmt: skip
+    grants.grant_narrow(grant_id=parent.pk, scope="repo:acme/docs/*", reason="least privilege",
+                        actor=Actor.system("t"), at=NOW)  # fmt: skip
+    handed.refresh_from_db()
+    assert handed.status == "revoked" and handed.revoked_at == NOW
+    types = list(
+        AuditEvent.objects.filter(grant_id__in=[parent.pk, handed.pk], created_at=NOW)
+        .order_by("seq")
+        .values_list("grant_id", "event_type")
+    )
+    assert types == [(handed.pk, "grant.revoked"), (parent.pk, "grant.narrowed")]
+    denied = access.access_check(
+        agent="child", tool="repo", action="read", scope="repo:acme/api/x",
+        at=NOW + timedelta(seconds=1),
+    )  # fmt: skip
+    assert (denied.decision, denied.reason) == ("deny", "grant_revoked")
+    assert AuditEvent.objects.get(uid=denied.decision_id).reason == "grant_revoked"
+
+
+@pytest.mark.parametrize(
+    ("inner", "outer"),
+    [("repo:acme/api/x/y", "repo:acme/api/x"), ("repo:acme/api/x/*", "repo:acme/api/x")],
+)
+def test_a_deeper_pattern_is_not_within_an_exact_resource(inner, outer):
+    from governance.policy import pattern_within
+
+    assert pattern_within(inner, outer) is False
+
+
+def test_a_grant_on_one_resource_cannot_be_delegated_below_it(make_agent, make_tool, make_grant):
+    parent_agent = make_agent("parent")
+    child = make_agent("child", parent=parent_agent)
+    repo = make_tool("repo")
+    parent = make_grant(
+        parent_agent, repo, ("read",), "repo:acme/api/x", delegable=True,
+        starts_at=NOW - timedelta(minutes=30), duration=timedelta(hours=1),
+    )  # fmt: skip
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_delegate(
+            parent_grant_id=parent.pk, child=child, actions=["read"],
+            scope="repo:acme/api/x/*", expires_at=parent.expires_at, justification="sub",
+            actor=Actor.agent(parent_agent), at=NOW,
+        )  # fmt: skip
+    assert refused.value.code == "wider_scope"
+    assert AuditEvent.objects.count() == before
+    assert not Grant.objects.filter(agent=child).exists()
+    denied = access.access_check(agent="child", tool="repo", action="read",
+                                 scope="repo:acme/api/x/secrets", at=NOW)  # fmt: skip
+    assert (denied.decision, denied.reason) == ("deny", "no_grant")
+    assert AuditEvent.objects.get(uid=denied.decision_id).reason == "no_grant"
