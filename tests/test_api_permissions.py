@@ -83,7 +83,8 @@ def sandbox_started(world: dict[str, Any]) -> dict[str, Any]:
 
 
 def sandbox_egress(world: dict[str, Any]) -> dict[str, Any]:
-    return {"decision_id": world["running_decision"], "reason": "allowed",
+    # A refused attempt: an "allowed" one must name a destination the run's grant names.
+    return {"decision_id": world["running_decision"], "reason": "not_allowlisted",
             "host": "127.0.0.1", "port": 80}  # fmt: skip
 
 
