@@ -118,6 +118,12 @@ def system_resolver(host: str, port: int) -> list[str]:
     return sorted({info[4][0] for info in infos})
 
 
+def destination_of(host: str, port: int) -> Destination:
+    """A destination from a host (a name, or an address of either family) and a port,
+    as an allowlist entry spells it; raises ValueError otherwise."""
+    return parse_destination(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+
+
 def decide(
     host: str,
     port: int,
@@ -131,7 +137,7 @@ def decide(
     checked, so a name with one public and one internal record is refused.
     """
     try:
-        wanted = parse_destination(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        wanted = destination_of(host, port)
     except ValueError:
         return EgressDecision(False, "bad_destination", host, port)
     allowed = set(allowlist)

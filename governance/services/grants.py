@@ -519,9 +519,7 @@ def grant_revoke(
     recorded it.
     """
     with transaction.atomic():
-        overruled = _overruled(
-            grant_id, revoked_by, at if effective_at is None else min(at, effective_at)
-        )
+        overruled = _overruled(grant_id, revoked_by, _ended_at(at, effective_at))
         ended = grants_revoke(
             grant_ids=[grant_id],
             reason=reason,
@@ -532,6 +530,11 @@ def grant_revoke(
         )
         _withdraw_delegation(overruled, grant_id, actor, at)
     return ended
+
+
+def _ended_at(at: datetime, effective_at: datetime | None) -> datetime:
+    """When a revoke recorded at `at` takes effect (`effective_at`, if earlier)."""
+    return at if effective_at is None else min(at, effective_at)
 
 
 def _overruled(grant_id: int, person: Any, at: datetime) -> list[Grant]:
@@ -596,7 +599,7 @@ def grants_revoke(
     """grant_revoke for several grants in one transaction (a task's, a narrowed grant's
     delegations): every row is locked and changed first and the events come last, so
     the chain lock is the last lock the transaction takes (tests/conftest.py)."""
-    ended_at = at if effective_at is None else min(at, effective_at)
+    ended_at = _ended_at(at, effective_at)
     if not reason.strip():
         raise GovernanceError("reason_required", "Say why the grant is revoked.")
     with transaction.atomic():

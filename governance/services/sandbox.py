@@ -34,7 +34,7 @@ from governance.models import Grant, SandboxRun, Tool
 from governance.policy import call_dead_reason
 from governance.services.access import ATTEMPTS, access_check
 from sandbox_runner.backends import IMAGE_BACKENDS, IMAGE_UNRESOLVED
-from sandbox_runner.egress import EgressDecision, parse_destination
+from sandbox_runner.egress import EgressDecision, destination_of, parse_destination
 from sandbox_runner.spec import (
     EXCERPT_CHARS,
     LIMIT_NAMES,
@@ -599,9 +599,8 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
 def _egress_allowed(run: SandboxRun, decision: EgressDecision) -> bool:
     """Is the reported destination one of the run's allowed ones, spelled as the proxy
     matches them (sandbox_runner.egress.decide)?"""
-    host, port = decision.host, decision.port
     try:
-        wanted = parse_destination(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        wanted = destination_of(decision.host, decision.port)
         allowed = {parse_destination(entry) for entry in run.egress or []}
     except ValueError:
         return False
