@@ -79,9 +79,18 @@ def labels(spec: RunSpec, deadline: float, workdir: Path, role: str) -> dict[str
 
 
 class DockerHandle(Handle):
-    def __init__(self, container: Any, holder: Any | None, enforcement: dict[str, str]) -> None:
+    def __init__(
+        self,
+        container: Any,
+        holder: Any | None,
+        network: NetworkHook,
+        enforcement: dict[str, str],
+    ) -> None:
         self.container = container
+        # Created, not started, like the sandbox: nothing from the run's image runs
+        # before the start is on record.
         self.holder = holder
+        self._network = network
         self.container_id = container.id
         self.image_digest = container.attrs.get("Image", "")
         self.enforcement = enforcement
@@ -94,6 +103,13 @@ class DockerHandle(Handle):
 
     def release(self) -> None:
         try:
+            if self.holder is not None:
+                # The holder's empty network namespace exists once it runs; the
+                # runner's proxy is bound in it before the sandbox joins it.
+                self.holder.start()
+                self.holder.reload()
+                assert self._network is not None
+                self._network(int(self.holder.attrs["State"]["Pid"]))
             self.container.start()
             self._ran = True
         finally:
@@ -229,26 +245,18 @@ class DockerBackend(Backend):
 
     def _holder(self, image: str, spec: RunSpec, workdir: Path, deadline: float) -> Any:
         """A do-nothing container whose empty network namespace the sandbox
-        joins; the runner's proxy listens inside it on 127.0.0.1."""
+        joins; the runner's proxy listens inside it on 127.0.0.1. Only created
+        here: the handle's release() starts it, after the start is on record."""
         tiny = Limits(memory_mb=16, cpus=0.1, pids=4, wall_seconds=0, scratch_mb=1)
-        holder = self.client.containers.create(
+        return self.client.containers.create(
             image,
             # The entrypoint too: an image's own ENTRYPOINT would run (with these as its
-            # arguments) before the run's start is on record, its output uncaptured.
+            # arguments), its output uncaptured.
             entrypoint=["sleep", "infinity"],
             network_mode="none",
             labels=labels(spec, deadline, workdir, "holder"),
             **hardening(tiny),
         )
-        try:
-            holder.start()
-            holder.reload()
-        except Exception:
-            # Not left behind in "Created" (containers.run() would leave it when the
-            # start fails, and nobody would hold a reference to remove it).
-            holder.remove(force=True)
-            raise
-        return holder
 
     def start(
         self,
@@ -286,7 +294,6 @@ class DockerBackend(Backend):
         try:
             if network is not None:
                 holder = self._holder(image, spec, workdir, deadline)
-                network(int(holder.attrs["State"]["Pid"]))
                 network_mode = f"container:{holder.id}"
                 proxy = f"http://127.0.0.1:{PROXY_PORT}"
                 for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
@@ -305,7 +312,7 @@ class DockerBackend(Backend):
             if holder is not None:
                 holder.remove(force=True)
             raise
-        handle = DockerHandle(container, holder, dict(self.enforcement))
+        handle = DockerHandle(container, holder, network, dict(self.enforcement))
         # Attach before start so not a byte is missed (what `docker run` does); demux keeps
         # stdout and stderr apart. No logs=True: replaying the log while also streaming can
         # deliver the same bytes twice, and before start there is no log to replay.

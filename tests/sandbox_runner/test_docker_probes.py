@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from governance.models import AuditEvent
 from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
+from sandbox_runner.backends.base import LABEL_ROLE
 from sandbox_runner.runner import (
     EXIT_APPROVAL,
     EXIT_BACKEND,
@@ -32,7 +33,7 @@ from sandbox_runner.runner import (
     execute,
 )
 from sandbox_runner.spec import DEFAULT_IMAGE
-from tests.sandbox_runner.conftest import events_of, leftovers, run_record
+from tests.sandbox_runner.conftest import containers_of, events_of, leftovers, run_record
 
 pytestmark = pytest.mark.django_db
 
@@ -89,10 +90,15 @@ class StartRecordWatcher(DatabaseAuthorizer):
 
     def __init__(self, client, fail: bool) -> None:
         super().__init__()
-        self.client, self.fail, self.state = client, fail, None
+        self.client, self.fail, self.state, self.states = client, fail, None, {}
 
     def started(self, spec, auth, result, deadline):
         self.state = self.client.containers.get(result.container_id).status
+        # Every container of the run (the sandbox and, with egress, its network
+        # holder), by role: none may be running yet.
+        self.states = {
+            c.labels[LABEL_ROLE]: c.status for c in containers_of(self.client, spec.run_id)
+        }
         if self.fail:
             time.sleep(0.5)
             raise RuntimeError("the database went away")
@@ -116,15 +122,39 @@ def test_the_start_is_on_record_before_the_container_starts(
     ]
 
 
+def test_with_egress_nothing_of_the_image_runs_before_the_start_is_on_record(
+    docker_client, code_exec, spec_for
+):
+    """The network holder runs `sleep` from the run's image: it is created with the
+    sandbox but started only once the start is on record, like the sandbox."""
+    code_exec.grant(egress=["127.0.0.1:9"])
+    spec = spec_for("print('ran', flush=True)")
+    watcher = StartRecordWatcher(docker_client, fail=False)
+    outcome, out, _ = run(spec, watcher)
+    assert watcher.states == {"sandbox": "created", "holder": "created"}
+    assert outcome.exit_code == 0 and out == "ran\n"
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.started",
+        "sandbox.run.finished",
+    ]
+    assert leftovers("docker", spec.run_id) == []
+
+
+@pytest.mark.parametrize("egress", [False, True])
 @pytest.mark.parametrize("backend", ["docker", "gvisor"], indirect=True)
 def test_a_start_that_cannot_be_recorded_never_starts_the_container(
-    backend, docker_client, code_exec, spec_for
+    backend, docker_client, code_exec, spec_for, egress
 ):
-    code_exec.grant()
+    if egress and backend == "gvisor":
+        pytest.skip("egress is refused under gVisor (test_egress_proxy covers it)")
+    code_exec.grant(**({"egress": ["127.0.0.1:9"]} if egress else {}))
     spec = spec_for("print('ran', flush=True)", backend=backend)
     watcher = StartRecordWatcher(docker_client, fail=True)
     outcome, out, _ = run(spec, watcher)
     assert watcher.state == "created"
+    assert set(watcher.states.values()) == {"created"}
+    assert len(watcher.states) == (2 if egress else 1)
     assert outcome.exit_code == EXIT_BACKEND
     assert out == "" and outcome.result.stdout.total == 0  # the code never ran
     record = run_record(spec.run_id)
