@@ -20,8 +20,9 @@ anyway, and never an allow. The timeout bounds the whole call (connect, send
 and every read), so a server dripping its answer cannot hold a call open.
 
 `async def` tools are awaited inside the check (the question is asked in a
-thread, off the event loop); generator functions are refused when decorated,
-since their body would run after the check, outside it.
+thread, off the event loop); generator functions are refused when decorated
+(or, under another decorator, when called, before their body starts), since
+their body would run after the check, outside it.
 """
 
 from __future__ import annotations
@@ -578,6 +579,19 @@ class GovernanceClient:
                     # has run yet. The caller awaits this, and the report follows. (A
                     # Task or Future the tool started is returned as it is, reported now.)
                     return settle(decision_id, result)
+                if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                    # A generator function under another decorator (refused above only
+                    # when it looks like one): its body has not started, and would run
+                    # later, as it is iterated, outside the check and after any report.
+                    # Refused now, before any of it runs, as it is when decorated.
+                    if inspect.isgenerator(result):
+                        result.close()  # not started: closing runs none of its body
+                    self._report_quietly(decision_id, "aborted", excerpt="generator refused")
+                    raise TypeError(
+                        f"guarded() cannot run {getattr(fn, '__qualname__', fn)!r}: it "
+                        "returned a generator, whose body would run outside the check; "
+                        "guard a function that does the work"
+                    )
                 self._report_quietly(decision_id, "succeeded", result_digest=_digest(result))
                 return result
 

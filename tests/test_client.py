@@ -816,3 +816,38 @@ def test_a_task_a_sync_tool_starts_is_returned_as_it_is(stub):
         return await task
 
     assert asyncio.run(main()) == "done" and outcomes(stub) == ["succeeded"]
+
+
+def test_a_generator_tool_under_another_decorator_is_refused_when_called(world):
+    """A generator function under another decorator does not look like one when it is
+    decorated, so the refusal above missed it: the call returned the generator, was
+    reported "succeeded" before its body ran, and the body then ran later, outside
+    the check, with a failure never reported. Nothing has run when the generator is
+    returned: the call is refused then, and its decision reported "aborted"."""
+    ran: list[str] = []
+    guard = world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
+
+    @guard
+    @_passthrough
+    def lines(p: str) -> Iterator[str]:
+        ran.append(p)
+        yield "x"
+        raise RuntimeError("the read failed half-way")
+
+    @guard
+    @_passthrough
+    async def async_lines(p: str) -> Any:
+        ran.append(p)
+        yield "x"
+
+    for tool in (lines, async_lines):
+        with pytest.raises(TypeError, match="generator"):
+            tool("a.py")
+    assert ran == []
+    allowed = events("access.allowed")
+    assert [e.decision for e in allowed] == ["allow", "allow"]
+    reported = [json.loads(e.data) for e in events("access.outcome")]
+    assert [(r["decision_id"], r["outcome"]) for r in reported] == [
+        (str(e.uid), "aborted") for e in allowed
+    ]
+    assert {o.outcome for o in DecisionOutcome.objects.all()} == {"aborted"}
