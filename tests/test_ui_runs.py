@@ -130,3 +130,56 @@ def test_a_refused_request_line_carrying_a_secret_is_masked_in_its_event() -> No
     assert password not in stored[1] and key not in stored[0]
     page = ui_world.signed_in("auditor").get(f"/ui/runs/{run_id}/").content.decode()
     assert key not in page and password not in page
+
+
+def test_a_run_recorded_under_a_name_that_is_no_agent_or_tool_still_shows() -> None:
+    """A refused run is recorded with the names it was asked under: an agent's token
+    may name any tool (`no/such`), the in-process runner any agent. A name with a slash
+    cannot be a link to a page, and the run's page (the tool) and the whole runs list
+    (the agent) answered 500 for every role. Names that are no agent's or tool's are
+    shown as text now; the refusal itself is on record and on the pages."""
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from governance.audit import Actor
+    from governance.services import agents, sandbox
+    from sandbox_runner.spec import RunSpec
+
+    world = ui_world.build()
+    _, token = agents.token_issue(
+        created_by=world.alice, agent=world.agent, actor=Actor.system("test"), at=timezone.now()
+    )
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    by_agent = str(uuid.uuid4())
+    asked = api.post(
+        "/api/v1/sandbox/runs",
+        {"run_id": by_agent, "tool": "no/such", "backend": "docker", "image": "python:3",
+         "image_id": ui_world.IMAGE_ID, "command": ["true"]},
+        format="json",
+    )  # fmt: skip
+    assert asked.status_code == 201 and asked.json()["decision"] == "deny"
+    assert asked.json()["reason"] == "unknown_tool"
+    in_process = RunSpec(agent="ops/bot", task=None, command=("true",), image_id=ui_world.IMAGE_ID)
+    assert not sandbox.run_request(spec=in_process, at=timezone.now()).allowed
+    for run_id, agent in ((by_agent, "bot-a"), (in_process.run_id, "ops/bot")):
+        (denied,) = AuditEvent.objects.filter(
+            event_type="sandbox.run.denied", data__contains=run_id
+        )
+        assert denied.agent == agent
+    client = ui_world.signed_in("auditor")
+    listed = client.get("/ui/runs/")
+    assert listed.status_code == 200
+    page = listed.content.decode()
+    assert (
+        f'href="/ui/runs/{by_agent}/"' in page and f'href="/ui/runs/{in_process.run_id}/"' in page
+    )
+    assert "<td>ops/bot</td>" in page and 'href="/ui/agents/bot-a/"' in page
+    for run_id, shown in (
+        (by_agent, "<tr><th>Tool</th><td>no/such <small"),
+        (in_process.run_id, "<tr><th>Agent</th><td>ops/bot</td>"),
+    ):
+        before = AuditEvent.objects.count()
+        response = client.get(f"/ui/runs/{run_id}/")
+        assert response.status_code == 200 and shown in response.content.decode()
+        assert AuditEvent.objects.count() == before + 1  # the look, on record

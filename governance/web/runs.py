@@ -9,7 +9,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from governance.models import AuditEvent, SandboxRun
+from governance.models import Agent, AuditEvent, SandboxRun, Tool
 from governance.services import exports
 from governance.web import common, forms, queries
 from governance.web.access import require
@@ -31,11 +31,21 @@ def run_list(request: HttpRequest) -> HttpResponse:
         before=data.get("before"),
         size=PAGE,
     )
+    agents = _known(Agent, {run.agent for run in runs})
+    for run in runs:
+        run.agent_known = run.agent in agents  # type: ignore[attr-defined]
     return render(
         request,
         "ui/runs.html",
         {"form": form, "runs": runs, "next_query": common.older_query(request, next_before)},
     )
+
+
+def _known(model: type[Agent] | type[Tool], names: set[str]) -> set[str]:
+    """Which of the names a run was recorded under are an agent's (or tool's): a refused
+    run keeps whatever it was asked under (`no/such`), which has no page to link to
+    (and a name with a slash cannot even be made a link: the page answered 500)."""
+    return set(model.objects.filter(name__in=names).values_list("name", flat=True))
 
 
 @require("read")
@@ -70,5 +80,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
             "events": events,
             "egress_attempts": queries.egress_attempts(events),
             "limits": limits,
+            "agent_known": bool(_known(Agent, {run.agent})),
+            "tool_known": bool(_known(Tool, {run.tool})),
         },
     )
