@@ -251,6 +251,37 @@ def test_a_signed_in_person_who_may_not_use_the_admin_site_is_not_sent_round_in_
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("role", ["admin", "auditor", None])
+def test_a_sign_in_link_pointing_back_at_itself_is_not_a_server_error(role: str | None) -> None:
+    """`/ui/login/?next=/ui/login/` (a crafted or mangled link) made Django's sign-in
+    raise "Redirection loop for authenticated user detected" for anyone signed in: a
+    500 with its traceback in the log. A signed-in person lands on the UI instead, and
+    signing in with that `next` does the same."""
+    ui_world.build()
+    if role is None:  # signing in, with the looping `next`
+        client = Client(enforce_csrf_checks=True)
+        client.get("/ui/login/?next=/ui/login/")
+        response = client.post(
+            "/ui/login/?next=/ui/login/",
+            {
+                "username": ui_world.ROLE_USERS["approver"],
+                "password": ui_world.PASSWORD,
+                "next": "/ui/login/",
+                "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+            },
+        )
+        assert response.status_code == 302 and response["Location"] == "/ui/"
+        assert client.get("/ui/").status_code == 200
+        return
+    client = ui_world.signed_in(role)
+    before = AuditEvent.objects.count()
+    for looping in ("/ui/login/", "/ui/login/?x=1"):
+        response = client.get("/ui/login/", {"next": looping})
+        assert response.status_code == 302 and response["Location"] == "/ui/"
+    assert AuditEvent.objects.count() == before  # a redirect, nothing recorded
+
+
+@pytest.mark.django_db
 def test_the_start_page_shows_the_matrix_to_nobody_without_a_role() -> None:
     """`/` listed every live grant (agent, tool, scope, approver) to any signed-in
     account, a role-less agent owner's included, and counts to anonymous visitors. It

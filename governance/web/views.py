@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib import messages
@@ -121,6 +122,10 @@ class LoginView(auth_views.LoginView):
         url = super().get_redirect_url()
         if url.startswith("/admin/") and not admins_only(self.request):
             return ""  # the UI's start page instead
+        if urlsplit(url).path == self.request.path:
+            # Back to this page: Django's sign-in refuses that for a signed-in person
+            # with a ValueError (a 500), and after a sign-in it would only bounce.
+            return ""
         return url
 
 
