@@ -614,6 +614,37 @@ def test_a_request_whose_task_closed_meanwhile_cannot_be_approved(
     assert last_event().event_type == "grant.requested"
 
 
+def test_a_request_refused_through_a_revoke_is_decided_like_a_deny(
+    bot, repo, make_task, alice, bob, system
+):
+    """Revoking a pending request (the grant page, a task's close) refuses it: the row
+    says when and by whom, as grant_deny's rows do, and one grant.denied says so."""
+    pending = request(bot, repo, alice)
+    grants.grant_revoke(
+        grant_id=pending.pk, reason="not needed", actor=system, at=NOW, revoked_by=bob
+    )
+    pending.refresh_from_db()
+    assert (pending.status, pending.decided_at, pending.approved_by) == ("denied", NOW, bob)
+    assert pending.starts_at is None and pending.revoked_at is None
+    event = last_event()
+    assert (event.event_type, event.grant_id) == ("grant.denied", pending.pk)
+    assert json.loads(event.data)["reason"] == "not needed"
+    # Its own requester withdrawing it is no "approver" of anything.
+    task = make_task("T-W")
+    mine = request(bot, repo, alice, task=task)
+    grants.grant_revoke(
+        grant_id=mine.pk, reason="withdrawn", actor=system, at=NOW, revoked_by=alice
+    )
+    mine.refresh_from_db()
+    assert (mine.status, mine.decided_at, mine.approved_by) == ("denied", NOW, None)
+    # A task's close refuses its pending requests at the close.
+    closing = make_task("T-C")
+    waiting = request(bot, repo, alice, task=closing)
+    tasks.task_close(task=closing, actor=system, at=NOW + MS)
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.decided_at, waiting.approved_by) == ("denied", NOW + MS, None)
+
+
 def test_closing_a_task_ends_its_grants(bot, repo, make_task, make_grant, system):
     task = make_task("T-9")
     bound = make_grant(bot, repo, ("read",), "repo:acme/*", task=task)

@@ -629,6 +629,12 @@ def grants_revoke(
                 grant.revoked_at = max(ended_at, grant.starts_at) if grant.starts_at else None
                 grant.revoked_by = revoked_by
                 grant.decision_reason = reason
+                if not grant.starts_at:
+                    # A request refused this way is decided as grant_deny decides one:
+                    # when, and by whom (never its own requester as "approver").
+                    grant.decided_at = at
+                    if revoked_by is not None and revoked_by.pk != grant.requested_by_id:
+                        grant.approved_by = revoked_by
                 grant.save()
                 ended.append((grant, root.pk))
         # Nothing asked or approved under an ended grant may fire later, even if the
