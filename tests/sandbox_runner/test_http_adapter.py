@@ -773,3 +773,67 @@ def test_an_allowed_egress_report_outside_the_runs_grant_is_refused_not_logged(t
     denied = {**forged, "reason": "not_allowlisted"}
     assert a.post(f"{RUNS}/{run_id}/egress", denied, format="json").status_code == 201
     assert events_of(run_id)[-1] == "sandbox.egress.denied"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("narrowing", "reason"),
+    [
+        ({"actions": ["read"]}, "no_grant"),  # execute dropped
+        ({"scope": "sandbox:other/*"}, "scope_mismatch"),  # no longer covers the image
+    ],
+)
+def test_narrowing_the_grant_under_a_running_sandbox_makes_its_live_check_fail(
+    code_exec, make_tool, make_grant, agent_client, bob, narrowing, reason
+):
+    """The runner asks "can its grant still allow it?" while the sandbox runs (in process:
+    DatabaseAuthorizer.dead_reason; remote: GET .../live). A grant narrowed so it no
+    longer holds `execute`, or no longer covers the run's image, answers no at once: a
+    narrowing takes effect at once, as a revoke does."""
+    from governance.services.grants import grant_narrow
+    from governance.services.sandbox import reap_reason
+    from sandbox_runner.authorizers import DatabaseAuthorizer
+    from sandbox_runner.spec import RunSpec
+
+    lab = make_tool("code-lab", actions=("read", "execute"), kind="code_exec")
+    grant = make_grant(
+        code_exec.agent, lab, actions=("read", "execute"), scope="sandbox:*",
+        task=code_exec.task, starts_at=timezone.now() - timedelta(minutes=30),
+        duration=timedelta(days=3),
+    )  # fmt: skip
+    a = agent_client(code_exec.agent)
+    run_id = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(run_id, tool="code-lab"), format="json")
+    assert answer.status_code == 201 and answer.json()["decision"] == "allow", answer.content
+    assert run_record(run_id).grant_id == grant.pk
+    started = a.post(f"{RUNS}/{run_id}/started", _started(answer.json()["decision_id"]),
+                     format="json")  # fmt: skip
+    assert started.json() == {"run_id": run_id, "status": "running"}
+    spec = RunSpec(run_id=run_id, agent="coder", task="SBX-1", tool="code-lab",
+                   command=("python3", "-c", "1"), backend="bubblewrap")  # fmt: skip
+    live = {"run_id": run_id, "live": True, "reason": None}
+    assert a.get(f"{RUNS}/{run_id}/live").json() == live
+    assert DatabaseAuthorizer().dead_reason(spec) is None
+    assert reap_reason(run_id=run_id, deadline=float("inf"), at=timezone.now()) is None
+
+    before = {"actions": ["read", "execute"], "scope": "sandbox:*"}
+    grant_narrow(
+        grant_id=grant.pk, reason="least privilege", actor=Actor.user(bob), at=timezone.now(),
+        narrowed_by=bob, **narrowing,
+    )  # fmt: skip
+    (narrowed,) = AuditEvent.objects.filter(event_type="grant.narrowed")
+    assert (narrowed.grant_id, narrowed.actor) == (grant.pk, "user:bob")
+    data = json.loads(narrowed.data)
+    assert data["reason"] == "least privilege"
+    assert {k: data["before"][k] for k in before} == before
+    grant.refresh_from_db()
+    assert grant.status == "active"  # narrowed, not revoked: the grant lives on
+    assert grant.actions == narrowing.get("actions", ["read", "execute"])
+    assert grant.scope == narrowing.get("scope", "sandbox:*")
+
+    written = _snapshot()
+    assert a.get(f"{RUNS}/{run_id}/live").json() == {**live, "live": False, "reason": reason}
+    assert DatabaseAuthorizer().dead_reason(spec) == reason
+    assert reap_reason(run_id=run_id, deadline=float("inf"), at=timezone.now()) == reason
+    assert _snapshot() == written  # questions: nothing written
+    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started"]
