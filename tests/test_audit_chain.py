@@ -552,6 +552,64 @@ def test_the_pages_quick_check_holds_every_new_checkpoint_against_the_log(chain,
     assert since.bad_seq == first["seq"] and first["file"] in since.problem
 
 
+def test_the_quick_check_finds_the_newest_events_deleted_after_its_mark(chain, monkeypatch):
+    """The page's quick check (verify_since) walks only the events after the head it last
+    verified. Events written after that mark, signed by a checkpoint, then deleted (the
+    newest ones, the mark itself kept): the walk from the mark finds nothing wrong with
+    what is left, and only the checkpoint shows the log is short. The quick check says
+    so, and so does the page, without a walk from genesis."""
+    from governance.web import queries
+
+    audit.write_checkpoint(NOW)
+    mark = audit.verify_chain(NOW)  # the head the page last verified
+    assert mark.ok
+    for i in range(4):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/n{i}", at=NOW
+        )
+    signed = audit.write_checkpoint(NOW + timedelta(minutes=1))
+    assert signed["seq"] == mark.count + 4
+    assert audit.verify_since(mark.count, mark.head) == audit.Verdict(
+        True, signed["seq"], signed["head"]
+    )
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [mark.count + 1])
+
+    since = audit.verify_since(mark.count, mark.head)
+    assert since is not None and not since.ok
+    assert (since.count, since.bad_seq) == (mark.count + 1, mark.count + 2)
+    assert since.problem == (
+        f"checkpoint {signed['file']} covers seq {signed['seq']} but the log ends at seq "
+        f"{mark.count + 1}: the newest 3 event(s) were deleted"
+    )
+    # The page: its last walk is fresh, so it asks the quick check, which fails.
+    monkeypatch.setattr(queries, "_FULL_WALK", {})
+    queries._remember(mark, datetime.now(UTC))
+    status = queries.chain_status(datetime.now(UTC))
+    assert (status["ok"], status["bad_seq"]) == (False, mark.count + 2)
+    assert "were deleted" in status["problem"]
+    # A question, not a record: the quick check writes nothing (the full verify does).
+    assert not AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+    assert AuditEvent.objects.order_by("-seq").first().seq == mark.count + 1
+
+
+def test_the_quick_check_whose_mark_was_deleted_hands_over_to_a_full_walk(chain, monkeypatch):
+    """Deleted back past the quick check's mark: it cannot link onto a head that is
+    gone, so it says nothing (None) and the page walks from genesis, which fails."""
+    from governance.web import queries
+
+    audit.write_checkpoint(NOW)
+    mark = audit.verify_chain(NOW)
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [mark.count - 2])
+    assert audit.verify_since(mark.count, mark.head) is None
+    monkeypatch.setattr(queries, "_FULL_WALK", {})
+    queries._remember(mark, datetime.now(UTC))
+    status = queries.chain_status(datetime.now(UTC))
+    assert (status["ok"], status["bad_seq"]) == (False, mark.count - 1)
+    assert "the newest 2 event(s) were deleted" in status["problem"]
+
+
 def _hash_at(seq: int) -> str:
     return AuditEvent.objects.get(seq=seq).hash
 
