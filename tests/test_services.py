@@ -1316,6 +1316,85 @@ def test_a_denied_call_asked_again_is_denied_without_a_new_approval(
     assert last_event().event_type == "access.approval_required"
 
 
+def _two_delete_grants(bot, repo, make_grant):
+    """Two live grants that both cover the call: the older one answers first (grants are
+    tried in id order) and ends at NOW + 30 min; the other lasts three hours."""
+    first = make_grant(bot, repo, ("delete",), "repo:acme/*")
+    second = make_grant(bot, repo, ("delete",), "repo:acme/x", duration=timedelta(hours=3))
+    assert first.pk < second.pk
+    return first, second
+
+
+def test_a_denial_under_one_grant_is_not_a_denial_of_the_same_call_under_another(
+    bot, repo, make_grant, system
+):
+    """The same call under another grant asks anew: a person denied it as covered by the
+    first grant (whose people they were checked against), not under the second."""
+    from governance.models import Approval
+
+    first, second = _two_delete_grants(bot, repo, make_grant)
+    call = dict(agent="bot", tool="repo", action="delete", scope="repo:acme/x", arguments={"n": 1})
+    asked = access.access_check(**call, at=NOW)
+    assert (asked.decision, asked.grant_id) == ("approval_required", first.pk)
+    _deny_destructive(asked.approval_id, NOW + MS)
+    again = access.access_check(**call, at=NOW + 2 * MS)
+    assert (again.reason, again.approval_id) == ("approval_denied", asked.approval_id)
+    grants.grant_revoke(grant_id=first.pk, reason="moved", actor=system, at=NOW + 3 * MS)
+
+    under_second = access.access_check(**call, at=NOW + 4 * MS)
+    assert (under_second.decision, under_second.reason, under_second.grant_id) == (
+        "approval_required",
+        "approval_required",
+        second.pk,
+    )
+    assert under_second.approval_id != asked.approval_id
+    new = Approval.objects.get(pk=under_second.approval_id)
+    assert (new.status, new.grant_id, new.arguments_hash) == (
+        "pending",
+        second.pk,
+        Approval.objects.get(pk=asked.approval_id).arguments_hash,  # the very same call
+    )
+    assert Approval.objects.get(pk=asked.approval_id).status == "denied"
+    event = last_event()
+    assert (event.event_type, event.reason, event.grant_id, event.approval_id) == (
+        "access.approval_required",
+        "approval_required",
+        second.pk,
+        under_second.approval_id,
+    )
+    assert str(event.uid) == under_second.decision_id
+
+
+def test_an_open_request_under_one_grant_is_not_reused_for_the_same_call_under_another(
+    bot, repo, make_grant
+):
+    """The first grant ends while its request still awaits a person: the same call, now
+    under the second grant, gets a request of its own, not the first one's."""
+    from governance.models import Approval
+
+    first, second = _two_delete_grants(bot, repo, make_grant)
+    call = dict(agent="bot", tool="repo", action="delete", scope="repo:acme/x", arguments={"n": 1})
+    asked_at = first.expires_at - timedelta(minutes=5)
+    asked = access.access_check(**call, at=asked_at)
+    assert (asked.decision, asked.grant_id) == ("approval_required", first.pk)
+    reused = access.access_check(**call, at=asked_at + MS)
+    assert reused.approval_id == asked.approval_id  # same grant: the same open request
+    pending = Approval.objects.get(pk=asked.approval_id)
+    assert pending.expires_at > first.expires_at  # still open when the grant ends
+
+    under_second = access.access_check(**call, at=first.expires_at)
+    assert (under_second.decision, under_second.grant_id) == ("approval_required", second.pk)
+    assert under_second.approval_id != asked.approval_id
+    assert Approval.objects.get(pk=under_second.approval_id).grant_id == second.pk
+    assert Approval.objects.filter(status="pending").count() == 2
+    event = last_event()
+    assert (event.event_type, event.grant_id, event.approval_id) == (
+        "access.approval_required",
+        second.pk,
+        under_second.approval_id,
+    )
+
+
 def test_an_approval_whose_grant_died_can_no_longer_be_decided(bot, repo, make_grant, bob, system):
     from governance.models import Approval
     from governance.services import approvals
