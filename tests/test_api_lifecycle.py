@@ -101,6 +101,28 @@ def test_the_hourly_limit_is_a_429(world, make_tool, human_client, person, setti
     assert 3500 <= int(second.headers["Retry-After"]) <= 3600
 
 
+def test_a_live_break_glass_repeated_over_the_api(world, human_client, person):
+    """Its opener's exact repeat is the live one again (201, the same id, nothing new);
+    another person's exact repeat is a 409 breakglass_active that writes nothing."""
+    erin, frank = (
+        human_client(person("erin"), "approvers"),
+        human_client(person("frank"), "approvers"),
+    )
+    opened = erin.post("/api/v1/breakglass", BODY, format="json")
+    assert opened.status_code == 201
+    before = (BreakGlass.objects.count(), Grant.objects.count(), AuditEvent.objects.count())
+    refused = frank.post("/api/v1/breakglass", BODY, format="json")
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "breakglass_active" and "INC-1" in error["message"]
+    again = erin.post("/api/v1/breakglass", BODY, format="json")
+    assert again.status_code == 201
+    assert again.json()["id"] == opened.json()["id"] and again.json()["opened_by"] == "erin"
+    assert (BreakGlass.objects.count(), Grant.objects.count(), AuditEvent.objects.count()) == before
+    (event,) = AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_OPENED)
+    assert event.actor == "user:erin"
+
+
 def test_break_glass_review_over_the_api(world, human_client, person, agent_client):
     erin, frank = person("erin"), person("frank")
     opened = human_client(erin, "approvers").post("/api/v1/breakglass", BODY, format="json")

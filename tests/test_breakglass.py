@@ -559,6 +559,53 @@ def test_only_the_exact_repeat_returns_the_live_one(open_bg, setup, make_task, s
     assert BreakGlass.objects.count() == 1 and len(events(EventType.BREAKGLASS_OPENED)) == 1
 
 
+def _written() -> tuple[int, ...]:
+    return (
+        BreakGlass.objects.count(),
+        Grant.objects.count(),
+        AuditEvent.objects.count(),
+        Notification.objects.count(),
+        ReviewCampaign.objects.count(),
+        len(mail.outbox),
+    )
+
+
+def test_a_second_person_repeating_a_live_break_glass_is_refused_and_writes_nothing(
+    open_bg, setup, django_capture_on_commit_callbacks
+):
+    """Another person asking for exactly the live one (same agent, tool, actions, scope,
+    task and ticket) is not handed it as their own: they did not open it, and would
+    be told they had. Refused, nothing written, nobody notified."""
+    with django_capture_on_commit_callbacks(execute=True):
+        bg = open_bg()
+    before = _written()
+    with pytest.raises(Conflict) as caught, django_capture_on_commit_callbacks(execute=True):
+        open_bg(setup["frank"], at=NOW + MS)
+    assert (caught.value.code, caught.value.status) == ("breakglass_active", 409)
+    assert caught.value.fields == {"ticket": "INC-42", "expires_at": bg.expires_at.isoformat()}
+    assert _written() == before
+    (opened,) = events(EventType.BREAKGLASS_OPENED)
+    assert (opened.actor, opened.grant_id) == ("user:erin", bg.grant_id)
+    assert BreakGlass.objects.get().opened_by == setup["erin"]
+
+
+def test_the_same_person_repeating_a_live_break_glass_gets_the_same_one(
+    open_bg, setup, django_capture_on_commit_callbacks
+):
+    """A retry or a double click by its opener is the same emergency: the live one is
+    returned as it is (not stretched by a longer lifetime asked the second time), with
+    no second event, grant, notification or incident campaign."""
+    with django_capture_on_commit_callbacks(execute=True):
+        bg = open_bg(ttl=timedelta(minutes=30))
+    before = _written()
+    with django_capture_on_commit_callbacks(execute=True):
+        again = open_bg(at=NOW + timedelta(minutes=10), ttl=timedelta(hours=1))
+    assert again.pk == bg.pk and again.grant_id == bg.grant_id
+    assert (again.expires_at, again.grant.expires_at) == (NOW + timedelta(minutes=30),) * 2
+    assert _written() == before
+    assert [e.actor for e in events(EventType.BREAKGLASS_OPENED)] == ["user:erin"]
+
+
 def test_closing_one_whose_grant_ended_elsewhere_marks_it_closed_once(open_bg, setup, system):
     from governance.services.grants import grant_revoke
 
