@@ -302,15 +302,54 @@ def test_b_cannot_report_the_outcome_of_as_decision(bot_b, world):
     assert not DecisionOutcome.objects.exists()
 
 
-def test_b_cannot_see_as_approval_nor_use_it(bot_b, world):
-    assert bot_b.get(f"{API}approvals/{world['approval']}").status_code == 404
-    ask = {
-        "tool": "repo",
-        "action": "delete",
-        "scope": "repo:acme/x",
-        "approval": world["approval"],
+def test_b_cannot_see_as_approval_nor_use_it(bot_b, world, make_grant, bob, client_for):
+    """A's approval, approved, named by B for the very call it approves: B holds a grant
+    for that call too, so only the approval stands between. It looks exactly like an
+    approval that does not exist (no oracle), stays A's and unused, and A still can."""
+    import uuid
+
+    from governance.services import approvals
+
+    repo = Tool.objects.get(name="repo")
+    b_grant = make_grant(world["bot_b"], repo, ("delete",), "repo:acme/*",
+                         starts_at=timezone.now() - timedelta(minutes=1))  # fmt: skip
+    bob.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    approvals.approval_approve(approval_id=world["approval"], approver=bob,
+                               actor=Actor.user(bob), at=timezone.now())  # fmt: skip
+    made_up = str(uuid.uuid4())
+    before = (AuditEvent.objects.count(), Approval.objects.count())
+
+    seen = bot_b.get(f"{API}approvals/{world['approval']}")
+    missing = bot_b.get(f"{API}approvals/{made_up}")
+    assert (seen.status_code, seen.json()) == (404, missing.json())
+    assert seen.json()["error"]["code"] == "not_found"
+    assert (AuditEvent.objects.count(), Approval.objects.count()) == before
+
+    ask = {"tool": "repo", "action": "delete", "scope": "repo:acme/x"}
+    used = bot_b.post(f"{API}authorize", {**ask, "approval": world["approval"]}, format="json")
+    assert used.status_code == 200
+    body = used.json()
+    assert (body["decision"], body["reason"]) == ("deny", "approval_invalid")
+    assert (body["grant"], body["approval"]) == (b_grant.pk, None)
+    event = last_event()
+    assert AuditEvent.objects.count() == before[0] + 1
+    assert str(event.uid) == body["decision_id"]
+    assert (event.event_type, event.agent, event.reason) == (
+        "access.denied", "bot-b", "approval_invalid")  # fmt: skip
+    assert (event.grant_id, event.approval_id) == (b_grant.pk, "")
+    # The same answer as for an approval that does not exist.
+    other = bot_b.post(f"{API}authorize", {**ask, "approval": made_up}, format="json").json()
+    assert {k: other[k] for k in ("decision", "reason", "message", "grant", "approval")} == {
+        k: body[k] for k in ("decision", "reason", "message", "grant", "approval")
     }
-    assert bot_b.post(f"{API}authorize", ask, format="json").json()["decision"] != "allow"
+    # Nothing of A's moved: still approved and unused, and A's own call uses it.
+    approval = Approval.objects.get(pk=world["approval"])
+    assert (approval.status, approval.consumed_at) == ("approved", None)
+    assert Approval.objects.count() == before[1]
+    mine = client_for("A").post(f"{API}authorize", {**ask, "approval": world["approval"]},
+                                format="json").json()  # fmt: skip
+    assert (mine["decision"], mine["approval"]) == ("allow", world["approval"])
+    assert Approval.objects.get(pk=world["approval"]).status == "consumed"
 
 
 def test_b_does_not_see_as_requests(bot_b, world):

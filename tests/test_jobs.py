@@ -121,7 +121,9 @@ def test_approvals_expire_marks_pending_and_approved_ones_once(approvals, system
 
 
 def test_an_expired_approval_can_no_longer_be_consumed(approvals, system):
-    approved = approvals["approved"]
+    approved, pending = approvals["approved"], approvals["pending"]
+    grant = Grant.objects.get()
+    mark = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first()
     approvals_expire(actor=system, at=approved.expires_at)
     decision = access.access_check(
         agent="bot",
@@ -132,9 +134,25 @@ def test_an_expired_approval_can_no_longer_be_consumed(approvals, system):
         arguments={"n": 2},
         approval=str(approved.pk),
     )
-    assert not decision.allowed
+    # Refused because it is no longer approved (the job marked it), not for some other
+    # reason the same code covers ("already used", "a different call").
+    assert (decision.decision, decision.reason) == ("deny", Reason.APPROVAL_INVALID)
+    assert decision.message == "The approval is not usable (status expired)."
+    assert (decision.approval_id, decision.grant_id) == (str(approved.pk), grant.pk)
     approved.refresh_from_db()
-    assert approved.status == Approval.Status.EXPIRED
+    assert (approved.status, approved.consumed_at) == (Approval.Status.EXPIRED, None)
+    assert Approval.objects.filter(status=Approval.Status.CONSUMED).count() == 0
+    assert Approval.objects.count() == 3  # no new request either
+    # Exactly: the two expiries the job recorded, then the refusal.
+    written = list(AuditEvent.objects.filter(seq__gt=mark).order_by("seq"))
+    assert [e.event_type for e in written] == ["approval.expired"] * 2 + ["access.denied"]
+    assert {e.approval_id for e in written[:2]} == {str(approved.pk), str(pending.pk)}
+    refused = written[-1]
+    assert str(refused.uid) == decision.decision_id
+    assert (refused.decision, refused.reason) == ("deny", "approval_invalid")
+    assert (refused.approval_id, refused.grant_id) == (str(approved.pk), grant.pk)
+    assert (refused.agent, refused.action, refused.scope) == ("bot", "delete", "repo:acme/api/x")
+    assert refused.arguments_hash == approved.arguments_hash
 
 
 # --- tasks and the command -------------------------------------------------------------------
