@@ -261,11 +261,46 @@ def test_every_reason_code_is_covered_by_the_table():
     assert covered == set(Reason.values)
 
 
+def _recorded(result: Any) -> AuditEvent:
+    """The decision's own event: the newest one, and the only one the call wrote."""
+    event = last_event()
+    assert str(event.uid) == result.decision_id
+    return event
+
+
 def test_the_denial_for_an_expired_grant_needs_no_job(world):
     # Nothing marked the grant expired; the window alone refuses it.
     grant = Grant.objects.get(agent__name="bot", scope="repo:acme/api/*", actions=["read"])
     assert grant.status == "active"
-    assert access.access_check(at=E + MS, **q()).reason == "grant_expired"
+    before = AuditEvent.objects.count()
+    live = access.access_check(at=E - MS, **q())
+    assert (live.decision, live.grant_id) == ("allow", grant.pk)
+    event = _recorded(live)
+    assert (event.event_type, event.reason, event.grant_id) == (
+        "access.allowed",
+        "allowed",
+        grant.pk,
+    )
+    result = access.access_check(at=E + MS, **q())
+    assert (result.decision, result.reason) == ("deny", "grant_expired")
+    event = _recorded(result)
+    assert AuditEvent.objects.count() == before + 2
+    assert (event.event_type, event.decision, event.reason) == (
+        "access.denied",
+        "deny",
+        "grant_expired",
+    )
+    # A denial names no grant: only a live one is the grant a call was made under.
+    assert event.grant_id is None and result.grant_id is None
+    assert (event.agent, event.tool, event.action, event.scope) == (
+        "bot",
+        "repo",
+        "read",
+        "repo:acme/api/x",
+    )
+    grant.refresh_from_db()
+    assert grant.status == "active"  # the decision wrote no bookkeeping: the job does
+    assert not AuditEvent.objects.filter(event_type="grant.expired").exists()
 
 
 def test_a_naive_at_is_an_error_not_an_allow(world):
@@ -303,22 +338,38 @@ def test_an_approved_call_is_allowed_exactly_once(world, bob, system):
 
 
 def test_an_approval_is_bound_to_the_exact_arguments_and_scope(world, bob):
+    from governance.models import Approval
+
     first = access.access_check(at=NOW, **_delete())
     approvals.approval_approve(
         approval_id=first.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
     )
     other_args = q(action="delete", arguments={"branch": "main", "force": True})
-    assert (
-        access.access_check(at=NOW, approval=first.approval_id, **other_args).reason
-        == "approval_invalid"
-    )
     other_scope = _delete(scope="repo:acme/api/y")
-    assert (
-        access.access_check(at=NOW, approval=first.approval_id, **other_scope).reason
-        == "approval_invalid"
+    for other in (other_args, other_scope):
+        before = AuditEvent.objects.count()
+        result = access.access_check(at=NOW, approval=first.approval_id, **other)
+        assert (result.decision, result.reason) == ("deny", "approval_invalid")
+        assert result.message == "The approval is for a different call."
+        event = _recorded(result)
+        assert AuditEvent.objects.count() == before + 1
+        assert (event.event_type, event.reason) == ("access.denied", "approval_invalid")
+        assert (event.grant_id, event.approval_id) == (first.grant_id, first.approval_id)
+        assert event.scope == other["scope"]
+        assert event.arguments_hash == arguments_digest(other["arguments"])
+        assert Approval.objects.get(pk=first.approval_id).status == "approved"
+    # Still unused: the right call goes through, and uses it up.
+    used = access.access_check(at=NOW, approval=first.approval_id, **_delete())
+    assert used.allowed
+    event = _recorded(used)
+    assert (event.event_type, event.reason, event.grant_id, event.approval_id) == (
+        "access.allowed",
+        "allowed",
+        first.grant_id,
+        first.approval_id,
     )
-    # Still unused: the right call goes through.
-    assert access.access_check(at=NOW, approval=first.approval_id, **_delete()).allowed
+    assert event.arguments_hash == arguments_digest({"branch": "old", "force": True})
+    assert Approval.objects.get(pk=first.approval_id).status == "consumed"
 
 
 def test_an_approval_expires_in_minutes(world, bob, settings):
@@ -336,6 +387,10 @@ def test_an_approval_expires_in_minutes(world, bob, settings):
     assert last_event().event_type == "approval.approved"
     late = access.access_check(at=NOW + 2 * ttl, approval=second.approval_id, **_delete())
     assert (late.decision, late.reason) == ("deny", "approval_invalid")
+    assert late.message == "The approval is not usable (status approved)."  # past its expiry
+    event = _recorded(late)
+    assert (event.event_type, event.reason) == ("access.denied", "approval_invalid")
+    assert (event.grant_id, event.approval_id) == (second.grant_id, second.approval_id)
 
 
 def test_nobody_confirms_their_own_agents_action(world, alice):
@@ -356,15 +411,40 @@ def test_a_denied_approval_never_allows(world, bob):
     )
     assert last_event().event_type == "approval.denied"
     result = access.access_check(at=NOW, approval=first.approval_id, **_delete())
-    assert result.reason == "approval_invalid"
+    assert (result.decision, result.reason) == ("deny", "approval_invalid")
+    assert result.message == "The approval is not usable (status denied)."
+    event = _recorded(result)
+    assert (event.event_type, event.reason) == ("access.denied", "approval_invalid")
+    assert (event.grant_id, event.approval_id) == (first.grant_id, first.approval_id)
 
 
-def test_approval_is_bound_to_the_keyed_arguments_hash(world):
+def test_approval_is_bound_to_the_keyed_arguments_hash(world, settings):
     first = access.access_check(at=NOW, **_delete())
     from governance.models import Approval
 
+    digest = arguments_digest({"branch": "old", "force": True})
     approval = Approval.objects.get(pk=first.approval_id)
-    assert approval.arguments_hash == arguments_digest({"branch": "old", "force": True})
+    assert approval.arguments_hash == digest and first.arguments_hash == digest
+    grant = Grant.objects.get(agent__name="bot", actions=["delete"])
+    assert (first.decision, first.reason, first.grant_id) == (
+        "approval_required",
+        "approval_required",
+        grant.pk,
+    )
+    assert approval.grant_id == grant.pk
+    event = _recorded(first)
+    assert (event.event_type, event.reason) == (
+        "access.approval_required",
+        "approval_required",
+    )
+    assert (event.grant_id, event.approval_id, event.arguments_hash) == (
+        grant.pk,
+        first.approval_id,
+        digest,
+    )
+    # Keyed: under another AUDIT_HMAC_KEY the same arguments digest differently.
+    settings.AUDIT_HMAC_KEY = settings.AUDIT_HMAC_KEY + "-rotated"
+    assert arguments_digest({"branch": "old", "force": True}) != digest
 
 
 # --- Scope matching as a pure function -------------------------------------------
