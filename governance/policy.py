@@ -504,8 +504,22 @@ _GRANT_QUERY = {
 _GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t"
 
 
+_TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
+
+
+def _named_task_reason(task: str, at: datetime) -> Reason | None:
+    """Why a call named under `task` is refused at `at` whatever grant it uses (authorize
+    step 4: the task exists and is open), or None."""
+    found = db.query(_TASK_QUERY, [task], "ttt")
+    if not found:
+        return Reason.TASK_UNKNOWN
+    if not _task_open_at(*found[0], at):
+        return Reason.TASK_CLOSED
+    return None
+
+
 def _grant_dead(
-    grant_id: int, at: datetime, past: PastState | None
+    grant_id: int, at: datetime, past: PastState | None, task: str | None = None
 ) -> tuple[Reason | None, tuple[Any, ...] | None]:
     """grant_dead_reason()'s answer, and the grant's row (None if there is none)."""
     rows = db.query(_GRANT_QUERY[db.connection.vendor], [grant_id], _GRANT_KINDS)
@@ -524,6 +538,12 @@ def _grant_dead(
     if task_id is not None:
         if not _task_open_at(task_starts, task_ends, task_closed, at):
             return Reason.TASK_CLOSED, row
+    elif task is not None:
+        # A grant bound to no task serves calls under any task, each only while that
+        # task is open (authorize step 4, before the grant's window is looked at).
+        named = _named_task_reason(task, at)
+        if named is not None:
+            return named, row
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
     if reason is None and parent_id is not None:
@@ -531,19 +551,20 @@ def _grant_dead(
     return reason, row
 
 
-def grant_dead_reason(grant_id: int, at: datetime, past: PastState | None = None) -> Reason | None:
+def grant_dead_reason(
+    grant_id: int, at: datetime, past: PastState | None = None, *, task: str | None = None
+) -> Reason | None:
     """None if the grant could allow something at `at`, else the reason it cannot.
 
-    Used where the question is about a grant rather than a call (delegation):
-    the same window, task and ancestor rules as authorize(), in the same module. A
-    grant bound to a task is dead once the task is not open (closed, or past its
-    ends_at even before the job closes it); its delegations carry the same task.
+    Used where the question is about a grant rather than a call (delegation, the
+    access reports): the same window, task and ancestor rules as authorize(), in the
+    same module. A grant bound to a task is dead once the task is not open (closed, or
+    past its ends_at even before the job closes it); its delegations carry the same task.
     `past`: `at` is a past moment, and agent and tool state are as they were then.
+    `task`: the question is about calls under this task (a report narrowed to it): a
+    grant bound to no task serves them only while it exists and is open.
     """
-    return _grant_dead(grant_id, at, past)[0]
-
-
-_TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
+    return _grant_dead(grant_id, at, past, task)[0]
 
 
 def call_dead_reason(
@@ -565,11 +586,7 @@ def call_dead_reason(
     # A grant bound to a task allows calls under that task only, and _grant_dead has
     # just checked it: the task is read again only for a grant without one.
     if task and row[7] is None:
-        found = db.query(_TASK_QUERY, [task], "ttt")
-        if not found:
-            return Reason.TASK_UNKNOWN
-        if not _task_open_at(*found[0], at):
-            return Reason.TASK_CLOSED
+        return _named_task_reason(task, at)
     return None
 
 

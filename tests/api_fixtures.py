@@ -74,3 +74,14 @@ def dave(db: None) -> User:
 
 
 ROLE = {"admin": roles.ADMINS, "approver": roles.APPROVERS, "auditor": roles.AUDITORS}
+
+
+@pytest.fixture
+def auditor_session(carol: User) -> Any:
+    """A web UI client signed in as carol, an auditor (the exports pages)."""
+    from django.test import Client
+
+    carol.groups.add(Group.objects.get_or_create(name=roles.AUDITORS)[0])
+    client = Client()
+    client.force_login(carol)
+    return client

@@ -714,7 +714,8 @@ def test_the_access_report_lists_who_could_do_what_now_and_is_audited(auditor, m
     )  # fmt: skip
     assert first == {
         "grant": on_task.pk, "agent": "bot", "owner": "alice", "tool": "mail",
-        "actions": ["read"], "scope": "repo:acme/api/*", "task": "TICKET-1",
+        "actions": ["read"], "scope": "repo:acme/api/*", "fields": [], "egress": [],
+        "limits": {}, "task": "TICKET-1",
         "requester": "alice", "approver": "bob", "delegated_from": None, "break_glass": False,
         "blocked_by": None, "policies": [],
     }  # fmt: skip
@@ -727,9 +728,13 @@ def test_the_access_report_lists_who_could_do_what_now_and_is_audited(auditor, m
 def test_the_access_report_narrows_to_an_agent_task_or_tool(auditor, many_grants):
     everything = auditor.get(f"{API}/reports/access").json()["rows"]
     assert {r["tool"] for r in everything} == {"mail", "repo"}
+    # A task's report holds its grants and the grants bound to no task: authorize()
+    # lets those serve a call under any open task (TICKET-1 is open: nothing blocked).
+    assert {r["task"] for r in everything} == {"TICKET-1", None}
+    assert all(r["blocked_by"] is None for r in everything)
     for query, keep in [
         ({"tool": "mail"}, lambda r: r["tool"] == "mail"),
-        ({"task": "TICKET-1"}, lambda r: r["task"] == "TICKET-1"),
+        ({"task": "TICKET-1"}, lambda r: r["task"] in ("TICKET-1", None)),
         ({"agent": "bot", "tool": "repo"}, lambda r: r["agent"] == "bot" and r["tool"] == "repo"),
         ({"agent": "nobody"}, lambda r: False),
     ]:
@@ -739,6 +744,116 @@ def test_the_access_report_narrows_to_an_agent_task_or_tool(auditor, many_grants
         recorded = json.loads(last_event().data)
         assert {k: recorded[k] for k in query} == query
     _error(auditor.get(f"{API}/reports/access", {"agent": "x" * 101}), 400, "invalid_request")
+
+
+def _report(client: Any, **query: str) -> dict[str, Any]:
+    response = client.get(f"{API}/reports/access", query)
+    assert response.status_code == 200, response.content
+    return {row["grant"]: row for row in response.json()["rows"]}
+
+
+def test_a_task_report_says_a_grant_with_no_task_is_blocked_while_that_task_is_closed(
+    auditor, world, make_grant
+):
+    """A grant bound to no task serves calls under any task, but only while the task is
+    open (authorize step 4). The report narrowed to a task lists it, and says
+    `task_closed` (or `task_unknown`) when authorize() would refuse such a call: before
+    the fix it left the grant out of the task's report altogether."""
+    from governance.policy import authorize
+    from governance.services import tasks as task_service
+
+    untasked = world["grant"]  # bot, repo, read, repo:acme/*: bound to no task
+    on_task = make_grant(
+        world["bot"], world["mail"], starts_at=world["started"], task=world["task"]
+    )
+    closed_at = timezone.now()
+    task_service.task_close(task=world["task"], actor=Actor.system("test"), at=closed_at)
+    read = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    before, after = closed_at - timedelta(milliseconds=1), closed_at
+
+    rows = _report(auditor, task="TICKET-1", at=before.isoformat())
+    assert {g: r["blocked_by"] for g, r in rows.items()} == {untasked.pk: None, on_task.pk: None}
+    assert authorize(task="TICKET-1", at=before, **read).allowed
+    recorded = json.loads(last_event().data)
+    assert (recorded["report"], recorded["task"], recorded["rows"]) == ("access", "TICKET-1", 2)
+
+    # Closed: the task's own grant ended with it (not live: not listed), and the grant
+    # with no task is refused for that task's calls, as the decision says.
+    rows = _report(auditor, task="TICKET-1", at=after.isoformat())
+    assert {g: r["blocked_by"] for g, r in rows.items()} == {untasked.pk: "task_closed"}
+    decision = authorize(task="TICKET-1", at=after, **read)
+    assert (decision.decision, decision.reason) == ("deny", "task_closed")
+    event = last_event()
+    assert (event.event_type, event.actor) == ("report.exported", "user:carol")
+    assert (json.loads(event.data)["task"], json.loads(event.data)["rows"]) == ("TICKET-1", 1)
+    # The database: the task is closed, its grant revoked then; the other grant lives on.
+    assert Task.objects.get(pk=world["task"].pk).closed_at == closed_at
+    assert Grant.objects.get(pk=on_task.pk).revoked_at == closed_at
+    assert Grant.objects.get(pk=untasked.pk).status == "active"
+
+    # Calls under no task are still allowed: the unnarrowed report says nothing blocks it.
+    assert _report(auditor, at=after.isoformat())[untasked.pk]["blocked_by"] is None
+    assert authorize(at=after, **read).allowed
+    # A task that does not exist: refused as unknown, and the report says so.
+    rows = _report(auditor, task="NO-SUCH-1", at=after.isoformat())
+    assert {g: r["blocked_by"] for g, r in rows.items()} == {untasked.pk: "task_unknown"}
+    assert authorize(task="NO-SUCH-1", at=after, **read).reason == "task_unknown"
+    assert json.loads(last_event().data)["task"] == "NO-SUCH-1"
+
+
+def test_the_access_report_shows_each_grants_fields_egress_and_limits_formula_safe(
+    auditor, make_agent, make_tool, make_grant
+):
+    """The envelope of a grant (the argument fields it allows, the hosts a sandbox run
+    may reach, the code-execution ceilings) is part of "who could do what": in the JSON
+    as lists and an object, in the CSV as cells no spreadsheet runs as a formula."""
+    grant = make_grant(
+        make_agent("bot"), make_tool("shell", kind="code_exec"), ("execute",), "repo:acme/*",
+        starts_at=timezone.now() - timedelta(minutes=1),
+        fields=['=HYPERLINK("http://x")', "path", "x;=1+2"],
+        egress=["api.example.com:443", "pypi.org:443"],
+        limits={"cpus": 0.5, "memory_mb": 256},
+    )  # fmt: skip
+    stored = Grant.objects.get(pk=grant.pk)
+    assert (stored.egress, stored.limits()) == (
+        ["api.example.com:443", "pypi.org:443"], {"memory_mb": 256, "cpus": 0.5},
+    )  # fmt: skip
+
+    (row,) = _report(auditor).values()
+    assert row["fields"] == ['=HYPERLINK("http://x")', "path", "x;=1+2"]
+    assert row["egress"] == ["api.example.com:443", "pypi.org:443"]
+    assert row["limits"] == {"memory_mb": 256, "cpus": 0.5}
+    assert json.loads(last_event().data)["rows"] == 1
+
+    response = auditor.get(f"{API}/reports/access", {"format": "csv"})
+    assert response.status_code == 200, response.content
+    (line,) = csv.DictReader(io.StringIO(response.content.decode()))
+    assert line["fields"] == "'=HYPERLINK(\"http://x\"),path,x;'=1+2"
+    assert line["egress"] == "api.example.com:443,pypi.org:443"
+    assert line["limits"] == "memory_mb=256,cpus=0.5"
+    event = last_event()
+    assert (event.event_type, json.loads(event.data)["format"]) == ("report.exported", "csv")
+
+
+def test_the_period_report_shows_each_grants_fields_egress_and_limits_formula_safe(
+    auditor_session, make_agent, make_tool, make_grant
+):
+    grant = make_grant(
+        make_agent("bot"), make_tool("shell", kind="code_exec"), ("execute",), "repo:acme/*",
+        fields=["-1+2", "path"], egress=["api.example.com:443"], limits={"pids": 64},
+    )  # fmt: skip
+    start, end = NOW - timedelta(minutes=10), NOW + timedelta(minutes=10)
+    row = _period(auditor_session, start, end)[grant.pk]
+    assert (row["fields"], row["egress"], row["limits"]) == (
+        ["-1+2", "path"], ["api.example.com:443"], {"pids": 64},
+    )  # fmt: skip
+    line = _period(auditor_session, start, end, fmt="csv")[grant.pk]
+    assert (line["fields"], line["egress"], line["limits"]) == (
+        "'-1+2,path", "api.example.com:443", "pids=64",
+    )  # fmt: skip
+    assert Grant.objects.get(pk=grant.pk).limit_pids == 64
+    data = json.loads(last_event().data)
+    assert (data["report"], data["format"], data["rows"]) == ("access_period", "csv", 1)
 
 
 def test_the_access_report_answers_for_a_past_moment(auditor, many_grants):
@@ -790,6 +905,122 @@ def test_a_report_for_a_past_moment_shows_a_grant_as_it_was_before_it_was_narrow
     assert (row["actions"], row["scope"]) == (["read", "delete"], "repo:acme/*")
     (row,) = exports.access_period_rows(narrowed_at, narrowed_at + timedelta(hours=1))
     assert (row["actions"], row["scope"]) == (["read"], "repo:acme/api/*")
+
+
+def _period(client: Any, start: Any, end: Any, fmt: str = "json", **narrow: str) -> Any:
+    query = {"format": fmt, "start": start.isoformat(), "end": end.isoformat(), **narrow}
+    response = client.get("/ui/exports/access", query)
+    assert response.status_code == 200, response.content[:300]
+    if fmt == "csv":
+        return {int(r["grant"]): r for r in csv.DictReader(io.StringIO(response.content.decode()))}
+    return {row["grant"]: row for row in json.loads(response.content)["rows"]}
+
+
+def test_the_period_report_says_why_a_grant_could_allow_nothing_in_the_period(
+    auditor_session, make_agent, make_tool, make_task, make_grant, system, alice, bob
+):
+    """A grant whose window overlaps the period was listed as if usable even when its
+    agent was suspended, its tool quarantined or its task over the whole time. Now
+    `blocked_by` says why, from the same helper as the point-in-time report
+    (grant_dead_reason), and is empty when it could allow something at some moment of
+    the period (a quarantine lifted half-way through)."""
+    from governance.policy import authorize
+    from governance.services import agents as agent_service
+    from governance.services import tools as tool_service
+
+    frozen, steady, tasked, fine = (make_agent(n) for n in ("frozen", "steady", "tasked", "fine"))
+    repo, wiki = make_tool("repo"), make_tool("wiki")
+    ticket = make_task("TICKET-7", ends_at=NOW - timedelta(minutes=20))
+    grants = {
+        "frozen": make_grant(frozen, repo),
+        "steady": make_grant(steady, wiki, scope="wiki:acme/*"),
+        "tasked": make_grant(tasked, repo, task=ticket),
+        "fine": make_grant(fine, repo),
+    }  # each from NOW - 30 min for an hour
+    agent_service.agent_suspend(
+        agent=frozen, reason="incident", actor=system, at=NOW - timedelta(minutes=20)
+    )
+    tool_service.tool_update_definition(
+        tool=wiki, description="changed", input_schema={}, actor=system,
+        at=NOW - timedelta(minutes=20), updated_by=alice,
+    )  # fmt: skip
+    minutes = lambda n: NOW + timedelta(minutes=n)  # noqa: E731
+    ask = lambda who, at, **kw: authorize(  # noqa: E731
+        agent=who, tool="wiki" if who == "steady" else "repo", action="read",
+        scope="wiki:acme/x" if who == "steady" else "repo:acme/api/x", at=at, **kw,
+    )  # fmt: skip
+
+    # The quarantine not lifted yet: refused over [-10, -6), as the decision says.
+    quarantined = _period(auditor_session, minutes(-10), minutes(-6))
+    assert quarantined[grants["steady"].pk]["blocked_by"] == "tool_quarantined"
+    assert ask("steady", minutes(-8)).reason == "tool_quarantined"
+    wiki.refresh_from_db()
+    tool_service.tool_approve_definition(
+        tool=wiki, definition_hash=wiki.definition_hash, approver=bob, actor=system,
+        at=minutes(-5),
+    )  # fmt: skip
+
+    rows = _period(auditor_session, minutes(-10), minutes(10))
+    assert {name: rows[g.pk]["blocked_by"] for name, g in grants.items()} == {
+        "frozen": "agent_suspended",
+        "steady": None,  # usable from the re-approval at -5 on
+        "tasked": "task_closed",  # the task ended at -20, the job has not run
+        "fine": None,
+    }
+    for at in (minutes(-10), minutes(5)):
+        assert ask("frozen", at).reason == "agent_suspended"
+        assert ask("tasked", at, task="TICKET-7").reason == "task_closed"
+        assert ask("fine", at).allowed
+    assert ask("steady", minutes(-5)).allowed
+    # History stays history: the same period before the re-approval is still refused.
+    again = _period(auditor_session, minutes(-10), minutes(-6), fmt="csv")
+    assert again[grants["steady"].pk]["blocked_by"] == "tool_quarantined"
+    assert again[grants["fine"].pk]["blocked_by"] == ""
+    # Usable at the period's start, before anything ended: nothing blocked.
+    early = _period(auditor_session, minutes(-30), minutes(-25))
+    assert {r["blocked_by"] for r in early.values()} == {None}
+    # (authorize() reads an agent's state as it is now: the suspended one is left out.)
+    assert ask("tasked", minutes(-30), task="TICKET-7").allowed
+    assert ask("steady", minutes(-30)).allowed and ask("fine", minutes(-30)).allowed
+
+    # The database: nothing was ended by the report or the decisions; the records say why.
+    assert set(Grant.objects.values_list("status", flat=True)) == {"active"}
+    assert Agent.objects.get(pk=frozen.pk).status == "suspended"
+    assert Task.objects.get(pk=ticket.pk).closed_at is None
+    event = last_event()
+    assert (event.event_type, event.actor) == ("report.exported", "user:carol")
+    data = json.loads(event.data)
+    assert (data["report"], data["format"], data["rows"]) == ("access_period", "json", 4)
+
+
+def test_the_period_report_narrowed_to_a_task_blocks_untasked_grants_while_it_is_closed(
+    auditor_session, world, make_grant, make_task
+):
+    """The period report narrowed to a task lists the grants bound to no task too, blocked
+    (`task_closed`) when that task was not open at any moment of the period."""
+    from governance.policy import authorize
+    from governance.services import tasks as task_service
+
+    untasked = world["grant"]
+    now = timezone.now()
+    task_service.task_close(task=world["task"], actor=Actor.system("test"), at=now)
+    later = make_task("TICKET-8", at=now + timedelta(minutes=5))
+    read = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/x"}
+
+    rows = _period(auditor_session, now, now + timedelta(minutes=10), task="TICKET-1")
+    assert {g: r["blocked_by"] for g, r in rows.items()} == {untasked.pk: "task_closed"}
+    assert authorize(task="TICKET-1", at=now, **read).reason == "task_closed"
+    assert json.loads(last_event().data)["task"] == "TICKET-1"
+    # A task that opens during the period: usable from its start.
+    rows = _period(auditor_session, now, now + timedelta(minutes=10), task="TICKET-8")
+    assert {g: r["blocked_by"] for g, r in rows.items()} == {untasked.pk: None}
+    assert authorize(task="TICKET-8", at=now, **read).reason == "task_closed"
+    assert authorize(task="TICKET-8", at=later.starts_at, **read).allowed
+    rows = _period(auditor_session, now, now + timedelta(minutes=4), task="TICKET-8")
+    assert {g: r["blocked_by"] for g, r in rows.items()} == {untasked.pk: "task_closed"}
+    assert Grant.objects.get(pk=untasked.pk).status == "active"
+    event = last_event()
+    assert (event.event_type, json.loads(event.data)["rows"]) == ("report.exported", 1)
 
 
 def test_the_csv_report_neutralises_formulas(admin, make_agent, make_tool, make_task, make_grant):

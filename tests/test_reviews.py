@@ -406,6 +406,47 @@ def test_an_undecided_item_past_its_due_date_ends_the_grant_with_no_job_run(worl
         assert {g1.pk, g2.pk, g3.pk} <= in_force
 
 
+@pytest.mark.parametrize("rule", ["revoke", "keep"])
+def test_the_period_report_says_a_grant_whose_review_fell_due_undecided_was_revoked(
+    world, settings, rule, auditor_session
+):
+    """Before the hourly job has run, a grant whose item fell due undecided is still an
+    active row with no revoked_at: the period report listed it as if usable. It now says
+    `grant_revoked` (its delegation too), as authorize() does; under the rule `keep`,
+    nothing is blocked."""
+    settings.REVIEW_DEFAULT_RULE = rule
+    campaign = open_campaign()
+    decide(campaign.items.get(grant=world["grants"][1]), "keep")
+    due = campaign.due_at
+    Grant.objects.update(expires_at=due + timedelta(days=1))  # outlive the due date
+    g1, g2, g3 = world["grants"]
+    start, end = due + timedelta(minutes=10), due + timedelta(minutes=20)
+    response = auditor_session.get(
+        "/ui/exports/access",
+        {"format": "json", "start": start.isoformat(), "end": end.isoformat()},
+    )
+    assert response.status_code == 200, response.content[:300]
+    rows = {row["grant"]: row["blocked_by"] for row in json.loads(response.content)["rows"]}
+    revoked = "grant_revoked" if rule == "revoke" else None
+    assert rows == {g1.pk: revoked, g2.pk: None, g3.pk: revoked, world["child"].pk: revoked}
+    read = {"tool": "repo", "action": "read", "at": start}
+    for agent, scope, expected in (
+        ("bot", "repo:acme/api/x", revoked),  # g1
+        ("bot", "repo:acme/web/x", None),  # g2, kept
+        ("other", "repo:acme/api/x", revoked),  # g3
+        ("sub", "repo:acme/api/x", revoked),  # delegated from g1
+    ):
+        decision = authorize(agent=agent, scope=scope, **read)
+        assert (None if decision.allowed else decision.reason) == expected
+    # The job has not run: every row is still active, every other item still pending.
+    assert set(Grant.objects.values_list("status", flat=True)) == {"active"}
+    assert campaign.items.filter(status="pending").count() == 3
+    event = AuditEvent.objects.order_by("-seq").first()
+    assert (event.event_type, event.actor) == ("report.exported", "user:carol")
+    data = json.loads(event.data)
+    assert (data["report"], data["rows"]) == ("access_period", 4)
+
+
 def test_the_due_date_rule_can_be_keep(world, system, settings):
     settings.REVIEW_DEFAULT_RULE = "keep"
     campaign = open_campaign()

@@ -672,7 +672,9 @@ def test_access_reports_narrow_to_an_agent_task_or_tool_as_the_refusal_advises()
         assert only["rows"] == [r for r in everything["rows"] if r["tool"] == "repo"]
         assert json.loads(last_event().data)["tool"] == "repo"
         by_task = json.loads(_download(client, f"/ui/exports/access?{query}&task=TICKET-9").content)
-        assert by_task["rows"] and {r["task"] for r in by_task["rows"]} == {"TICKET-9"}
+        # The task's grants and those bound to no task, which serve its calls too.
+        assert {r["task"] for r in by_task["rows"]} == {"TICKET-9", None}
+        assert by_task["rows"] == [r for r in everything["rows"] if r["task"] in ("TICKET-9", None)]
         by_agent = json.loads(_download(client, f"/ui/exports/access?{query}&agent=bot-a").content)
         assert by_agent["rows"] == [r for r in everything["rows"] if r["agent"] == "bot-a"]
         nobody = json.loads(_download(client, f"/ui/exports/access?{query}&agent=nope").content)
@@ -690,6 +692,31 @@ def test_the_printable_report_says_which_rows_are_break_glass() -> None:
     assert len(rows) == 1 and "<b>break-glass</b>" in rows[0]
     ordinary = [r for r in page.split("<tr>") if "repo:acme/docs/*" in r]
     assert ordinary and "<b>break-glass</b>" not in ordinary[0]
+
+
+def test_the_printable_report_shows_each_grants_fields_egress_and_limits() -> None:
+    world = ui_world.build()
+    code_exec = tools.tool_register(
+        name="code-exec", kind="code_exec", actions=["execute"], description="Runs code",
+        actor=Actor.system("test"), at=timezone.now() - timedelta(hours=1),
+    )  # fmt: skip
+    grant = grants.grant_issue(
+        agent=world.agent, tool=code_exec, actions=["execute"], scope="sandbox:*",
+        fields=["script"], egress=["127.0.0.1:8443"], limits={"memory_mb": 128, "pids": 32},
+        duration=timedelta(hours=1), justification="build", requested_by=world.alice,
+        approved_by=world.users["approver"], actor=Actor.system("test"),
+        at=timezone.now() - timedelta(minutes=5),
+    )  # fmt: skip
+    page = ui_world.signed_in("auditor").get("/ui/reports/print").content.decode()
+    (row,) = [r for r in page.split("<tr>") if "sandbox:*" in r]
+    cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+    assert cells[:9] == [
+        str(grant.pk), "bot-a", "alice", "code-exec", "execute", "<code>sandbox:*</code>",
+        "script", "127.0.0.1:8443", "memory_mb=128, pids=32",
+    ]  # fmt: skip
+    assert "<th>Fields</th><th>Egress</th><th>Limits</th>" in page
+    event = last_event()
+    assert (event.event_type, json.loads(event.data)["format"]) == ("report.exported", "print")
 
 
 def test_an_export_whose_file_cannot_be_made_records_no_export(monkeypatch) -> None:

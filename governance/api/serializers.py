@@ -793,7 +793,11 @@ class AccessReportIn(StrictSerializer):
     format = serializers.ChoiceField(choices=["json", "csv"], required=False, default="json")
     at = serializers.DateTimeField(required=False, help_text="ISO 8601; default: now")
     agent = serializers.CharField(required=False, max_length=100, help_text="only this agent")
-    task = serializers.CharField(required=False, max_length=100, help_text="only this task")
+    task = serializers.CharField(
+        required=False,
+        max_length=100,
+        help_text="only calls under this task: its grants and those bound to no task",
+    )
     tool = serializers.CharField(required=False, max_length=100, help_text="only this tool")
 
 
@@ -804,6 +808,15 @@ class AccessRowOut(serializers.Serializer):
     tool = serializers.CharField()
     actions = serializers.ListField(child=serializers.CharField())
     scope = serializers.CharField()
+    fields = serializers.ListField(
+        child=serializers.CharField(), help_text="The argument fields a call may carry (empty: any)"
+    )
+    egress = serializers.ListField(
+        child=serializers.CharField(), help_text="host:port destinations a sandbox run may reach"
+    )
+    limits = serializers.SerializerMethodField(
+        help_text="Code-execution ceilings (absent: the runner's floor)"
+    )
     task = serializers.CharField(allow_null=True)
     starts_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
@@ -815,8 +828,9 @@ class AccessRowOut(serializers.Serializer):
         allow_null=True,
         help_text=(
             "Why the grant's live window was not access at `at` (a reason code: the agent "
-            "suspended, the tool quarantined, an ancestor grant dead, the task closed), or "
-            "null."
+            "suspended, the tool quarantined, an ancestor grant dead, the task closed; "
+            "with `task`, also that task unknown or not open, for a grant bound to no "
+            "task), or null."
         ),
     )
     policies = serializers.ListField(
@@ -832,6 +846,10 @@ class AccessRowOut(serializers.Serializer):
             "as they are now; the tool's irreversible flag too)."
         ),
     )
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
+    def get_limits(self, row: dict[str, Any]) -> dict[str, float]:
+        return dict(row["limits"])  # as the grant holds them: 512 stays 512
 
 
 class AccessReportOut(serializers.Serializer):

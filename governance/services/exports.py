@@ -39,6 +39,9 @@ PERIOD_COLUMNS = (
     "tool",
     "actions",
     "scope",
+    "fields",
+    "egress",
+    "limits",
     "task",
     "status",
     "starts_at",
@@ -48,6 +51,7 @@ PERIOD_COLUMNS = (
     "approver",
     "delegated_from",
     "break_glass",
+    "blocked_by",
     "use_count",
     "last_used_at",
     "reviews",
@@ -139,7 +143,8 @@ def with_reviews(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def access_period_rows(start: datetime, end: datetime, **narrow: str) -> list[dict[str, Any]]:
     """Every grant that was live at some moment in [start, end) (of one agent, task or
     tool, when named), each with its widest shape in the period: as it was at `start`
-    (reports.shapes_at)."""
+    (reports.shapes_at), and `blocked_by`: why it could allow nothing at any moment of
+    the period, or None (reports.blocked_over: the point-in-time report's answer)."""
     _check_period(start, end)
     grants = (
         reports.narrowed(Grant.objects.all(), **narrow)
@@ -152,6 +157,7 @@ def access_period_rows(start: datetime, end: datetime, **narrow: str) -> list[di
     order = lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.pk)  # noqa: E731
     rows = sorted(reports.at_most(grants), key=order)
     shapes = reports.shapes_at(rows, start)
+    blocked = reports.blocked_over(rows, start, end, task=narrow.get("task", ""))
     return with_reviews(
         [
             {
@@ -161,6 +167,7 @@ def access_period_rows(start: datetime, end: datetime, **narrow: str) -> list[di
                 "tool": g.tool.name,
                 "actions": shapes[g.pk]["actions"],
                 "scope": shapes[g.pk]["scope"],
+                **reports.envelope(g),
                 "task": g.task.key if g.task else None,
                 "status": g.status,
                 "starts_at": g.starts_at,
@@ -170,6 +177,7 @@ def access_period_rows(start: datetime, end: datetime, **narrow: str) -> list[di
                 "approver": g.approved_by.get_username() if g.approved_by else None,
                 "delegated_from": g.delegated_from_id,
                 "break_glass": g.break_glass,
+                "blocked_by": blocked[g.pk],
                 "use_count": g.use_count,
                 "last_used_at": g.last_used_at,
             }

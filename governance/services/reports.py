@@ -12,18 +12,19 @@ import csv
 import io
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
 from governance import audit, roles, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import GovernanceError
-from governance.models import Agent, AuditEvent, Grant, Tool
+from governance.models import Agent, AuditEvent, Grant, Task, Tool
 from governance.policy import (
     PastState,
     ancestor_agents,
@@ -40,6 +41,9 @@ ACCESS_COLUMNS = (
     "tool",
     "actions",
     "scope",
+    "fields",
+    "egress",
+    "limits",
     "task",
     "starts_at",
     "expires_at",
@@ -107,11 +111,15 @@ def at_most(items: Any) -> list[Any]:
 
 
 def narrowed(grants: QuerySet[Grant], *, agent: str = "", task: str = "", tool: str = "") -> Any:
-    """An access report's grants for one agent, task or tool (each optional, exact)."""
+    """An access report's grants for one agent, task or tool (each optional, exact).
+
+    A task's grants are those bound to it and those bound to no task: authorize()
+    lets a grant without a task serve a call under any task (while that task is open,
+    which the rows' `blocked_by` says: grant_dead_reason with `task`)."""
     if agent:
         grants = grants.filter(agent__name=agent)
     if task:
-        grants = grants.filter(task__key=task)
+        grants = grants.filter(Q(task__key=task) | Q(task__isnull=True))
     if tool:
         grants = grants.filter(tool__name=tool)
     return grants
@@ -131,6 +139,7 @@ def access_rows(
     shapes = shapes_at(grants, at)
     past = state_at(at)
     policies = _policies_by_pair(at)
+    call_task = Task.objects.filter(key=task).values_list("pk", flat=True).first() if task else None
     return [
         {
             "grant": g.pk,
@@ -139,6 +148,7 @@ def access_rows(
             "tool": g.tool.name,
             "actions": shapes[g.pk]["actions"],
             "scope": shapes[g.pk]["scope"],
+            **envelope(g),
             "task": g.task.key if g.task else None,
             "starts_at": g.starts_at,
             "expires_at": shapes[g.pk]["expires_at"],
@@ -147,13 +157,24 @@ def access_rows(
             "delegated_from": g.delegated_from_id,
             "break_glass": g.break_glass,
             # A live window is not yet access: the decision module says whether
-            # anything else (suspended agent, quarantined tool, dead ancestor)
+            # anything else (suspended agent, quarantined tool, dead ancestor, the
+            # task closed: the grant's own, or the one the report is narrowed to)
             # would refuse it, with agent and tool state as they were at `at`.
-            "blocked_by": grant_dead_reason(g.pk, at, past),
-            "policies": _answering(_asked(policies, g), g, shapes[g.pk], at),
+            "blocked_by": grant_dead_reason(g.pk, at, past, task=task or None),
+            "policies": _answering(
+                _asked(policies, g), g, shapes[g.pk], at, call_task=g.task_id or call_task
+            ),
         }
         for g in grants
     ]
+
+
+def envelope(grant: Grant) -> dict[str, Any]:
+    """What a grant bounds besides actions and scope: the argument fields a call may
+    carry (none listed: any), the host:port list a sandbox run may reach, and the
+    code-execution ceilings (absent: the runner's floor). Never narrowed in place, so
+    as they are now is as they were at any moment."""
+    return {"fields": list(grant.fields), "egress": list(grant.egress), "limits": grant.limits()}
 
 
 def _policies_by_pair(at: datetime) -> dict[tuple[int, int], list[Any]]:
@@ -187,12 +208,20 @@ def _asked(policies: dict[tuple[int, int], list[Any]], grant: Grant) -> list[Any
     return own + above
 
 
-def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: datetime) -> list[str]:
+def _answering(
+    policies: list[Any],
+    grant: Grant,
+    shape: dict[str, Any],
+    at: datetime,
+    *,
+    call_task: int | None = None,
+) -> list[str]:
     """`approve#12`, `deny#13`: the policies that can answer some destructive call under
     this grant at `at`, as the gate would ask them (policy._policy_verdicts): an action
     the grant held then and the tool supports, destructive (delete, or any action on a
-    tool marked irreversible: the tool as it is now), under the grant's task or none
-    (a task-bound policy only while its task is open), on a scope overlapping the
+    tool marked irreversible: the tool as it is now), under the calls' task (`call_task`:
+    the grant's, or the one the report is narrowed to) or none (a task-bound policy
+    only while its task is open), on a scope overlapping the
     grant's; an approve policy only when its author has no stake in the grant's calls
     (policy.stake_check) and may still approve, since the gate ignores it otherwise."""
     candidates = [
@@ -201,7 +230,7 @@ def _answering(policies: list[Any], grant: Grant, shape: dict[str, Any], at: dat
         if p.action in shape["actions"]
         and p.action in p.tool.actions
         and (p.action == ActionClass.DELETE or p.tool.irreversible)
-        and (p.task_id is None or grant.task_id is None or p.task_id == grant.task_id)
+        and (p.task_id is None or call_task is None or p.task_id == call_task)
         and (p.task is None or p.task.is_open_at(at))
         and patterns_overlap(p.scope, shape["scope"])
     ]
@@ -226,35 +255,95 @@ _STATE_EVENTS = {
 }
 
 
+# The events after which something dead can be alive again (a suspension or a
+# quarantine lifted); everything else that ends access (expiry, revocation, a task
+# closed, a review fallen due) ends it for good.
+_REVIVING = (EventType.AGENT_REACTIVATED, EventType.TOOL_APPROVED, EventType.TOOL_UPDATED)
+
+
+class StateLog:
+    """Agents' and tools' state events up to `until`, from the audit log, to say which
+    agents were suspended and which tools quarantined at any moment up to it: the last
+    state event of each at or before that moment (an agent or tool with none was as
+    created, active and approved). Events outside the chain (seq below 1) are not
+    evidence. Read once, so a report over a period asks it about many moments."""
+
+    def __init__(self, until: datetime) -> None:
+        self.events = list(
+            AuditEvent.objects.filter(
+                event_type__in=_STATE_EVENTS, created_at__lte=until, seq__gt=0
+            )
+            .order_by("created_at", "seq")
+            .values_list("created_at", "event_type", "agent", "tool")
+        )
+        self._times = [event[0] for event in self.events]
+        self._agents = dict(Agent.objects.values_list("name", "pk"))
+        self._tools = dict(Tool.objects.values_list("name", "pk"))
+        self._states: dict[int, PastState] = {}
+
+    def revivals(self) -> list[datetime]:
+        """When a suspension or quarantine was lifted (a moment access may come back)."""
+        return [when for when, event_type, _, _ in self.events if event_type in _REVIVING]
+
+    def at(self, moment: datetime) -> PastState:
+        count = bisect_right(self._times, moment)
+        if count not in self._states:
+            last: dict[tuple[str, str], bool] = {}
+            for _, event_type, agent, tool in self.events[:count]:
+                kind, down = _STATE_EVENTS[event_type]
+                last[(kind, agent if kind == "agent" else tool)] = down
+            self._states[count] = PastState(
+                suspended_agents=frozenset(
+                    self._agents[name]
+                    for (kind, name), down in last.items()
+                    if down and kind == "agent" and name in self._agents
+                ),
+                quarantined_tools=frozenset(
+                    self._tools[name]
+                    for (kind, name), down in last.items()
+                    if down and kind == "tool" and name in self._tools
+                ),
+            )
+        return self._states[count]
+
+
 def state_at(at: datetime) -> PastState:
-    """Agents suspended and tools quarantined at `at`, from the audit log: the last
-    state event of each at or before `at` (an agent or tool with none was as created,
-    active and approved). Events outside the chain (seq below 1) are not evidence."""
-    last: dict[tuple[str, str], bool] = {}
-    events = (
-        AuditEvent.objects.filter(event_type__in=_STATE_EVENTS, created_at__lte=at, seq__gt=0)
-        .order_by("created_at", "seq")
-        .values_list("event_type", "agent", "tool")
+    """Agents suspended and tools quarantined at `at` (StateLog)."""
+    return StateLog(at).at(at)
+
+
+def blocked_over(
+    grants: Iterable[Grant], start: datetime, end: datetime, *, task: str = ""
+) -> dict[int, str | None]:
+    """Each grant's `blocked_by` over [start, end): None when it could allow something
+    at some moment of the period, else why not when its window in the period opened.
+
+    The point-in-time report's answer (grant_dead_reason, with agent and tool state as
+    they were then, and `task`: the task the report is narrowed to), asked at the
+    moments access can begin: the first of the grant's window in the period, and any
+    later one at which a suspension or quarantine was lifted or a task (the grant's,
+    the named one) or an ancestor grant started. Between two of those nothing that
+    was refused becomes allowed, so none of them answering None means none did."""
+    log = StateLog(end)
+    revivals = log.revivals()
+    named = (
+        Task.objects.filter(key=task).values_list("starts_at", flat=True).first() if task else None
     )
-    for event_type, agent, tool in events.iterator():
-        kind, down = _STATE_EVENTS[event_type]
-        last[(kind, agent if kind == "agent" else tool)] = down
-    agents = dict(Agent.objects.values_list("name", "pk"))
-    tools = dict(Tool.objects.values_list("name", "pk"))
-    return PastState(
-        suspended_agents=frozenset(
-            agents[name]
-            for (kind, name), down in last.items()
-            if down and kind == "agent"
-            if name in agents
-        ),
-        quarantined_tools=frozenset(
-            tools[name]
-            for (kind, name), down in last.items()
-            if down and kind == "tool"
-            if name in tools
-        ),
-    )
+    found: dict[int, str | None] = {}
+    for g in grants:
+        assert g.starts_at is not None and g.expires_at is not None  # live in the period
+        first = max(start, g.starts_at)
+        last = min(t for t in (end, g.expires_at, g.revoked_at) if t is not None)
+        # A delegation carries its parent's task: the grant's own task stands for all.
+        starts = [a.starts_at for a in g.chain()] + [g.task.starts_at if g.task else None]
+        later = {t for t in [*revivals, *starts, named] if t is not None and first < t < last}
+        reasons = []
+        for moment in sorted({first, *later}):
+            reasons.append(grant_dead_reason(g.pk, moment, log.at(moment), task=task or None))
+            if reasons[-1] is None:
+                break
+        found[g.pk] = None if reasons[-1] is None else reasons[0]
+    return found
 
 
 def access_report_export(
@@ -293,6 +382,8 @@ def csv_cell(value: Any) -> str:
         text = value.isoformat()
     elif isinstance(value, list | tuple):
         text = ",".join(str(item) for item in value)
+    elif isinstance(value, dict):  # a grant's limits: `cpus=0.5,memory_mb=256`
+        text = ",".join(f"{key}={item}" for key, item in value.items())
     else:
         text = str(value)
     # A spreadsheet set to `;` as its separator splits a cell at a `;` inside it: what
