@@ -201,6 +201,53 @@ def test_export_to_stdout(world, capsys):
     assert yaml.safe_load(capsys.readouterr().out)["grants"]
 
 
+def _exports() -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(event_type="report.exported").order_by("seq"))
+
+
+def test_an_export_of_the_matrix_is_recorded_with_who_what_format_and_rows(world, tmp_path, capsys):
+    """Handing out the matrix hands out who could do what, as the access reports do:
+    it was written with no record. Each export is a `report.exported` event (actor,
+    format, how many grants, where it went), with the file, in one transaction."""
+    import getpass
+
+    assert _exports() == []
+    path = tmp_path / "m.yaml"
+    call_command("matrix_export", "-o", str(path))
+    grants = yaml.safe_load(path.read_text())["grants"]
+    in_force = selectors.grants_in_force(NOW).count()
+    assert len(grants) == in_force and in_force > 0
+    (event,) = _exports()
+    assert (event.actor_type, event.actor, event.created_at) == ("system", "system:cli", NOW)
+    assert json.loads(event.data) == {
+        "report": "matrix", "format": "yaml", "rows": in_force, "at": "2026-11-29T12:00:00Z",
+        "output": str(path), "os_user": getpass.getuser(),
+    }  # fmt: skip
+    assert verify_chain().ok
+
+    # --as names the person taking it (an auditor or admin); stdout is a destination too.
+    auditor = User.objects.create_user("aud")
+    auditor.groups.add(Group.objects.get_or_create(name=roles.AUDITORS)[0])
+    call_command("matrix_export", "--as", "aud")
+    assert yaml.safe_load(capsys.readouterr().out)["grants"] == grants
+    event = _exports()[-1]
+    assert (event.actor_type, event.actor) == ("user", "user:aud")
+    assert (json.loads(event.data)["output"], json.loads(event.data)["rows"]) == (
+        "stdout",
+        in_force,
+    )
+
+
+@pytest.mark.parametrize("who", ["nobody", "sam"])
+def test_an_export_as_someone_who_may_not_export_is_refused_and_not_recorded(
+    world, sam, who, tmp_path
+):
+    path = tmp_path / "m.yaml"
+    with pytest.raises(CommandError, match="not an active auditor or admin"):
+        call_command("matrix_export", "--as", who, "-o", str(path))
+    assert _exports() == [] and not path.exists()
+
+
 # --- round trips -----------------------------------------------------------------
 
 
@@ -1328,3 +1375,5 @@ def test_exporting_to_a_path_that_cannot_be_written_is_a_clear_error(db, tmp_pat
     for target in (tmp_path / "missing-dir" / "m.yaml", tmp_path):
         with pytest.raises(CommandError, match="cannot write"):
             call_command("matrix_export", "-o", str(target))
+    # A file that could not be made records no export.
+    assert not AuditEvent.objects.filter(event_type="report.exported").exists()

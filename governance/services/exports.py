@@ -100,11 +100,15 @@ AUDIT_COLUMNS = (
 )
 
 
-def _check_format(fmt: str) -> None:
-    # "print": the printable report page, read in the browser rather than downloaded.
-    if fmt not in (*FORMATS, "print"):
+# "print": the printable report page, read in the browser rather than downloaded.
+READABLE = (*FORMATS, "print")
+
+
+def _check_format(fmt: str, formats: Sequence[str] = READABLE) -> None:
+    if fmt not in formats:
+        shown = [f for f in formats if f != "print"]
         raise GovernanceError(
-            "invalid_format", f"Format must be one of {', '.join(FORMATS)}.", fields={"format": fmt}
+            "invalid_format", f"Format must be one of {', '.join(shown)}.", fields={"format": fmt}
         )
 
 
@@ -285,19 +289,22 @@ def export(
     fmt: str,
     actor: audit.Actor,
     now: datetime,
-    build: Callable[[list[dict[str, Any]]], Any] | None = None,
+    build: Callable[[Any], Any] | None = None,
+    formats: Sequence[str] = READABLE,
+    count: Callable[[Any], int] = len,
 ) -> Any:
     """Read the rows and write who read them, in one transaction; with `build`, the
     file is made in it too (and returned), so a file that cannot be made leaves no
-    record of an export that never left."""
-    _check_format(fmt)
+    record of an export that never left. `formats`: those this report is made in;
+    `count`: how many rows what `rows_of` returned holds (the matrix file: its grants)."""
+    _check_format(fmt, formats)
     with transaction.atomic():
         rows = rows_of()
         audit.append(
             event_type=EventType.REPORT_EXPORTED,
             actor=actor,
             at=now,
-            data={"report": report, "format": fmt, "rows": len(rows), **_jsonable(params)},
+            data={"report": report, "format": fmt, "rows": count(rows), **_jsonable(params)},
         )
         return build(rows) if build is not None else rows
 

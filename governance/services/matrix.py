@@ -65,7 +65,7 @@ from governance.errors import Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.models.tools import definition_hash
 from governance.services import agents as agent_service
-from governance.services import confirmation
+from governance.services import confirmation, exports
 from governance.services import grants as grant_service
 from governance.services import tasks as task_service
 from governance.services import tools as tool_service
@@ -115,9 +115,46 @@ _HEADER = (
 
 
 def matrix_export(*, at: datetime) -> str:
-    """The live matrix at `at` as YAML text. Same state, same bytes."""
+    """The live matrix at `at` as YAML text. Same state, same bytes. Reads only: what
+    hands the file to someone is matrix_export_recorded."""
+    return _yaml(selectors.matrix_snapshot(at))
+
+
+def matrix_export_recorded(
+    *,
+    at: datetime,
+    actor: audit.Actor,
+    deliver: Callable[[str], None],
+    params: dict[str, Any] | None = None,
+) -> str:
+    """The live matrix at `at`, handed to `deliver` (a file, stdout) with the
+    `report.exported` event that says who took it (report `matrix`, format `yaml`, rows:
+    its grants), in one transaction as every other export (exports.export): a file
+    that cannot be delivered leaves no record of an export, and an export that cannot
+    be recorded is not delivered."""
+
+    def build(snapshot: dict[str, Any]) -> str:
+        text = _yaml(snapshot)
+        deliver(text)
+        return text
+
+    text: str = exports.export(
+        report="matrix",
+        rows_of=lambda: selectors.matrix_snapshot(at),
+        params={"at": at, **(params or {})},
+        fmt="yaml",
+        formats=("yaml",),
+        count=lambda snapshot: len(snapshot["grants"]),
+        actor=actor,
+        now=at,
+        build=build,
+    )
+    return text
+
+
+def _yaml(snapshot: dict[str, Any]) -> str:
     body = yaml.dump(
-        selectors.matrix_snapshot(at),
+        snapshot,
         Dumper=_Dumper,
         sort_keys=False,
         default_flow_style=False,
