@@ -15,7 +15,10 @@ holds the sandbox blocked, Docker has only created the container), and every
 egress attempt is on record before the proxy acts on it.
 
 Exit status: the code's own status when it ran to an exit; otherwise one of
-the EXIT_* codes below (documented in the README).
+the EXIT_* codes below (documented in the README). A run the runner stopped
+because it may not go on (its grant can no longer allow it: the kill switch; or
+a flood of egress attempts) is EXIT_DENIED, not the status of the SIGKILL that
+stopped it (137, which reads as the code's own out-of-memory death).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ EXIT_ERROR = 70  # EX_SOFTWARE: the runner itself failed (nothing was left runni
 EXIT_BACKEND = 71  # EX_OSERR: the backend is unavailable or could not start the sandbox
 EXIT_APPROVAL = 75  # EX_TEMPFAIL: approval required; retry once a human approved
 EXIT_MALFORMED = 76  # EX_PROTOCOL: governance answered something that is not a decision
-EXIT_DENIED = 77  # EX_NOPERM: denied (no grant, expired, suspended, over the grant's limits)
+# EX_NOPERM: denied (no grant, expired, suspended, over the grant's limits); also a run
+# the runner stopped while it ran because it may not go on (see execute()).
+EXIT_DENIED = 77
 EXIT_TIMEOUT = 124  # killed at the wall-clock timeout (as timeout(1) does)
 
 EXIT_FOR_OUTCOME = {
@@ -215,6 +220,9 @@ def execute(
         raise
     deadline = time.time() + auth.limits.wall_seconds
     handle: Handle | None = None
+    # Set when the runner stopped the run because it may not go on (stop() below): the
+    # run then ends EXIT_DENIED, its record's error saying why.
+    stopped: str | None = None
     try:
         handle = backend.start(
             spec,
@@ -239,7 +247,8 @@ def execute(
         next_check = time.monotonic() + LIVE_CHECK
 
         def stop(why: str) -> None:
-            result.error = why
+            nonlocal stopped
+            stopped = result.error = why
             _say(why)
             handle.kill()
 
@@ -262,15 +271,16 @@ def execute(
                 result.timed_out = True
             watch.wake.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
         result.exit_code = watch.code
-        if result.exit_code is None:
+        if result.exit_code is None and not stopped:
             result.error = "the sandbox vanished before reporting an exit (reaped?)"
         result.oom_killed = watch.oom_killed()
     except BackendUnavailable as exc:
-        result.error = str(exc)
-        _say(result.error)
+        _say(str(exc))
+        result.error = "; ".join(filter(None, (stopped, str(exc))))
     except Exception as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-        _say(f"the run failed: {result.error}")
+        _say(f"the run failed: {type(exc).__name__}: {exc}")
+        # A stop's reason stays on record beside what failed after it.
+        result.error = "; ".join(filter(None, (stopped, f"{type(exc).__name__}: {exc}")))
     finally:
         # Removal (tens of ms on the engine) overlaps with recording the outcome;
         # execute() returns only once both are done.
@@ -293,14 +303,24 @@ def execute(
         egress_lost = True
         result.error = "; ".join(filter(None, (result.error, str(exc))))
         _say(str(exc))
+    recorded = True
     try:
         authorizer.finished(spec, auth, result)
     except Exception as exc:
         _say(f"the run's outcome could not be recorded: {type(exc).__name__}: {exc}")
-        return Outcome(EXIT_ERROR, auth, result)
+        recorded = False
     finally:
         watch.thread.join()
     if egress_lost:
+        return Outcome(EXIT_ERROR, auth, result)
+    if stopped:
+        # Denied while it ran: whatever its SIGKILL left as a status (137, or none if
+        # it vanished, or a timeout that landed while it died), the answer is "no". Also
+        # when its end could not be recorded: a suspended agent's token, which a remote
+        # runner reports with, is refused for that too (the reaper closes the record).
+        _say(f"denied while it ran: {stopped}")
+        return Outcome(EXIT_DENIED, auth, result)
+    if not recorded:
         return Outcome(EXIT_ERROR, auth, result)
     if result.error and result.exit_code is None:
         return Outcome(EXIT_BACKEND, auth, result)

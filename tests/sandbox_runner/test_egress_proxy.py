@@ -227,11 +227,12 @@ while True:  # junk attempts through the proxy, as fast as it answers, until sto
 
 
 def test_a_flood_of_egress_attempts_stops_the_run_with_each_recorded_one_logged(
-    backend, code_exec, spec_for, servers, monkeypatch
+    backend, code_exec, spec_for, servers, monkeypatch, capfd
 ):
     """Attempts are recorded in bounded batches (the deadline check still runs), and
     past MAX_EGRESS_ATTEMPTS the run is stopped: a flood cannot outlast its deadline or
-    grow the audit log without bound."""
+    grow the audit log without bound. Such a run is denied (EXIT_DENIED, 77), not the
+    137 of the SIGKILL that stopped it."""
     from sandbox_runner import runner
 
     a, _ = servers
@@ -243,7 +244,10 @@ def test_a_flood_of_egress_attempts_stops_the_run_with_each_recorded_one_logged(
     record = run_record(spec.run_id)
     assert "over 25 egress attempts: stopped" in record.error, err
     assert not record.timed_out  # stopped by the cap, long before its deadline
-    assert outcome.exit_code != 0
+    assert outcome.exit_code == runner.EXIT_DENIED
+    assert "denied while it ran: over 25 egress attempts: stopped" in capfd.readouterr().err
+    finished = AuditEvent.objects.get(event_type="sandbox.run.finished")
+    assert "over 25 egress attempts: stopped" in json.loads(finished.data)["error"]
     logged = AuditEvent.objects.filter(event_type="sandbox.egress.denied")
     assert logged.count() == 25
     assert {json.loads(e.data)["run_id"] for e in logged} == {spec.run_id}

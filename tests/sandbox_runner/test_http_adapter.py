@@ -585,11 +585,13 @@ def test_a_remote_runner_stops_its_sandbox_when_the_grant_is_revoked(
 
     spec, outcome, elapsed = _remote_run_stopped_by(live_server, code_exec, spec_for, alice, revoke)
     assert elapsed < LIVE_CHECK + 10, elapsed  # not the 60 s deadline
-    assert outcome.exit_code != 0
+    assert outcome.exit_code == EXIT_DENIED  # denied while it ran, not the kill's 137
     record = run_record(spec.run_id)
     assert record.status == "finished" and not record.timed_out
-    assert "grant_revoked" in record.error
+    assert record.error == "stopped: its grant can no longer allow it (grant_revoked)"
     assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+    finished = AuditEvent.objects.get(event_type="sandbox.run.finished")
+    assert json.loads(finished.data)["error"] == record.error
 
 
 @pytest.mark.django_db(transaction=True)
@@ -612,9 +614,10 @@ def test_a_remote_runner_stops_its_sandbox_when_the_agent_is_suspended(
         live_server, code_exec, spec_for, alice, suspend
     )
     assert elapsed < LIVE_CHECK + 10, elapsed
-    assert outcome.exit_code != 0
+    assert outcome.exit_code == EXIT_DENIED  # denied while it ran, not the kill's 137
     assert outcome.result is not None and "token_refused" in outcome.result.error
     assert run_record(spec.run_id).status == "running"  # the refused token could not close it
+    assert events_of(spec.run_id)[-1] == "sandbox.run.started"  # nor record its end
 
 
 @pytest.mark.django_db

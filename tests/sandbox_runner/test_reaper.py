@@ -309,13 +309,42 @@ def test_the_start_gate_refuses_a_run_whose_agent_was_suspended_after_the_allow(
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
 
 
+def _suspend(spec) -> str:
+    agent = Agent.objects.get(name=spec.agent)
+    agent_suspend(agent=agent, reason="kill switch", actor=Actor.system("test"),
+                  at=datetime.now(UTC))  # fmt: skip
+    return "agent_suspended"
+
+
+def _revoke(spec) -> str:
+    from governance.services.grants import grant_revoke
+
+    grant_revoke(grant_id=run_record(spec.run_id).grant_id, reason="incident",
+                 actor=Actor.system("test"), at=datetime.now(UTC))  # fmt: skip
+    return "grant_revoked"
+
+
+def _narrow(spec) -> str:
+    from governance.services.grants import grant_narrow
+
+    grant_narrow(grant_id=run_record(spec.run_id).grant_id, reason="review",
+                 actor=Actor.system("test"), at=datetime.now(UTC),
+                 scope="sandbox:some-other-image")  # fmt: skip
+    return "scope_mismatch"
+
+
 @pytest.mark.django_db
-def test_the_runner_stops_its_sandbox_when_the_agent_is_suspended(backend, code_exec, spec_for):
+@pytest.mark.parametrize("kill", [_suspend, _revoke, _narrow], ids=["suspend", "revoke", "narrow"])
+def test_the_runner_stops_its_sandbox_when_its_grant_can_no_longer_allow_it(
+    backend, code_exec, spec_for, kill, capfd
+):
     """The kill switch, from the runner's side: it asks every LIVE_CHECK seconds whether
     the grant can still allow the run, so any backend (bubblewrap has no container for
-    the reaper to find) stops within seconds, long before its deadline."""
-    from governance.models import Agent
-    from sandbox_runner.runner import LIVE_CHECK
+    the reaper to find) stops within seconds, long before its deadline. Such a run is
+    denied: it exits EXIT_DENIED (77), not 137, the status of the SIGKILL that stopped it
+    (which a caller reads as the code's own out-of-memory death), and its record and
+    `sandbox.run.finished` event say why."""
+    from sandbox_runner.runner import EXIT_DENIED, LIVE_CHECK
 
     code_exec.grant()
     spec = spec_for(
@@ -323,21 +352,23 @@ def test_the_runner_stops_its_sandbox_when_the_agent_is_suspended(backend, code_
         backend=backend,
         limits={"wall_seconds": 60},
     )
-
-    def suspend(spec, handle):
-        agent = Agent.objects.get(name="coder")
-        now = datetime.now(UTC)
-        agent_suspend(agent=agent, reason="kill switch", actor=Actor.system("test"), at=now)
-
+    why: list[str] = []
     started = time.monotonic()
     outcome = execute(
-        spec, DatabaseAuthorizer(), stdout=io.BytesIO(), stderr=io.BytesIO(), on_started=suspend
-    )
+        spec, DatabaseAuthorizer(), stdout=io.BytesIO(), stderr=io.BytesIO(),
+        on_started=lambda spec, handle: why.append(kill(spec)),
+    )  # fmt: skip
     elapsed = time.monotonic() - started
     assert elapsed < LIVE_CHECK + 10, elapsed  # not the 60 s deadline
+    assert outcome.exit_code == EXIT_DENIED
+    stopped = f"stopped: its grant can no longer allow it ({why[0]})"
+    assert f"denied while it ran: {stopped}" in capfd.readouterr().err
     record = run_record(spec.run_id)
-    assert not record.timed_out and "agent_suspended" in record.error
-    assert outcome.exit_code != 0
+    assert record.status == "finished" and not record.timed_out
+    assert record.error == stopped
+    assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
+    finished = AuditEvent.objects.filter(event_type="sandbox.run.finished").get()
+    assert json.loads(finished.data)["error"] == stopped
     assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
 
 
