@@ -257,8 +257,21 @@ class GovernanceClient:
         if not base_url.startswith(("http://", "https://")):
             # urllib would also open file: and ftp: URLs; a token must only go to a server.
             raise ValueError("base_url must be an http:// or https:// URL")
+        if not base_url.isprintable() or " " in base_url:
+            raise ValueError("base_url has spaces or control characters")
+        try:
+            parts = urllib.parse.urlsplit(base_url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not one
+        except ValueError as exc:  # bad brackets, a port above 65535 or not a number
+            raise ValueError(f"base_url is not a URL: {exc}") from None
+        if not parts.hostname:
+            raise ValueError("base_url names no host")
+        if "@" in parts.netloc:
+            # The token is the credential; a user:password in the URL would be read as
+            # part of the host (and shown in every error).
+            raise ValueError("base_url must not carry a user or password (user@host)")
         plain = base_url.startswith("http://")
-        if plain and not _loopback(urllib.parse.urlsplit(base_url).hostname or ""):
+        if plain and not _loopback(parts.hostname):
             # Whoever is on the path would read the token, and could answer "allow".
             raise ValueError(
                 "plain http:// would send the token in the clear: use https://, or "

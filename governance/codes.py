@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from sandbox_runner.spec import LIMIT_MAX, LIMIT_MIN, LIMIT_NAMES
+
 
 class ActionClass(models.TextChoices):
     """Separate grants: read is not write, write is not delete."""
@@ -24,12 +26,9 @@ ACTION_VALUES: frozenset[str] = frozenset(ActionClass.values)
 # A grant's (or a sandbox run's) code-execution ceilings: (least, most) of each, the
 # same whichever door a grant comes through (API, matrix file, service). cpus may be a
 # fraction; the others are whole numbers (memory_mb: the engine's own minimum is 6).
+# One source with the runner's own checks (its CLI refuses what no grant could allow).
 LIMIT_BOUNDS: dict[str, tuple[float, int]] = {
-    "memory_mb": (6, 1 << 20),
-    "cpus": (0.01, 1024),
-    "pids": (1, 1 << 22),
-    "wall_seconds": (1, 7 * 86400),
-    "scratch_mb": (1, 1 << 20),
+    name: (LIMIT_MIN[name], LIMIT_MAX[name]) for name in LIMIT_NAMES
 }
 
 

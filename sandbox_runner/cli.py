@@ -11,15 +11,33 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from sandbox_runner.backends import REGISTRY
-from sandbox_runner.spec import DEFAULT_IMAGE, DEFAULT_TOOL, SCRIPT_PATH, RunSpec, read_file
+from sandbox_runner.egress import parse_destination
+from sandbox_runner.spec import (
+    DEFAULT_IMAGE,
+    DEFAULT_TOOL,
+    LIMIT_MAX,
+    LIMIT_MIN,
+    SCRIPT_PATH,
+    RunSpec,
+    read_file,
+)
 
 EXIT_USAGE = 64
 
 _SIZE = re.compile(r"([0-9]+)([kmg]?)i?b?", re.IGNORECASE)
+_WHOLE = re.compile(r"-?[0-9]+")  # int() also takes "+5", "1_000" and other scripts' digits
+
+# Every argument is checked here, before governance is asked anything: a value no run
+# can have is the caller's mistake (64), not a denial on record (77) nor a traceback.
+# The lengths are what governance stores (agent, tool and task names; an approval id; the
+# REST API's image, egress and command fields); the limits' bounds are any grant's.
+TEXT_MAX = {"agent": 100, "task": 100, "tool": 100, "image": 300, "approval": 64}
+EGRESS_MAX, EGRESS_ENTRY_MAX = 64, 300
+COMMAND_MAX, COMMAND_ARG_MAX = 256, 4096
 
 
 def memory_mb(text: str) -> int:
@@ -45,41 +63,94 @@ def cpus(text: str) -> float:
     return value
 
 
+def _within(name: str, value: float, text: str, unit: str) -> None:
+    least, most = LIMIT_MIN[name], LIMIT_MAX[name]
+    if not least <= value <= most:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between {least:g} and {most}{unit}")
+
+
+def _limit(name: str, unit: str = "") -> Callable[[str], float | int]:
+    """The argument type of one limit: parsed as its kind, within any grant's bounds."""
+
+    def parse(text: str) -> float | int:
+        value: float | int
+        if name == "cpus":
+            value = cpus(text)
+        elif name in ("memory_mb", "scratch_mb"):
+            value = memory_mb(text)
+        elif _WHOLE.fullmatch(text.strip()):
+            value = int(text)
+        else:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+        _within(name, value, text, " MiB" if name.endswith("_mb") else unit)
+        return value
+
+    parse.__name__ = name  # argparse names the type in some of its own messages
+    return parse
+
+
+def _text(name: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError("must not be empty")
+        if len(text) > TEXT_MAX[name]:
+            raise argparse.ArgumentTypeError(f"longer than {TEXT_MAX[name]} characters")
+        if not text.isprintable():
+            raise argparse.ArgumentTypeError(f"{text!r:.80} has control characters")
+        return text
+
+    parse.__name__ = name
+    return parse
+
+
+def egress_entry(text: str) -> str:
+    """`host:port` or `[v6]:port`, as the proxy and governance read it (kept as given)."""
+    if len(text) > EGRESS_ENTRY_MAX:
+        raise argparse.ArgumentTypeError(f"longer than {EGRESS_ENTRY_MAX} characters")
+    try:
+        parse_destination(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (want HOST:PORT or [IPv6]:PORT)") from None
+    return text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on a bad argument; this CLI's usage error is EXIT_USAGE (64),
-    as the README's exit codes say, for the subcommands' errors too."""
+    as the README's exit codes say, for the subcommands' errors too. One line, naming
+    the argument and what is wrong with it (no usage dump to look through)."""
 
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"sandbox_runner: {message}\n")
+        message = " ".join(message.split())  # argparse's own may span lines
+        self.exit(EXIT_USAGE, f"sandbox_runner: {message} (see: {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m sandbox_runner")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="authorize, then run a script or command in a sandbox")
-    run.add_argument("--agent", required=True)
-    run.add_argument("--task")
-    run.add_argument("--tool", default=DEFAULT_TOOL)
+    run.add_argument("--agent", required=True, type=_text("agent"))
+    run.add_argument("--task", type=_text("task"))
+    run.add_argument("--tool", default=DEFAULT_TOOL, type=_text("tool"))
     run.add_argument(
         "--backend",
         default=os.environ.get("SANDBOX_BACKEND") or "docker",
         choices=list(REGISTRY),
         help="default: SANDBOX_BACKEND, else docker (governance's SANDBOX_BACKENDS may refuse it)",
     )
-    run.add_argument("--image", default=DEFAULT_IMAGE)
+    run.add_argument("--image", default=DEFAULT_IMAGE, type=_text("image"))
     run.add_argument("--input", help="file mounted read-only at /sandbox/input")
-    run.add_argument("--timeout", type=int, help="wall-clock seconds")
-    run.add_argument("--memory", type=memory_mb, help="e.g. 256m")
-    run.add_argument("--cpus", type=cpus)
-    run.add_argument("--pids", type=int)
-    run.add_argument("--scratch", type=memory_mb, help="size of /workspace, e.g. 64m")
-    run.add_argument("--egress", nargs="+", action="extend", metavar="HOST:PORT")
+    run.add_argument("--timeout", type=_limit("wall_seconds", " s"), help="wall-clock seconds")
+    run.add_argument("--memory", type=_limit("memory_mb"), help="e.g. 256m")
+    run.add_argument("--cpus", type=_limit("cpus"))
+    run.add_argument("--pids", type=_limit("pids"))
+    run.add_argument("--scratch", type=_limit("scratch_mb"), help="size of /workspace, e.g. 64m")
+    run.add_argument("--egress", nargs="+", action="extend", metavar="HOST:PORT", type=egress_entry)
     run.add_argument("--api", help="governance URL (or GOVERNANCE_URL); token in GOVERNANCE_TOKEN")
     run.add_argument("--script", help="file run as `python3 /sandbox/script`")
     run.add_argument(
         "--approval",
         metavar="ID",
+        type=_text("approval"),
         help="an approved approval for exactly this run (after exit 75: approval_required)",
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
@@ -98,6 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bool(args.script) == bool(command):
         print("sandbox_runner: give exactly one of --script FILE or -- COMMAND", file=sys.stderr)
         return EXIT_USAGE
+    if problem := _too_much(command, args.egress or []):
+        print(f"sandbox_runner: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    files: dict[str, bytes | None] = {}
+    for option in ("script", "input"):
+        path = getattr(args, option)
+        try:
+            files[option] = read_file(path) if path else None
+        except OSError as exc:  # missing, unreadable, a directory
+            print(f"sandbox_runner: --{option}: {exc.strerror or exc}: {path!r}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         spec = RunSpec(
             agent=args.agent,
@@ -106,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend=args.backend,
             image=args.image,
             command=tuple(command) if command else ("python3", SCRIPT_PATH),
-            script=read_file(args.script) if args.script else None,
-            input=read_file(args.input) if args.input else None,
+            script=files["script"],
+            input=files["input"],
             limits={
                 "memory_mb": args.memory,
                 "cpus": args.cpus,
@@ -118,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             egress=tuple(args.egress) if args.egress else None,
             approval=args.approval,
         )
-    except (OSError, ValueError) as exc:  # unreadable file; an image the backend cannot run
+    except ValueError as exc:  # an image the backend cannot run
         print(f"sandbox_runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
     authorizer = _authorizer(args.api)
@@ -130,9 +212,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return outcome.exit_code
 
 
+def _too_much(command: Sequence[str], egress: Sequence[str]) -> str | None:
+    """What governance would refuse to take (the REST API's bounds), before asking it."""
+    if len(command) > COMMAND_MAX:
+        return f"the command has {len(command)} words; at most {COMMAND_MAX}"
+    if any(len(word) > COMMAND_ARG_MAX for word in command):
+        return f"a word of the command is longer than {COMMAND_ARG_MAX} characters"
+    if len(egress) > EGRESS_MAX:
+        return f"--egress names {len(egress)} destinations; at most {EGRESS_MAX}"
+    return None
+
+
 def _authorizer(api: str | None):  # type: ignore[no-untyped-def]
     from sandbox_runner.authorizers import DatabaseAuthorizer, HttpAuthorizer
 
+    if api == "":  # given, but empty: not "in-process" (that is leaving --api out)
+        print("sandbox_runner: --api: must not be empty", file=sys.stderr)
+        return None
     url = api or os.environ.get("GOVERNANCE_URL")
     if url:
         token = os.environ.get("GOVERNANCE_TOKEN", "")
@@ -141,7 +237,7 @@ def _authorizer(api: str | None):  # type: ignore[no-untyped-def]
             return None
         try:
             return HttpAuthorizer(url, token)
-        except ValueError as exc:  # not http(s), or plain http off this machine
+        except ValueError as exc:  # not a URL, not http(s), or plain http off this machine
             print(f"sandbox_runner: --api: {exc}", file=sys.stderr)
             return None
     return DatabaseAuthorizer()

@@ -91,6 +91,15 @@ DEFAULT_LIMITS = Limits(memory_mb=256, cpus=1.0, pids=64, wall_seconds=60, scrat
 LIMIT_NAMES = ("memory_mb", "cpus", "pids", "wall_seconds", "scratch_mb")
 # The smallest value each limit can be enforced at (Docker: 0.01 CPUs, 6 MiB).
 LIMIT_MIN = {"memory_mb": 6, "cpus": 0.01, "pids": 1, "wall_seconds": 1, "scratch_mb": 1}
+# The largest any grant may hold (governance.codes.LIMIT_BOUNDS is made of these two), so
+# the CLI refuses a request above it as a usage error instead of asking governance.
+LIMIT_MAX = {
+    "memory_mb": 1 << 20,
+    "cpus": 1024,
+    "pids": 1 << 22,
+    "wall_seconds": 7 * 86400,
+    "scratch_mb": 1 << 20,
+}
 
 
 @dataclass(frozen=True)

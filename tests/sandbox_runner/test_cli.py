@@ -169,3 +169,151 @@ def test_a_governance_url_the_client_refuses_is_a_usage_error_not_a_traceback(
     monkeypatch.setenv("GOVERNANCE_TOKEN", "t")
     assert main(["run", "--agent", "a", "--api", api, "--", "true"]) == EXIT_USAGE
     assert "sandbox_runner: --api:" in capfd.readouterr().err
+
+
+# --- Every argument is checked before governance is asked -----------------------------
+
+
+@pytest.fixture
+def governance_stub(monkeypatch):
+    """A local server standing in for governance, counting what it is asked (a 503 to
+    anything: a run that got this far would exit 69, never 64)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[str] = []
+
+    class Stub(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            asked.append(self.path)
+            self.send_response(503)
+            self.end_headers()
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    serve = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    serve.start()
+    monkeypatch.setenv("GOVERNANCE_TOKEN", "agt_stub")
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _exit_of(argv, capfd):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors exit through _Parser.error
+        code = exc.code
+    return code, capfd.readouterr().err
+
+
+BAD_ARGUMENTS = [
+    *(("--timeout", v) for v in ("-1", "0", "nan", "inf", "1.5", "1e3", "abc", "+5", "1_0")),
+    *(("--timeout", v) for v in ("604801", "99999999999999999999", "\u0665")),
+    *(("--pids", v) for v in ("-1", "0", "nan", "0.5", "4194305", "99999999999999999999")),
+    *(("--cpus", v) for v in ("-1", "0", "nan", "inf", "1e400", "0.001", "1e-300", "1025", "x")),
+    *(("--memory", v) for v in ("-1", "0", "5m", "1k", "nan", "1t", "99999999999999999999g")),
+    *(("--scratch", v) for v in ("0", "0k", "1023k", "1025g", "abc")),
+    *(("--egress", v) for v in ("x", "host:", ":80", "host:0", "host:65536", "host:abc")),
+    *(("--egress", v) for v in ("[::1]", "[1.2.3.4]:80", "a:80:90", "h h:80", "a..b:80")),
+    *(("--egress", v) for v in ("\u00fcber.example:80", "a" * 300 + ":80")),
+    ("--agent", ""),
+    ("--agent", "a" * 101),
+    ("--task", ""),
+    ("--task", "a\tb"),
+    ("--tool", ""),
+    ("--tool", "t" * 101),
+    ("--image", ""),
+    ("--approval", ""),
+    ("--approval", "x" * 65),
+    ("--backend", "nope"),
+    ("--input", "/nonexistent/input"),
+    ("--api", ""),
+    ("--api", "http://127.0.0.1:99999"),
+    ("--api", "http://127.0.0.1:abc"),
+    ("--api", "http://[::1"),
+    ("--api", "http://"),
+    ("--api", "http://user:pw@127.0.0.1:1"),
+    ("--api", "http://127.0.0.1:1 x"),
+]
+
+
+@pytest.mark.parametrize(("option", "value"), BAD_ARGUMENTS)
+def test_a_bad_value_is_a_one_line_usage_error_and_governance_is_not_asked(
+    option, value, governance_stub, capfd
+):
+    """Negative, zero, NaN, infinite, non-numeric or huge limits, a malformed host:port,
+    an empty or overlong name, an unusable URL: each was asked of governance (a denial on
+    record, 77; or 69 from a URL that could never work), or ended in a traceback. Now
+    each is 64 with one line naming the argument, and nothing is sent."""
+    url, asked = governance_stub
+    argv = ["run", "--agent", "coder", "--backend", "bubblewrap", "--api", url]
+    code, err = _exit_of([*argv, option, value, "--", "true"], capfd)
+    assert code == EXIT_USAGE, err
+    assert err.startswith("sandbox_runner: ") and err.count("\n") == 1, err
+    assert option in err and "Traceback" not in err
+    assert asked == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ([], "the command has 257 words; at most 256"),
+        (["x" * 4097], "a word of the command is longer than 4096 characters"),
+        ([f"--egress=h{i}.example:443" for i in range(65)], "--egress names 65 destinations"),
+    ],
+)
+def test_more_than_governance_takes_is_a_usage_error(extra, said, governance_stub, capfd):
+    url, asked = governance_stub
+    argv = ["run", "--agent", "coder", "--backend", "bubblewrap", "--api", url, *extra]
+    command = ["true"] * (257 if not extra else 1)
+    code, err = _exit_of([*argv, "--", *command], capfd)
+    assert code == EXIT_USAGE and said in err and err.count("\n") == 1, err
+    assert asked == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--timeout", "0"), ("--timeout", "-1"), ("--pids", "-1"), ("--cpus", "0"),
+     ("--memory", "5m"), ("--egress", "host:0"), ("--agent", ""), ("--task", "")],
+)  # fmt: skip
+def test_in_process_a_bad_value_writes_nothing(option, value, code_exec, capfd):
+    """In-process these were governance's to refuse: a denial (77) and its audit events
+    for a mistake in the command line. Now nothing is decided or recorded."""
+    code_exec.grant()
+    argv = ["run", "--agent", "coder", "--task", "SBX-1", "--backend", "bubblewrap"]
+    code, err = _exit_of([*argv, option, value, "--", "true"], capfd)
+    assert code == EXIT_USAGE and option in err, err
+    assert not SandboxRun.objects.exists()
+    assert not AuditEvent.objects.filter(event_type__startswith="access.").exists()
+    assert not AuditEvent.objects.filter(event_type__startswith="sandbox.").exists()
+
+
+def test_good_values_still_reach_governance(governance_stub, capfd):
+    """The checks refuse no value a grant could allow: the bounds themselves pass, and
+    the stub's 503 is 69 (asked, no answer)."""
+    from sandbox_runner.runner import EXIT_UNREACHABLE
+
+    url, asked = governance_stub
+    argv = ["run", "--agent", "coder", "--backend", "bubblewrap", "--api", url + "/api/v1/"]
+    argv += ["--timeout", "604800", "--pids", "1", "--cpus", "0.01", "--memory", "6m"]
+    argv += ["--scratch", "1024g", "--egress", "example.org:443", "[::1]:8080", "--tool", "t"]
+    argv += ["--approval", "a" * 64, "--task", "T" * 100, "--", "true"]
+    code, err = _exit_of(argv, capfd)
+    assert code == EXIT_UNREACHABLE, err
+    assert asked == ["/api/v1/sandbox/runs"]
+
+
+def test_the_limits_bounds_are_governances():
+    """One source: the CLI refuses exactly what no grant could hold."""
+    from governance.codes import LIMIT_BOUNDS
+    from sandbox_runner.spec import LIMIT_MAX, LIMIT_MIN
+
+    assert LIMIT_BOUNDS == {name: (LIMIT_MIN[name], LIMIT_MAX[name]) for name in LIMIT_MIN}
