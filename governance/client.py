@@ -28,6 +28,7 @@ their body would run after the check, outside it.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import hashlib
 import http.client
@@ -36,6 +37,7 @@ import io
 import ipaddress
 import json
 import logging
+import math
 import re
 import socket
 import time
@@ -46,6 +48,7 @@ import urllib.request
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -235,10 +238,17 @@ class _Answer:
 
 
 def _retry_after(headers: Any) -> int | None:
+    """Retry-After in seconds: a number of them, or an HTTP date (as a proxy may send)."""
+    value = str(headers.get("Retry-After") or "").strip()
+    if re.fullmatch(r"[0-9]{1,9}", value):
+        return int(value)
     try:
-        return int(headers.get("Retry-After"))
-    except (TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0, math.ceil((when - datetime.now(UTC)).total_seconds()))
 
 
 def _loopback(host: str) -> bool:

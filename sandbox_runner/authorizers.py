@@ -166,9 +166,24 @@ class HttpAuthorizer:
         if spec.approval is not None:
             payload["approval"] = spec.approval
         answer = self.client._call("POST", "/sandbox/runs", payload)
+        # What each answer that is not a decision means (the README's exit statuses):
+        # - none, a 5xx (the service or a proxy in front of it failing) or a 429 (this
+        #   token is rate limited): no decision was given, "unreachable" (69): try again
+        #   later, as after a refused connection; a 429 says when, if the server did;
+        # - 400 or 413 (the request refused as invalid), 401 or 403 (the token refused:
+        #   unknown, revoked, expired, its agent suspended), 409 (this run id is taken):
+        #   governance refused, "deny" (77);
+        # - a 404 (no such endpoint: the URL is not governance's API), a redirect or any
+        #   other status: "malformed" (76), not an answer from governance at all.
+        if answer.status == 429:
+            when = (
+                f"retry after {answer.retry_after} s (Retry-After)"
+                if answer.retry_after is not None
+                else "no Retry-After given"
+            )
+            message = f"governance: rate limited (HTTP 429): {when}"
+            return _refusal(spec, "unreachable", "rate_limited", message)
         if answer.status is None or answer.status >= 500:
-            # A 5xx is the service (or a proxy in front of it) failing, not a malformed
-            # answer: 69 (unreachable, try again later), as a refused connection is.
             why = answer.problem
             if answer.status is not None:
                 why = f"the service answered {answer.status}" + (f" ({why})" if why else "")
@@ -176,7 +191,13 @@ class HttpAuthorizer:
         try:
             body = self.client._checked(answer, expect=201)
         except GovernanceClientError as exc:
-            outcome = "deny" if exc.status in (400, 401, 403, 404, 409, 429) else "malformed"
+            if exc.status == 404:
+                message = (
+                    f"HTTP 404: no sandbox API at {self.client.base_url} (is it governance's "
+                    f"URL?): {exc.message}"
+                )
+                return _refusal(spec, "malformed", "error", message)
+            outcome = "deny" if exc.status in (400, 401, 403, 409, 413) else "malformed"
             return _refusal(spec, outcome, exc.code, exc.message)
         return _parse_run(spec, body)
 

@@ -50,7 +50,7 @@ from sandbox_runner.proxy import EgressProxy
 from sandbox_runner.spec import IMAGE_ID, Authorization, RunResult, RunSpec
 
 # Distinct statuses for "the code never ran" (sysexits.h where one fits).
-EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: governance did not answer
+EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: no decision (no answer, a 5xx, a 429): retry later
 EXIT_ERROR = 70  # EX_SOFTWARE: the runner itself failed (nothing was left running)
 EXIT_BACKEND = 71  # EX_OSERR: the backend is unavailable or could not start the sandbox
 EXIT_APPROVAL = 75  # EX_TEMPFAIL: approval required; retry once a human approved

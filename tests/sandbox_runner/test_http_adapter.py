@@ -840,3 +840,131 @@ def test_narrowing_the_grant_under_a_running_sandbox_makes_its_live_check_fail(
     assert reap_reason(run_id=run_id, deadline=float("inf"), at=timezone.now()) == reason
     assert _snapshot() == written  # questions: nothing written
     assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started"]
+
+
+# --- Answers that are not decisions ------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rate_limited_run_request_is_unreachable_and_says_when_to_retry(
+    live_server, code_exec, spec_for, alice, settings, bwrap_available, capfd
+):
+    """A 429 is no decision: the token's rate limit is spent for now. It was read as a
+    denial (77, "no grant"); it is 69 (try again later), with the server's Retry-After
+    in the message, and the server records nothing of the run (it never got that far)."""
+    from governance.client import GovernanceClient
+    from sandbox_runner.runner import EXIT_UNREACHABLE
+
+    code_exec.grant()
+    token = _token(code_exec.agent, alice)
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "authorize": 1}
+    # The agent's own call spends the token's one decision this minute.
+    spent = GovernanceClient(live_server.url, token).authorize("code-exec", "execute", "x")
+    assert spent.reason != "rate_limited"
+    events = AuditEvent.objects.count()
+    spec = spec_for("print('never')", backend="bubblewrap")
+    outcome, out, _ = run(spec, HttpAuthorizer(live_server.url, token))
+    assert outcome.exit_code == EXIT_UNREACHABLE and out == ""
+    assert (outcome.auth.outcome, outcome.auth.reason) == ("unreachable", "rate_limited")
+    assert "rate limited (HTTP 429): retry after" in outcome.auth.message
+    assert "(Retry-After)" in outcome.auth.message
+    assert "not started: unreachable (rate_limited)" in capfd.readouterr().err
+    assert not SandboxRun.objects.filter(run_id=spec.run_id).exists()
+    assert AuditEvent.objects.count() == events  # nothing was decided, nothing recorded
+    assert leftovers("bubblewrap", spec.run_id) == []
+
+
+@pytest.fixture
+def canned():
+    """answer(status, body, **headers): a local stand-in for governance whose every
+    answer is that one. Unit level: the decision is not governance's here, so there is
+    no run record or audit event to check (the real server's 429 is checked above)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answer: dict[str, Any] = {}
+
+    class Canned(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.dumps(answer["body"]).encode() if answer["body"] is not None else b""
+            self.send_response(answer["status"])
+            self.send_header("Content-Type", "application/json")
+            for name, value in answer["headers"].items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Canned)
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+
+    def set_answer(status: int, body: Any = None, **headers: str) -> str:
+        answer.update(status=status, body=body, headers=headers)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    try:
+        yield set_answer
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _error(code: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": f"{code} said the server"}}
+
+
+def _http_date(ahead: timedelta) -> str:
+    return (timezone.now() + ahead).strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
+IN_A_MINUTE = _http_date(timedelta(seconds=90))  # any date will do for the message
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "exit_code", "said"),
+    [
+        (429, _error("rate_limited"), {"Retry-After": "7"}, 69, "retry after 7 s (Retry-After)"),
+        (429, None, {"Retry-After": IN_A_MINUTE}, 69, "(Retry-After)"),
+        (429, None, {}, 69, "rate limited (HTTP 429): no Retry-After given"),
+        (500, None, {}, 69, "the service answered 500"),
+        (503, _error("unavailable"), {"Retry-After": "3"}, 69, "the service answered 503"),
+        (400, _error("invalid_request"), {}, 77, "invalid_request said the server"),
+        (401, _error("not_authenticated"), {}, 77, "not_authenticated said the server"),
+        (403, _error("permission_denied"), {}, 77, "permission_denied said the server"),
+        (409, _error("run_exists"), {}, 77, "run_exists said the server"),
+        (413, _error("too_large"), {}, 77, "too_large said the server"),
+        (404, _error("not_found"), {}, 76, "HTTP 404: no sandbox API at http://127.0.0.1:"),
+        (404, None, {}, 76, "(is it governance's URL?)"),
+        (302, None, {"Location": "http://127.0.0.1:9/"}, 76, ""),
+        (405, _error("method_not_allowed"), {}, 76, "method_not_allowed said the server"),
+    ],
+)
+def test_each_answer_that_is_not_a_decision_has_its_documented_status(
+    status, body, headers, exit_code, said, canned, spec_for, bwrap_available
+):
+    """The README's table, over HTTP: no decision (none, 5xx, 429: 69, try again
+    later; a 429 says when), governance refusing the request or the token (400, 401,
+    403, 409, 413: 77), or not governance's answer at all (404, a redirect, any other
+    status: 76). Nothing starts in any case."""
+    spec = spec_for("print('never')", backend="bubblewrap")
+    outcome, out, _ = run(spec, HttpAuthorizer(canned(status, body, **headers), "agt_x"))
+    assert outcome.exit_code == exit_code, outcome.auth
+    assert said in outcome.auth.message and out == "" and outcome.result is None
+    assert leftovers("bubblewrap", spec.run_id) == []
+
+
+def test_retry_after_as_an_http_date_is_read_in_seconds():
+    from email.message import Message
+
+    from governance.client import _retry_after
+
+    headers = Message()
+    headers["Retry-After"] = _http_date(timedelta(seconds=90))
+    assert 80 < _retry_after(headers) <= 90
+    for value, seconds in (("7", 7), ("Wed, 21 Oct 2015 07:28:00 GMT", 0), ("soon", None)):
+        del headers["Retry-After"]
+        headers["Retry-After"] = value
+        assert _retry_after(headers) == seconds
