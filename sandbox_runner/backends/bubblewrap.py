@@ -10,7 +10,9 @@ sandbox), /tmp a noexec tmpfs of 64 MiB the runner mounts (a runner that is not
 root cannot: bwrap's own tmpfs of the same size, exec allowed, and the record
 says so), the script and input bound read-only.
 
-Limits: cgroups (v1 or v2) when the runner may create them. Else rlimits (RLIMIT_AS,
+Limits: cgroups (v1 or v2) when the runner may create them, swap capped with memory
+where the host accounts for swap (the record says "cgroup (swap not capped)" where it
+does not). Else rlimits (RLIMIT_AS,
 RLIMIT_NPROC, RLIMIT_CPU), which bind each process, not the run, so only when the
 deployment sets SANDBOX_ALLOW_RLIMITS=1 (otherwise the backend is unavailable); the
 run record says which per limit.
@@ -71,6 +73,9 @@ def cgroups_usable() -> bool:
 
 
 CGROUP_NAME = "governance-sandbox"
+# The run record's `enforcement.memory` when its RAM is capped by the cgroup but its swap
+# could not be (no swap accounting on this host): not a ceiling on all the run's memory.
+MEMORY_SWAP_NOT_CAPPED = "cgroup (swap not capped)"
 POLL_EXIT = 0.5  # seconds: how often wait() looks whether bwrap exited while streams are open
 DRAIN_AFTER_EXIT = 5.0  # seconds of output still read after bwrap exited
 # bwrap reads end-of-file on --block-fd as "go": were the runner killed while the
@@ -188,16 +193,15 @@ class Cgroups:
             with contextlib.suppress(OSError):
                 d = self.dirs["unified"]
                 self._write(d / "memory.max", memory)
-                self._write(d / "memory.swap.max", "0")
+                swap = self._cap_swap(d / "memory.swap.max", "0")
                 self._write(d / "pids.max", str(limits.pids))
                 self._write(d / "cpu.max", f"{quota} {period}")
-                return {"memory": "cgroup", "pids": "cgroup", "cpus": "cgroup"}
+                return {"memory": swap, "pids": "cgroup", "cpus": "cgroup"}
         with contextlib.suppress(OSError):
             d = self._make("memory", CGROUP_ROOT / "memory")
             self._write(d / "memory.limit_in_bytes", memory)
-            with contextlib.suppress(OSError):  # only with swap accounting
-                self._write(d / "memory.memsw.limit_in_bytes", memory)
-            enforced["memory"] = "cgroup"
+            # memory + swap together, at the same size: no swap beyond RAM's cap.
+            enforced["memory"] = self._cap_swap(d / "memory.memsw.limit_in_bytes", memory)
         with contextlib.suppress(OSError):
             d = self._make("pids", CGROUP_ROOT / "pids")
             self._write(d / "pids.max", str(limits.pids))
@@ -208,6 +212,16 @@ class Cgroups:
             self._write(d / "cpu.cfs_quota_us", quota)
             enforced["cpus"] = "cgroup"
         return enforced
+
+    def _cap_swap(self, path: Path, value: str) -> str:
+        """How memory is enforced once `path` (the swap cap) is written, or not: without
+        swap accounting (no memory.memsw.* on v1, no memory.swap.max on v2) RAM is capped
+        but the run may go on in swap past memory_mb, and the record says so."""
+        try:
+            self._write(path, value)
+        except OSError:
+            return MEMORY_SWAP_NOT_CAPPED
+        return "cgroup"
 
     def _make(self, key: str, root: Path) -> Path:
         if not root.is_dir():

@@ -5,6 +5,8 @@ refusal leaves nothing behind; the start is recorded before the code runs."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import subprocess
 import time
@@ -16,6 +18,7 @@ from governance.models import AuditEvent, SandboxRun
 from sandbox_runner.authorizers import DatabaseAuthorizer
 from sandbox_runner.backends import bubblewrap
 from sandbox_runner.runner import EXIT_BACKEND, EXIT_DENIED, workdir_root
+from sandbox_runner.spec import Limits
 from tests.sandbox_runner.conftest import events_of, leftovers, run_record
 from tests.sandbox_runner.test_docker_probes import run
 
@@ -334,3 +337,85 @@ def _clean_up_after_a_dead_runner(workdirs: list[str]) -> None:
     for workdir in map(Path, workdirs):
         run_id = workdir.name.removeprefix("run-")[:36]
         bubblewrap.clean_orphan(run_id, workdir.parent)
+
+
+def _v1_memory_hierarchy() -> None:
+    root = bubblewrap.CGROUP_ROOT
+    if os.geteuid() != 0 or (root / "cgroup.controllers").exists():
+        pytest.skip("needs root on a cgroup v1 host (the v2 case is the unit test below)")
+    if not (root / "memory" / "memory.memsw.limit_in_bytes").exists():
+        pytest.skip("this cgroup v1 host has no swap accounting to take away")
+
+
+@pytest.mark.parametrize("swap_accounting", [True, False], ids=["memsw", "no-memsw"])
+def test_on_cgroup_v1_the_record_says_whether_swap_is_capped(
+    bwrap_available, code_exec, spec_for, monkeypatch, swap_accounting
+):
+    """cgroup v1 caps swap only through memory.memsw.limit_in_bytes, which exists only
+    with swap accounting. When it could not be written the record still said memory was
+    enforced by "cgroup", though the run could go on in swap past memory_mb. The host's
+    own cgroups are real here; only the memsw write is made to fail, as on a host booted
+    without swap accounting."""
+    _v1_memory_hierarchy()
+    write = bubblewrap.Cgroups._write
+
+    def no_memsw(path, value):
+        if path.name == "memory.memsw.limit_in_bytes":
+            raise FileNotFoundError(errno.ENOENT, "no swap accounting", str(path))
+        write(path, value)
+
+    if not swap_accounting:
+        monkeypatch.setattr(bubblewrap.Cgroups, "_write", staticmethod(no_memsw))
+    code_exec.grant()
+    spec = spec_for("print('ran')", backend="bubblewrap", limits={"memory_mb": 64})
+    seen = {}
+
+    def read_limits(spec, handle):
+        d = handle.cgroups.dirs["memory"]
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            seen[name] = int((d / name).read_text())
+
+    outcome, out, _ = run(spec, on_started=read_limits)
+    assert outcome.exit_code == 0 and out == "ran\n"
+    assert seen["memory.limit_in_bytes"] == 64 << 20
+    swap_capped = seen["memory.memsw.limit_in_bytes"] == 64 << 20
+    assert swap_capped is swap_accounting  # what the kernel holds ...
+    said = "cgroup" if swap_accounting else "cgroup (swap not capped)"
+    record = run_record(spec.run_id)  # ... is what the record and its event say
+    assert record.enforcement["memory"] == said
+    assert record.enforcement["pids"] == record.enforcement["cpus"] == "cgroup"
+    started = AuditEvent.objects.get(event_type="sandbox.run.started")
+    assert json.loads(started.data)["enforcement"]["memory"] == said
+    assert leftovers("bubblewrap", spec.run_id) == []
+
+
+def test_on_cgroup_v2_without_a_swap_controller_memory_is_still_capped_and_said_so(
+    tmp_path, monkeypatch
+):
+    """Unit level (this host is cgroup v1, so no v2 hierarchy to use): a fake unified
+    tree whose memory.swap.max cannot be written, as on a v2 host without swap
+    accounting. That failure lost every cgroup limit (the whole v2 block gave up, and
+    the run fell back to rlimits or was refused); now memory, pids and cpus are cgroup
+    limits and the record says that swap is not capped."""
+    if os.geteuid() != 0:
+        pytest.skip("Cgroups only acts as root")
+    monkeypatch.setattr(bubblewrap, "CGROUP_ROOT", tmp_path)
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    run_id = str(uuid.uuid4())
+    groups = bubblewrap.Cgroups(run_id)
+    groups.make()
+    d = groups.dirs["unified"]
+    assert d == tmp_path / bubblewrap.CGROUP_NAME / run_id
+    (d / "memory.swap.max").mkdir()  # writing it fails (IsADirectoryError, an OSError)
+    limits = Limits(memory_mb=64, cpus=0.5, pids=16, wall_seconds=10, scratch_mb=8)
+    assert groups.limit(limits) == {
+        "memory": "cgroup (swap not capped)",
+        "pids": "cgroup",
+        "cpus": "cgroup",
+    }
+    assert (d / "memory.max").read_text() == str(64 << 20)
+    assert (d / "pids.max").read_text() == "16"
+    assert (d / "cpu.max").read_text() == "50000 100000"
+    (d / "memory.swap.max").rmdir()
+    assert groups.limit(limits)["memory"] == "cgroup"  # with it, swap is capped
+    assert (d / "memory.swap.max").read_text() == "0"
