@@ -22,6 +22,7 @@ from sandbox_runner.spec import (
     LIMIT_MAX,
     LIMIT_MIN,
     SCRIPT_PATH,
+    FileTooLarge,
     RunSpec,
     read_file,
 )
@@ -38,6 +39,9 @@ _WHOLE = re.compile(r"-?[0-9]+")  # int() also takes "+5", "1_000" and other scr
 TEXT_MAX = {"agent": 100, "task": 100, "tool": 100, "image": 300, "approval": 64}
 EGRESS_MAX, EGRESS_ENTRY_MAX = 64, 300
 COMMAND_MAX, COMMAND_ARG_MAX = 256, 4096
+# A script or input is copied whole into the run's directory on the host's disk (and
+# hashed): a bound, so `--input /dev/zero` is a usage error, not a disk filled.
+FILE_MAX = 256 * 2**20
 
 
 def memory_mb(text: str) -> int:
@@ -46,6 +50,9 @@ def memory_mb(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 256m or 1g")
     number, unit = int(match.group(1)), match.group(2).lower()
+    if unit == "k" and number % 1024:
+        # Limits are whole MiB: 1536k rounded down would run with less than asked.
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB")
     mb = {"k": number // 1024, "m": number, "g": number * 1024, "": number}[unit]
     if mb <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is less than 1 MiB")
@@ -176,9 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for option in ("script", "input"):
         path = getattr(args, option)
         try:
-            files[option] = read_file(path) if path else None
+            files[option] = read_file(path, FILE_MAX) if path else None
         except OSError as exc:  # missing, unreadable, a directory
             print(f"sandbox_runner: --{option}: {exc.strerror or exc}: {path!r}", file=sys.stderr)
+            return EXIT_USAGE
+        except FileTooLarge:
+            print(
+                f"sandbox_runner: --{option}: {path!r} is larger than {FILE_MAX // 2**20} MiB",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     try:
         spec = RunSpec(

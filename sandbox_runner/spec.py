@@ -325,5 +325,15 @@ class RunResult:
         return out
 
 
-def read_file(path: str | Path) -> bytes:
-    return Path(path).read_bytes()
+class FileTooLarge(ValueError):
+    """A script or input file above the runner's bound."""
+
+
+def read_file(path: str | Path, limit: int) -> bytes:
+    """The file's bytes, reading at most one byte past `limit` (a device or a growing
+    file never makes the runner read on without end)."""
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(path)
+    return data

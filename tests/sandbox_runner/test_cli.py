@@ -219,6 +219,9 @@ BAD_ARGUMENTS = [
     *(("--pids", v) for v in ("-1", "0", "nan", "0.5", "4194305", "99999999999999999999")),
     *(("--cpus", v) for v in ("-1", "0", "nan", "inf", "1e400", "0.001", "1e-300", "1025", "x")),
     *(("--memory", v) for v in ("-1", "0", "5m", "1k", "nan", "1t", "99999999999999999999g")),
+    ("--memory", "263680k"),  # 257.5 MiB: not rounded down to 257
+    ("--input", "/dev/zero"),  # never ends: read up to the bound, then refused
+    ("--script", "/dev/zero"),
     *(("--scratch", v) for v in ("0", "0k", "1023k", "1025g", "abc")),
     *(("--egress", v) for v in ("x", "host:", ":80", "host:0", "host:65536", "host:abc")),
     *(("--egress", v) for v in ("[::1]", "[1.2.3.4]:80", "a:80:90", "h h:80", "a..b:80")),
