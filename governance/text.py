@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 # C0 controls and DEL: never part of a name, key or one-line title (they hide in a
@@ -68,3 +69,26 @@ def json_problem(value: Any, depth: int = 0, *, finite: bool = True) -> str | No
     if value is None or isinstance(value, bool | int):
         return None
     return "holds a value that is not plain JSON (a date, binary data or a set)"
+
+
+def jsonb_form(value: Any) -> Any:
+    """`value` as PostgreSQL's jsonb gives it back, so that what is hashed is what is
+    stored, on every database. jsonb keeps numbers as exact decimals of the digits
+    Python writes: a float Python writes with an exponent (1e16, 1.2345678901234567e+20:
+    every float of 1e16 or more) comes back as the integer those digits spell
+    (10000000000000000, 123456789012345670000), and -0.0 as 0.0; every other float
+    reads back as itself, and integers, text, booleans and null are kept. Keys are
+    not reordered here: hashes sort them. Idempotent: jsonb_form(jsonb_form(v)) ==
+    jsonb_form(v). Expects a value json_problem() found no problem with."""
+    if isinstance(value, float):
+        if value == 0:
+            return 0.0  # numeric has no negative zero
+        text = repr(value)
+        # An exact conversion of the digits, not int(value): int(1.2345678901234567e+20)
+        # is the double's binary value, 123456789012345677877, not what jsonb keeps.
+        return int(Decimal(text)) if "e+" in text else value
+    if isinstance(value, dict):
+        return {key: jsonb_form(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [jsonb_form(item) for item in value]
+    return value

@@ -8,7 +8,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import random
+import struct
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -23,6 +27,7 @@ from governance.models.agents import token_digest
 from governance.models.tools import definition_hash
 from governance.services import grants as grant_service
 from governance.services import reports
+from governance.text import jsonb_form
 from tests.conftest import NOW, last_event
 
 API = "/api/v1"
@@ -460,6 +465,87 @@ def test_a_schema_with_a_number_too_big_for_a_double_is_a_400(admin, world, meth
     assert _names_field(error, "input_schema") and "not finite" in error["message"]
     repo = Tool.objects.get(name="repo")
     assert repo.input_schema == {} and not repo.is_quarantined
+
+
+# Numbers jsonb keeps in another spelling: 1e16 as 10000000000000000, a float's digits
+# (not its binary value) as an integer, -0.0 as 0.0. Sent as raw JSON so they arrive
+# as Python floats, as a client's JSON does.
+_JSONB_NUMBERS = (
+    '{"type": "object", "maximum": 1e16, "minimum": -0.0, "multipleOf": 1.0, '
+    '"items": [1.2345678901234567e+20, 1.5e-7, 5e-324, 1.7976931348623157e308, 10]}'
+)
+_STORED = (
+    '{"items":[123456789012345670000,1.5e-07,5e-324,'
+    + str(int(Decimal("1.7976931348623157e308")))
+    + ',10],"maximum":10000000000000000,"minimum":0.0,"multipleOf":1.0,"type":"object"}'
+)
+
+
+def test_a_schema_jsonb_respells_still_hashes_to_its_pin(admin, db):
+    """On PostgreSQL jsonb gave back 10000000000000000 for 1e16, so the stored
+    definition no longer hashed to definition_hash and a no-op update quarantined
+    the tool. Stored and hashed in the form jsonb gives back, it stays a pin."""
+    body = (
+        f'{{"name": "big", "kind": "api", "actions": ["read"], "input_schema": {_JSONB_NUMBERS}}}'
+    )
+    response = admin.generic("POST", f"{API}/tools", body, content_type="application/json")
+    assert response.status_code == 201, response.content
+    registered = response.json()
+    tool = Tool.objects.get(name="big")
+    assert json.dumps(tool.input_schema, sort_keys=True, separators=(",", ":")) == _STORED
+    pin = definition_hash("big", "", tool.input_schema)
+    assert (tool.definition_hash, tool.approved_hash, registered["definition_hash"]) == (pin,) * 3
+    assert tool.approved_definition["input_schema"] == tool.input_schema
+    event = last_event()
+    assert (event.event_type, event.tool) == ("tool.registered", "big")
+    assert json.loads(event.data)["definition_hash"] == pin
+    assert admin.get(f"{API}/tools/big").json() == registered
+
+    unchanged = [
+        f'{{"input_schema": {_JSONB_NUMBERS}}}',  # the same spelling as registered
+        f'{{"input_schema": {_STORED}}}',  # the spelling jsonb gives back
+        '{"description": ""}',  # keeps the stored schema
+    ]
+    with _Unchanged():
+        for raw in unchanged:
+            response = admin.generic(
+                "PATCH", f"{API}/tools/big", raw, content_type="application/json"
+            )
+            assert response.status_code == 200, response.content
+            assert (response.json()["quarantined"], response.json()["definition_hash"]) == (
+                False, pin,
+            )  # fmt: skip
+    assert not Tool.objects.get(name="big").is_quarantined
+
+    # A real change is still one: the next double above 1e16.
+    changed = _JSONB_NUMBERS.replace('"maximum": 1e16', '"maximum": 1.0000000000000002e16')
+    response = admin.generic(
+        "PATCH", f"{API}/tools/big", f'{{"input_schema": {changed}}}',
+        content_type="application/json",
+    )  # fmt: skip
+    assert response.status_code == 200 and response.json()["quarantined"] is True
+    tool = Tool.objects.get(name="big")
+    assert tool.input_schema["maximum"] == 10000000000000002 and tool.approved_hash == pin
+    assert tool.definition_hash == definition_hash("big", "", tool.input_schema) != pin
+    event = last_event()
+    assert (event.event_type, event.actor, event.tool) == ("tool.quarantined", "user:dave", "big")
+    assert json.loads(event.data) == {"definition_hash": tool.definition_hash, "approved_hash": pin}
+
+
+def test_jsonb_form_is_what_postgresql_gives_back(postgres_only, make_tool):
+    """jsonb_form must match jsonb exactly, or the pin breaks again: random doubles of
+    every magnitude, stored as a schema through the ORM and read back."""
+    rng = random.Random(20261129)
+    doubles = [struct.unpack("<d", rng.randbytes(8))[0] for _ in range(3000)]
+    numbers = [x for x in doubles if math.isfinite(x)]
+    numbers += [10.0**e for e in range(-20, 30)] + [-(2.0**e) for e in range(40, 70)]
+    numbers += [0.0, -0.0, 1e16 - 2, 9007199254740993, -(10**40), 2.5e-310]
+    tool = make_tool("numbers")
+    Tool.objects.filter(pk=tool.pk).update(input_schema={"n": numbers})
+    stored = Tool.objects.get(pk=tool.pk).input_schema["n"]
+    expected = jsonb_form(numbers)
+    assert [(type(x), repr(x)) for x in stored] == [(type(x), repr(x)) for x in expected]
+    assert jsonb_form(expected) == expected  # idempotent: the stored form is its own form
 
 
 def test_unknown_tools_are_404(admin, db):

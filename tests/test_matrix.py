@@ -308,6 +308,32 @@ def test_an_export_imports_into_a_clean_database_as_pending_requests(exported_cl
     assert verify_chain().ok
 
 
+def test_a_schema_jsonb_respells_exports_with_a_pin_that_imports_back(tmp_path, ada, system):
+    """On PostgreSQL the export carried the schema as jsonb gives it back (1e16 as
+    10000000000000000) beside the hash of the schema as sent: importing the export
+    into a clean database was refused ("does not match")."""
+    schema = {"type": "integer", "maximum": 1e16, "minimum": -0.0, "enum": [1.5e300]}
+
+    def make() -> None:
+        tool_service.tool_register(
+            name="big", kind="api", actions=["read"], input_schema=schema, actor=system, at=NOW
+        )
+
+    path = tmp_path / "matrix.yaml"
+    data = export_then_forget(make, path)
+    pinned = data["tools"][0]["definition_hash"]
+
+    run_import(path, "--as", "ada")
+
+    tool = Tool.objects.get(name="big")
+    assert (tool.definition_hash, tool.approved_hash) == (pinned, pinned)
+    assert tool.input_schema == data["tools"][0]["input_schema"]
+    assert tool.input_schema["maximum"] == 10**16 and type(tool.input_schema["maximum"]) is int
+    event = AuditEvent.objects.get(event_type="tool.registered", tool="big")
+    assert (event.actor, json.loads(event.data)["definition_hash"]) == ("user:ada", pinned)
+    assert verify_chain().ok
+
+
 def test_an_export_imports_as_live_grants_when_an_admin_applies_it_approved(
     exported_clean, ada, cy
 ):

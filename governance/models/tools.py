@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models
 
 from governance.codes import ActionClass
+from governance.text import jsonb_form
 
 
 def definition_hash(name: str, description: str, input_schema: Any) -> str:
@@ -15,9 +16,12 @@ def definition_hash(name: str, description: str, input_schema: Any) -> str:
 
     Third-party tool metadata is attacker-influenced (a changed description
     can carry instructions), so any change to these bytes quarantines the tool.
+    The schema is hashed in the form jsonb stores it (jsonb_form: 1e16 is kept as
+    10000000000000000), so the stored definition still hashes to its pin on
+    PostgreSQL; only spellings of the same number are merged, a changed value is not.
     """
     canonical = json.dumps(
-        {"name": name, "description": description, "input_schema": input_schema},
+        {"name": name, "description": description, "input_schema": jsonb_form(input_schema)},
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

@@ -14,6 +14,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Approval, Tool
 from governance.models.tools import definition_hash
 from governance.services.agents import validate_name
+from governance.text import jsonb_form
 
 
 def _definition(name: str, description: str, input_schema: Any) -> dict[str, Any]:
@@ -44,7 +45,9 @@ def tool_register(
     """Registering is approving the definition as it is now (an admin act)."""
     validate_name(name, "tool")  # exact ASCII names: no look-alikes, no padding
     _validate(kind, actions)
-    schema = input_schema or {}
+    # Stored in the form it is hashed in, which is the form jsonb gives back: the
+    # stored definition keeps hashing to its pin (a no-op update stays a no-op).
+    schema = jsonb_form(input_schema or {})
     digest = definition_hash(name, description, schema)
     try:
         with transaction.atomic():
@@ -83,13 +86,14 @@ def tool_update_definition(
 ) -> Tool:
     """Record what the tool now says about itself. Any change quarantines it
     until an admin re-approves: tool metadata is untrusted content."""
-    digest = definition_hash(tool.name, description, input_schema or {})
+    schema = jsonb_form(input_schema or {})  # as stored and hashed (see tool_register)
+    digest = definition_hash(tool.name, description, schema)
     with transaction.atomic():
         tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
         if digest == tool.definition_hash:
             return tool
         tool.description = description
-        tool.input_schema = input_schema or {}
+        tool.input_schema = schema
         tool.definition_hash = digest
         tool.definition_updated_by = updated_by
         tool.save()
