@@ -44,7 +44,7 @@ from django.db import connection, transaction
 
 from governance import db
 from governance.codes import ActorType, EventType
-from governance.text import printable
+from governance.text import is_text, printable
 
 log = logging.getLogger(__name__)
 
@@ -1295,6 +1295,10 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
     kept files are what make this visible."""
     if not (reason or "").strip():
         raise ValueError("say why the checkpoint series is restarted (--reason)")
+    if not is_text(reason):
+        # Checked before the old series is moved aside: the event could not be written
+        # (no database stores a lone surrogate), leaving the series archived unrecorded.
+        raise ValueError("the reason must be UTF-8 text without NUL characters (--reason)")
     directory = _checkpoint_dir()
     directory.mkdir(parents=True, exist_ok=True)
     # One lock over the move, the event and the new series' first checkpoint: the job

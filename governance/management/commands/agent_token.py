@@ -8,6 +8,7 @@ from django.utils import timezone
 from governance import roles
 from governance.audit import Actor
 from governance.errors import GovernanceError
+from governance.management import arguments
 from governance.models import Agent, AgentToken
 from governance.services import agents
 
@@ -21,13 +22,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="verb", required=True)
         create = sub.add_parser("create", help="create a token for AGENT")
-        create.add_argument("agent")
+        create.add_argument("agent", type=arguments.text)
         create.add_argument("--expires", type=int, default=30, metavar="DAYS")
         create.add_argument(
-            "--by", default=None, help="active admin recorded as creator (default: the first)"
+            "--by",
+            type=arguments.text,
+            default=None,
+            help="active admin recorded as creator (default: the first)",
         )
         revoke = sub.add_parser("revoke", help="revoke the token with PREFIX")
-        revoke.add_argument("prefix")
+        revoke.add_argument("prefix", type=arguments.text)
 
     def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()

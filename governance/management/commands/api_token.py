@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from governance.audit import Actor
 from governance.errors import GovernanceError
+from governance.management import arguments
 from governance.models import AgentToken
 from governance.services import agents
 
@@ -19,10 +20,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="verb", required=True)
         create = sub.add_parser("create", help="create a personal token for USERNAME")
-        create.add_argument("username")
+        create.add_argument("username", type=arguments.text)
         create.add_argument("--expires", type=int, default=30, metavar="DAYS")
         revoke = sub.add_parser("revoke", help="revoke the personal token with PREFIX")
-        revoke.add_argument("prefix")
+        revoke.add_argument("prefix", type=arguments.text)
 
     def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()

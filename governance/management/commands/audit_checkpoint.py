@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from governance import audit, roles
+from governance.management import arguments
 
 
 class Command(BaseCommand):
@@ -16,15 +17,19 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--start-new-series", action="store_true")
-        parser.add_argument("--reason", default="")
-        parser.add_argument("--as", dest="as_user", default=None, metavar="USERNAME")
+        parser.add_argument("--reason", type=arguments.text, default=None)
+        parser.add_argument(
+            "--as", dest="as_user", type=arguments.text, default=None, metavar="USERNAME"
+        )
 
     def handle(self, *args: object, **options: Any) -> None:
         now = timezone.now()
         try:
             if options["start_new_series"]:
                 body = audit.restart_checkpoints(
-                    reason=options["reason"], actor=audit.Actor.user(self._admin(options)), at=now
+                    reason=options["reason"] or "",
+                    actor=audit.Actor.user(self._admin(options)),
+                    at=now,
                 )
             else:
                 body = audit.write_checkpoint(now)

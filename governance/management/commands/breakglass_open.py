@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from governance import audit
 from governance.errors import GovernanceError
+from governance.management import arguments
 from governance.models import Agent, Task, Tool
 from governance.services.breakglass import breakglass_open
 
@@ -23,17 +24,26 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--user", required=True, help="who opens it (username)")
-        parser.add_argument("--agent", required=True)
-        parser.add_argument("--tool", required=True)
-        parser.add_argument("--actions", required=True, help="comma-separated, e.g. read,update")
-        parser.add_argument("--scope", required=True)
-        parser.add_argument("--ticket", required=True)
-        parser.add_argument("--reason", required=True)
+        parser.add_argument(
+            "--user", type=arguments.text, required=True, help="who opens it (username)"
+        )
+        parser.add_argument("--agent", type=arguments.text, required=True)
+        parser.add_argument("--tool", type=arguments.text, required=True)
+        parser.add_argument(
+            "--actions",
+            type=arguments.text,
+            required=True,
+            help="comma-separated, e.g. read,update",
+        )
+        parser.add_argument("--scope", type=arguments.text, required=True)
+        parser.add_argument("--ticket", type=arguments.text, required=True)
+        parser.add_argument("--reason", type=arguments.text, required=True)
         parser.add_argument(
             "--ttl-minutes", type=int, default=None, help="BREAKGLASS_DEFAULT/MAX_TTL_MINUTES"
         )
-        parser.add_argument("--task", default=None, help="task key to bind the grant to")
+        parser.add_argument(
+            "--task", type=arguments.text, default=None, help="task key to bind the grant to"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         def one(model: Any, label: str, **lookup: Any) -> Any:

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from governance import audit, roles
 from governance.errors import GovernanceError
+from governance.management import arguments
 from governance.services.matrix import matrix_export_recorded
 
 
@@ -28,10 +29,17 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+        parser.add_argument(
+            "-o",
+            "--output",
+            type=arguments.path,
+            metavar="FILE",
+            help="write here instead of stdout",
+        )
         parser.add_argument(
             "--as",
             dest="as_user",
+            type=arguments.text,
             metavar="USERNAME",
             help="the person taking the export (an active auditor or admin)",
         )

@@ -13,7 +13,9 @@ from django.utils import timezone
 
 from governance.audit import Actor
 from governance.errors import GovernanceError
+from governance.management import arguments
 from governance.services.matrix import ImportResult, MatrixInvalid, matrix_import
+from governance.text import printable
 
 
 class Command(BaseCommand):
@@ -27,32 +29,40 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("file", metavar="FILE")
+        parser.add_argument("file", type=arguments.path, metavar="FILE")
         parser.add_argument(
             "--dry-run", action="store_true", help="report what would change; write nothing"
         )
         parser.add_argument(
-            "--as", dest="as_user", metavar="USERNAME", help="the importing user (requester)"
+            "--as",
+            dest="as_user",
+            type=arguments.text,
+            metavar="USERNAME",
+            help="the importing user (requester)",
         )
         parser.add_argument(
             "--apply-approved",
             action="store_true",
             help="create live grants instead of requests (admins only; needs --approver)",
         )
-        parser.add_argument("--approver", metavar="USERNAME", help="the admin who approved")
+        parser.add_argument(
+            "--approver", type=arguments.text, metavar="USERNAME", help="the admin who approved"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         path = Path(options["file"])
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: cannot read: {exc}") from None
+            raise CommandError(f"{printable(str(path))}: cannot read: {exc}") from None
         requested_by = _user(options["as_user"], "--as")
         approver = _user(options["approver"], "--approver")
         try:
             result = matrix_import(
                 text=text,
-                source=str(path),
+                # A file name that is not UTF-8 (surrogates) is named by its escapes: it
+                # goes into the audit event and the report, which must encode.
+                source=printable(str(path)),
                 actor=Actor.user(requested_by) if requested_by else None,
                 at=timezone.now(),
                 requested_by=requested_by,

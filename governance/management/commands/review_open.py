@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from governance import audit
 from governance.errors import GovernanceError
+from governance.management import arguments
 from governance.models import Agent
 from governance.services.reviews import review_campaign_open
 
@@ -21,15 +22,22 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--reason", required=True)
+        parser.add_argument("--reason", type=arguments.text, required=True)
         parser.add_argument(
             "--kind", choices=["on_demand", "incident", "scheduled"], default="on_demand"
         )
-        parser.add_argument("--agent", default=None, help="only this agent's grants")
-        parser.add_argument("--due-days", type=int, default=None, help=f"1-{MAX_DUE_DAYS}")
-        parser.add_argument("--user", default=None, help="who opens it (username)")
         parser.add_argument(
-            "--key", default=None, help="opening again with a key is a no-op (1-100 characters)"
+            "--agent", type=arguments.text, default=None, help="only this agent's grants"
+        )
+        parser.add_argument("--due-days", type=int, default=None, help=f"1-{MAX_DUE_DAYS}")
+        parser.add_argument(
+            "--user", type=arguments.text, default=None, help="who opens it (username)"
+        )
+        parser.add_argument(
+            "--key",
+            type=arguments.line,
+            default=None,
+            help="opening again with a key is a no-op (1-100 characters)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from governance import audit
 from governance.audit import Actor
+from governance.management import arguments
 from governance.models import Agent
 from governance.services import access, agents, confirmation, grants, tasks, tools
 
@@ -27,7 +28,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
-            "--address", default="127.0.0.1:8000", help="where the server will listen (HOST)"
+            "--address",
+            type=arguments.line,
+            default="127.0.0.1:8000",
+            help="where the server will listen (HOST)",
         )
 
     def handle(self, *args: object, **options: Any) -> None:
