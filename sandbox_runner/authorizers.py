@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 from sandbox_runner.egress import EgressDecision, parse_destination
 from sandbox_runner.spec import (
-    EXCERPT_CHARS,
     LIMIT_MIN,
     LIMIT_NAMES,
     REVIEW_MAX_BYTES,
@@ -225,10 +224,7 @@ class HttpAuthorizer:
         summary = result.summary()
         streams = {}
         for name in ("stdout", "stderr"):
-            stream = dict(summary[name])
-            # The record keeps a short excerpt; NUL is not storable text.
-            stream["excerpt"] = stream["excerpt"][:EXCERPT_CHARS].replace("\x00", "\ufffd")
-            streams[name] = stream
+            streams[name] = dict(summary[name])  # excerpt already cut, NUL-free
         self._post(
             spec,
             "finished",

@@ -317,7 +317,12 @@ class RunResult:
         for name in ("stdout", "stderr"):
             stream: Captured = getattr(self, name)
             out[name] = {
-                "excerpt": bytes(stream.head).decode("utf-8", "replace"),
+                # The record keeps a short excerpt (masking is regex work: it is cut
+                # first), and NUL is not storable text (PostgreSQL refuses it, and the
+                # whole outcome with it: a run could keep its own end off the record).
+                "excerpt": bytes(stream.head[: 4 * EXCERPT_CHARS])
+                .decode("utf-8", "replace")[:EXCERPT_CHARS]
+                .replace("\x00", "\ufffd"),
                 "sha256": stream.sha256,
                 "bytes": stream.total,
                 "truncated": stream.truncated,

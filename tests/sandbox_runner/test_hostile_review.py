@@ -1,0 +1,55 @@
+"""Adversarial probes written in review: what hostile code can do to the run record
+and to the kernel surface it reaches. Each probe checks the outcome AND the run record
+and its audit events. Probes marked xfail(strict) document a confirmed gap that has no
+small fix yet: they fail today, and turn into an XPASS (a failure) once it is closed."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from sandbox_runner.authorizers import DatabaseAuthorizer
+from sandbox_runner.runner import execute
+from tests.sandbox_runner.conftest import events_of, leftovers, run_record
+
+pytestmark = pytest.mark.django_db
+
+FINISHED = ["sandbox.run.requested", "sandbox.run.started", "sandbox.run.finished"]
+
+
+def run(spec):
+    out, err = io.BytesIO(), io.BytesIO()
+    outcome = execute(spec, DatabaseAuthorizer(), stdout=out, stderr=err)
+    return outcome, out.getvalue(), err.getvalue()
+
+
+# --- Record integrity ---------------------------------------------------------------
+
+
+NUL_OUTPUT = r"""
+import sys
+sys.stdout.buffer.write(b"ok\x00\xff\x1b[2Jdone\n")
+sys.stderr.buffer.write(b"err\x00\n")
+raise SystemExit(5)
+"""
+
+
+def test_output_with_nul_bytes_is_still_recorded_with_its_exit(backend, code_exec, spec_for):
+    """A NUL in the output made the in-process run's outcome unwritable (PostgreSQL:
+    "text fields cannot contain NUL"): the run stayed `running`, with no exit code and
+    no `sandbox.run.finished`, until the reaper closed it as killed at its deadline, a
+    record the code chose. The excerpt keeps a replacement character instead."""
+    code_exec.grant()
+    spec = spec_for(NUL_OUTPUT, backend=backend)
+    outcome, out, err = run(spec)
+    assert outcome.exit_code == 5, err
+    assert out == b"ok\x00\xff\x1b[2Jdone\n"  # the caller's own stream is byte for byte
+    record = run_record(spec.run_id)
+    assert (record.status, record.exit_code, record.timed_out) == ("finished", 5, False)
+    assert "\x00" not in record.stdout_excerpt and "\x00" not in record.stderr_excerpt
+    assert record.stdout_excerpt == "ok\ufffd\ufffd\x1b[2Jdone\n"
+    assert record.stderr_excerpt == "err\ufffd\n"
+    assert record.stdout_bytes == len(out)
+    assert events_of(spec.run_id) == FINISHED
+    assert leftovers(backend, spec.run_id) == []
