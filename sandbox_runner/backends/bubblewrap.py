@@ -28,7 +28,7 @@ bwrap building its namespaces; one thread (the runner's watch) moves the held
 sandbox into its cgroups, pumps both output streams and reaps bwrap.
 
 Seccomp: a small denylist filter (sandbox_runner/seccomp.py, compiled with the
-host's libseccomp) blocks mount, namespace, ptrace, keyring, BPF, perf and
+host's libseccomp) blocks mount, namespace, ptrace, keyring, BPF, io_uring, perf and
 module calls with EPERM; narrower than Docker's default allowlist profile. The
 run record's enforcement says "seccomp": "filter", or why there is none.
 """

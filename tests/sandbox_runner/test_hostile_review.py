@@ -6,6 +6,7 @@ small fix yet: they fail today, and turn into an XPASS (a failure) once it is cl
 from __future__ import annotations
 
 import io
+import platform
 
 import pytest
 
@@ -53,3 +54,36 @@ def test_output_with_nul_bytes_is_still_recorded_with_its_exit(backend, code_exe
     assert record.stdout_bytes == len(out)
     assert events_of(spec.run_id) == FINISHED
     assert leftovers(backend, spec.run_id) == []
+
+
+# --- Kernel surface -------------------------------------------------------------------
+
+# io_uring_setup(1, NULL): EFAULT (14) means the call reached the kernel's io_uring
+# code, EPERM (1) or ENOSYS (38) that a filter (or the kernel) refused it. io_uring is a
+# large kernel attack surface; Docker's default profile dropped it in Engine 25.
+IO_URING_PY = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ctypes.set_errno(0)
+result = libc.syscall(425, 1, 0)
+print("io_uring_setup", result, ctypes.get_errno())
+"""
+# The Docker image's python3-minimal has no ctypes: perl's syscall() makes the call.
+IO_URING_PERL = r"""
+import subprocess
+perl = 'my $r = syscall(425, 1, 0); my $e = $! + 0; print "io_uring_setup $r $e\n";'
+print(subprocess.run(["perl", "-e", perl], capture_output=True, text=True).stdout, end="")
+"""
+
+
+def test_bubblewrap_seccomp_filter_refuses_io_uring(bwrap_available, code_exec, spec_for):
+    if platform.machine() != "x86_64":
+        pytest.skip("the probe uses x86-64 system call numbers")
+    code_exec.grant()
+    spec = spec_for(IO_URING_PY, backend="bubblewrap")
+    outcome, out, err = run(spec)
+    assert outcome.exit_code == 0, err
+    assert out.decode().split() in (["io_uring_setup", "-1", "1"], ["io_uring_setup", "-1", "38"])
+    record = run_record(spec.run_id)
+    assert record.enforcement["seccomp"] == "filter" and record.exit_code == 0
+    assert events_of(spec.run_id) == FINISHED
