@@ -171,6 +171,40 @@ class AgentSuspendView(AdminView):
         return Response(s.AgentOut(_agent(name)).data)
 
 
+class AgentResumeView(AdminView):
+    @extend_schema(
+        operation_id="agent_resume",
+        request=s.RequiredReasonIn,
+        responses={
+            200: s.AgentOut,
+            409: OpenApiResponse(
+                s.ErrorSerializer,
+                description=(
+                    "`agent_not_suspended`, `parent_suspended` (an agent above it is "
+                    "suspended) or `resume_before_suspension`"
+                ),
+            ),
+            **ERRORS,
+        },
+        description=(
+            "Lift the kill switch from one suspended agent (a reason is required): its "
+            "decisions are made again from now, under its grants as they stand (they are "
+            "time-boxed, so one that ended meanwhile stays ended). Its subagents stay "
+            "suspended (each is resumed on its own, never under a suspended agent: 409 "
+            "`parent_suspended`). Its tokens are revoked with it: issue it a new one. "
+            "Approvals voided by the suspension stay voided. A 409 "
+            "`agent_not_suspended` for an agent that is not suspended."
+        ),
+    )
+    def post(self, request: Request, name: str) -> Response:
+        data = _parse(s.RequiredReasonIn, request.data)
+        agent = _agent(name)
+        agents.agent_resume(
+            agent=agent, reason=data["reason"], actor=actor_for(request), at=timezone.now()
+        )
+        return Response(s.AgentOut(_agent(name)).data)
+
+
 class AgentTokensView(AdminView):
     @extend_schema(
         operation_id="agent_tokens_list",

@@ -46,6 +46,7 @@ urlpatterns = [
     path("agents", admin.AgentListView.as_view(), name="agents"),
     path("agents/<str:name>", admin.AgentDetailView.as_view(), name="agent"),
     path("agents/<str:name>/suspend", admin.AgentSuspendView.as_view(), name="agent-suspend"),
+    path("agents/<str:name>/resume", admin.AgentResumeView.as_view(), name="agent-resume"),
     path("agents/<str:name>/tokens", admin.AgentTokensView.as_view(), name="agent-tokens"),
     path("tokens/<str:prefix>/revoke", admin.TokenRevokeView.as_view(), name="token-revoke"),
     path("tools", admin.ToolListView.as_view(), name="tools"),

@@ -1,4 +1,8 @@
-"""Agents and their tokens: create, suspend (the kill switch), issue, revoke."""
+"""Agents and their tokens: create, suspend (the kill switch), resume, issue, revoke.
+
+Suspension and resume are each one audit event per agent (`agent.suspended`,
+`agent.reactivated`): the access reports read an agent's past state from them
+(services.reports.StateLog), so the row's status says only how it is now."""
 
 from __future__ import annotations
 
@@ -103,9 +107,10 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
     suspended (a subagent's names the agent it was suspended through in
     `cascade_from`); agents already suspended are left as they are.
 
-    There is no resume here. Resuming an agent would not resume its subagents (each
-    is resumed on its own, and never while an agent above it is suspended), and a
-    subagent cannot be created under a suspended agent (agent_create)."""
+    The way back is agent_resume, one agent at a time: resuming an agent does not
+    resume its subagents (each is resumed on its own, and never while an agent above
+    it is suspended), and a subagent cannot be created under a suspended agent
+    (agent_create). The approvals voided here stay voided."""
     with transaction.atomic():
         suspended: list[tuple[Agent, int]] = []
         for member in _tree_locked(agent):
@@ -128,6 +133,81 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 agent=member.name,
                 data=data,
             )
+    agent.refresh_from_db()
+    return agent
+
+
+def agent_resume(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime) -> Agent:
+    """Lift the kill switch from one suspended agent after an investigation: its
+    decisions are made again from `at`, with a new token.
+
+    - A reason is required (`reason_required`): what the investigation found.
+    - Only a suspended agent is resumed (409 `agent_not_suspended`), never while
+      its parent or any agent above it is suspended (409 `parent_suspended`, as
+      agent_create), and never at a moment before its suspension (409
+      `resume_before_suspension`: the reports order state events by time).
+    - This agent only: its subagents stay suspended until each is resumed on its
+      own (their parent resumed first), so none comes back unexamined.
+    - Its tokens still live are revoked, in the same transaction: a suspended agent
+      may have been compromised, and a token of its from before must never work
+      again. An admin issues it a new one. Each revocation is the usual
+      `agent_token.revoked` event (as token_revoke writes it).
+    - Approvals voided at suspension stay voided. Its grants are unchanged: they are
+      time-boxed, so each allows again exactly what it allows at the time of the
+      call; one that ended meanwhile stays ended.
+    - One `agent.reactivated` event (after the token events): the reason, when the
+      suspension began, and the prefixes of the tokens revoked.
+
+    The agent's row is locked first, as agent_suspend locks every agent it reaches:
+    a suspension racing the resume (of this agent or of one above it, which reaches
+    this row too) is decided in order, either before (refused: still suspended, or
+    `parent_suspended`) or after it (suspended again). Every row is changed before
+    the first event is written: the chain lock is the last lock taken."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise GovernanceError(
+            "reason_required",
+            "Resuming an agent needs a reason: what the investigation found.",
+            fields={"reason": "required"},
+        )
+    with transaction.atomic():
+        locked = Agent.objects.select_for_update(no_key=True).get(pk=agent.pk)
+        if locked.status != Agent.Status.SUSPENDED:
+            raise Conflict(
+                "agent_not_suspended",
+                f"The agent {locked.name} is not suspended: there is nothing to resume.",
+            )
+        if locked.parent_id is not None:
+            # Read after the lock: a suspension above that committed first is seen here
+            # (it locked this row too before changing anything).
+            _refuse_suspended_parent(Agent.objects.get(pk=locked.parent_id), locked.name)
+        suspended_at = locked.suspended_at
+        if suspended_at is not None and at < suspended_at:
+            raise Conflict(
+                "resume_before_suspension",
+                f"The agent {locked.name} was suspended at {suspended_at.isoformat()}; "
+                "it cannot be resumed at an earlier moment.",
+            )
+        Agent.objects.filter(pk=locked.pk).update(status=Agent.Status.ACTIVE, suspended_at=None)
+        stale = list(
+            AgentToken.objects.select_for_update(no_key=True)
+            .filter(agent_id=locked.pk, revoked_at__isnull=True, expires_at__gt=at)
+            .order_by("pk")
+            .values_list("pk", "prefix")
+        )
+        AgentToken.objects.filter(pk__in=[pk for pk, _ in stale]).update(revoked_at=at)
+        for _, prefix in stale:
+            _token_revoked_event(prefix=prefix, agent=locked.name, actor=actor, at=at)
+        audit.append(
+            event_type=EventType.AGENT_REACTIVATED,
+            actor=actor,
+            at=at,
+            agent=locked.name,
+            data={
+                "reason": reason,
+                "suspended_at": suspended_at.isoformat() if suspended_at else None,
+                "tokens_revoked": [prefix for _, prefix in stale],
+            },
+        )
     agent.refresh_from_db()
     return agent
 
@@ -189,12 +269,19 @@ def token_issue(
 def token_revoke(*, token: AgentToken, actor: audit.Actor, at: datetime) -> AgentToken:
     with transaction.atomic():
         if AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=at):
-            audit.append(
-                event_type=EventType.TOKEN_REVOKED,
+            _token_revoked_event(
+                prefix=token.prefix,
+                agent=token.agent.name if token.agent else "",
                 actor=actor,
                 at=at,
-                agent=token.agent.name if token.agent else "",
-                data={"prefix": token.prefix},
             )
     token.refresh_from_db()
     return token
+
+
+def _token_revoked_event(*, prefix: str, agent: str, actor: audit.Actor, at: datetime) -> None:
+    """A token's revocation, on record (token_revoke, and agent_resume for each of the
+    resumed agent's tokens): the same event whoever revokes it."""
+    audit.append(
+        event_type=EventType.TOKEN_REVOKED, actor=actor, at=at, agent=agent, data={"prefix": prefix}
+    )

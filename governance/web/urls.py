@@ -27,6 +27,7 @@ urlpatterns = [
     path("agents/", views.agent_list, name="agents"),
     path("agents/<str:name>/", views.agent_detail, name="agent"),
     path("agents/<str:name>/suspend", views.agent_suspend, name="agent-suspend"),
+    path("agents/<str:name>/resume", views.agent_resume, name="agent-resume"),
     path("agents/<str:name>/tokens", views.token_issue, name="token-issue"),
     path("tokens/<str:prefix>/revoke", views.token_revoke, name="token-revoke"),
     path("tasks/", views.task_list, name="tasks"),

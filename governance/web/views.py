@@ -444,12 +444,19 @@ def _agent_page(
     request: HttpRequest, agent: Agent, *, new_token: str = "", status: int = 200
 ) -> HttpResponse:
     now = timezone.now()
+    ancestors = queries.ancestors(agent)
     response = render(
         request,
         "ui/agent.html",
         {
             "agent": agent,
-            "ancestors": queries.ancestors(agent),
+            "ancestors": ancestors,
+            # The topmost agent above that is suspended (the one to resume first): while
+            # there is one, this agent cannot be resumed (agent_resume), so the page says
+            # so instead of showing a form.
+            "suspended_above": next(
+                (a for a in ancestors if a.status != Agent.Status.ACTIVE), None
+            ),
             "tree": queries.subagent_tree(agent),
             "grants": selectors.live_grants(now).filter(agent=agent).order_by("tool__name", "pk"),
             "decisions": AuditEvent.objects.filter(
@@ -500,6 +507,35 @@ def agent_suspend(request: HttpRequest, name: str) -> HttpResponse:
         at=timezone.now(),
     )
     messages.success(request, f"{agent.name} is suspended: every decision for it is denied.")
+    return redirect("ui:agent", name=agent.name)
+
+
+@require("admin")
+@require_POST
+def agent_resume(request: HttpRequest, name: str) -> HttpResponse:
+    """The way back from the kill switch, for this agent only: agent_resume makes its
+    decisions again under its grants, revokes its tokens (a new one is issued here)
+    and leaves its subagents suspended, in one transaction with its events."""
+    agent = common.one(Agent.objects.all(), name=name)
+    form = forms.RequiredReasonForm(request.POST)
+    if not form.is_valid():
+        return common.invalid(request, form)
+    try:
+        agent_services.agent_resume(
+            agent=agent,
+            reason=form.cleaned_data["reason"],
+            actor=common.actor(request),
+            at=timezone.now(),
+        )
+    except GovernanceError as exc:
+        return common.failed(request, exc)
+    still = Agent.objects.filter(parent=agent, status=Agent.Status.SUSPENDED).count()
+    below = f" {still} subagent(s) below it stay suspended until each is resumed." if still else ""
+    messages.success(
+        request,
+        f"{agent.name} is active again. Its earlier tokens no longer work: issue it a new "
+        f"one.{below}",
+    )
     return redirect("ui:agent", name=agent.name)
 
 
