@@ -349,3 +349,112 @@ def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks
     assert errors == []
     assert Grant.objects.filter(delegated_from=parent, agent=child).count() == 1
     assert audit.verify_chain().ok
+
+
+# --- A suspension racing a resume is decided in order ------------------------------------
+
+
+def _slow_appends_in_b(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Thread B's every event is written, then held a second before B goes on (and
+    commits): its rows are changed and locked meanwhile. Set once B wrote one."""
+    appended = threading.Event()
+    real = audit.append
+
+    def slow(**kwargs: Any) -> Any:
+        written = real(**kwargs)
+        if threading.current_thread().name == "B":
+            appended.set()
+            time.sleep(1.0)
+        return written
+
+    monkeypatch.setattr(audit, "append", slow)
+    return appended
+
+
+def _family(make_agent: Any) -> tuple[Agent, Agent]:
+    """parent active; child suspended on its own (an incident of its own)."""
+    from governance.services import agents
+
+    parent = make_agent("parent")
+    child = make_agent("child", parent=parent)
+    agents.agent_suspend(agent=child, reason="own incident", actor=audit.Actor.system("x"), at=NOW)
+    return parent, child
+
+
+def test_a_resume_that_waited_out_a_suspension_above_it_is_refused(
+    postgres_only, monkeypatch, make_agent
+):
+    """B suspends the parent (which reaches the suspended child's row too) and takes a
+    second to commit; A resumes the child meanwhile. A's read of the parent would see
+    it still active; its row lock on the child makes it wait for B, then read the parent
+    suspended: 409 parent_suspended, nothing written. Never an active agent under a
+    suspended one."""
+    from governance.errors import Conflict
+    from governance.models import AuditEvent
+    from governance.services import agents
+
+    parent, child = _family(make_agent)
+    appended = _slow_appends_in_b(monkeypatch)
+
+    def suspend_parent() -> None:
+        agents.agent_suspend(
+            agent=parent, reason="incident", actor=audit.Actor.system("b"), at=NOW + LATER
+        )
+
+    def resume_child() -> None:
+        assert appended.wait(10)
+        agents.agent_resume(
+            agent=child, reason="cleared", actor=audit.Actor.system("a"), at=NOW + 2 * LATER
+        )
+
+    out = _threads(resume_child, suspend_parent)
+    assert out["B"] is None, out
+    assert isinstance(out["A"], Conflict) and out["A"].code == "parent_suspended", out
+    assert dict(Agent.objects.values_list("name", "status")) == {
+        "parent": "suspended",
+        "child": "suspended",
+    }
+    assert not AuditEvent.objects.filter(event_type="agent.reactivated").exists()
+    assert audit.verify_chain().ok
+
+
+def test_a_suspension_that_waited_out_a_resume_suspends_the_agent_again(
+    postgres_only, monkeypatch, make_agent
+):
+    """B resumes the child and takes a second to commit; A suspends the parent
+    meanwhile, waits for the child's row, then suspends it again: the child ends
+    suspended, and the log says so in that order (resume, then both suspensions)."""
+    from governance.models import AuditEvent
+    from governance.services import agents, reports
+
+    parent, child = _family(make_agent)
+    appended = _slow_appends_in_b(monkeypatch)
+    seq = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first()
+
+    def resume_child() -> None:
+        agents.agent_resume(
+            agent=child, reason="cleared", actor=audit.Actor.system("b"), at=NOW + LATER
+        )
+
+    def suspend_parent() -> None:
+        assert appended.wait(10)
+        agents.agent_suspend(
+            agent=parent, reason="incident", actor=audit.Actor.system("a"), at=NOW + 2 * LATER
+        )
+
+    out = _threads(suspend_parent, resume_child)
+    assert out == {"A": None, "B": None}, out
+    assert dict(Agent.objects.values_list("name", "status")) == {
+        "parent": "suspended",
+        "child": "suspended",
+    }
+    events = AuditEvent.objects.filter(seq__gt=seq).order_by("seq")
+    assert [(e.event_type, e.agent) for e in events] == [
+        ("agent.reactivated", "child"),
+        ("agent.suspended", "parent"),
+        ("agent.suspended", "child"),
+    ]
+    past = reports.state_at(NOW + 2 * LATER)
+    assert past.suspended_agents == {parent.pk, child.pk}
+    assert reports.state_at(NOW + LATER).suspended_agents == set()
+    assert audit.verify_chain().ok

@@ -901,6 +901,270 @@ def test_no_subagent_is_created_under_a_suspended_agent(make_agent, alice, syste
     assert AuditEvent.objects.count() == before
 
 
+# --- Resume: the way back from the kill switch ---------------------------------------------
+
+
+def _events_after(seq):
+    return [
+        (e.event_type, e.actor, e.agent, json.loads(e.data))
+        for e in AuditEvent.objects.filter(seq__gt=seq).order_by("seq")
+    ]
+
+
+def _top_seq():
+    return AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first() or 0
+
+
+def test_a_resumed_agent_is_allowed_again_exactly_what_its_grants_allow_with_new_tokens_only(
+    bot, repo, make_grant, alice, system
+):
+    """Before, during and after: the decision and its event each time. The resume
+    revokes every live token of the agent (each with its usual event), writes one
+    agent.reactivated event, leaves the voided approval voided and the grant as it
+    was (time-boxed: it still ends when it ends)."""
+    from governance.models import AgentToken, Approval
+
+    grant = make_grant(bot, repo, ("read", "delete"), "repo:acme/*")  # NOW-30min for 1 h
+    live = [
+        agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW - timedelta(hours=1))[
+            0
+        ]
+        for _ in range(2)
+    ]
+    spent = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW - MS)[0]
+    agents.token_revoke(token=spent, actor=system, at=NOW - MS)
+    old = agents.token_issue(
+        created_by=alice, agent=bot, actor=system, at=NOW - timedelta(days=40), days=30
+    )[0]  # expired 10 days ago: already dead, left as it is
+    read = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/x"}
+
+    def decided(at, **ask):
+        result = access.access_check(**{**read, **ask}, at=at)
+        event = last_event()
+        assert str(event.uid) == result.decision_id and event.agent == "bot"
+        assert (event.decision, event.reason) == (result.decision, result.reason)
+        return result, event
+
+    before, event = decided(NOW - timedelta(minutes=20))
+    assert before.allowed and (event.event_type, event.grant_id) == ("access.allowed", grant.pk)
+    gated, _ = decided(NOW - timedelta(minutes=20), action="delete")
+    assert gated.decision == "approval_required"
+
+    suspended_at = NOW - timedelta(minutes=10)
+    agents.agent_suspend(agent=bot, reason="token leak?", actor=system, at=suspended_at)
+    assert Approval.objects.get(pk=gated.approval_id).status == "expired"
+    during, event = decided(NOW - timedelta(minutes=5))
+    assert (during.decision, during.reason) == ("deny", "agent_suspended")
+    assert event.event_type == "access.denied"
+
+    seq = _top_seq()
+    resumed = agents.agent_resume(
+        agent=bot, reason="false alarm: the leak was a test key", actor=Actor.user(alice), at=NOW
+    )
+    assert (resumed.status, resumed.suspended_at) == ("active", None)
+    bot.refresh_from_db()
+    assert (bot.status, bot.suspended_at) == ("active", None)
+    prefixes = [t.prefix for t in live]
+    assert _events_after(seq) == [
+        *[("agent_token.revoked", "user:alice", "bot", {"prefix": p}) for p in prefixes],
+        (
+            "agent.reactivated",
+            "user:alice",
+            "bot",
+            {
+                "reason": "false alarm: the leak was a test key",
+                "suspended_at": suspended_at.isoformat(),
+                "tokens_revoked": prefixes,
+            },
+        ),
+    ]
+    revoked = dict(AgentToken.objects.values_list("prefix", "revoked_at"))
+    assert [revoked[p] for p in prefixes] == [NOW, NOW]
+    assert (revoked[spent.prefix], revoked[old.prefix]) == (NOW - MS, None)
+    # Voided at suspension, voided still.
+    assert Approval.objects.get(pk=gated.approval_id).status == "expired"
+
+    # After: exactly what the grant allows, and nothing more.
+    after, event = decided(NOW + timedelta(minutes=1))
+    assert after.allowed and (event.event_type, event.grant_id) == ("access.allowed", grant.pk)
+    outside, _ = decided(NOW + timedelta(minutes=1), scope="repo:other/x")
+    assert (outside.decision, outside.reason) == ("deny", "scope_mismatch")
+    write, _ = decided(NOW + timedelta(minutes=1), action="update")
+    assert (write.decision, write.reason) == ("deny", "no_grant")
+    old_approval, _ = decided(
+        NOW + timedelta(minutes=1), action="delete", approval=gated.approval_id
+    )
+    assert (old_approval.decision, old_approval.reason) == ("deny", "approval_invalid")
+    assert Approval.objects.get(pk=gated.approval_id).status == "expired"
+    again, _ = decided(NOW + timedelta(minutes=1), action="delete")
+    assert again.decision == "approval_required" and again.approval_id != gated.approval_id
+    # The grant is time-boxed and was not stretched: it ends when it always would have.
+    assert Grant.objects.get(pk=grant.pk).expires_at == NOW + timedelta(minutes=30)
+    ended, event = decided(NOW + timedelta(minutes=31))
+    assert (ended.decision, ended.reason) == ("deny", "grant_expired")
+    assert (event.event_type, event.grant_id) == ("access.denied", None)  # a denial names none
+
+
+def test_resuming_an_agent_resumes_it_alone_and_a_subagent_on_its_own_after_it(
+    make_agent, repo, make_grant, alice, system
+):
+    """A subagent suspended with its parent stays suspended when the parent is resumed,
+    keeps its tokens until it is resumed itself, and is resumed on its own."""
+    from governance.models import AgentToken
+
+    parent = make_agent("parent")
+    child = make_agent("child", parent=parent)
+    make_grant(child, repo, ("read",), "repo:child/*")
+    child_token, _ = agents.token_issue(created_by=alice, agent=child, actor=system, at=NOW - MS)
+    agents.agent_suspend(agent=parent, reason="incident", actor=system, at=NOW - MS)
+
+    seq = _top_seq()
+    agents.agent_resume(agent=parent, reason="cleared", actor=system, at=NOW)
+    statuses = dict(Agent.objects.values_list("name", "status"))
+    assert statuses == {"parent": "active", "child": "suspended"}
+    assert [(e[0], e[2]) for e in _events_after(seq)] == [("agent.reactivated", "parent")]
+    assert AgentToken.objects.get(pk=child_token.pk).revoked_at is None
+    ask = {"agent": "child", "tool": "repo", "action": "read", "scope": "repo:child/x"}
+    denied = access.access_check(**ask, at=NOW + MS)
+    assert (denied.decision, denied.reason) == ("deny", "agent_suspended")
+    assert last_event().reason == "agent_suspended"
+
+    seq = _top_seq()
+    agents.agent_resume(agent=child, reason="cleared too", actor=system, at=NOW + 2 * MS)
+    assert Agent.objects.get(pk=child.pk).status == "active"
+    assert _events_after(seq) == [
+        ("agent_token.revoked", "system:test", "child", {"prefix": child_token.prefix}),
+        (
+            "agent.reactivated",
+            "system:test",
+            "child",
+            {
+                "reason": "cleared too",
+                "suspended_at": (NOW - MS).isoformat(),
+                "tokens_revoked": [child_token.prefix],
+            },
+        ),
+    ]
+    allowed = access.access_check(**ask, at=NOW + 3 * MS)
+    assert allowed.allowed and last_event().event_type == "access.allowed"
+
+
+def _resume_state():
+    from governance.models import AgentToken
+
+    return (
+        sorted(Agent.objects.values_list("name", "status", "suspended_at")),
+        sorted(AgentToken.objects.values_list("prefix", "revoked_at")),
+        AuditEvent.objects.count(),
+    )
+
+
+@pytest.mark.parametrize("reason", ["", "   ", "\n\t", None])
+def test_a_resume_without_a_reason_is_refused_and_writes_nothing(bot, alice, system, reason):
+    agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW - MS)
+    agents.agent_suspend(agent=bot, reason="incident", actor=system, at=NOW - MS)
+    before = _resume_state()
+    with pytest.raises(GovernanceError) as refused:
+        agents.agent_resume(agent=bot, reason=reason, actor=system, at=NOW)
+    assert (refused.value.code, refused.value.status) == ("reason_required", 400)
+    assert refused.value.fields == {"reason": "required"}
+    assert _resume_state() == before
+
+
+def test_only_a_suspended_agent_is_resumed(bot, alice, system):
+    """An active agent: 409 agent_not_suspended, and its tokens are not touched (a
+    resume is no way to revoke every token of a live agent by accident)."""
+    agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW - MS)
+    for _ in range(2):  # never suspended; then suspended and resumed already
+        before = _resume_state()
+        with pytest.raises(Conflict) as refused:
+            agents.agent_resume(agent=bot, reason="again", actor=system, at=NOW)
+        assert (refused.value.code, refused.value.status) == ("agent_not_suspended", 409)
+        assert "bot is not suspended" in refused.value.message
+        assert _resume_state() == before
+        agents.agent_suspend(agent=bot, reason="incident", actor=system, at=NOW - MS)
+        agents.agent_resume(agent=bot, reason="cleared", actor=system, at=NOW - MS)
+        assert last_event().event_type == "agent.reactivated"
+
+
+def test_no_agent_is_resumed_while_an_agent_above_it_is_suspended(make_agent, alice, system):
+    """Not under its suspended parent, nor under a suspended agent further up (rows
+    from before suspension reached subagents: the middle one active): 409
+    parent_suspended naming that agent, nothing written."""
+    root = make_agent("root")
+    middle = make_agent("middle", parent=root)
+    leaf = make_agent("leaf", parent=middle)
+    agents.token_issue(created_by=alice, agent=leaf, actor=system, at=NOW - MS)
+    agents.agent_suspend(agent=root, reason="incident", actor=system, at=NOW - MS)
+    assert set(Agent.objects.values_list("status", flat=True)) == {"suspended"}
+    before = _resume_state()
+    for agent, above in ((middle, "root"), (leaf, "middle")):
+        with pytest.raises(Conflict) as refused:
+            agents.agent_resume(agent=agent, reason="cleared", actor=system, at=NOW)
+        assert (refused.value.code, refused.value.status) == ("parent_suspended", 409)
+        assert f"The agent {above} is suspended" in refused.value.message
+        assert _resume_state() == before
+    Agent.objects.filter(pk=middle.pk).update(status="active")  # test setup: an old row
+    before = _resume_state()
+    with pytest.raises(Conflict) as refused:
+        agents.agent_resume(agent=leaf, reason="cleared", actor=system, at=NOW)
+    assert refused.value.code == "parent_suspended"
+    assert "The agent root is suspended" in refused.value.message
+    assert _resume_state() == before
+
+
+def test_no_agent_is_resumed_at_a_moment_before_its_suspension(bot, system):
+    """The reports read an agent's state from its events in time order: a resume dated
+    before the suspension would leave the agent suspended in every report after it."""
+    agents.agent_suspend(agent=bot, reason="incident", actor=system, at=NOW)
+    before = _resume_state()
+    with pytest.raises(Conflict) as refused:
+        agents.agent_resume(agent=bot, reason="cleared", actor=system, at=NOW - MS)
+    assert (refused.value.code, refused.value.status) == ("resume_before_suspension", 409)
+    assert _resume_state() == before
+    agents.agent_resume(agent=bot, reason="cleared", actor=system, at=NOW)  # the same moment
+    assert Agent.objects.get(pk=bot.pk).status == "active"
+
+
+def test_the_access_report_reads_a_suspension_and_its_resume_from_their_events(
+    make_agent, repo, make_grant, system
+):
+    """At a moment during the suspension the grant is blocked (agent_suspended), at
+    the resume and after it is not; a period that reaches past the resume could allow
+    something, one inside the suspension could not. As authorize() answers."""
+    from governance.services import reports
+
+    bot, steady = make_agent("bot"), make_agent("steady")
+    make_grant(bot, repo, ("read",), "repo:acme/*")  # NOW-30min for 1 h
+    make_grant(steady, repo, ("read",), "repo:acme/*")
+    suspended_at, resumed_at = NOW - timedelta(minutes=20), NOW - timedelta(minutes=10)
+    agents.agent_suspend(agent=bot, reason="incident", actor=system, at=suspended_at)
+    agents.agent_resume(agent=bot, reason="cleared", actor=system, at=resumed_at)
+
+    def blocked(at):
+        return {row["agent"]: row["blocked_by"] for row in reports.access_rows(at)}
+
+    assert blocked(suspended_at - MS) == {"bot": None, "steady": None}
+    assert blocked(suspended_at) == {"bot": "agent_suspended", "steady": None}
+    assert blocked(resumed_at - MS) == {"bot": "agent_suspended", "steady": None}
+    assert blocked(resumed_at) == {"bot": None, "steady": None}
+    assert blocked(NOW) == {"bot": None, "steady": None}
+
+    def over(start, end):
+        grants = Grant.objects.filter(agent__name="bot")
+        return set(reports.blocked_over(grants, start, end).values())
+
+    assert over(suspended_at, resumed_at) == {"agent_suspended"}
+    assert over(suspended_at, resumed_at + MS) == {None}  # the resume is a revival
+    ask = {"agent": "bot", "tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    assert access.access_check(**ask, at=NOW).allowed
+    assert last_event().event_type == "access.allowed"
+    # Suspended again: the latest event wins.
+    agents.agent_suspend(agent=bot, reason="again", actor=system, at=NOW + MS)
+    assert blocked(NOW + MS)["bot"] == "agent_suspended"
+    assert blocked(NOW)["bot"] is None
+
+
 def test_an_agents_owner_cannot_approve_a_request_another_person_filed_for_it(
     bot, repo, alice, bob, system
 ):
