@@ -20,6 +20,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from rest_framework.test import APIClient
 
 from governance.audit import Actor
 from governance.models import Agent, AgentToken, AuditEvent, Grant, Task, Tool
@@ -205,6 +206,116 @@ def test_suspending_needs_a_reason_then_stops_the_agent_at_once(admin, world, ag
     assert (
         admin.post(f"{API}/agents/ghost/suspend", {"reason": "x"}, format="json").status_code == 404
     )
+
+
+def test_resuming_needs_a_reason_and_a_suspended_agent_and_old_tokens_stay_dead(
+    admin, world, agent_client
+):
+    """The way back from the kill switch: refused (nothing written) without a reason,
+    for an agent not suspended or under a suspended one; then the agent alone is
+    active again, its old token is refused (401) for good, and a new one works."""
+    bot_client = agent_client(world["bot"])
+    ask = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    assert bot_client.post(f"{API}/authorize", ask, format="json").json()["decision"] == "allow"
+    old = AgentToken.objects.filter(agent=world["bot"]).get()
+    url = f"{API}/agents/bot/resume"
+    with _Unchanged(AgentToken):
+        _error(admin.post(url, {"reason": "x"}, format="json"), 409, "agent_not_suspended")
+    assert (
+        admin.post(f"{API}/agents/bot/suspend", {"reason": "leak"}, format="json").status_code
+        == 200
+    )
+    assert bot_client.post(f"{API}/authorize", ask, format="json").status_code == 401
+
+    for bad in ({}, {"reason": "  "}, {"reason": None}, {"reason": "x", "extra": 1}):
+        with _Unchanged(AgentToken):
+            _error(admin.post(url, bad, format="json"), 400, "invalid_request")
+    with _Unchanged(AgentToken):
+        error = _error(
+            admin.post(f"{API}/agents/helper/resume", {"reason": "x"}, format="json"),
+            409,
+            "parent_suspended",
+        )
+    assert "bot is suspended" in error["message"]
+    with _Unchanged(AgentToken):
+        assert (
+            admin.post(f"{API}/agents/ghost/resume", {"reason": "x"}, format="json").status_code
+            == 404
+        )
+    assert Agent.objects.get(name="bot").status == "suspended"
+
+    response = admin.post(url, {"reason": "investigated: a false alarm"}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["name"], body["status"], body["suspended_at"]) == ("bot", "active", None)
+    revoked, reactivated = AuditEvent.objects.order_by("-seq")[:2][::-1]
+    assert (revoked.event_type, revoked.actor, revoked.agent) == (
+        "agent_token.revoked", "user:dave", "bot",
+    )  # fmt: skip
+    assert json.loads(revoked.data) == {"prefix": old.prefix}
+    assert (reactivated.event_type, reactivated.actor, reactivated.agent) == (
+        "agent.reactivated", "user:dave", "bot",
+    )  # fmt: skip
+    data = json.loads(reactivated.data)
+    assert (data["reason"], data["tokens_revoked"]) == ("investigated: a false alarm", [old.prefix])
+    assert Agent.objects.get(name="helper").status == "suspended"  # resumed on its own
+    old.refresh_from_db()
+    assert old.revoked_at is not None
+
+    # The old token never works again; a new one, issued by the admin, does.
+    events = AuditEvent.objects.count()
+    for refused in (
+        bot_client.post(f"{API}/authorize", ask, format="json"),
+        bot_client.get(f"{API}/me"),
+    ):
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "unauthenticated"
+    assert AuditEvent.objects.count() == events  # no decision was made for it
+    issued = admin.post(f"{API}/agents/bot/tokens", {"expires_days": 7}, format="json")
+    assert issued.status_code == 201
+    fresh = APIClient()
+    fresh.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.json()['token']}")
+    answer = fresh.post(f"{API}/authorize", ask, format="json")
+    assert answer.status_code == 200 and answer.json()["decision"] == "allow"
+    event = last_event()
+    assert (event.event_type, event.agent, event.grant_id) == (
+        "access.allowed", "bot", world["grant"].pk,
+    )  # fmt: skip
+    assert str(event.uid) == answer.json()["decision_id"]
+    assert (
+        admin.post(f"{API}/agents/helper/resume", {"reason": "x"}, format="json").status_code == 200
+    )
+    assert Agent.objects.get(name="helper").status == "active"
+
+
+def test_the_access_report_says_agent_suspended_during_a_suspension_and_not_after_its_resume(
+    admin, auditor, world
+):
+    """The report reads the agent's state at a moment from agent.suspended and
+    agent.reactivated: blocked from the suspension up to the resume, not from then."""
+    assert (
+        admin.post(f"{API}/agents/bot/suspend", {"reason": "x"}, format="json").status_code == 200
+    )
+    assert admin.post(f"{API}/agents/bot/resume", {"reason": "y"}, format="json").status_code == 200
+    suspended = AuditEvent.objects.get(event_type="agent.suspended", agent="bot").created_at
+    resumed = AuditEvent.objects.get(event_type="agent.reactivated", agent="bot").created_at
+    assert suspended < resumed
+    ms = timedelta(microseconds=1)
+
+    def blocked_by(at):
+        response = auditor.get(f"{API}/reports/access", {"at": at.isoformat()})
+        assert response.status_code == 200, response.content
+        (row,) = response.json()["rows"]
+        assert row["grant"] == world["grant"].pk
+        assert last_event().event_type == "report.exported"
+        return row["blocked_by"]
+
+    assert blocked_by(suspended - ms) is None
+    assert blocked_by(suspended) == "agent_suspended"
+    assert blocked_by(suspended + (resumed - suspended) / 2) == "agent_suspended"
+    assert blocked_by(resumed - ms) == "agent_suspended"
+    assert blocked_by(resumed) is None
+    assert blocked_by(timezone.now()) is None
 
 
 # --- Tokens ------------------------------------------------------------------------------

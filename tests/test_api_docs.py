@@ -17,6 +17,15 @@ def test_the_openapi_schema_describes_the_api_and_its_auth(client, db):
     breakglass = schema["paths"]["/api/v1/breakglass"]["post"]
     assert {"201", "403", "409", "429"} <= set(breakglass["responses"])
     assert "breakglass_unreviewed" in breakglass["description"]
+    # Resume sits beside suspend, with its reason required and its 409s named.
+    suspend = schema["paths"]["/api/v1/agents/{name}/suspend"]["post"]
+    resume = schema["paths"]["/api/v1/agents/{name}/resume"]["post"]
+    assert resume["operationId"] == "agent_resume"
+    assert {"200", "400", "401", "403", "404", "409"} <= set(resume["responses"])
+    assert resume["requestBody"] == suspend["requestBody"]
+    assert resume["requestBody"]["required"] is True
+    for code in ("agent_not_suspended", "parent_suspended", "resume_before_suspension"):
+        assert code in resume["responses"]["409"]["description"]
 
 
 def test_the_docs_page_loads_its_assets_from_this_server(client, db):

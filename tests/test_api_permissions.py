@@ -125,6 +125,9 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",   "agents/bot-a",                     None,          "403 403 200 403 200 403 401"),
     ("POST",  "agents/bot-a/suspend",             {"reason": "x"},
                                                                  "403 403 200 403 403 403 401"),
+    # Resume: bot-off, suspended in the world (bot-a must stay active for the other rows).
+    ("POST",  "agents/bot-off/resume",            {"reason": "x"},
+                                                                 "403 403 200 403 403 403 401"),
     ("GET",   "agents/bot-a/tokens",              None,          "403 403 200 403 200 403 401"),
     ("POST",  "agents/bot-a/tokens",              {},            "403 403 201 403 403 403 401"),
     ("POST",  "tokens/{token}/revoke",            None,          "403 403 200 403 403 403 401"),
@@ -188,11 +191,14 @@ CASES = [
 @pytest.fixture
 def world(make_agent, make_tool, make_task, make_grant, alice, dave) -> dict[str, Any]:
     """A's objects: a live delegable grant, a decision, a pending approval, a
-    pending grant request, a spare token. B has a live grant of its own."""
+    pending grant request, a spare token. B has a live grant of its own. bot-off is
+    suspended (something to resume)."""
     system, now = Actor.system("test"), timezone.now()
     bot_a, bot_b = make_agent("bot-a"), make_agent("bot-b")
     make_agent("bot-a-sub", parent=bot_a)
     make_agent("bot-b-sub", parent=bot_b)
+    off = make_agent("bot-off")
+    agents.agent_suspend(agent=off, reason="incident", actor=system, at=now)
     repo = make_tool("repo")
     make_task("T-1")
     started = now - timedelta(minutes=1)

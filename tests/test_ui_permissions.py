@@ -32,7 +32,7 @@ from governance.models import (
     SecondLook,
     Tool,
 )
-from governance.services import confirmation, tools
+from governance.services import agents, confirmation, tools
 from tests import ui_world
 from tests.ui_world import World
 
@@ -66,6 +66,8 @@ TABLE: list[tuple[str, str, Any, str]] = [
     ("GET",  "/ui/agents/",                             None,                    "302 200 200 200"),
     ("GET",  "/ui/agents/bot-a/",                       None,                    "302 200 200 200"),
     ("POST", "/ui/agents/bot-a/suspend",                {"reason": "incident"},  "302 403 403 302"),
+    # bot-a suspended first (test_permission_table), so there is something to resume.
+    ("POST", "/ui/agents/bot-a/resume",                 {"reason": "cleared"},   "302 403 403 302"),
     ("POST", "/ui/agents/bot-a/tokens",                 {"days": "7"},           "302 403 403 201"),
     ("POST", "/ui/tokens/{token}/revoke",               {},                      "302 403 403 302"),
     ("GET",  "/ui/tasks/",                              None,                    "302 200 200 200"),
@@ -174,6 +176,10 @@ def test_permission_table(method: str, path: str, body: Any, role: str, expected
         )
         world.tool.refresh_from_db()
         body = {**body, "definition_hash": world.tool.definition_hash}
+    if path.endswith("/resume"):
+        agents.agent_suspend(
+            agent=world.agent, reason="incident", actor=Actor.system("test"), at=timezone.now()
+        )
     extra = ui_world.build_lifecycle(world) if path.startswith(LIFECYCLE) else None
     policy = 0
     if "{policy}" in path:

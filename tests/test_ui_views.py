@@ -264,6 +264,94 @@ def test_the_kill_switch_denies_every_decision_and_voids_pending_approvals() -> 
     assert last_event().reason == "agent_suspended"
 
 
+def _resume_form(html: str) -> str:
+    """The Resume form on an agent page, or '' if there is none."""
+    start = html.find('id="resume"')
+    return "" if start < 0 else html[html.rfind("<form", 0, start) : html.index("</form>", start)]
+
+
+def test_the_resume_form_is_on_a_suspended_agents_page_for_admins_only() -> None:
+    ui_world.build()
+    admin = ui_world.signed_in("admin")
+    page = admin.get("/ui/agents/bot-a/").content.decode()
+    assert 'id="kill-switch"' in page and not _resume_form(page)
+    assert ui_world.post(admin, "/ui/agents/bot-a/suspend", {"reason": "x"}).status_code == 302
+
+    page = admin.get("/ui/agents/bot-a/").content.decode()
+    form = _resume_form(page)
+    assert 'action="/ui/agents/bot-a/resume"' in form and 'method="post"' in form
+    assert 'name="csrfmiddlewaretoken"' in form
+    assert '<input name="reason"' in form and "required" in form
+    assert "Resume bot-a" in form and "tokens are revoked" in form
+    assert 'id="kill-switch"' not in page
+    for role in ("auditor", "approver"):
+        seen = ui_world.signed_in(role).get("/ui/agents/bot-a/").content.decode()
+        assert "suspended" in seen and not _resume_form(seen) and "resume-blocked" not in seen
+    # Under a suspended agent: no form, the page names the agent to resume first.
+    sub = admin.get("/ui/agents/bot-a.sub/").content.decode()
+    assert not _resume_form(sub)
+    assert 'id="resume-blocked"' in sub and 'href="/ui/agents/bot-a/"' in sub
+
+
+def test_an_admin_resumes_a_suspended_agent_from_its_page() -> None:
+    """Refused without a reason, for a subagent under the suspended agent and for an
+    active agent, each writing nothing; done, the agent decides again, its token is
+    revoked, its subagent stays suspended, and the page says so."""
+    world = ui_world.build()
+    admin = ui_world.signed_in("admin")
+    assert ui_world.post(admin, "/ui/agents/bot-a/suspend", {"reason": "x"}).status_code == 302
+
+    def unchanged():
+        return (
+            AuditEvent.objects.count(),
+            sorted(Agent.objects.values_list("name", "status")),
+            sorted(AgentToken.objects.values_list("prefix", "revoked_at")),
+        )
+
+    before = unchanged()
+    for path, data, status, code in (
+        ("/ui/agents/bot-a/resume", {"reason": "  "}, 400, "invalid_request"),
+        ("/ui/agents/bot-a/resume", {}, 400, "invalid_request"),
+        ("/ui/agents/bot-a.sub/resume", {"reason": "x"}, 409, "parent_suspended"),
+    ):
+        refused = ui_world.post(admin, path, data)
+        assert refused.status_code == status, path
+        assert f"<code>{code}</code>" in refused.content.decode()
+        assert unchanged() == before
+    assert admin.post("/ui/agents/bot-a/resume", {"reason": "x"}).status_code == 403  # no CSRF
+    assert unchanged() == before
+
+    done = ui_world.post(admin, "/ui/agents/bot-a/resume", {"reason": "cleared by IR-7"})
+    assert (done.status_code, done["Location"]) == (302, "/ui/agents/bot-a/")
+    assert Agent.objects.get(name="bot-a").status == "active"
+    assert Agent.objects.get(name="bot-a.sub").status == "suspended"
+    revoked, reactivated = AuditEvent.objects.order_by("-seq")[:2][::-1]
+    assert (revoked.event_type, revoked.actor, revoked.agent) == (
+        "agent_token.revoked", "user:dave", "bot-a",
+    )  # fmt: skip
+    assert json.loads(revoked.data) == {"prefix": world.token_prefix}
+    assert (reactivated.event_type, reactivated.actor, reactivated.agent) == (
+        "agent.reactivated", "user:dave", "bot-a",
+    )  # fmt: skip
+    data = json.loads(reactivated.data)
+    assert (data["reason"], data["tokens_revoked"]) == ("cleared by IR-7", [world.token_prefix])
+    assert AgentToken.objects.get(prefix=world.token_prefix).revoked_at is not None
+    page = admin.get("/ui/agents/bot-a/").content.decode()
+    assert "bot-a is active again" in page and "issue it a new one" in page
+    assert "Its subagents stay suspended until each is resumed (1 directly below it)" in page
+    assert 'id="kill-switch"' in page and not _resume_form(page)
+    decision = access.access_check(
+        agent="bot-a", tool="repo", action="read", scope="repo:acme/api", at=timezone.now()
+    )
+    assert decision.allowed
+    assert (last_event().event_type, last_event().grant_id) == ("access.allowed", world.grant.pk)
+
+    before = unchanged()
+    again = ui_world.post(admin, "/ui/agents/bot-a/resume", {"reason": "again"})
+    assert again.status_code == 409 and "<code>agent_not_suspended</code>" in again.content.decode()
+    assert unchanged() == before
+
+
 def test_a_token_is_shown_once_and_can_be_revoked() -> None:
     world = ui_world.build()
     client = ui_world.signed_in("admin")
@@ -822,6 +910,7 @@ def test_a_name_that_is_not_text_is_404_never_500() -> None:
         assert client.get(path).status_code == 404, path
     before = AuditEvent.objects.count()
     for path, data in (("/ui/agents/a%00/suspend", {"reason": "x"}),
+                       ("/ui/agents/a%00/resume", {"reason": "x"}),
                        ("/ui/agents/a%00/tokens", {"days": "1"}), ("/ui/tokens/%00/revoke", {}),
                        ("/ui/tasks/%00/close", {}),
                        ("/ui/tools/%00/approve", {"definition_hash": "a" * 64})):  # fmt: skip

@@ -530,7 +530,11 @@ def agent_resume(request: HttpRequest, name: str) -> HttpResponse:
     except GovernanceError as exc:
         return common.failed(request, exc)
     still = Agent.objects.filter(parent=agent, status=Agent.Status.SUSPENDED).count()
-    below = f" {still} subagent(s) below it stay suspended until each is resumed." if still else ""
+    below = (
+        f" Its subagents stay suspended until each is resumed ({still} directly below it)."
+        if still
+        else ""
+    )
     messages.success(
         request,
         f"{agent.name} is active again. Its earlier tokens no longer work: issue it a new "
