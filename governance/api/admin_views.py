@@ -159,7 +159,8 @@ class AgentSuspendView(AdminView):
         description=(
             "The kill switch: every decision for the agent is denied from now on, its "
             "tokens stop working and its open approvals are voided; so for every "
-            "subagent below it. Suspending a suspended agent changes nothing."
+            "subagent below it. Suspending a suspended agent changes nothing. Undone "
+            "one agent at a time by `agents/{name}/resume`."
         ),
     )
     def post(self, request: Request, name: str) -> Response:

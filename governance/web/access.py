@@ -3,7 +3,7 @@
     read    any role (admin, approver, auditor): every page that only shows
     export  auditors and admins: exports, the printable report
     decide  approvers and admins: approve or deny requests and approvals
-    admin   admins: revoke, suspend, tokens, re-approve tools
+    admin   admins: revoke, suspend and resume agents, tokens, re-approve tools
 
 Not signed in: redirect to the sign-in page. Signed in without the right:
 403, whatever the method, so a forged POST changes nothing. A deactivated
