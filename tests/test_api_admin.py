@@ -243,6 +243,13 @@ def test_resuming_needs_a_reason_and_a_suspended_agent_and_old_tokens_stay_dead(
             == 404
         )
     assert Agent.objects.get(name="bot").status == "suspended"
+    # No token for a suspended agent: it would not work, and the resume would revoke it.
+    with _Unchanged(AgentToken):
+        _error(
+            admin.post(f"{API}/agents/bot/tokens", {"expires_days": 7}, format="json"),
+            409,
+            "agent_suspended",
+        )
 
     response = admin.post(url, {"reason": "investigated: a false alarm"}, format="json")
     assert response.status_code == 200, response.content

@@ -835,6 +835,7 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
         agent="grandchild", tool="repo", action="delete", scope="repo:gc/x", at=NOW
     )
     assert pending.decision == "approval_required"
+    _, plaintext = agents.token_issue(created_by=stranger.owner, agent=child, actor=system, at=NOW)
     before = AuditEvent.objects.order_by("-seq").first().seq
 
     agents.agent_suspend(agent=parent, reason="compromised", actor=system, at=NOW)
@@ -871,13 +872,32 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
     )
     assert (own.decision, own.reason) == ("deny", "agent_suspended")
     assert last_event().event_type == "access.denied"
-    _, plaintext = agents.token_issue(created_by=stranger.owner, agent=child, actor=system, at=NOW)
     from rest_framework.exceptions import AuthenticationFailed
     from rest_framework.test import APIRequestFactory
 
     asked = APIRequestFactory().get("/", HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     with pytest.raises(AuthenticationFailed):
         BearerAuthentication().authenticate(asked)
+
+
+def test_no_token_is_issued_to_a_suspended_agent(make_agent, alice, system):
+    """It would not work, and a resume revokes every token issued before it: a 409 with
+    a code, no row, no event. Once resumed, the agent gets one that works."""
+    from governance.models import AgentToken
+
+    bot = make_agent("bot")
+    agents.agent_suspend(agent=bot, reason="incident", actor=system, at=NOW)
+    before = last_event().seq
+    with pytest.raises(Conflict) as refused:
+        agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW + MS)
+    assert (refused.value.code, refused.value.status) == ("agent_suspended", 409)
+    assert not AgentToken.objects.filter(agent=bot).exists()
+    assert last_event().seq == before
+    agents.agent_resume(agent=bot, reason="cleared", actor=system, at=NOW + 2 * MS)
+    token, _ = agents.token_issue(created_by=alice, agent=bot, actor=system, at=NOW + 3 * MS)
+    assert token.revoked_at is None
+    event = last_event()
+    assert (event.event_type, event.agent) == ("agent_token.issued", "bot")
 
 
 def test_no_subagent_is_created_under_a_suspended_agent(make_agent, alice, system):

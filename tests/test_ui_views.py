@@ -275,6 +275,7 @@ def test_the_resume_form_is_on_a_suspended_agents_page_for_admins_only() -> None
     admin = ui_world.signed_in("admin")
     page = admin.get("/ui/agents/bot-a/").content.decode()
     assert 'id="kill-switch"' in page and not _resume_form(page)
+    assert 'action="/ui/agents/bot-a/tokens"' in page
     assert ui_world.post(admin, "/ui/agents/bot-a/suspend", {"reason": "x"}).status_code == 302
 
     page = admin.get("/ui/agents/bot-a/").content.decode()
@@ -284,6 +285,12 @@ def test_the_resume_form_is_on_a_suspended_agents_page_for_admins_only() -> None
     assert '<input name="reason"' in form and "required" in form
     assert "Resume bot-a" in form and "tokens are revoked" in form
     assert 'id="kill-switch"' not in page
+    # No token form either: a suspended agent gets no token (409 agent_suspended).
+    assert 'action="/ui/agents/bot-a/tokens"' not in page
+    before = AuditEvent.objects.count()
+    refused = ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7"})
+    assert refused.status_code == 409 and "agent_suspended" in refused.content.decode()
+    assert AuditEvent.objects.count() == before
     for role in ("auditor", "approver"):
         seen = ui_world.signed_in(role).get("/ui/agents/bot-a/").content.decode()
         assert "suspended" in seen and not _resume_form(seen) and "resume-blocked" not in seen

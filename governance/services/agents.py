@@ -224,13 +224,25 @@ def token_issue(
     user: Any = None,
     days: int = 30,
 ) -> tuple[AgentToken, str]:
-    """Returns the token and its plaintext, which is shown once and never stored."""
+    """Returns the token and its plaintext, which is shown once and never stored.
+
+    A suspended agent gets none (Conflict `agent_suspended`): its tokens would not work,
+    and agent_resume revokes every token issued before it. The agent's row is locked,
+    so a suspension or a resume committing meanwhile is seen."""
     if not 0 < days <= settings.AGENT_TOKEN_MAX_DAYS:
         raise GovernanceError(
             "invalid_expiry",
             f"Token lifetime must be 1 to {settings.AGENT_TOKEN_MAX_DAYS} days.",
         )
     with transaction.atomic():
+        if agent is not None:
+            status = Agent.objects.select_for_update().values_list("status", flat=True)
+            if status.get(pk=agent.pk) != Agent.Status.ACTIVE:
+                raise Conflict(
+                    "agent_suspended",
+                    f"{agent.name} is suspended: resume it first, then issue its token "
+                    "(a resume revokes every token issued before it).",
+                )
         for attempt in range(_PREFIX_TRIES):
             # The prefix (the lookup key) is 32 random bits: a collision is rare, not
             # impossible, and is met with another draw, never a database error.
