@@ -11,6 +11,11 @@ the usage and exit status 2 on a command line)."""
 from __future__ import annotations
 
 from argparse import ArgumentTypeError
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import CommandError
 
 from governance.text import is_line, is_utf8
 
@@ -46,3 +51,12 @@ def path(value: str) -> str:
     if not value:
         raise ArgumentTypeError("is empty: name a file")
     return value
+
+
+def person(name: str, may: Callable[[Any], bool], what: str) -> Any:
+    """The active account `--as NAME` names, if it holds the role (`may`); else a
+    CommandError saying what `--as` must be."""
+    user = get_user_model().objects.filter(username=name, is_active=True).first()
+    if user is None or not may(user):
+        raise CommandError(f"--as: {name!r} is not an active {what}")
+    return user

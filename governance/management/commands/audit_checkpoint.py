@@ -1,6 +1,5 @@
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
@@ -48,7 +47,4 @@ class Command(BaseCommand):
         name = options["as_user"]
         if not name:
             raise CommandError("--start-new-series needs --as ADMIN (who restarts the series)")
-        user = get_user_model().objects.filter(username=name, is_active=True).first()
-        if user is None or not roles.is_admin(user):
-            raise CommandError(f"--as: {name!r} is not an active admin")
-        return user
+        return arguments.person(name, roles.is_admin, "admin")

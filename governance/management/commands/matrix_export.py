@@ -11,7 +11,6 @@ import getpass
 from pathlib import Path
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
@@ -72,10 +71,7 @@ class Command(BaseCommand):
     def _actor(self, name: str | None) -> audit.Actor:
         if name is None:
             return audit.Actor.system("cli")
-        user = get_user_model().objects.filter(username=name, is_active=True).first()
-        if user is None or not roles.is_auditor(user):
-            raise CommandError(f"--as: {name!r} is not an active auditor or admin")
-        return audit.Actor.user(user)
+        return audit.Actor.user(arguments.person(name, roles.is_auditor, "auditor or admin"))
 
 
 def _os_user() -> str | None:
