@@ -1,4 +1,4 @@
-"""What the database itself refuses on PostgreSQL (migration 0018): deleting the
+"""What the database itself refuses on PostgreSQL (migrations 0018, 0019): deleting the
 governance records, a grant window past the hard maximum, a delegation outliving its
 parent. SQLite, the embedded default, relies on the services for these."""
 
@@ -79,3 +79,28 @@ def test_the_database_refuses_a_delegation_outliving_its_parent(
     )
     child.refresh_from_db()
     assert child.status == Grant.Status.REVOKED
+
+
+def test_one_statement_moving_a_parent_and_its_child_together_is_judged_at_its_end(
+    postgres_only, make_agent, make_tool, make_grant, system
+):
+    """Both moved to the same later expiry in one UPDATE: allowed whichever row the scan
+    reaches first (the parent's row is rewritten first so the child comes before it in
+    the table). Row by row, the child was judged against the parent's old expiry."""
+    lead = make_agent("lead")
+    helper = make_agent("helper", parent=lead)
+    parent = make_grant(lead, make_tool(), scope="repo:acme/*", delegable=True)
+    child = grants.grant_delegate(
+        parent_grant_id=parent.pk, child=helper, actions=["read"], scope="repo:acme/x/*",
+        expires_at=parent.expires_at, justification="hand-off", actor=system, at=NOW,
+    )  # fmt: skip
+    Grant.objects.filter(pk=parent.pk).update(justification="moved to the table's end")
+    later = parent.expires_at + timedelta(hours=1)
+    pair = Grant.objects.filter(pk__in=[parent.pk, child.pk])
+    assert not _refused(lambda: pair.update(expires_at=later))
+    assert set(pair.values_list("expires_at", flat=True)) == {later}
+    # The child alone past its parent is still refused, at the statement's end.
+    assert _refused(
+        lambda: Grant.objects.filter(pk=child.pk).update(expires_at=later + timedelta(hours=1))
+    )
+    assert Grant.objects.get(pk=child.pk).expires_at == later
