@@ -20,9 +20,12 @@ BEGIN
     RETURN NULL;
 END;
 $$ LANGUAGE plpgsql""",
+    # Only rows that could break it: a decision's usage update (use_count,
+    # last_used_at) sets none of these columns and queues nothing.
     """CREATE CONSTRAINT TRIGGER governance_grant_within_parent
-        AFTER INSERT OR UPDATE ON governance_grant
-        FOR EACH ROW EXECUTE FUNCTION governance_grant_within_parent()""",
+        AFTER INSERT OR UPDATE OF status, expires_at, delegated_from_id ON governance_grant
+        FOR EACH ROW WHEN (NEW.delegated_from_id IS NOT NULL AND NEW.status = 'active')
+        EXECUTE FUNCTION governance_grant_within_parent()""",
 ]
 DOWN = [
     "DROP TRIGGER IF EXISTS governance_grant_within_parent ON governance_grant",
