@@ -26,6 +26,10 @@ def test_the_openapi_schema_describes_the_api_and_its_auth(client, db):
     assert resume["requestBody"]["required"] is True
     for code in ("agent_not_suspended", "parent_suspended", "resume_before_suspension"):
         assert code in resume["responses"]["409"]["description"]
+    # A suspended agent gets no token: that 409 is documented too.
+    issue = schema["paths"]["/api/v1/agents/{name}/tokens"]["post"]
+    assert {"201", "409"} <= set(issue["responses"])
+    assert "agent_suspended" in issue["description"]
 
 
 def test_the_docs_page_loads_its_assets_from_this_server(client, db):

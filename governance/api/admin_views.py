@@ -220,8 +220,11 @@ class AgentTokensView(AdminView):
     @extend_schema(
         operation_id="agent_token_issue",
         request=s.TokenIssueIn,
-        responses={201: s.TokenIssuedOut, **ERRORS},
-        description="Issue a token. The plaintext is in this response only, never again.",
+        responses={201: s.TokenIssuedOut, **CONFLICT, **ERRORS},
+        description=(
+            "Issue a token. The plaintext is in this response only, never again. A "
+            "suspended agent gets none (409 `agent_suspended`)."
+        ),
     )
     def post(self, request: Request, name: str) -> Response:
         data = _parse(s.TokenIssueIn, request.data)
