@@ -839,6 +839,8 @@ def append(
         transaction.on_commit(marker)
         held.append((row, marker))
         return Written(seq=0, uid=uid, hash="")
+    if standalone and settings.AUDIT_GROUP_COMMIT:
+        return _write_grouped(row, seen_seq)
     return _write(row, seen_seq)
 
 
@@ -862,6 +864,126 @@ def _write(row: dict[str, Any], seen_seq: int | None = None) -> Written:
     values[FIELDS.index("created_at")] = db.param_dt(row["created_at"])
     db.execute(_INSERT, values)
     return Written(seq=row["seq"], uid=row["uid"], hash=row["hash"])
+
+
+# --- Group commit (PostgreSQL) -------------------------------------------------
+
+
+class _Slot:
+    """One event waiting to be appended, and its answer."""
+
+    __slots__ = ("item", "done", "lead", "result")
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.item = item
+        self.done = threading.Event()
+        self.lead = False  # woken to lead the next batch
+        # (seq, hash); seq None: refused, the state changed. None: not written by the
+        # batch (it failed): the event's own thread writes it alone.
+        self.result: tuple[int | None, str | None] | None = None
+
+
+_PG_APPEND_BATCH = (
+    "SELECT out_seq, out_hash FROM governance_audit_append_batch(%s::bytea, %s::jsonb)"
+)
+
+
+class GroupCommit:
+    """Standalone events (decisions that changed nothing else) that this process's
+    threads submit while an append is in flight, appended by one statement: one
+    chain lock, one COMMIT and one fsync for all of them (migration 0020). Each
+    event is still durable before its thread answers.
+
+    Leader and followers: a thread that finds no append in flight leads. It takes
+    the waiting events, in arrival order (its own among them), appends them on its
+    own connection (outside any transaction, so the statement commits itself) and
+    wakes their threads; then the longest-waiting thread, if any, leads the next
+    batch. A batch that fails writes nothing, and then every event in it is written
+    alone by its own thread: one event's error, or one connection's, is never
+    another's."""
+
+    MAX_BATCH = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[_Slot] = []
+        self._busy = False
+
+    def write(self, item: dict[str, Any]) -> tuple[int | None, str | None] | None:
+        slot = _Slot(item)
+        with self._lock:
+            self._waiting.append(slot)
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            slot.done.wait()
+            if not slot.lead:
+                return slot.result
+        with self._lock:
+            batch = self._waiting[: self.MAX_BATCH]
+            del self._waiting[: self.MAX_BATCH]
+        try:
+            if len(batch) == 1:
+                return self._alone(item)
+            try:
+                results = db.query(
+                    _PG_APPEND_BATCH,
+                    [_derived_key(b"audit-link"), json.dumps([s.item for s in batch])],
+                    "is",
+                )
+            except Exception:
+                log.warning(
+                    "a grouped append of %d events failed; each is written alone",
+                    len(batch),
+                    exc_info=True,
+                )
+                return None
+            if len(results) != len(batch):
+                raise RuntimeError(f"{len(results)} appended for {len(batch)} events")
+            for waiting, result in zip(batch, results, strict=True):
+                waiting.result = result
+            return slot.result
+        finally:
+            for waiting in batch:
+                if waiting is not slot:
+                    waiting.done.set()
+            with self._lock:
+                if self._waiting:
+                    self._waiting[0].lead = True
+                    self._waiting[0].done.set()
+                else:
+                    self._busy = False
+
+    @staticmethod
+    def _alone(item: dict[str, Any]) -> tuple[int | None, str | None]:
+        """One event, through the single append (the same statement as _write())."""
+        params = [_derived_key(b"audit-link"), item["row_mac"]]
+        params += [item[name] for name in _ROW_FIELDS]
+        return db.query(_PG_APPEND, [*params, item["seen"]], "is")[0]
+
+
+_group = GroupCommit()
+
+
+def _write_grouped(row: dict[str, Any], seen_seq: int | None) -> Written:
+    """A standalone event through the process's group commit (PostgreSQL)."""
+    texts = [value for value in row.values() if type(value) is str]
+    if any("\x00" in value for value in texts):
+        return _write(row, seen_seq)  # refused alone, as _write() refuses it
+    item = {name: row[name] for name in _ROW_FIELDS}
+    item.update(
+        row_mac=row_mac(row),
+        uid=str(row["uid"]),
+        created_at=row["created_at"].isoformat(),
+        seen=seen_seq,
+    )
+    result = _group.write(item)
+    if result is None:
+        return _write(row, seen_seq)
+    seq, link = result
+    if seq is None:
+        raise StateChanged("the state changed after the decision read it", seen_seq)
+    return Written(seq=seq, uid=row["uid"], hash=link or "")
 
 
 _held = threading.local()

@@ -129,6 +129,9 @@ AUDIT_HMAC_KEY = env_str("AUDIT_HMAC_KEY", "dev-only-insecure-audit-key-change-m
 # Compared stripped: the same key with a stray space or newline is still the same key.
 if AUDIT_HMAC_KEY.strip() == SECRET_KEY.strip():
     raise ImproperlyConfigured("AUDIT_HMAC_KEY must differ from SECRET_KEY")
+# Decisions' events that a process's threads submit while an append is in flight are
+# appended together (one chain lock, one COMMIT): governance.audit.GroupCommit.
+AUDIT_GROUP_COMMIT = env_bool("AUDIT_GROUP_COMMIT", True)
 AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR", str(BASE_DIR / "var" / "checkpoints")))
 # Deleting the newest events is caught only back to the newest checkpoint: verify fails
 # when events exist with no checkpoint, or the newest is older than this (the job that
