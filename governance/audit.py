@@ -844,14 +844,20 @@ def append(
     return _write(row, seen_seq)
 
 
+def _append_one(mac: str, row: Mapping[str, Any], seen_seq: int | None) -> tuple[Any, ...]:
+    """PostgreSQL: one event through governance_audit_append(); (seq, hash), seq None
+    when the state changed after seen_seq."""
+    params: list[Any] = [_derived_key(b"audit-link"), mac]
+    params += [row[name] for name in _ROW_FIELDS]
+    return db.query(_PG_APPEND, [*params, seen_seq], "is")[0]
+
+
 def _write(row: dict[str, Any], seen_seq: int | None = None) -> Written:
     mac = row_mac(row)
     if connection.vendor == "postgresql":
         # The server takes the lock, reads the head, links and inserts; the
         # lock is then held only for the rest of this call and the COMMIT.
-        params: list[Any] = [_derived_key(b"audit-link"), mac]
-        params += [row[name] for name in _ROW_FIELDS]
-        seq, link = db.query(_PG_APPEND, [*params, seen_seq], "is")[0]
+        seq, link = _append_one(mac, row, seen_seq)
         if seq is None:
             raise StateChanged("the state changed after the decision read it", seen_seq)
         return Written(seq=seq, uid=row["uid"], hash=link)
@@ -923,8 +929,8 @@ class GroupCommit:
             batch = self._waiting[: self.MAX_BATCH]
             del self._waiting[: self.MAX_BATCH]
         try:
-            if len(batch) == 1:
-                return self._alone(item)
+            if len(batch) == 1:  # nothing queued: the single append's statement
+                return _append_one(item["row_mac"], item, item["seen"])
             try:
                 results = db.query(
                     _PG_APPEND_BATCH,
@@ -938,8 +944,6 @@ class GroupCommit:
                     exc_info=True,
                 )
                 return None
-            if len(results) != len(batch):
-                raise RuntimeError(f"{len(results)} appended for {len(batch)} events")
             for waiting, result in zip(batch, results, strict=True):
                 waiting.result = result
             return slot.result
@@ -954,21 +958,13 @@ class GroupCommit:
                 else:
                     self._busy = False
 
-    @staticmethod
-    def _alone(item: dict[str, Any]) -> tuple[int | None, str | None]:
-        """One event, through the single append (the same statement as _write())."""
-        params = [_derived_key(b"audit-link"), item["row_mac"]]
-        params += [item[name] for name in _ROW_FIELDS]
-        return db.query(_PG_APPEND, [*params, item["seen"]], "is")[0]
-
 
 _group = GroupCommit()
 
 
 def _write_grouped(row: dict[str, Any], seen_seq: int | None) -> Written:
     """A standalone event through the process's group commit (PostgreSQL)."""
-    texts = [value for value in row.values() if type(value) is str]
-    if any("\x00" in value for value in texts):
+    if any(type(value) is str and "\x00" in value for value in row.values()):
         return _write(row, seen_seq)  # refused alone, as _write() refuses it
     item = {name: row[name] for name in _ROW_FIELDS}
     item.update(
