@@ -78,6 +78,30 @@ def labels(spec: RunSpec, deadline: float, workdir: Path, role: str) -> dict[str
     }
 
 
+NEVER_STARTED = "0001-01-01T00:00:00Z"
+
+
+def start_container(container: Any) -> None:
+    """Start a created container.
+
+    Under load the engine can answer a start with 500 "cannot start an already running
+    container" although the start happened (dockerd asked containerd twice; moby#41296):
+    the container runs, or has run. That is no failure to report: the engine's own state
+    decides. A container it says never started is still the error.
+    """
+    import docker.errors
+
+    try:
+        container.start()
+    except docker.errors.APIError as error:
+        if "already running" not in str(error):
+            raise
+        container.reload()
+        state = container.attrs.get("State") or {}
+        if not state.get("Running") and state.get("StartedAt", NEVER_STARTED) == NEVER_STARTED:
+            raise
+
+
 class DockerHandle(Handle):
     def __init__(
         self,
@@ -106,11 +130,11 @@ class DockerHandle(Handle):
             if self.holder is not None:
                 # The holder's empty network namespace exists once it runs; the
                 # runner's proxy is bound in it before the sandbox joins it.
-                self.holder.start()
+                start_container(self.holder)
                 self.holder.reload()
                 assert self._network is not None
                 self._network(int(self.holder.attrs["State"]["Pid"]))
-            self.container.start()
+            start_container(self.container)
             self._ran = True
         finally:
             self._released.set()
