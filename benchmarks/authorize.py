@@ -10,6 +10,10 @@ What is measured, on the same seeded request mix:
 
   (a0) one prepared point query (an agent by name) through the same executor:
       the round trip that every decision reading live state pays, for scale.
+  (a00) one byte echoed by a child process over two pipes: the cheapest round trip
+      to another process on this machine. A decision that can see a revocation made
+      by another process (a web worker, a job, an admin's command) must ask something
+      outside its own process, so it pays at least this, cache or no cache.
   (a) governance.policy.authorize(), one caller, live state from PostgreSQL
       (no decision cache): decisions/s, p50, p99.
   (b) governance.services.access.access_check() (the decision's read, then its
@@ -403,6 +407,35 @@ def bench_point_query(mix: list[Req], seconds: float) -> Result:
         return db.query(sql, [r.agent], "is")
 
     return time_calls("(a0) 1 prepared point query", call, mix, seconds, "live-state floor")
+
+
+def bench_cross_process(mix: list[Req], seconds: float) -> Result:
+    """(a00) the cheapest cross-process round trip: one byte to a forked child and back
+    over two pipes (no network stack, no server, no parsing)."""
+    to_child, child_in = os.pipe()
+    child_out, from_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: echo until the parent closes its end
+        try:
+            os.close(child_in)  # else the child holds its own input open: no EOF, ever
+            os.close(child_out)
+            while byte := os.read(to_child, 1):
+                os.write(from_child, byte)
+        finally:
+            os._exit(0)
+    os.close(to_child)
+    os.close(from_child)
+
+    def call(r: Req) -> Any:
+        os.write(child_in, b"x")
+        return os.read(child_out, 1)
+
+    try:
+        return time_calls("(a00) pipe echo, child process", call, mix, seconds, "IPC floor")
+    finally:
+        os.close(child_in)
+        os.close(child_out)
+        os.waitpid(pid, 0)
 
 
 # --- (b) access_check() from 4 processes ---------------------------------------
@@ -799,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     if "a" in opts.only:
         from governance.policy import authorize
 
+        results["a00"] = bench_cross_process(mix, min(opts.seconds, 3.0))
         results["a0"] = bench_point_query(mix, min(opts.seconds, 3.0))
         results["a"] = bench_authorize(mix, opts.seconds)
         for n, r in enumerate(mix[:2000]):
@@ -842,6 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     if "a" in results:
+        print(_row(results["a00"]))
         print(_row(results["a0"]))
         print(_row(results["a"]))
     if "b" in results:
@@ -887,6 +922,19 @@ def main(argv: list[str] | None = None) -> int:
             f"ours(a) p50 / one prepared point query (a0) p50 = "
             f"{results['a'].p50_us / a0.p50_us:.2f}x (for scale: every live-state decision "
             f"pays (a0); the in-memory baselines pay no round trip: {floor_vs or 'n/a'} of (a0))"
+        )
+    if "a" in results and ("c" in results or "d" in results):
+        ipc = results["a00"].p50_us
+        baselines = [(r.name.split(" ", 2)[2], r.p50_us) for r in results.get("c", [])]
+        baselines = [(n, us) for n, us in baselines if "batch" not in n]
+        if "d" in results:
+            baselines.append(("pycasbin", results["d"].p50_us))
+        fastest, fastest_us = min(baselines, key=lambda b: b[1])
+        print(
+            f"(a00) one cross-process round trip p50 = {ipc:.1f} us = "
+            f"{ipc / fastest_us:.2f}x the fastest in-memory baseline ({fastest}, "
+            f"{fastest_us:.1f} us): a decision that sees another process's revocation "
+            f"pays at least (a00), whatever it caches"
         )
     if "b" in results:
         b = results["b"]
