@@ -214,7 +214,7 @@ SELECT a.id, a.status,
        g.id, g.task_id, g.scope, {g_fields}, g.status, g.starts_at, g.expires_at,
        g.revoked_at, g.delegated_from_id, g.break_glass,
        (SELECT e.seq FROM governance_auditevent e ORDER BY e.seq DESC LIMIT 1),
-       {review_due}
+       {review_due}, a.parent_id
 FROM (SELECT 1 AS one) AS o
 LEFT JOIN governance_agent a ON a.name = %s
 LEFT JOIN governance_tool t ON t.name = %s
@@ -224,7 +224,7 @@ LEFT JOIN governance_grant g
       AND {g_action}
 ORDER BY g.id
 """
-_MAIN_KINDS = "isibbbittt" + "iisssttti" + "bit"  # one letter per column (db.query)
+_MAIN_KINDS = "isibbbittt" + "iisssttti" + "biti"  # one letter per column (db.query)
 # When the grant's oldest undecided review item fell due: past it, REVIEW_DEFAULT_RULE
 # `revoke` has ended the grant, whether or not the job has run (_window_reason). Once
 # the job has applied the rule (`auto_revoked`), or closed the item `ended` because the
@@ -488,7 +488,7 @@ _GRANT_COLUMNS = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
        a.status, t.definition_hash = t.approved_hash,
        k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id, g.scope, {actions},
-       {review_due}
+       {review_due}, a.parent_id
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
@@ -501,7 +501,7 @@ _GRANT_QUERY = {
     ),
     "sqlite": _GRANT_COLUMNS.format(actions="g.actions", review_due=_REVIEW_DUE.format(grant="g")),
 }
-_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t"
+_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t" + "i"
 
 
 _TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
@@ -528,6 +528,8 @@ def _grant_dead(
     row = rows[0]
     status, starts, expires, revoked, parent_id, agent_status, approved = row[:7]
     task_id, task_starts, task_ends, task_closed, agent_id, tool_id = row[7:13]
+    if parent_id is None and row[16] is not None:
+        return Reason.NO_GRANT, row  # a subagent's own grant counts for nothing (authorize)
     if past is not None:
         agent_status = "suspended" if agent_id in past.suspended_agents else "active"
         approved = tool_id not in past.quarantined_tools
@@ -731,12 +733,19 @@ def _authorize(
     applicable = False
     in_scope_dead: list[Reason] = []
     live: tuple[Any, ...] | None = None
+    own_grant = False  # a subagent's grant that was not delegated to it (not counted)
     above: list[int] = []  # the live grant's ancestors' agents (the gate's deny policies)
     for row in rows:
         g_id, g_task, g_scope, g_fields, g_status, g_starts, g_expires, g_revoked = row[10:18]
         if g_id is None:
             continue
         if g_task is not None and g_task != ctx.get("task_id"):
+            continue
+        if row[18] is None and first[22] is not None:
+            # A subagent holds only what its parent delegates (Agent): a grant of its
+            # own (made before that rule, or written around the services) counts for
+            # nothing.
+            own_grant = True
             continue
         applicable = True
         # `scope` was found canonical above: only the pattern needs checking.
@@ -757,7 +766,10 @@ def _authorize(
 
     if live is None:
         if not applicable:
-            return _deny(Reason.NO_GRANT, f"No grant gives {action!r} on this tool.", **ctx)
+            message = f"No grant gives {action!r} on this tool."
+            if own_grant:
+                message += " A subagent holds only grants its parent delegated to it."
+            return _deny(Reason.NO_GRANT, message, **ctx)
         if not in_scope_dead:
             return _deny(Reason.SCOPE_MISMATCH, "No grant covers this resource.", **ctx)
         reason = next(r for r in _DEAD_PRECEDENCE if r in in_scope_dead)

@@ -779,19 +779,21 @@ def test_a_task_whose_key_holds_a_slash_is_read_and_closed(admin, world, make_gr
 
 
 @pytest.fixture
-def many_grants(world, make_grant):
+def many_grants(world, make_grant, make_agent):
     """Besides world's live repo grant: a live mail grant on the task, a revoked one and a
-    pending one."""
+    pending one (for `lone`, an agent with no parent: a subagent gets no grant of its
+    own)."""
+    lone = make_agent("lone")
     on_task = make_grant(
         world["bot"], world["mail"], starts_at=world["started"], task=world["task"]
     )
-    revoked = make_grant(world["helper"], world["mail"], starts_at=world["started"])
+    revoked = make_grant(lone, world["mail"], starts_at=world["started"])
     grant_service.grant_revoke(
         grant_id=revoked.pk, reason="x", actor=Actor.system("t"), at=timezone.now()
     )
     pending = grant_service.grant_request(
-        agent=world["helper"], tool=world["repo"], actions=["read"], scope="repo:x/*",
-        duration=timedelta(hours=1), justification="need it", requested_by_agent=world["helper"],
+        agent=lone, tool=world["repo"], actions=["read"], scope="repo:x/*",
+        duration=timedelta(hours=1), justification="need it", requested_by_agent=lone,
         actor=Actor.system("t"), at=timezone.now(),
     )  # fmt: skip
     return {"live": world["grant"], "on_task": on_task, "revoked": revoked, "pending": pending}
@@ -857,6 +859,23 @@ def test_an_approvers_reason_is_kept_with_the_grant_and_in_its_event(
     event = last_event()
     assert (event.event_type, event.actor, event.grant_id) == ("grant.issued", "user:bob", grant.pk)
     assert json.loads(event.data)["reason"] == "OK per CAB-4711"
+
+
+def test_a_subagent_asks_its_parent_not_for_a_grant_of_its_own(world, agent_client):
+    """A subagent only ever holds a subset of its parent's grants: its own request is
+    403 with a code that says how it gets one (a delegation), and writes nothing."""
+    helper = agent_client(world["helper"])
+    ask = {"tool": "mail", "actions": ["read"], "scope": "mail:inbox/*",
+           "duration_seconds": 600, "justification": "triage"}  # fmt: skip
+    with _Unchanged(Grant):
+        error = _error(
+            helper.post(f"{API}/grant-requests", ask, format="json"),
+            403, "subagent_needs_delegation",
+        )  # fmt: skip
+    assert error["message"] == (
+        "helper is a subagent of bot: it gets grants only by delegation of bot's live "
+        "grants (POST /api/v1/delegations), never its own."
+    )
 
 
 def test_revoking_a_grant_needs_a_reason_and_ends_its_delegations(admin, world, agent_client):

@@ -146,6 +146,18 @@ def test_only_approvers_admins_or_the_agents_owner_open_it(open_bg, person, alic
     assert open_bg(alice).opened_by == alice
 
 
+def test_break_glass_is_never_opened_for_a_subagent(setup, open_bg, make_agent):
+    """A subagent only ever holds a subset of its parent's grants; break-glass would
+    hand it something its parent may not have. Open it for the parent."""
+    child = make_agent("bot.child", parent=setup["agent"])
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        open_bg(agent=child)
+    assert caught.value.code == "subagent_needs_delegation"
+    assert str(caught.value).startswith("bot.child is a subagent of bot:")
+    assert not Grant.objects.exists() and AuditEvent.objects.count() == before
+
+
 @pytest.mark.parametrize("ticket", ["", "   ", "inc-42", "INC42", "INC-42; drop", "see slack"])
 def test_a_ticket_in_the_configured_format_is_required(open_bg, ticket):
     with pytest.raises(GovernanceError) as caught:

@@ -26,6 +26,7 @@ from governance.audit import Actor
 from governance.codes import NotificationEvent
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import (
+    Agent,
     Approval,
     AuditEvent,
     ConfirmationPolicy,
@@ -235,38 +236,41 @@ def test_the_owner_may_restrict_their_own_agent_with_a_deny_policy(world, alice)
     assert json.loads(event_of(decision).data) == {"confirmation_policy": deny.pk}
 
 
-def test_a_parents_deny_binds_a_subagents_own_grants_too(world, make_agent, make_grant, bob):
-    """The parent's deny bound only what it handed down: a subagent holding a delete
-    grant of its own got approval_required under the parent's prod freeze, and with a
-    person's approval deleted under prod. A subagent never makes a call its parent is
-    refused, whichever grant it calls under."""
+def test_a_subagents_own_grant_counts_for_nothing(world, make_agent, make_grant):
+    """A subagent only ever holds a subset of its parent's grants. Its own grant (a row
+    from before the services refused one, or written around them) was obeyed: a delete
+    grant of its own asked a person under the parent's prod freeze's neighbours, and
+    could be approved. It is not a grant: no_grant, nobody asked, not in the report."""
     from governance.services.reports import access_rows
 
-    child = make_agent("sweeper", parent=world.agent)
-    grandchild = make_agent("sweeper.sub", parent=child)
+    child = make_agent("sweeper")
+    grandchild = make_agent("sweeper.sub")
     own = [
-        make_grant(agent, world.tool, actions=("delete",), scope="repo:acme/*",
+        make_grant(agent, world.tool, actions=("delete", "read"), scope="repo:acme/*",
                    starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))
         for agent in (child, grandchild)
     ]  # fmt: skip
-    freeze = write(world, "deny", scope="repo:acme/prod/*", reason="prod freeze")
+    # Before they were made subagents, each had a grant of its own.
     for name in ("sweeper", "sweeper.sub"):
+        before = access_check(agent=name, tool="repo", action="read", scope="repo:acme/x", at=NOW)
+        assert before.allowed and event_of(before).decision == "allow"
+    Agent.objects.filter(pk=child.pk).update(parent=world.agent)
+    Agent.objects.filter(pk=grandchild.pk).update(parent=child)
+    for name, action in [(n, a) for n in ("sweeper", "sweeper.sub") for a in ("delete", "read")]:
         refused = access_check(
-            agent=name, tool="repo", action="delete", scope="repo:acme/prod/db", at=NOW
+            agent=name, tool="repo", action=action, scope="repo:acme/tmp/x", at=NOW + MS
         )
-        assert (refused.decision, refused.reason, refused.policy_id) == (
-            "deny", "approval_denied", freeze.pk,
-        )  # fmt: skip
-        assert event_of(refused).reason == "approval_denied"
+        assert (refused.decision, refused.reason, refused.grant_id) == ("deny", "no_grant", None)
+        assert refused.message == (
+            f"No grant gives {action!r} on this tool. A subagent holds only grants its "
+            "parent delegated to it."
+        )
+        event = event_of(refused)
+        assert (event.decision, event.reason, event.grant_id) == ("deny", "no_grant", None)
     assert not Approval.objects.filter(agent__in=[child, grandchild]).exists()
-    # Outside the freeze the subagent's own grant asks a person, as before.
-    other = access_check(
-        agent="sweeper", tool="repo", action="delete", scope="repo:acme/tmp/x", at=NOW
-    )
-    assert other.decision == "approval_required" and event_of(other).decision == "approval_required"
-    rows = {r["grant"]: r for r in access_rows(NOW)}
-    assert all(f"deny#{freeze.pk}" in rows[g.pk]["policies"] for g in own)
-    assert bob.pk  # an approver exists; nobody was asked
+    assert not {g.pk for g in own} & {r["grant"] for r in access_rows(NOW + MS)}
+    # The parent's own grant is untouched.
+    assert ask(at=NOW + MS, action="read").allowed
 
 
 def test_nobody_with_a_stake_lifts_a_deny_on_their_own_agents_calls(
@@ -507,8 +511,14 @@ def test_the_person_who_asked_for_the_grant_cannot_confirm_its_calls_by_rule(
 def test_a_token_for_an_agent_above_silences_the_authors_policy(world, make_agent, make_grant):
     parent = make_agent("lead")
     child = make_agent("sweeper", parent=parent)
-    make_grant(child, world.tool, actions=("delete",), scope="repo:acme/*",
-               starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))  # fmt: skip
+    lead = make_grant(parent, world.tool, actions=("delete",), scope="repo:acme/*",
+                      starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3),
+                      delegable=True)  # fmt: skip
+    grants.grant_delegate(
+        parent_grant_id=lead.pk, child=child, actions=["delete"], scope="repo:acme/*",
+        expires_at=lead.expires_at, justification="clean up", actor=Actor.agent(parent),
+        at=NOW - timedelta(minutes=20),
+    )  # fmt: skip
     write(world, agent=child)
     asked = {"agent": "sweeper", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/x"}
     assert access_check(at=NOW, **asked).allowed

@@ -289,7 +289,8 @@ def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks
     """Break-glass locks the agent's row, then its incident campaign folds usage into
     grant rows (the parent's, if used since the last fold). Delegating locked the parent
     grant and then the subagent's row: the opposite order, a deadlock the database broke
-    by failing the delegation. Both now take the agent before the grant."""
+    by failing the delegation. Both now take the agent before the grant. (Break-glass
+    opens for the parent: a subagent gets no grant of its own, break-glass included.)"""
     from django.utils import timezone
 
     from governance.audit import Actor
@@ -320,7 +321,7 @@ def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks
     def open_breakglass() -> None:
         try:
             breakglass.breakglass_open(
-                opener=alice, agent=child, tool=other, actions=["read"], scope="x:y/*",
+                opener=alice, agent=parent_agent, tool=other, actions=["read"], scope="x:y/*",
                 ticket="INC-1", reason="incident", actor=Actor.user(alice), at=timezone.now(),
             )  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 - reported below

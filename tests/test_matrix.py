@@ -714,12 +714,13 @@ def test_a_file_can_define_new_agents_tools_and_tasks_for_its_grants(world, tmp_
 agents:
 - {name: child, owner: alice, parent: grandchild-parent}
 - {name: grandchild-parent, owner: bob, parent: bot, status: suspended}
+- {name: scribe, owner: alice}
 tools:
 - {name: wiki, kind: api, actions: [read, update], description: The wiki}
 tasks:
 - {key: OPS-7, owner: bob, window: {ends_at: 2026-12-01T00:00:00Z}}
 grants:
-- {agent: child, tool: wiki, task: OPS-7, actions: [update], scope: "wiki:ops/*",
+- {agent: scribe, tool: wiki, task: OPS-7, actions: [update], scope: "wiki:ops/*",
    justification: runbook edits, duration: 2d}
 """,
     )
@@ -736,7 +737,7 @@ grants:
     assert (child.parent.status, child.status) == ("suspended", "suspended")
     assert Tool.objects.get(name="wiki").description == "The wiki"
     assert Task.objects.get(key="OPS-7").ends_at == NOW.replace(day=1, month=12, hour=0)
-    request = Grant.objects.get(agent=child)
+    request = Grant.objects.get(agent__name="scribe")
     assert (request.status, request.requested_duration) == ("pending", timedelta(days=2))
     kinds = list(
         AuditEvent.objects.filter(created_at=NOW)
@@ -745,6 +746,7 @@ grants:
         .values_list("event_type", flat=True)
     )
     assert kinds == [
+        "agent.created",
         "agent.created",
         "agent.created",
         "agent.suspended",
@@ -845,11 +847,9 @@ def test_only_an_admin_creates_agents_tools_and_tasks_from_a_file(world, tmp_pat
     assert set(made.filter(created_at=NOW).values_list("actor", flat=True)) == {"user:ada"}
 
 
-def test_a_break_glass_or_delegated_grant_does_not_make_an_entry_unchanged(
-    world, tmp_path, bob, system
-):
-    """A break-glass grant ends within hours and a delegated one with its parent: an
-    entry for a standing grant is requested, not reported as already live."""
+def test_a_break_glass_grant_does_not_make_an_entry_unchanged(world, tmp_path, bob, system):
+    """A break-glass grant ends within hours: an entry for a standing grant is
+    requested, not reported as already live."""
     from governance.services import breakglass
 
     bob.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
@@ -862,20 +862,36 @@ def test_a_break_glass_or_delegated_grant_does_not_make_an_entry_unchanged(
         tmp_path,
         "grants:\n"
         "- {agent: bot, tool: repo, actions: [update], scope: 'repo:acme/hot/*',"
-        " justification: j, duration: 7d}\n"
-        "- {agent: bot-helper, tool: repo, actions: [read], scope: 'repo:acme/api/docs/*',"
         " justification: j, duration: 7d}\n",
     )
     out = run_import(path, "--as", "alice")
     assert ", 0 unchanged," in out
-    requested = Grant.objects.filter(
-        status="pending", scope__in=["repo:acme/hot/*", "repo:acme/api/docs/*"]
+    requested = Grant.objects.filter(status="pending", scope="repo:acme/hot/*")
+    assert list(requested.values_list("agent__name", flat=True)) == ["bot"]
+    assert AuditEvent.objects.filter(event_type="grant.requested", created_at=NOW).count() == 1
+
+
+def test_an_entry_for_a_subagent_is_rejected_with_the_whole_file(world, tmp_path):
+    """A subagent only ever holds a subset of its parent's grants, by delegation: a file
+    asking for a grant of its own (here beside its delegated one) is refused as a whole,
+    at the entry's line, in a dry run too."""
+    path = write(
+        tmp_path,
+        "grants:\n"
+        "- {agent: bot, tool: repo, actions: [update], scope: 'repo:acme/hot/*',"
+        " justification: j, duration: 7d}\n"
+        "- {agent: bot-helper, tool: repo, actions: [read], scope: 'repo:acme/api/docs/*',"
+        " justification: j, duration: 7d}\n",
     )
-    assert sorted(requested.values_list("agent__name", "scope")) == [
-        ("bot", "repo:acme/hot/*"),
-        ("bot-helper", "repo:acme/api/docs/*"),
-    ]
-    assert AuditEvent.objects.filter(event_type="grant.requested", created_at=NOW).count() == 2
+    before = counts()
+    for extra in ((), ("--dry-run",)):
+        message = rejected(path, "--as", "alice", *extra)
+        assert "1 error; nothing was imported" in message
+        assert (
+            "matrix.yaml:3: grants[1]: bot-helper is a subagent of bot: it gets grants only "
+            "by delegation of bot's live grants (POST /api/v1/delegations), never its own."
+        ) in message
+    assert counts() == before
 
 
 @pytest.mark.parametrize("brk", ["\x85", "\u2028", "\u2029"])

@@ -768,35 +768,38 @@ def test_nobody_behind_a_delegation_confirms_the_subagents_destructive_call(
     assert last_event().event_type == "approval.approved" and last_event().actor == "user:bob"
 
 
-def test_the_owner_of_a_parent_agent_cannot_approve_its_subagents_own_request(
-    make_agent, repo, alice, bob, system
-):
-    """A subagent's own grant request (no human requester): neither its owner (carol)
-    nor the owner of the agent above it (alice, who controls it) may approve it."""
-    from django.contrib.auth.models import User
-
-    carol = User.objects.create_user("carol")
-    child = make_agent("child", parent=make_agent("parent"), owner=carol)
-    asked = grants.grant_request(
-        agent=child,
-        tool=repo,
-        actions=["read"],
-        scope="repo:acme/api/*",
-        duration=timedelta(hours=1),
-        justification="sub-task",
-        requested_by_agent=child,
-        actor=Actor.agent(child),
-        at=NOW,
+def test_a_subagent_gets_no_grant_of_its_own_only_delegations(make_agent, repo, bob, system):
+    """A subagent only ever holds a subset of its parent's grants. Its own request was
+    taken and, once a person approved it, gave it a tool its parent never had. Now the
+    request is refused (nothing written), and a request filed before the rule is not
+    approved by anyone."""
+    child = make_agent("child", parent=make_agent("parent"))
+    ask = {
+        "tool": repo, "actions": ["read"], "scope": "repo:acme/api/*",
+        "duration": timedelta(hours=1), "justification": "sub-task", "at": NOW,
+    }  # fmt: skip
+    seq = last_event().seq
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_request(agent=child, requested_by_agent=child, actor=Actor.agent(child), **ask)
+    assert refused.value.code == "subagent_needs_delegation"
+    assert str(refused.value) == (
+        "child is a subagent of parent: it gets grants only by delegation of parent's live "
+        "grants (POST /api/v1/delegations), never its own."
     )
-    for person in (carol, alice):
-        with pytest.raises(Forbidden) as refused:
-            grants.grant_approve(grant_id=asked.pk, approver=person, actor=system, at=NOW)
-        assert refused.value.code == "self_approval"
-    assert Grant.objects.get(pk=asked.pk).status == "pending"
-    assert last_event().event_type == "grant.requested"
-    approved = grants.grant_approve(grant_id=asked.pk, approver=bob, actor=system, at=NOW)
-    assert approved.status == "active" and approved.approved_by == bob
-    assert last_event().event_type == "grant.issued"
+    assert not Grant.objects.filter(agent=child).exists()
+    assert last_event().seq == seq
+    # Filed while it had no parent (or around the services): still never approved.
+    loner = make_agent("loner")
+    filed = grants.grant_request(
+        agent=loner, requested_by_agent=loner, actor=Actor.agent(loner), **ask
+    )
+    Agent.objects.filter(pk=loner.pk).update(parent=child)
+    seq = last_event().seq
+    with pytest.raises(Forbidden) as refused:
+        grants.grant_approve(grant_id=filed.pk, approver=bob, actor=system, at=NOW)
+    assert refused.value.code == "subagent_needs_delegation"
+    assert Grant.objects.get(pk=filed.pk).status == "pending"
+    assert last_event().seq == seq
 
 
 def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, make_grant, system):
@@ -817,8 +820,8 @@ def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, m
 
 
 def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, make_grant, system):
-    """The kill switch reaches the whole subtree: a subagent's own grants and tokens
-    stop with its parent's. Rows first, then one event per agent suspended; an agent
+    """The kill switch reaches the whole subtree: a subagent's grants and tokens stop
+    with its parent's. Rows first, then one event per agent suspended; an agent
     already suspended is left as it is (no second event)."""
     from governance.api.auth import BearerAuthentication
     from governance.models import Agent, Approval
@@ -829,8 +832,9 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
     already = make_agent("already", parent=parent)
     stranger = make_agent("stranger")
     agents.agent_suspend(agent=already, reason="earlier", actor=system, at=NOW - MS)
-    make_grant(child, repo, ("read",), "repo:child/*")  # the child's own, not delegated
-    make_grant(grandchild, repo, ("delete",), "repo:gc/*")
+    top = make_grant(parent, repo, ("read", "delete"), "repo:*", delegable=True)
+    handed = delegate(top, child, actions=["read", "delete"], scope="repo:*", delegable=True)
+    delegate(handed, grandchild, actions=["delete"], scope="repo:gc/*")
     pending = access.access_check(
         agent="grandchild", tool="repo", action="delete", scope="repo:gc/x", at=NOW
     )
@@ -1034,7 +1038,8 @@ def test_resuming_an_agent_resumes_it_alone_and_a_subagent_on_its_own_after_it(
 
     parent = make_agent("parent")
     child = make_agent("child", parent=parent)
-    make_grant(child, repo, ("read",), "repo:child/*")
+    top = make_grant(parent, repo, ("read",), "repo:*", delegable=True)
+    delegate(top, child, scope="repo:child/*", at=NOW - 2 * MS)
     child_token, _ = agents.token_issue(created_by=alice, agent=child, actor=system, at=NOW - MS)
     agents.agent_suspend(agent=parent, reason="incident", actor=system, at=NOW - MS)
 
@@ -1804,14 +1809,13 @@ def test_the_agent_tree_is_never_deeper_than_the_kill_switch_reaches(
     assert refused.value.code == "agent_tree_too_deep"
     assert AuditEvent.objects.count() == before and not Agent.objects.filter(name="too-deep")
     deepest = chain[-1].name
-    make_grant(chain[-1], make_tool("repo"), starts_at=NOW - timedelta(minutes=1))
-    assert access.access_check(
-        agent=deepest, tool="repo", action="read", scope="repo:acme/api/x", at=NOW
-    ).allowed
+    make_grant(chain[0], make_tool("repo"), starts_at=NOW - timedelta(minutes=1))
+    call = {"agent": deepest, "tool": "repo", "action": "read", "scope": "repo:acme/api/x"}
+    # Active (it is asked about grants, and holds none of its own: a subagent).
+    assert access.access_check(**call, at=NOW).reason == "no_grant"
     agents.agent_suspend(agent=chain[0], reason="compromised", actor=system, at=NOW)
-    denied = access.access_check(
-        agent=deepest, tool="repo", action="read", scope="repo:acme/api/x", at=NOW + MS
-    )
+    assert Agent.objects.get(name=deepest).status == "suspended"
+    denied = access.access_check(**call, at=NOW + MS)
     assert (denied.reason, last_event().reason) == ("agent_suspended", "agent_suspended")
 
 

@@ -38,8 +38,8 @@ from tests.ui_world import World
 
 ROLES = ("anon", "auditor", "approver", "admin")
 # Another agent than the world's own break-glass (one live per agent and tool).
-BREAK_GLASS = {"agent": "bot-a.sub", "tool": "repo", "actions": ["read"],
-               "scope": "repo:acme/hot/*", "ticket": "INC-2", "reason": "db down",
+BREAK_GLASS = {"agent": "bot-a", "tool": "mailer", "actions": ["execute"],
+               "scope": "mail:acme/hot/*", "ticket": "INC-2", "reason": "db down",
                "ttl_minutes": "30"}  # fmt: skip
 POLICY = {"agent": "bot-a", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/*",
           "verdict": "approve", "reason": "scratch", "hours": "1"}  # fmt: skip

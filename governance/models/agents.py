@@ -13,8 +13,9 @@ class Agent(models.Model):
     """One identity per agent, never shared, with an accountable human owner.
 
     A subagent names its parent; it can only ever hold a subset of the
-    parent's grants (enforced by the delegation service and by authorize()
-    refusing delegated grants whose ancestors are not live).
+    parent's grants: it gets them by delegation only (the services refuse it a
+    request or break-glass of its own, and authorize() counts neither such a
+    grant nor a delegated one whose ancestors are not live).
     """
 
     class Status(models.TextChoices):

@@ -66,6 +66,7 @@ from governance.services.grants import (
     grant_event,
     grant_request,
     grant_revoke,
+    refuse_subagent_grant,
     require_open_task,
     validate_shape,
 )
@@ -162,6 +163,7 @@ def breakglass_open(
 ) -> BreakGlass:
     """Open break-glass: see the module docstring."""
     _check_opener(opener, agent)
+    refuse_subagent_grant(agent)
     # Matched as given (not trimmed): the API schema declares the same full match.
     if not isinstance(ticket, str) or not re.fullmatch(settings.BREAKGLASS_TICKET_PATTERN, ticket):
         raise GovernanceError(

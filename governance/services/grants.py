@@ -187,6 +187,7 @@ def _request_row(
     at: datetime,
 ) -> Grant:
     """The request's row, checked and inserted (its event is the caller's)."""
+    refuse_subagent_grant(agent)
     validate_shape(
         tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
     )
@@ -220,6 +221,23 @@ def _request_row(
             "A request for this agent, tool, task and scope is already pending.",
         ) from None
     return grant
+
+
+def refuse_subagent_grant(agent: Agent) -> None:
+    """A subagent only ever holds a subset of its parent's grants: it gets them by
+    delegation of a live grant of its parent (grant_delegate), never by a request, an
+    approval or break-glass of its own. authorize() does not count such a grant either
+    (one made before this rule, or written around the services)."""
+    if agent.parent_id is not None:
+        parent = Agent.objects.values_list("name", flat=True).get(pk=agent.parent_id)
+        raise Forbidden("subagent_needs_delegation", subagent_refusal(agent.name, parent))
+
+
+def subagent_refusal(name: str, parent: str) -> str:
+    return (
+        f"{name} is a subagent of {parent}: it gets grants only by delegation of "
+        f"{parent}'s live grants (POST /api/v1/delegations), never its own."
+    )
 
 
 def require_open_task(task_id: int | None, at: datetime) -> None:
@@ -366,6 +384,7 @@ def _approve_row(
     agent tree and whoever held a live token for them then), whoever filed the
     request (the agent or a person), the person who opened the break-glass this
     request ratifies among them."""
+    refuse_subagent_grant(grant.agent)  # a request filed before the rule
     if grant.requested_by_id is not None and grant.requested_by_id == approver.pk:
         raise Forbidden("self_approval", "Nobody approves their own request.")
     # Every request, not only the agent's own: an owner approving a request someone

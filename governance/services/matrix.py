@@ -851,6 +851,10 @@ class _Planner:
             change.outcome, change.note = "skipped", "delegated: made by its parent agent"
         elif break_glass:
             change.outcome, change.note = "skipped", "break-glass: opened by the incident process"
+        elif (parent := self._parent_of(agent)) is not None:
+            # The service refuses it too: caught here so a dry run says so.
+            r.error(node, path, grant_service.subagent_refusal(agent_name, parent))
+            return
         elif not self._duplicate_in_file(change, node):
             self._compare_with_database(change, keys, node)
             self._second_request_in_file(change, keys)
@@ -1018,6 +1022,14 @@ class _Planner:
         if agent.status != Agent.Status.ACTIVE:
             self.warn(keys["agent"], f"{path}.agent", f"agent {name!r} is {agent.status}")
         return agent
+
+    def _parent_of(self, agent: Any) -> str | None:
+        """The name of the agent's parent (`agent`: an Agent, or the name of one this
+        file creates), or None for an agent at the top of the tree."""
+        if isinstance(agent, str):
+            parent = self.new_agents[agent]["parent"]
+            return None if parent is BAD else parent
+        return agent.parent.name if agent.parent_id is not None else None
 
     def _tool_for(self, keys: dict[str, Node], path: str, name: Any) -> Any:
         if name is BAD:
