@@ -214,7 +214,7 @@ SELECT a.id, a.status,
        g.id, g.task_id, g.scope, {g_fields}, g.status, g.starts_at, g.expires_at,
        g.revoked_at, g.delegated_from_id, g.break_glass,
        (SELECT e.seq FROM governance_auditevent e ORDER BY e.seq DESC LIMIT 1),
-       {review_due}, a.parent_id
+       {review_due}, a.parent_id, {opener_active}
 FROM (SELECT 1 AS one) AS o
 LEFT JOIN governance_agent a ON a.name = %s
 LEFT JOIN governance_tool t ON t.name = %s
@@ -224,7 +224,7 @@ LEFT JOIN governance_grant g
       AND {g_action}
 ORDER BY g.id
 """
-_MAIN_KINDS = "isibbbittt" + "iisssttti" + "biti"  # one letter per column (db.query)
+_MAIN_KINDS = "isibbbittt" + "iisssttti" + "bitib"  # one letter per column (db.query)
 # When the grant's oldest undecided review item fell due: past it, REVIEW_DEFAULT_RULE
 # `revoke` has ended the grant, whether or not the job has run (_window_reason). Once
 # the job has applied the rule (`auto_revoked`), or closed the item `ended` because the
@@ -234,6 +234,10 @@ _MAIN_KINDS = "isibbbittt" + "iisssttti" + "biti"  # one letter per column (db.q
 _REVIEW_DUE = """(SELECT min(r.due_at) FROM governance_reviewitem r
         WHERE r.grant_id = {grant}.id AND (r.status IN ('pending', 'auto_revoked')
               OR (r.status = 'ended' AND r.decided_at >= r.due_at)))"""
+# A break-glass grant rides on its opener's own authority (no second person approved
+# it): it is live only while the opener's account is active. True for any other grant.
+_OPENER_ACTIVE = """(NOT g.break_glass OR COALESCE(
+        (SELECT u.is_active FROM auth_user u WHERE u.id = g.requested_by_id), {false}))"""
 _MAIN_QUERY = {
     # jsonb: `?` is "has this string element"; fields only when the list is not empty.
     "postgresql": _MAIN_COLUMNS.format(
@@ -241,12 +245,14 @@ _MAIN_QUERY = {
         g_action="g.actions ? %s",
         g_fields="CASE WHEN jsonb_array_length(g.fields) = 0 THEN NULL ELSE g.fields::text END",
         review_due=_REVIEW_DUE.format(grant="g"),
+        opener_active=_OPENER_ACTIVE.format(false="false"),
     ),
     "sqlite": _MAIN_COLUMNS.format(
         t_action="EXISTS (SELECT 1 FROM json_each(t.actions) AS j WHERE j.value = %s)",
         g_action="EXISTS (SELECT 1 FROM json_each(g.actions) AS j WHERE j.value = %s)",
         g_fields="CASE WHEN json_array_length(g.fields) = 0 THEN NULL ELSE g.fields END",
         review_due=_REVIEW_DUE.format(grant="g"),
+        opener_active=_OPENER_ACTIVE.format(false="0"),
     ),
 }
 
@@ -488,7 +494,7 @@ _GRANT_COLUMNS = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
        a.status, t.definition_hash = t.approved_hash,
        k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id, g.scope, {actions},
-       {review_due}, a.parent_id
+       {review_due}, a.parent_id, {opener_active}
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
@@ -497,11 +503,17 @@ WHERE g.id = %s
 """
 _GRANT_QUERY = {
     "postgresql": _GRANT_COLUMNS.format(
-        actions="g.actions::text", review_due=_REVIEW_DUE.format(grant="g")
+        actions="g.actions::text",
+        review_due=_REVIEW_DUE.format(grant="g"),
+        opener_active=_OPENER_ACTIVE.format(false="false"),
     ),
-    "sqlite": _GRANT_COLUMNS.format(actions="g.actions", review_due=_REVIEW_DUE.format(grant="g")),
+    "sqlite": _GRANT_COLUMNS.format(
+        actions="g.actions",
+        review_due=_REVIEW_DUE.format(grant="g"),
+        opener_active=_OPENER_ACTIVE.format(false="0"),
+    ),
 }
-_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t" + "i"
+_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t" + "ib"
 
 
 _TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
@@ -548,6 +560,10 @@ def _grant_dead(
             return named, row
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
+    if reason is None and past is None and not row[17]:
+        # Break-glass whose opener is deactivated (as of now: accounts have no history
+        # here, so a past moment is judged without this rule).
+        reason = Reason.GRANT_REVOKED
     if reason is None and parent_id is not None:
         reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, past)
     return reason, row
@@ -753,6 +769,8 @@ def _authorize(
         if not covered or (g_fields and not _fields_ok(_json_list(g_fields), arguments)):
             continue
         reason = _window_reason(g_status, g_starts, g_expires, g_revoked, at_us, row[21])
+        if reason is None and not row[23]:
+            reason = Reason.GRANT_REVOKED  # break-glass whose opener is deactivated
         chain: list[tuple[Any, ...]] = []
         if reason is None and row[18] is not None:
             chain = _ancestor_rows(row[18])

@@ -24,12 +24,14 @@ from governance.models.tasks import open_at_q
 
 def live_grants(at: datetime) -> QuerySet[Grant]:
     """Grants whose own window is open at `at` (ancestors are checked by authorize()).
-    A subagent's grant counts only as a delegation (authorize() says the same)."""
+    A subagent's grant counts only as a delegation, a break-glass grant only while its
+    opener's account is active (authorize() says the same)."""
     return (
         Grant.objects.exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
         .filter(starts_at__lte=at, expires_at__gt=at)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
         .filter(Q(delegated_from__isnull=False) | Q(agent__parent__isnull=True))
+        .exclude(Q(break_glass=True) & ~Q(requested_by__is_active=True))
         .select_related("agent", "tool", "task", "requested_by", "approved_by", "delegated_from")
     )
 

@@ -128,6 +128,34 @@ def test_decisions_refuse_it_after_its_ttl_and_still_say_break_glass(open_bg, sy
     assert expired.break_glass
 
 
+def test_break_glass_ends_when_its_openers_account_is_deactivated(setup, open_bg):
+    """Break-glass rides on its opener's own authority (no second person approved it).
+    Deactivating the account (someone left, or it was taken over) left the elevation
+    live until its TTL. It is live only while the opener's account is active: the
+    decisions, the report and the live list say so at once, whether or not any job ran."""
+    from governance.services.reports import access_rows
+
+    bg = open_bg()
+    assert access_check(**ask(NOW + MS)).allowed
+    erin = setup["erin"]
+    erin.is_active = False
+    erin.save()
+    for deciding in (authorize, access_check):
+        refused = deciding(**ask(NOW + 2 * MS))
+        assert (refused.allowed, refused.reason, refused.break_glass) == (
+            False, Reason.GRANT_REVOKED, True,
+        )  # fmt: skip
+    denied = events(EventType.ACCESS_DENIED)[-1]
+    assert (denied.reason, denied.grant_id, denied.break_glass) == ("grant_revoked", None, True)
+    assert bg.grant_id not in {r["grant"] for r in access_rows(NOW + 2 * MS)}
+    assert not selectors.live_grants(NOW + 2 * MS).filter(pk=bg.grant_id).exists()
+    # Decided at decision time, as expiry is: the row itself is not changed.
+    assert Grant.objects.get(pk=bg.grant_id).status == "active"
+    erin.is_active = True
+    erin.save()
+    assert access_check(**ask(NOW + 3 * MS)).allowed
+
+
 def test_an_agent_never_opens_break_glass(setup, open_bg, alice):
     from governance.models import AgentToken
 
