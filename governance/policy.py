@@ -190,6 +190,9 @@ class Decision:
     decision_id: str | None = None  # the audit event's uid, set by access_check
     # The confirmation policy that answered the gate (approve or deny), if one did.
     policy_id: int | None = None
+    # A denial because the grant that covers the call is not live: which grant (never
+    # grant_id, which names only a grant a call was allowed under).
+    dead_grant_id: int | None = None
     # The newest audit event the decision's read could see: every state change writes
     # one, so access_check's append can tell whether the state changed since (a revoke
     # committing while this decision waited for the chain lock) and decide again.
@@ -747,7 +750,7 @@ def _authorize(
     #    is live at `at` (own window and every delegation ancestor's). The rows
     #    are the agent's grants on this tool that hold the action.
     applicable = False
-    in_scope_dead: list[Reason] = []
+    in_scope_dead: dict[Reason, int] = {}  # why a covering grant is dead: the first such
     live: tuple[Any, ...] | None = None
     own_grant = False  # a subagent's grant that was not delegated to it (not counted)
     above: list[int] = []  # the live grant's ancestors' agents (the gate's deny policies)
@@ -778,7 +781,7 @@ def _authorize(
         if reason is None:
             live, above = row, [ancestor[5] for ancestor in chain]
             break
-        in_scope_dead.append(reason)
+        in_scope_dead.setdefault(reason, g_id)
         # A denial because a break-glass grant ended still touches break-glass: say so.
         ctx["break_glass"] = ctx.get("break_glass", False) or bool(row[19])
 
@@ -791,7 +794,9 @@ def _authorize(
         if not in_scope_dead:
             return _deny(Reason.SCOPE_MISMATCH, "No grant covers this resource.", **ctx)
         reason = next(r for r in _DEAD_PRECEDENCE if r in in_scope_dead)
-        return _deny(reason, f"The matching grant is not live ({reason}).", **ctx)
+        dead = in_scope_dead[reason]
+        message = f"The matching grant #{dead} is not live ({reason})."
+        return _deny(reason, message, dead_grant_id=dead, **ctx)
 
     ctx.update(grant_id=live[10], expires_at=db.from_us(live[16]), break_glass=bool(live[19]))
     # 7. Destructive actions pass the confirmation gate, even with a grant.

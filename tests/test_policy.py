@@ -7,6 +7,7 @@ question and checks it agrees and wrote nothing.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -290,8 +291,20 @@ def test_the_denial_for_an_expired_grant_needs_no_job(world):
         "deny",
         "grant_expired",
     )
-    # A denial names no grant: only a live one is the grant a call was made under.
+    # A denial names no grant: only a live one is the grant a call was made under. It
+    # says which grant covered the call but was not live, in the answer and the event.
     assert event.grant_id is None and result.grant_id is None
+    assert result.dead_grant_id == grant.pk
+    assert result.message == f"The matching grant #{grant.pk} is not live (grant_expired)."
+    assert json.loads(event.data) == {"grant_not_live": grant.pk}
+    revoked = Grant.objects.get(agent__name="bot", scope="repo:acme/ops/*")
+    gone = access.access_check(at=E + MS, **q(scope="repo:acme/ops/x"))
+    assert (gone.reason, gone.dead_grant_id, gone.grant_id) == ("grant_revoked", revoked.pk, None)
+    assert json.loads(_recorded(gone).data) == {"grant_not_live": revoked.pk}
+    # No covering grant at all: nothing to name.
+    none = access.access_check(at=E + MS, **q(scope="repo:elsewhere/x"))
+    assert (none.reason, none.dead_grant_id) == ("scope_mismatch", None)
+    assert json.loads(_recorded(none).data) == {}
     assert (event.agent, event.tool, event.action, event.scope) == (
         "bot",
         "repo",

@@ -339,11 +339,21 @@ def _decide_and_record(
                 break_glass=decision.break_glass,
                 standalone=alone and not gated,
                 seen_seq=decision.seen_seq,
-                # Which confirmation policy answered the gate, when one did.
-                data={"confirmation_policy": decision.policy_id} if decision.policy_id else None,
+                data=_event_data(decision),
                 **subject,
             )
     return decision, written
+
+
+def _event_data(decision: Decision) -> dict[str, Any] | None:
+    """What the event adds: which confirmation policy answered the gate, and which
+    grant covered the call but was not live, when either did."""
+    data: dict[str, Any] = {}
+    if decision.policy_id:
+        data["confirmation_policy"] = decision.policy_id
+    if decision.dead_grant_id:
+        data["grant_not_live"] = decision.dead_grant_id
+    return data or None
 
 
 def access_check(
