@@ -239,8 +239,8 @@ _REVIEW_DUE = """(SELECT min(r.due_at) FROM governance_reviewitem r
               OR (r.status = 'ended' AND r.decided_at >= r.due_at)))"""
 # A break-glass grant rides on its opener's own authority (no second person approved
 # it): it is live only while the opener's account is active. True for any other grant.
-_OPENER_ACTIVE = """(NOT g.break_glass OR COALESCE(
-        (SELECT u.is_active FROM auth_user u WHERE u.id = g.requested_by_id), {false}))"""
+_OPENER_ACTIVE = """(NOT g.break_glass
+        OR (SELECT u.is_active FROM auth_user u WHERE u.id = g.requested_by_id) IS TRUE)"""
 _MAIN_QUERY = {
     # jsonb: `?` is "has this string element"; fields only when the list is not empty.
     "postgresql": _MAIN_COLUMNS.format(
@@ -248,14 +248,14 @@ _MAIN_QUERY = {
         g_action="g.actions ? %s",
         g_fields="CASE WHEN jsonb_array_length(g.fields) = 0 THEN NULL ELSE g.fields::text END",
         review_due=_REVIEW_DUE.format(grant="g"),
-        opener_active=_OPENER_ACTIVE.format(false="false"),
+        opener_active=_OPENER_ACTIVE,
     ),
     "sqlite": _MAIN_COLUMNS.format(
         t_action="EXISTS (SELECT 1 FROM json_each(t.actions) AS j WHERE j.value = %s)",
         g_action="EXISTS (SELECT 1 FROM json_each(g.actions) AS j WHERE j.value = %s)",
         g_fields="CASE WHEN json_array_length(g.fields) = 0 THEN NULL ELSE g.fields END",
         review_due=_REVIEW_DUE.format(grant="g"),
-        opener_active=_OPENER_ACTIVE.format(false="0"),
+        opener_active=_OPENER_ACTIVE,
     ),
 }
 
@@ -508,12 +508,12 @@ _GRANT_QUERY = {
     "postgresql": _GRANT_COLUMNS.format(
         actions="g.actions::text",
         review_due=_REVIEW_DUE.format(grant="g"),
-        opener_active=_OPENER_ACTIVE.format(false="false"),
+        opener_active=_OPENER_ACTIVE,
     ),
     "sqlite": _GRANT_COLUMNS.format(
         actions="g.actions",
         review_due=_REVIEW_DUE.format(grant="g"),
-        opener_active=_OPENER_ACTIVE.format(false="0"),
+        opener_active=_OPENER_ACTIVE,
     ),
 }
 _GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t" + "ib"

@@ -85,7 +85,7 @@ def start_container(container: Any) -> None:
     """Start a created container.
 
     Under load the engine can answer a start with 500 "cannot start an already running
-    container" although the start happened (dockerd asked containerd twice; moby#41296):
+    container" although the start happened (an engine race; seen in CI, cf. moby#41296):
     the container runs, or has run. That is no failure to report: the engine's own state
     decides. A container it says never started is still the error.
     """
