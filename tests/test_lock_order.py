@@ -289,8 +289,10 @@ def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks
     """Break-glass locks the agent's row, then its incident campaign folds usage into
     grant rows (the parent's, if used since the last fold). Delegating locked the parent
     grant and then the subagent's row: the opposite order, a deadlock the database broke
-    by failing the delegation. Both now take the agent before the grant. (Break-glass
-    opens for the parent: a subagent gets no grant of its own, break-glass included.)"""
+    by failing the delegation. Both now take the agent before the grant. Break-glass
+    can no longer open for a subagent (no grant of its own), so it opens here for the
+    parent, whose grant the fold and the delegation both lock: the two still meet on
+    that row, and neither may fail."""
     from django.utils import timezone
 
     from governance.audit import Actor

@@ -37,7 +37,8 @@ from tests import ui_world
 from tests.ui_world import World
 
 ROLES = ("anon", "auditor", "approver", "admin")
-# Another agent than the world's own break-glass (one live per agent and tool).
+# Another tool than the world's own break-glass (one live per agent and tool); the
+# world's agent, since a subagent gets no break-glass of its own.
 BREAK_GLASS = {"agent": "bot-a", "tool": "mailer", "actions": ["execute"],
                "scope": "mail:acme/hot/*", "ticket": "INC-2", "reason": "db down",
                "ttl_minutes": "30"}  # fmt: skip
