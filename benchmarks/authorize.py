@@ -14,6 +14,10 @@ What is measured, on the same seeded request mix:
       to another process on this machine. A decision that can see a revocation made
       by another process (a web worker, a job, an admin's command) must ask something
       outside its own process, so it pays at least this, cache or no cache.
+  (a1) the smallest read a grant decision could make: the agent, the tool and the
+      agent's grants on it holding the action, in one prepared join, and nothing
+      else (no task, review due date, break-glass opener, state-change mark or
+      ancestor walk). Not a decision: the floor of one, for scale.
   (a) governance.policy.authorize(), one caller, live state from PostgreSQL
       (no decision cache): decisions/s, p50, p99.
   (b) governance.services.access.access_check() (the decision's read, then its
@@ -407,6 +411,27 @@ def bench_point_query(mix: list[Req], seconds: float) -> Result:
         return db.query(sql, [r.agent], "is")
 
     return time_calls("(a0) 1 prepared point query", call, mix, seconds, "live-state floor")
+
+
+# (a1): the agent, the tool and the candidate grants, and nothing authorize() adds.
+MINIMAL_READ = """
+SELECT a.id, a.status, t.id, g.id, g.scope, g.status, g.starts_at, g.expires_at,
+       g.revoked_at, g.delegated_from_id
+FROM governance_agent a
+JOIN governance_tool t ON t.name = %s
+LEFT JOIN governance_grant g ON g.agent_id = a.id AND g.tool_id = t.id AND g.actions ? %s
+WHERE a.name = %s
+"""
+
+
+def bench_minimal_read(mix: list[Req], seconds: float) -> Result:
+    """(a1) the smallest read any grant decision needs, through the same executor."""
+    from governance import db
+
+    def call(r: Req) -> Any:
+        return db.query(MINIMAL_READ, [r.tool, r.action, r.agent], "isiissttti")
+
+    return time_calls("(a1) minimal grant read (1 join)", call, mix, seconds, "decision floor")
 
 
 def bench_cross_process(mix: list[Req], seconds: float) -> Result:
@@ -834,6 +859,7 @@ def main(argv: list[str] | None = None) -> int:
 
         results["a00"] = bench_cross_process(mix, min(opts.seconds, 3.0))
         results["a0"] = bench_point_query(mix, min(opts.seconds, 3.0))
+        results["a1"] = bench_minimal_read(mix, min(opts.seconds, 3.0))
         results["a"] = bench_authorize(mix, opts.seconds)
         for n, r in enumerate(mix[:2000]):
             ours[n] = authorize(agent=r.agent, tool=r.tool, action=r.action, scope=r.scope, at=AT)
@@ -878,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     if "a" in results:
         print(_row(results["a00"]))
         print(_row(results["a0"]))
+        print(_row(results["a1"]))
         print(_row(results["a"]))
     if "b" in results:
         print(_row(results["b"], "ms"))
@@ -922,6 +949,14 @@ def main(argv: list[str] | None = None) -> int:
             f"ours(a) p50 / one prepared point query (a0) p50 = "
             f"{results['a'].p50_us / a0.p50_us:.2f}x (for scale: every live-state decision "
             f"pays (a0); the in-memory baselines pay no round trip: {floor_vs or 'n/a'} of (a0))"
+        )
+    if "a" in results and "d" in results:
+        a1 = results["a1"].p50_us
+        print(
+            f"(a1) the minimal grant read alone p50 = {a1:.1f} us = "
+            f"{a1 / results['d'].p50_us:.2f}x pycasbin's whole decision; authorize() = "
+            f"{results['a'].p50_us / a1:.2f}x (a1) (its rules: task, review due date, "
+            f"break-glass opener, state-change mark, and the Python that applies them)"
         )
     if "a" in results and ("c" in results or "d" in results):
         ipc = results["a00"].p50_us
