@@ -259,6 +259,39 @@ def test_a_key_given_twice_is_a_400_not_the_last_one_wins(setup):
     assert last_event().seq == before  # no decision, no event
 
 
+@pytest.mark.parametrize(
+    ("charset", "encoded"),
+    [
+        # UTF-7 spells `..` as `+AC4ALg-`: a filter in front reading the bytes as UTF-8
+        # sees no `..` in the scope, a reader honouring the charset sees one.
+        ("utf-7", '{"tool": "repo", "action": "read", "scope": "repo:acme/+AC4ALg-/x"}'),
+        ("utf-16", json.dumps({"tool": "repo", "action": "read", "scope": "repo:acme/x"})),
+        ("latin-1", json.dumps({"tool": "repo", "action": "read", "scope": "repo:acme/x"})),
+    ],
+)
+def test_a_json_body_in_another_charset_than_utf8_is_a_415(setup, charset, encoded):
+    """JSON between systems is UTF-8 (RFC 8259): a body declared in another charset
+    has a second reading, so it is refused before anything is decided."""
+    before = last_event().seq
+    response = setup["client"].generic(
+        "POST", URL, encoded.encode(charset), content_type=f"application/json; charset={charset}"
+    )
+    assert response.status_code == 415, response.content
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_charset" and charset in error["message"]
+    assert last_event().seq == before  # no decision, no event
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF8", "us-ascii"])
+def test_a_json_body_declared_utf8_or_ascii_is_decided(setup, charset):
+    raw = json.dumps(body()).encode()
+    response = setup["client"].generic(
+        "POST", URL, raw, content_type=f"application/json; charset={charset}"
+    )
+    assert response.status_code == 200 and response.json()["decision"] == "allow"
+    assert str(last_event().uid) == response.json()["decision_id"]
+
+
 SANDBOX_RUN = {"run_id": "0b5f2c1e-8f43-4c59-9e0f-3b7c2a1d9e10", "image": "x", "command": ["a"]}
 
 

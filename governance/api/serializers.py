@@ -21,7 +21,7 @@ from django.http import QueryDict
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import parsers, serializers
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.utils import json as drf_json
 
 from governance.codes import LIMIT_BOUNDS, ActionClass, Reason
@@ -108,16 +108,31 @@ def _holds_lone_surrogate(value: Any) -> bool:
     return False
 
 
+# A declared charset a JSON body may name (codecs.lookup names: `utf8`, `UTF-8` and
+# `us-ascii` are among their aliases; ASCII is UTF-8's subset).
+_JSON_CHARSETS = frozenset({"utf-8", "ascii"})
+
+
 class JSONParser(parsers.JSONParser):
     """DRF's JSON parser (NaN and Infinity refused), and stricter: an object that gives
     one key twice is a malformed request (400), not "the last one wins" (a parser
     further down the line may read the first), a body nested too deeply for the
     decoder (`[[[[...`) is a 400, not a RecursionError (500), and a string or key
     holding a lone surrogate is a 400 (`not_text`): it is not text, cannot be stored,
-    and quoting it back in an error would fail the reply itself."""
+    and quoting it back in an error would fail the reply itself. A body declared in
+    any charset but UTF-8 (or ASCII) is a 415 (`unsupported_charset`)."""
 
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         encoding = parsers.get_encoding(parser_context or {})
+        if codecs.lookup(encoding).name not in _JSON_CHARSETS:
+            # JSON between systems is UTF-8 (RFC 8259, 8.1). Another declared charset
+            # (UTF-7, UTF-16, Latin-1) gives the same bytes a second reading: a proxy or
+            # filter in front reads `+AC4ALg-` where this service would read `..`.
+            raise UnsupportedMediaType(
+                media_type,
+                detail=f'A JSON body is UTF-8; the request declares charset "{encoding}".',
+                code="unsupported_charset",
+            )
         try:
             text = codecs.getreader(encoding)(stream).read()
             data = drf_json.loads(

@@ -32,6 +32,7 @@ ERRORS = {
     403: OpenApiResponse(s.ErrorSerializer, description="Not allowed"),
     404: OpenApiResponse(s.ErrorSerializer, description="No such object (or not yours)"),
     413: OpenApiResponse(s.ErrorSerializer, description="Request body too large"),
+    415: OpenApiResponse(s.ErrorSerializer, description="A body that is not JSON in UTF-8"),
     429: OpenApiResponse(s.ErrorSerializer, description="Rate limited; see Retry-After"),
 }
 
