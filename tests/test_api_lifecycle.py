@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 from django.utils import timezone
 
+from governance import roles
 from governance.audit import Actor
 from governance.codes import EventType
 from governance.models import AuditEvent, BreakGlass, Grant, ReviewItem
@@ -200,6 +202,22 @@ def test_the_owner_who_opened_break_glass_closes_it_early(world, human_client, a
     # Reviewing stays with approvers.
     ratify = client.post(f"/api/v1/breakglass/{pk}/ratify", {"comment": "ok"}, format="json")
     assert ratify.status_code == 403
+
+
+def test_an_opener_made_an_auditor_since_cannot_close_break_glass(world, human_client, alice):
+    """Auditors are read-only, even for a break-glass they opened as the agent's owner."""
+    client = human_client(alice)
+    opened = client.post("/api/v1/breakglass", BODY, format="json")
+    assert opened.status_code == 201, opened.json()
+    pk = opened.json()["id"]
+    alice.groups.add(Group.objects.get_or_create(name=roles.AUDITORS)[0])
+    before = AuditEvent.objects.count()
+    closed = client.post(f"/api/v1/breakglass/{pk}/close", {"comment": "x"}, format="json")
+    assert closed.status_code == 403, closed.json()
+    assert closed.json()["error"]["code"] == "auditor_read_only"
+    bg = BreakGlass.objects.get(pk=pk)
+    assert bg.closed_at is None and bg.grant.status == Grant.Status.ACTIVE
+    assert AuditEvent.objects.count() == before
 
 
 def test_break_glass_conflicts_and_the_hourly_limit_answer_with_codes(

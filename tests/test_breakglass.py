@@ -688,6 +688,32 @@ def test_the_opener_may_close_their_own_early_and_nobody_else_without_a_role(
     assert not authorize(**ask(NOW + MS)).allowed
 
 
+def test_an_opener_who_is_now_an_auditor_alone_cannot_close_it(open_bg, setup):
+    """Auditors are read-only, even for a break-glass they opened before they became one:
+    an approver or admin ends it."""
+    erin, frank = setup["erin"], setup["frank"]
+    bg = open_bg(erin)
+    erin.groups.clear()
+    erin.groups.add(Group.objects.get_or_create(name=roles.AUDITORS)[0])
+    erin = type(erin).objects.get(pk=erin.pk)  # as the next request loads her (roles cached)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        bgs.breakglass_close(
+            breakglass_id=bg.pk, closed_by=erin, comment="x", actor=Actor.user(erin), at=NOW + MS
+        )
+    assert caught.value.code == "auditor_read_only"
+    assert BreakGlass.objects.get(pk=bg.pk).closed_at is None
+    assert Grant.objects.get(pk=bg.grant_id).status == Grant.Status.ACTIVE
+    assert AuditEvent.objects.count() == before
+    assert authorize(**ask(NOW + MS)).allowed
+    closed = bgs.breakglass_close(
+        breakglass_id=bg.pk, closed_by=frank, comment="over", actor=Actor.user(frank), at=NOW + MS
+    )
+    assert (closed.closed_by, closed.grant.status) == (frank, "revoked")
+    (revoked,) = events(EventType.GRANT_REVOKED, grant_id=bg.grant_id)
+    assert revoked.actor == "user:frank"
+
+
 def test_break_glass_cannot_reach_a_suspended_agent(setup, open_bg, system):
     """Every call of a suspended agent is refused, so a break-glass grant for it was
     only noise: the banner, every approver notified, an incident campaign."""

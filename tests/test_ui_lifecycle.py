@@ -7,8 +7,10 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.utils import timezone
 
+from governance import roles
 from governance.models import AuditEvent, BreakGlass, Grant, ReviewCampaign, ReviewItem
 from governance.services import access
 from tests import ui_world
@@ -120,6 +122,25 @@ def test_break_glass_closes_early_and_is_ratified_by_another_approver() -> None:
     assert event.actor == "user:dave"
     page = admin.get("/ui/break-glass/").content.decode()
     assert "ratified by dave: was needed" in page
+
+
+def test_an_opener_who_is_now_an_auditor_sees_no_close_button_and_cannot_close() -> None:
+    """Auditors are read-only, even for a break-glass they opened as an approver."""
+    world = ui_world.build()
+    bob = world.users["approver"]
+    opener = ui_world.signed_in("approver")
+    _open(opener)
+    bg = BreakGlass.objects.get()
+    bob.groups.clear()
+    bob.groups.add(Group.objects.get_or_create(name=roles.AUDITORS)[0])
+    assert b"Close early" not in opener.get("/ui/break-glass/").content
+    before = AuditEvent.objects.count()
+    refused = ui_world.post(opener, f"/ui/break-glass/{bg.pk}/close", {"comment": "done"})
+    assert refused.status_code == 403
+    bg.refresh_from_db()
+    assert bg.closed_at is None and bg.grant.status == Grant.Status.ACTIVE
+    assert AuditEvent.objects.count() == before
+    assert b"Close early" in ui_world.signed_in("admin").get("/ui/break-glass/").content
 
 
 def test_an_overdue_ratification_shows_on_the_list_and_the_dashboard() -> None:

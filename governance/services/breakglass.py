@@ -302,6 +302,13 @@ def breakglass_close(
         raise GovernanceError("comment_required", "Say why break-glass is closed.")
     with transaction.atomic():
         bg = _locked(breakglass_id)
+        # Auditors are read-only, even for a break-glass they opened before they became
+        # one (an approver or admin ends it).
+        if roles.is_human(closed_by) and roles.is_read_only(closed_by):
+            raise Forbidden(
+                "auditor_read_only",
+                "Auditors are read-only: they cannot close break-glass; an approver or admin can.",
+            )
         # The person who opened it may end it early (less access is never a risk);
         # anyone else needs to be an approver or admin.
         if not (

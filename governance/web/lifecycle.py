@@ -158,9 +158,11 @@ def _bg_action(request: HttpRequest, pk: int, what: str) -> HttpResponse:
     return redirect("ui:break-glass")
 
 
-# Any signed-in role reaches the service, which lets approvers, admins and the person
-# who opened it close it early (an agent's owner need not be an approver).
-@require("read")
+# Closing early changes state: approvers and admins. The service also lets the person
+# who opened it close it (an agent's owner need not be an approver: through the API), but
+# never an auditor, who is read-only; so in the UI, whose roles are these three, it is
+# the decide right.
+@require("decide")
 @require_POST
 def breakglass_close(request: HttpRequest, pk: int) -> HttpResponse:
     return _bg_action(request, pk, "close")
