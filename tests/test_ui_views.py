@@ -883,6 +883,21 @@ def test_an_export_too_big_to_hand_out_whole_is_refused_not_cut(monkeypatch) -> 
         assert json.loads(last_event().data)["rows"] == whole[name]
 
 
+def test_a_printable_report_too_big_to_print_whole_is_refused_not_a_500(monkeypatch) -> None:
+    """The printable report is held to the exports' cap: it was the one that let
+    too_many_rows escape as a 500."""
+    from governance.services import reports
+
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    monkeypatch.setattr(reports, "MAX_ROWS", 0)
+    before = AuditEvent.objects.count()
+    refused = client.get("/ui/reports/print")
+    assert refused.status_code == 400
+    assert b"too_many_rows" in refused.content and b"narrow" in refused.content
+    assert AuditEvent.objects.count() == before  # nothing recorded as handed out
+
+
 def test_the_printable_report_names_its_checkpoint_and_is_recorded() -> None:
     from governance import audit
 

@@ -982,15 +982,18 @@ def report_print(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     at = (form.cleaned_data.get("at") if form.is_bound else None) or now
     chain = queries.chain_status(now)
-    rows = exports.export(
-        report="access",
-        rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
-        params={
-            "at": at,
-            "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
-        },
-        fmt="print",
-        actor=common.actor(request),
-        now=now,
-    )
+    try:
+        rows = exports.export(
+            report="access",
+            rows_of=lambda: exports.with_reviews(reports.access_rows(at)),
+            params={
+                "at": at,
+                "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
+            },
+            fmt="print",
+            actor=common.actor(request),
+            now=now,
+        )
+    except GovernanceError as exc:  # too_many_rows: refused whole, as every export is
+        return common.failed(request, exc)
     return render(request, "ui/report.html", {"rows": rows, "at": at, "now": now, "chain": chain})
