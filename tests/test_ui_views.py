@@ -15,7 +15,7 @@ from openpyxl import load_workbook
 from governance import policy
 from governance.audit import Actor
 from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task
-from governance.services import access, grants, tools
+from governance.services import access, agents, grants, tools
 from governance.services import tasks as task_services
 from tests import ui_world
 from tests.conftest import last_event
@@ -136,6 +136,43 @@ def test_the_approvals_inbox_shows_masked_arguments_and_time_left() -> None:
     assert "[masked]" in body and "force" in body
     assert "bot-a" in body and "repo:acme/old" in body and "minutes more" in body
     assert world.approval.arguments_preview == {"force": True, "token": "[masked]"}
+
+
+def test_the_requests_inbox_leaves_out_what_its_reader_may_not_decide() -> None:
+    """A request alice filed for bob's agent is bob's own agent's access: the service
+    refuses his approval (self_approval), so neither his inbox nor his dashboard offer
+    it. Another approver's do."""
+    world = ui_world.build()
+    bob, system, now = world.users["approver"], Actor.system("test"), timezone.now()
+    mine = agents.agent_create(name="bot-bob", owner=bob, actor=system, at=now)
+    req = grants.grant_request(
+        agent=mine, tool=world.tool, actions=["read"], scope="repo:acme/bob/*",
+        duration=timedelta(hours=1), justification="bob's bot needs it",
+        requested_by=world.alice, actor=system, at=now,
+    )  # fmt: skip
+    client = ui_world.signed_in("approver")
+    assert f'id="req-{req.pk}"' not in client.get("/ui/inbox/requests/").content.decode()
+    assert f"#req-{req.pk}" not in client.get("/ui/").content.decode()
+    assert f'id="req-{world.request.pk}"' in client.get("/ui/inbox/requests/").content.decode()
+    refused = ui_world.post(client, f"/ui/inbox/requests/{req.pk}/approve", {})
+    assert refused.status_code == 403 and b"self_approval" in refused.content
+    admin = ui_world.signed_in("admin")
+    assert f'id="req-{req.pk}"' in admin.get("/ui/inbox/requests/").content.decode()
+    assert f"#req-{req.pk}" in admin.get("/ui/").content.decode()
+
+
+def test_the_approvals_inbox_leaves_out_calls_its_reader_holds_a_token_for() -> None:
+    """dave issues himself a token for bot-a: he could make the call he would confirm,
+    so the service refuses his approval and his inbox no longer offers it."""
+    world = ui_world.build()
+    admin = ui_world.signed_in("admin")
+    marker = f'id="ap-{world.approval.pk}"'
+    assert marker in admin.get("/ui/inbox/approvals/").content.decode()
+    assert ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7"}).status_code == 201
+    assert marker not in admin.get("/ui/inbox/approvals/").content.decode()
+    refused = ui_world.post(admin, f"/ui/inbox/approvals/{world.approval.pk}/approve", {})
+    assert refused.status_code == 403 and b"self_approval" in refused.content
+    assert marker in ui_world.signed_in("approver").get("/ui/inbox/approvals/").content.decode()
 
 
 def test_an_approver_revokes_a_grant_from_its_page_and_the_event_names_them() -> None:

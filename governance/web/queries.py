@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
@@ -21,32 +22,55 @@ from governance.models import (
     SandboxRun,
     Tool,
 )
+from governance.services.approvals import stakeholders
 from governance.services.outcomes import DECISION_EVENTS
 
 ACTIONS = list(ActionClass.values)
 
 
-def pending_requests_for(user: Any) -> QuerySet[Grant]:
-    """Requests this person may decide: not their own, and (for an agent's own
-    request) not for an agent they own: the same rule grant_approve enforces."""
-    return (
+def _without_a_stake(
+    user: Any, candidates: QuerySet[Any], stake: Callable[[Any], set[Any]], limit: int
+) -> list[Any]:
+    """The first `limit` candidates `user` has no stake in (approvals.stakeholders: the
+    rule the service applies when they decide): an inbox offers only what its reader
+    may decide. The queryset already leaves out the plain cases in SQL."""
+    found: list[Any] = []
+    for item in candidates:
+        if user.pk not in stake(item):
+            found.append(item)
+            if len(found) == limit:
+                break
+    return found
+
+
+def pending_requests_for(user: Any, limit: int) -> list[Grant]:
+    """Requests this person may decide, oldest first: not their own, and none they
+    have a stake in as of the request's creation (owners up the agent tree, token
+    creators, the people up a delegation chain): the rule grant_approve enforces."""
+    candidates = (
         Grant.objects.filter(status=Grant.Status.PENDING)
         .exclude(requested_by=user)
         .exclude(Q(requested_by_agent__isnull=False) & Q(agent__owner=user))
         .select_related("agent__owner", "tool", "task", "requested_by", "requested_by_agent")
         .order_by("created_at", "pk")
     )
+    return _without_a_stake(
+        user, candidates, lambda g: stakeholders(g.agent, g, at=g.created_at), limit
+    )
 
 
-def pending_approvals_for(user: Any, at: datetime) -> QuerySet[Approval]:
-    """Open destructive-action approvals this person may decide (not for their
-    own agent, not on a grant they requested), soonest to expire first."""
-    return (
+def pending_approvals_for(user: Any, at: datetime, limit: int) -> list[Approval]:
+    """Open destructive-action approvals this person may decide, soonest to expire
+    first: none they have a stake in as of the call (the rule approval_decide enforces)."""
+    candidates = (
         Approval.objects.filter(status=Approval.Status.PENDING, expires_at__gt=at)
         .exclude(agent__owner=user)
         .exclude(grant__requested_by=user)
         .select_related("agent", "tool", "task", "grant")
-        .order_by("expires_at")
+        .order_by("expires_at", "pk")
+    )
+    return _without_a_stake(
+        user, candidates, lambda a: stakeholders(a.agent, a.grant, at=a.requested_at), limit
     )
 
 

@@ -144,8 +144,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     day_labels, per_day = queries.decisions_per_day(now)
     context = {
         "now": now,
-        "requests": queries.pending_requests_for(request.user)[:20],
-        "approvals": queries.pending_approvals_for(request.user, now)[:20],
+        "requests": queries.pending_requests_for(request.user, 20),
+        "approvals": queries.pending_approvals_for(request.user, now, 20),
         "expiring": queries.expiring_soon(now)[:50],
         "unused": selectors.unused_grants(now)[:20],
         "summary": selectors.matrix_summary(),
@@ -271,16 +271,16 @@ def grant_revoke(request: HttpRequest, grant_id: int) -> HttpResponse:
 @require_GET
 def inbox_requests(request: HttpRequest) -> HttpResponse:
     pending = (
-        queries.pending_requests_for(request.user)
+        queries.pending_requests_for(request.user, 200)
         if not request.GET.get("all")
         else Grant.objects.filter(status=Grant.Status.PENDING)
         .select_related("agent__owner", "tool", "task", "requested_by", "requested_by_agent")
-        .order_by("created_at")
+        .order_by("created_at")[:200]
     )
     return render(
         request,
         "ui/inbox_requests.html",
-        {"requests": pending[:200], "actions": queries.ACTIONS, "now": timezone.now()},
+        {"requests": pending, "actions": queries.ACTIONS, "now": timezone.now()},
     )
 
 
@@ -335,7 +335,7 @@ def inbox_approvals(request: HttpRequest) -> HttpResponse:
         request,
         "ui/inbox_approvals.html",
         {
-            "approvals": queries.pending_approvals_for(request.user, now)[:200],
+            "approvals": queries.pending_approvals_for(request.user, now, 200),
             "policies": queries.live_confirmation_policies(now),
             "actions": forms.ACTION_CHOICES,
             "now": now,
