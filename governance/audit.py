@@ -760,8 +760,9 @@ def changed_at(seen_seq: int) -> datetime | None:
     return found.aggregate(newest=Max("created_at"))["newest"]
 
 
-# Event data written by people, not by the code: masked like arguments are.
-FREE_TEXT_KEYS = frozenset({"justification", "reason", "comment", "note", "message"})
+# Event data written by people (or sent by a runner: its `error`), not by the code:
+# masked like arguments are.
+FREE_TEXT_KEYS = frozenset({"justification", "reason", "comment", "note", "message", "error"})
 
 
 def masked_data(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -505,7 +505,7 @@ def run_finished_summary(
             stdout_bytes=out["bytes"],
             stderr_sha256=err["sha256"],
             stderr_bytes=err["bytes"],
-            error=error[:500],
+            error=changes["error"][:500],  # masked, as on the run's row
         )
     return run
 

@@ -18,6 +18,7 @@ import pytest
 from django.utils import timezone
 
 from governance.audit import Actor
+from governance.codes import EventType
 from governance.models import AuditEvent, SandboxRun
 from governance.services import agents
 from sandbox_runner.authorizers import HttpAuthorizer
@@ -756,6 +757,10 @@ def test_the_runners_error_text_is_masked_as_its_output_is(two_agents):
     record = SandboxRun.objects.get(run_id=run_id)
     assert "hunter2" not in record.error and "jane@" not in record.error
     assert record.error == "backend said: DB_PASSWORD=[secret] [email]"
+    # And in the audit event, which is never purged: it held the runner's words as sent.
+    event = AuditEvent.objects.filter(event_type=EventType.SANDBOX_RUN_FINISHED).get()
+    assert "hunter2" not in event.data and "jane@" not in event.data
+    assert json.loads(event.data)["error"] == record.error
 
 
 @pytest.mark.django_db
