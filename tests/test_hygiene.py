@@ -133,6 +133,30 @@ def test_the_chart_shows_a_recorded_day_as_that_day_not_the_day_before(
     assert recorded["counted_at"] == "2026-11-20T23:59:59.999999+00:00"
 
 
+def test_a_day_the_job_missed_is_recorded_by_its_next_run_not_left_a_hole(
+    make_agent, make_tool, make_grant, system
+):
+    """Beat down on the night of 12-01: the daily count had no 11-30, for good, and a
+    rise that day would never show. The next run records it, counted at its own end."""
+    agent, tool = make_agent("bot"), make_tool()
+    day = datetime(2026, 11, 30, tzinfo=UTC)
+    hygiene.trend_snapshot_record(actor=system, at=day + timedelta(minutes=10))  # 11-29
+    make_grant(agent, tool, starts_at=day + timedelta(hours=3), duration=timedelta(hours=30))
+    latest = hygiene.trend_snapshot_record(actor=system, at=day + timedelta(days=2, minutes=10))
+    assert latest.day.isoformat() == "2026-12-01"
+    snaps = {s.day.isoformat(): s.total for s in LiveGrantSnapshot.objects.all()}
+    assert snaps == {"2026-11-29": 0, "2026-11-30": 1, "2026-12-01": 0}
+    recorded = [json.loads(e.data) for e in events(EventType.TREND_RECORDED)]
+    assert [(r["day"], r["total"], r.get("backfilled", False)) for r in recorded] == [
+        ("2026-11-29", 0, False),
+        ("2026-11-30", 1, True),
+        ("2026-12-01", 0, False),
+    ]
+    # Run again the same night: nothing more.
+    hygiene.trend_snapshot_record(actor=system, at=day + timedelta(days=2, hours=1))
+    assert len(events(EventType.TREND_RECORDED)) == 3
+
+
 # --- expiring soon -----------------------------------------------------------------------
 
 

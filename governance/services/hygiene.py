@@ -5,7 +5,8 @@ Signatures (keyword-only; each is a job, safe to run twice and from two workers)
 
     grants_flag_unused(*, actor, at) -> int        one `grant.unused_flagged` per grant
         per idle spell (flagged again only after it was used since)
-    trend_snapshot_record(*, actor, at) -> LiveGrantSnapshot   one per UTC day
+    trend_snapshot_record(*, actor, at) -> LiveGrantSnapshot   one per UTC day, missed
+        days (the job did not run) recorded late
     grants_notify_expiring(*, actor, at) -> int    one notice per grant
     tokens_expire(*, actor, at) -> int             one `agent_token.expired` per token
     expire_due(*, actor, at) -> dict[str, int]      every end-of-window bookkeeping step
@@ -15,7 +16,7 @@ Read side: selectors.unused_grants(at) and selectors.grant_trend().
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -63,34 +64,59 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
     )
 
 
+# A beat that was down for a while leaves days unrecorded: the next run records each of
+# them (counted from the grants' own windows, as any day is), at most this many back.
+TREND_BACKFILL_DAYS = 92
+
+
 def trend_snapshot_record(*, actor: audit.Actor, at: datetime) -> LiveGrantSnapshot:
     """Count live grants in total and per agent at the end of the UTC day before `at`'s
     (the job runs just after midnight: the day that has just ended), once per day: those
     in force then (one bound to a task that had ended is not, job or no job). The
-    dashboard's chart reads each day's point at that day's end, as here."""
+    dashboard's chart reads each day's point at that day's end, as here.
+
+    Days missed since the newest snapshot (the job did not run: beat down, a worker
+    outage) are recorded first, oldest first, each as it would have been, so the daily
+    series an auditor reads has no hole where a rise could hide. Returns the snapshot
+    of the day before `at`'s."""
     day = at.astimezone(UTC).date() - timedelta(days=1)
+    newest = (
+        LiveGrantSnapshot.objects.filter(day__lt=day).order_by("-day").values_list("day", flat=True)
+    ).first()
+    first = (
+        day
+        if newest is None
+        else max(newest + timedelta(days=1), day - timedelta(days=TREND_BACKFILL_DAYS))
+    )
+    missed = [first + timedelta(days=n) for n in range((day - first).days)]
+    for past in missed:
+        _record_day(past, actor=actor, at=at, backfilled=True)
+    return _record_day(day, actor=actor, at=at, backfilled=False)
+
+
+def _record_day(
+    day: date, *, actor: audit.Actor, at: datetime, backfilled: bool
+) -> LiveGrantSnapshot:
     existing = LiveGrantSnapshot.objects.filter(day=day).first()
     if existing is not None:
         return existing
     end = datetime.combine(day, time.max, tzinfo=UTC)
     rows = grants_in_force(end).values("agent__name").annotate(n=Count("id")).order_by()
     per_agent = {row["agent__name"]: row["n"] for row in rows}
+    data = {
+        "day": day.isoformat(),
+        "counted_at": end.isoformat(),
+        "total": sum(per_agent.values()),
+        "per_agent": per_agent,
+    }
+    if backfilled:
+        data["backfilled"] = True  # recorded late: its day's own run was missed
     try:
         with transaction.atomic():
             snap = LiveGrantSnapshot.objects.create(
-                day=day, taken_at=at, total=sum(per_agent.values()), per_agent=per_agent
+                day=day, taken_at=at, total=data["total"], per_agent=per_agent
             )
-            audit.append(
-                event_type=EventType.TREND_RECORDED,
-                actor=actor,
-                at=at,
-                data={
-                    "day": day.isoformat(),
-                    "counted_at": end.isoformat(),
-                    "total": snap.total,
-                    "per_agent": per_agent,
-                },
-            )
+            audit.append(event_type=EventType.TREND_RECORDED, actor=actor, at=at, data=data)
     except IntegrityError:
         return LiveGrantSnapshot.objects.get(day=day)  # another worker was first
     return snap
