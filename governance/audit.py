@@ -225,6 +225,13 @@ CLI_SECRETS = (
     re.compile(r"\b(sshpass\s+-p\s*)(\S+)"),
     re.compile(r"\b(mysql(?:dump|admin)?\b[^\n;|&]{0,200}?\s-p)([^\s-]\S*)"),
     re.compile(r"\b(curl\b[^\n;|&]{0,300}?\s(?:-u|--user)\s+[^\s:/@]+:)(\S+)"),
+    # A password's name and its value joined by a bare `:` (`password:hunter2`,
+    # `DB_PASSWD:x`), which KEY_VALUE leaves to resources (`secret:prod/db`): only for a
+    # password's own nouns, and not before a path or a URL's `//`.
+    re.compile(
+        r"(?<![A-Za-z0-9_.\-\"'])((?:[A-Za-z0-9]+[_.-])*(?i:password|passwd|pwd|passphrase"
+        r"|passcode):)([^\s/:,;&'\"][^\s,;&'\"]*)"
+    ),
 )
 
 

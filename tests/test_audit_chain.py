@@ -1006,6 +1006,8 @@ def test_secrets_written_inside_text_are_masked(chain):
         "json": '{"password": "hunter2", "user": "ci"}',
         "dsn": "postgres://ci:pw12345@db.internal/x",
         "card_number_as_number": 4111111111111111,
+        # A bare `:` (no space) after a password's name: `password: x` was masked, this not.
+        "colon": "login failed, password:hunter2 DB_PASSWD:s3cr3tpw",
         # Look-alikes kept as they are.
         "note": "basic configuration here",
         "flags": "bypass=1 compass: north",
@@ -1025,9 +1027,11 @@ def test_secrets_written_inside_text_are_masked(chain):
     assert json.loads(stored["json"]) == {"password": "[secret]", "user": "ci"}
     assert stored["dsn"] == "postgres://ci:[secret]@db.internal/x"
     assert stored["card_number_as_number"] == "[card]"
+    assert stored["colon"] == "login failed, password:[secret] DB_PASSWD:[secret]"
     for key in ("note", "flags", "at", "count"):
         assert stored[key] == arguments[key]
-    for secret in ("hunter2", "abc.def", "xyz123", "aHVudGVy", "pw12345", "4111111111111111"):
+    for secret in ("hunter2", "abc.def", "xyz123", "aHVudGVy", "pw12345", "4111111111111111",
+                   "s3cr3tpw"):  # fmt: skip
         assert secret not in event.arguments
     assert event.arguments_hash == audit.arguments_digest(arguments)
 
@@ -1052,7 +1056,8 @@ def test_names_that_only_contain_a_secret_word_stay_readable_in_text(chain):
 
 @pytest.mark.parametrize("shape", ["'a' * 200_000", "'a.' * 100_000", "'-a' * 100_000",
                                    "'a' * 200_000 + '@'", "'a=' * 100_000", "'curl ' * 40_000",
-                                   "'mysql -u ' * 20_000", "'--pass-' * 50_000"])  # fmt: skip
+                                   "'mysql -u ' * 20_000", "'--pass-' * 50_000",
+                                   "'a_' * 100_000 + 'password:x'"])  # fmt: skip
 def test_masking_a_long_string_finishes(shape):
     """A guard, not a benchmark: the key=value pattern once tried every position of a
     run of name characters, so 100,000 of them held a worker for two minutes (any agent
