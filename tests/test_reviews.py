@@ -90,6 +90,38 @@ def test_a_campaign_has_one_item_per_live_grant_and_rotates_reviewers(
     assert len(mail.outbox) == 4
 
 
+def test_an_item_nobody_may_review_reaches_the_admins_at_open_and_before_its_due_date(
+    make_agent, make_tool, make_grant, alice, bob, system, settings,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    """alice (the only admin) requested the grant and owns its agent, bob (the only other
+    approver) approved it: nobody may review it, so the item is left unassigned, for
+    the admins. They were told neither when it opened nor before its due date, and under
+    the keep rule the grant was then kept with nobody having looked."""
+    alice.groups.add(Group.objects.get_or_create(name="admins")[0])
+    bob.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    alice.email, bob.email = "alice@example.test", "bob@example.test"
+    alice.save()
+    bob.save()
+    settings.GRANT_MAX_TTL = timedelta(days=30)  # the grant outlives the campaign's due date
+    make_grant(make_agent("bot"), make_tool("repo"), duration=timedelta(days=30))
+    with django_capture_on_commit_callbacks(execute=True):
+        campaign = open_campaign()
+    (item,) = campaign.items.all()
+    assert item.reviewer is None
+    told = Notification.objects.filter(event=NotificationEvent.REVIEW_DUE)
+    assert [r.target for r in told] == ["alice@example.test"]
+    opened = told.get()
+    assert opened.data["items"] == [item.pk]
+    before = item.due_at - settings.REVIEW_REMIND_BEFORE + timedelta(minutes=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reviews.review_reminders_send(actor=system, at=before) == 1
+        assert reviews.review_reminders_send(actor=system, at=before) == 0  # once
+    reminded = Notification.objects.filter(event=NotificationEvent.REVIEW_DUE).exclude(pk=opened.pk)
+    assert [r.target for r in reminded] == ["alice@example.test"]
+    assert reminded.get().data["reminder"] is True
+
+
 def test_nobody_reviews_a_grant_they_requested_or_approved(world, person):
     campaign = open_campaign()
     item = campaign.items.first()

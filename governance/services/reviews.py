@@ -214,12 +214,16 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
 
 
 def _notify_assigned(campaign: ReviewCampaign, items: Sequence[ReviewItem], at: datetime) -> None:
+    """Each person told once, with their items: an item's reviewer, or for an item left
+    unassigned (every approver barred) the admins who decide it instead (_reviewers)."""
     by_reviewer: dict[int, list[ReviewItem]] = {}
+    people: dict[int, Any] = {}
     for item in items:
-        if item.reviewer is not None:
-            by_reviewer.setdefault(item.reviewer.pk, []).append(item)
-    for mine in by_reviewer.values():
-        reviewer = mine[0].reviewer
+        for person in _reviewers(item):
+            people[person.pk] = person
+            by_reviewer.setdefault(person.pk, []).append(item)
+    for pk, mine in by_reviewer.items():
+        reviewer = people[pk]
         notifications.review_due(
             users=[reviewer],
             subject=f"{len(mine)} grant(s) to review by {campaign.due_at.date().isoformat()}",
@@ -557,12 +561,12 @@ def _reviewers(item: ReviewItem) -> list[Any]:
 
 def review_reminders_send(*, actor: audit.Actor, at: datetime) -> int:
     """The job: one reminder per pending item within REVIEW_REMIND_BEFORE of its due
-    date. No audit event: a reminder changes no governance state; the Notification
-    row is its record. `actor` is accepted for the uniform job signature."""
+    date, to whoever decides it (_reviewers: an unassigned item's admins). No audit
+    event: a reminder changes no governance state; the Notification row is its record.
+    `actor` is accepted for the uniform job signature."""
     window_start = at + settings.REVIEW_REMIND_BEFORE
     due = ReviewItem.objects.filter(
         status=ReviewItem.Status.PENDING,
-        reviewer__isnull=False,
         reminded_at__isnull=True,
         due_at__gt=at,
         due_at__lte=window_start,
