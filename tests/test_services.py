@@ -1472,6 +1472,13 @@ def test_a_definition_that_changed_after_review_is_not_approved(repo, alice, bob
     )  # fmt: skip
     repo.refresh_from_db()
     assert not repo.is_quarantined and last_event().event_type == "tool.approved"
+    # Approved again as it is: nothing changes, so no second `tool.approved`.
+    before = AuditEvent.objects.count()
+    again = tools.tool_approve_definition(
+        tool=repo, definition_hash=repo.definition_hash, approver=bob,
+        actor=Actor.user(bob), at=NOW,
+    )  # fmt: skip
+    assert again.approved_hash == repo.approved_hash and AuditEvent.objects.count() == before
 
 
 def test_nobody_approves_their_own_tool_definition_change(repo, alice, bob, system):

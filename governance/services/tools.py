@@ -123,7 +123,8 @@ def tool_approve_definition(
 ) -> Tool:
     """Approve the definition the approver reviewed, named by its hash: if it changed
     since (another update landed while they read the diff), nothing is approved
-    (Conflict `definition_changed`), so nobody approves a definition they never saw."""
+    (Conflict `definition_changed`), so nobody approves a definition they never saw.
+    Approving what is already approved changes nothing and records nothing."""
     with transaction.atomic():
         tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
         if definition_hash != tool.definition_hash:
@@ -133,6 +134,8 @@ def tool_approve_definition(
                 "the hash is wrong): review the current definition and approve that.",
                 fields={"definition_hash": f"the current definition is {tool.definition_hash}"},
             )
+        if tool.approved_hash == tool.definition_hash:
+            return tool  # already approved as it is: nothing changes, nothing to record
         if (
             tool.definition_updated_by_id is not None
             and tool.definition_updated_by_id == approver.pk
