@@ -266,9 +266,13 @@ def execute(
                 if dead is not None:
                     stop(f"stopped: its grant can no longer allow it ({dead})")
             remaining = deadline - time.time()
-            if remaining <= 0 and not result.timed_out:
-                handle.kill()  # SIGKILL at the deadline, not a polite stop
+            if remaining <= 0:
                 result.timed_out = True
+            if result.timed_out or stopped:
+                # SIGKILL at the deadline (not a polite stop) or on a stop, and again
+                # every turn until the exit: a kill the backend failed (a busy engine's
+                # error or timeout) must not let the code run on.
+                handle.kill()
             watch.wake.wait(min(POLL, max(remaining, 0.0)) if remaining > 0 else POLL)
         result.exit_code = watch.code
         if result.exit_code is None and not stopped:

@@ -491,6 +491,34 @@ def test_sleep_past_the_timeout_is_killed_within_two_seconds(backend, code_exec,
     assert leftovers(backend, spec.run_id) == []
 
 
+def test_a_kill_the_engine_fails_at_the_deadline_is_sent_again(
+    docker_client, code_exec, spec_for, monkeypatch
+):
+    """One engine error on the SIGKILL at the deadline (a busy engine, the client's
+    timeout) let the code run on to its own end: 25 s under a 2 s wall limit. The error
+    is staged (the engine cannot be made busy on demand); the container is real."""
+    import docker.errors
+    from docker.models.containers import Container
+
+    real_kill, kills = Container.kill, []
+
+    def kill_failing_once(self, *args, **kwargs):
+        kills.append(self.id)
+        if len(kills) == 1:
+            raise docker.errors.APIError("engine busy (staged)")
+        return real_kill(self, *args, **kwargs)
+
+    monkeypatch.setattr(Container, "kill", kill_failing_once)
+    code_exec.grant()
+    spec = spec_for("import time; time.sleep(25)", limits={"wall_seconds": 2})
+    outcome, _, _ = run(spec)
+    assert outcome.exit_code == EXIT_TIMEOUT and len(kills) >= 2
+    record = run_record(spec.run_id)
+    assert record.timed_out and record.status == "finished"
+    assert (record.finished_at - record.deadline_at).total_seconds() < 2
+    assert leftovers("docker", spec.run_id) == []
+
+
 PRIVILEGES = """
 import os, subprocess
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
