@@ -99,9 +99,16 @@ def database_from_url(url: str) -> dict[str, object]:
     if not name:
         raise ImproperlyConfigured("DATABASE_URL has no database name")
     try:
-        port = parts.port or 5432
+        port = parts.port
     except ValueError:
         raise ImproperlyConfigured("DATABASE_URL has an invalid port") from None
+    if port is None:
+        # `db:` (a colon, no digits) is not the host `db:`: a port left out by mistake.
+        if parts.netloc.rpartition("@")[2].endswith(":"):
+            raise ImproperlyConfigured("DATABASE_URL has an empty port")
+        port = 5432
+    elif not 1 <= port <= 65535:
+        raise ImproperlyConfigured(f"DATABASE_URL has an invalid port {port}")
     try:
         host = _database_host(parts)
     except ValueError as exc:
@@ -353,7 +360,10 @@ RATE_LIMITS["login_address"] = env_int("RATE_LIMIT_LOGIN_ADDRESS_PER_MINUTE", 20
 
 
 def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """Comma-separated addresses or CIDR blocks (`10.0.0.0/8, ::1`)."""
+    """Comma-separated addresses or CIDR blocks (`10.0.0.0/8, ::1`). Set but blank is
+    none, as unset is (docker-compose.yml passes `${TRUSTED_PROXIES:-}` through)."""
+    if not os.environ.get(name, "").strip():
+        return ()
     networks = []
     for item in env_list(name, []):
         try:
@@ -415,14 +425,18 @@ def env_regex(name: str, default: str) -> str:
     return value
 
 
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", re.ASCII)
+
+
 def env_fraction(name: str, default: float) -> float:
     value = os.environ.get(name)
     if value is None:
         return default
-    try:
-        number = float(value.strip())
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    # ASCII decimals only, as env_int: float() also takes "0_1" (1.0), other scripts'
+    # digits, exponents and "nan".
+    if not _DECIMAL.fullmatch(value.strip()):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a decimal number like 0.25")
+    number = float(value.strip())
     if not 0.0 <= number <= 1.0:
         raise ImproperlyConfigured(f"{name}={number} is outside [0, 1]")
     return number

@@ -229,6 +229,39 @@ def test_a_trusted_proxy_that_is_not_an_address_or_network_stops_start_up(value)
     assert_refused(proc, "TRUSTED_PROXIES")
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_blank_trusted_proxies_is_none(monkeypatch, value):
+    """docker-compose.yml passes `${TRUSTED_PROXIES:-}`: blank, so production refused to
+    start ("has an empty item") unless one was named."""
+    monkeypatch.setenv("TRUSTED_PROXIES", value)
+    assert app_settings.env_networks("TRUSTED_PROXIES") == ()
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://u:p@db:0/gov", "postgresql://u:p@db:/gov", "postgresql://u@db:99999/g"]
+)
+def test_a_database_url_with_a_bad_port_is_refused(url):
+    """Port 0 became 5432 (`parts.port or 5432`), and `db:` became the host `db:`."""
+    with pytest.raises(ImproperlyConfigured, match="port"):
+        app_settings.database_from_url(url)
+
+
+@pytest.mark.parametrize("value", ["0_1", "٠.٥", "1e-1", "nan", ".5.", ""])
+def test_a_fraction_is_an_ascii_decimal(monkeypatch, value):
+    """float() took "0_1" as 1.0 (every approval sampled) and Arabic-Indic digits."""
+    monkeypatch.setenv("SECOND_LOOK_FRACTION", value)
+    with pytest.raises(ImproperlyConfigured, match="SECOND_LOOK_FRACTION"):
+        app_settings.env_fraction("SECOND_LOOK_FRACTION", 0.1)
+
+
+@pytest.mark.parametrize(
+    ("value", "number"), [("0.25", 0.25), (" 1 ", 1.0), ("0", 0.0), (".5", 0.5)]
+)
+def test_a_plain_fraction_still_parses(monkeypatch, value, number):
+    monkeypatch.setenv("SECOND_LOOK_FRACTION", value)
+    assert app_settings.env_fraction("SECOND_LOOK_FRACTION", 0.1) == number
+
+
 def test_trivial_passwords_are_refused() -> None:
     from django.contrib.auth.models import User
     from django.contrib.auth.password_validation import validate_password
