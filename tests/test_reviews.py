@@ -9,6 +9,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core import mail
 from django.core.management import CommandError, call_command
@@ -580,6 +581,13 @@ def test_a_keyed_one_agent_campaign_cannot_stand_in_for_the_quarters(world, syst
         (["--due-days", "3000000"], "--due-days must be 1 to 365"),
         (["--due-days", "-1"], "--due-days must be 1 to 365"),
         (["--key", "k" * 101], "--key must be 1 to 100 characters"),
+        # The system's keys, whatever the kind: the quarter's campaign then never opened.
+        (["--kind", "scheduled", "--key", "scheduled:2031-P1"], "are the system's"),
+        (["--kind", "incident", "--key", "incident:INC-1"], "are the system's"),
+        # Who opens it is an active admin (ghost is deactivated, carol an auditor).
+        (["--user", "ghost"], "--user: 'ghost' is not an active admin"),
+        (["--user", "carol"], "--user: 'carol' is not an active admin"),
+        (["--user", "nobody"], "--user: 'nobody' is not an active admin"),
     ],
 )
 def test_the_review_open_command_refuses_bad_bounds_with_a_line_not_a_traceback(
@@ -587,6 +595,11 @@ def test_the_review_open_command_refuses_bad_bounds_with_a_line_not_a_traceback(
 ):
     """3,000,000 days overflowed the date (OverflowError), a 101-character key the
     column (DataError): each a traceback. Now a CommandError, and nothing is opened."""
+    User = get_user_model()  # noqa: N806
+    User.objects.create_user("ghost", is_active=False).groups.add(
+        Group.objects.get_or_create(name="admins")[0]
+    )
+    User.objects.create_user("carol").groups.add(Group.objects.get_or_create(name="auditors")[0])
     before = AuditEvent.objects.count()
     with pytest.raises(CommandError, match=message):
         call_command("review_open", "--reason", "r", *args, stdout=StringIO())

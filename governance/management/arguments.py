@@ -53,10 +53,10 @@ def path(value: str) -> str:
     return value
 
 
-def person(name: str, may: Callable[[Any], bool], what: str) -> Any:
-    """The active account `--as NAME` names, if it holds the role (`may`); else a
-    CommandError saying what `--as` must be."""
+def person(name: str, may: Callable[[Any], bool], what: str, option: str = "--as") -> Any:
+    """The active account `--as NAME` (or `option`) names, if it holds the role (`may`);
+    else a CommandError saying what it must be."""
     user = get_user_model().objects.filter(username=name, is_active=True).first()
     if user is None or not may(user):
-        raise CommandError(f"--as: {name!r} is not an active {what}")
+        raise CommandError(f"{option}: {name!r} is not an active {what}")
     return user

@@ -103,7 +103,7 @@ def _rotation(campaign_pk: int) -> Any:
     return pick
 
 
-_RESERVED_KEYS = ("scheduled:", "incident:")
+RESERVED_KEYS = ("scheduled:", "incident:")
 
 
 def review_campaign_open(
@@ -125,11 +125,11 @@ def review_campaign_open(
     due_at = due_at or at + settings.REVIEW_DUE
     if due_at <= at:
         raise GovernanceError("invalid_due", "The due date must be in the future.")
-    if kind == ReviewCampaign.Kind.ON_DEMAND and (key or "").startswith(_RESERVED_KEYS):
+    if kind == ReviewCampaign.Kind.ON_DEMAND and (key or "").startswith(RESERVED_KEYS):
         # The scheduled job's and break-glass's own keys: a campaign opened by hand
         # under one would stand in for (or block) the period's or the incident's.
         raise GovernanceError(
-            "reserved_key", f"Keys starting {' or '.join(_RESERVED_KEYS)} are the system's."
+            "reserved_key", f"Keys starting {' or '.join(RESERVED_KEYS)} are the system's."
         )
     if key is not None and (existing := ReviewCampaign.objects.filter(key=key).first()):
         return _same(existing, kind, agent)

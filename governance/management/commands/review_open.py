@@ -1,15 +1,14 @@
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from governance import audit
+from governance import audit, roles
 from governance.errors import GovernanceError
 from governance.management import arguments
 from governance.models import Agent
-from governance.services.reviews import review_campaign_open
+from governance.services.reviews import RESERVED_KEYS, review_campaign_open
 
 # As in the web UI's form; past a few thousand years the due date itself overflows.
 MAX_DUE_DAYS = 365
@@ -41,11 +40,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Who opens it: an active admin, as in the web UI (not an auditor, not a
+        # deactivated account).
         user = None
         if options["user"]:
-            user = get_user_model().objects.filter(username=options["user"]).first()
-            if user is None:
-                raise CommandError(f"No user {options['user']!r}.")
+            user = arguments.person(options["user"], roles.is_admin, "admin", "--user")
         agent = None
         if options["agent"]:
             agent = Agent.objects.filter(name=options["agent"]).first()
@@ -57,6 +56,12 @@ class Command(BaseCommand):
             raise CommandError(f"--due-days must be 1 to {MAX_DUE_DAYS}, not {due_days}.")
         if key is not None and not 1 <= len(key) <= 100:
             raise CommandError("--key must be 1 to 100 characters.")
+        if key is not None and key.startswith(RESERVED_KEYS):
+            # The scheduled job's and break-glass's own keys, whatever --kind says: a
+            # campaign opened by hand under one blocks the period's (or the incident's).
+            raise CommandError(
+                f"--key: keys starting {' or '.join(RESERVED_KEYS)} are the system's."
+            )
         try:
             campaign = review_campaign_open(
                 kind=options["kind"],
