@@ -220,6 +220,29 @@ def test_agent_token_create_records_only_an_active_admin_as_creator(make_agent, 
     assert not AgentToken.objects.filter(agent=agent).exists()
 
 
+def test_agent_token_revoke_touches_agents_tokens_only_and_api_token_peoples(
+    make_agent, alice, system
+):
+    """`agent_token revoke` revoked a person's usr_ token too; each command now finds
+    only its own kind, as `api_token revoke` already did."""
+
+    personal, _ = agents.token_issue(created_by=alice, user=alice, actor=system, at=timezone.now())
+    agents_own, _ = agents.token_issue(
+        created_by=alice, agent=make_agent(), actor=system, at=timezone.now()
+    )
+    before = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match="No token has the prefix"):
+        call_command("agent_token", "revoke", personal.prefix, stdout=StringIO())
+    with pytest.raises(CommandError, match="No personal token has the prefix"):
+        call_command("api_token", "revoke", agents_own.prefix, stdout=StringIO())
+    assert AuditEvent.objects.count() == before
+    assert AgentToken.objects.filter(revoked_at__isnull=False).count() == 0
+    call_command("agent_token", "revoke", agents_own.prefix, stdout=StringIO())
+    call_command("api_token", "revoke", personal.prefix, stdout=StringIO())
+    assert AgentToken.objects.filter(revoked_at__isnull=False).count() == 2
+    assert AuditEvent.objects.filter(event_type="agent_token.revoked").count() == 2
+
+
 def test_agent_token_create_defaults_to_the_first_active_admin(make_agent, db):
     agent = make_agent()
     gone = User.objects.create_superuser("old-root", password="x-very-long-pw-1")

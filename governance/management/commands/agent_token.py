@@ -37,7 +37,9 @@ class Command(BaseCommand):
         now = timezone.now()
         actor = Actor.system("manage.py agent_token")
         if options["verb"] == "revoke":
-            token = AgentToken.objects.filter(prefix=options["prefix"]).first()
+            # People's tokens have their own command (api_token); this one only touches
+            # agents'.
+            token = AgentToken.objects.filter(prefix=options["prefix"], agent__isnull=False).first()
             if token is None:
                 raise CommandError(f"No token has the prefix {options['prefix']!r}.")
             agents.token_revoke(token=token, actor=actor, at=now)
