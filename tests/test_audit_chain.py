@@ -651,6 +651,21 @@ def test_a_refused_checkpoint_job_records_and_alerts_once_an_hour_not_every_minu
     assert len(audit.load_checkpoints()) == 1
 
 
+def test_audit_checkpoint_says_what_is_wrong_in_a_line_not_a_traceback(chain, settings, tmp_path):
+    """A checkpoint directory that cannot be made was a NotADirectoryError traceback;
+    --reason or --as without --start-new-series wrote a plain checkpoint, silently."""
+    before = len(audit.load_checkpoints())
+    for args in (["--reason", "restored"], ["--as", "heidi"]):
+        with pytest.raises(CommandError, match="--start-new-series only"):
+            call_command("audit_checkpoint", *args)
+    assert len(audit.load_checkpoints()) == before
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    settings.AUDIT_CHECKPOINT_DIR = blocker / "checkpoints"
+    with pytest.raises(CommandError, match="the checkpoint cannot be written"):
+        call_command("audit_checkpoint")
+
+
 def test_after_a_restore_an_admin_starts_a_new_checkpoint_series(chain, person, settings, capsys):
     """The database restored from a backup lacks the newest events the checkpoints
     signed: every checkpoint is refused until an admin says why. The old series is

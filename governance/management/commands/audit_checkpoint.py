@@ -23,6 +23,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: Any) -> None:
         now = timezone.now()
+        if not options["start_new_series"] and (options["reason"] or options["as_user"]):
+            # Silently writing a plain checkpoint would let the admin believe the series
+            # was restarted (and by whom, and why).
+            raise CommandError("--reason and --as go with --start-new-series only")
         try:
             if options["start_new_series"]:
                 body = audit.restart_checkpoints(
@@ -41,6 +45,8 @@ class Command(BaseCommand):
             ) from None
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        except OSError as exc:  # AUDIT_CHECKPOINT_DIR cannot be made or written
+            raise CommandError(f"the checkpoint cannot be written: {exc}") from None
         self.stdout.write(f"checkpoint {body['file']}: seq {body['seq']}, head {body['head']}")
 
     def _admin(self, options: dict[str, Any]) -> Any:
