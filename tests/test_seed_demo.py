@@ -43,3 +43,39 @@ def test_the_demo_matrix_exports_and_imports_again_unchanged(db, tmp_path):
     call_command("matrix_import", str(path), "--dry-run", "--as", "admin", stdout=out)
     assert re.search(r"^0 to create, \d+ unchanged, 1 skipped", out.getvalue(), re.M)
     assert Grant.objects.filter(status="pending").count() == 1  # the demo's own, no more
+
+
+def test_the_demo_never_takes_over_an_existing_account(db):
+    """It reset the password and the roles of an existing `alice` (and would make an
+    existing `admin` a superuser): seeding into a real database took its accounts."""
+    import pytest
+    from django.contrib.auth.models import Group, User
+    from django.core.management import CommandError
+
+    from governance.models import AuditEvent
+
+    real = User.objects.create_user("alice", password="my-own-pass-123")
+    real.groups.add(Group.objects.get_or_create(name="admins")[0])
+    before = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match="would overwrite existing ones \\(alice\\)"):
+        call_command("seed_demo")
+    real.refresh_from_db()
+    assert real.check_password("my-own-pass-123") and not real.is_superuser
+    assert list(real.groups.values_list("name", flat=True)) == ["admins"]
+    assert not Agent.objects.exists() and AuditEvent.objects.count() == before
+
+
+def test_a_demo_whose_password_cannot_be_kept_is_not_left_behind(db, settings, tmp_path):
+    """The password file was written after the commit: when it could not be, the demo
+    stood with accounts whose password was lost, and a traceback."""
+    import pytest
+    from django.contrib.auth.models import User
+    from django.core.management import CommandError
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "var").write_text("a file where the directory goes")
+    settings.BASE_DIR = base
+    with pytest.raises(CommandError, match="password cannot be written"):
+        call_command("seed_demo")
+    assert not Agent.objects.exists() and not User.objects.filter(username="admin").exists()

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
@@ -21,6 +21,7 @@ from governance.models import Agent
 from governance.services import access, agents, confirmation, grants, tasks, tools
 
 ROLES = ("admins", "approvers", "auditors")
+DEMO_USERS = ("admin", "alice", "bob", "carol")
 
 
 class Command(BaseCommand):
@@ -39,11 +40,28 @@ class Command(BaseCommand):
         if Agent.objects.filter(name="triage-bot").exists():
             self.stdout.write("Demo data already present.")
         else:
+            taken = sorted(
+                User.objects.filter(username__in=DEMO_USERS).values_list("username", flat=True)
+            )
+            if taken:
+                # The demo sets their passwords and roles: never someone's real account.
+                raise CommandError(
+                    f"The demo's accounts ({', '.join(DEMO_USERS)}) would overwrite existing "
+                    f"ones ({', '.join(taken)}): seed the demo into an empty database."
+                )
             with transaction.atomic(), audit.deferred():
                 password = self._seed()
-            password_file.parent.mkdir(parents=True, exist_ok=True)
-            password_file.write_text(password)
-            password_file.chmod(0o600)
+                # Inside the transaction: a password that cannot be kept leaves no demo
+                # whose accounts nobody can sign in to.
+                try:
+                    password_file.parent.mkdir(parents=True, exist_ok=True)
+                    password_file.touch(mode=0o600)
+                    password_file.chmod(0o600)
+                    password_file.write_text(password)
+                except OSError as exc:
+                    raise CommandError(
+                        f"The demo's password cannot be written to {password_file}: {exc}"
+                    ) from None
         password = password_file.read_text() if password_file.exists() else "(see var/)"
         self.stdout.write(
             f"\nSign in at http://{options['address']}/ui/login/ as "
