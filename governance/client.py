@@ -92,6 +92,50 @@ class Decision:
         raise AccessDenied(self)
 
 
+MAX_TIMEOUT = 3600  # seconds
+
+
+def _text(value: str) -> str:
+    """Text JSON carries: a lone surrogate (a file name read from a disk that is not
+    UTF-8: `os.listdir` gives `\\udcff`) written as its escape, not sent as is (the
+    server refuses it as not text)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("ascii")
+    return value
+
+
+def _sendable(value: Any) -> Any:
+    """An argument as JSON can carry it: as it is where it can be, else its repr (a set,
+    an object, inf and nan, which strict JSON has no word for), text with lone
+    surrogates escaped (_text). A key that is not text is named as json.dumps names
+    it (1 -> "1", True -> "true"), or by its repr."""
+    if isinstance(value, str):
+        return _text(value)
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, Mapping):
+        return {_key(k): _sendable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sendable(v) for v in value]
+    return _text(repr(value))
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return _text(key)
+    if (
+        key is None
+        or isinstance(key, bool | int)
+        or (isinstance(key, float) and math.isfinite(key))
+    ):
+        return json.dumps(key)
+    return _text(repr(key))
+
+
 class GovernanceClientError(Exception):
     """A request other than a decision failed (grant request, outcome, poll)."""
 
@@ -295,9 +339,11 @@ class GovernanceClient:
         if (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)
-            or not 0 < timeout < float("inf")
+            or not 0 < timeout <= MAX_TIMEOUT
         ):
-            raise ValueError("timeout must be a positive number of seconds")
+            # Past the maximum the socket's deadline overflows (every call then came back
+            # "unreachable"); nothing waits an hour for an authorization anyway.
+            raise ValueError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT}")
         root = base_url.rstrip("/")
         if root.endswith(API_PREFIX):
             root = root[: -len(API_PREFIX)]
@@ -416,8 +462,9 @@ class GovernanceClient:
         if arguments is not None:
             try:
                 # Round-trip now so what is hashed server-side is exactly what was sent;
-                # values JSON cannot carry are sent as their repr.
-                payload["arguments"] = json.loads(json.dumps(dict(arguments), default=repr))
+                # values JSON cannot carry are sent as their repr (_sendable).
+                sendable = _sendable(dict(arguments))
+                payload["arguments"] = json.loads(json.dumps(sendable, allow_nan=False))
             except Exception as exc:  # also RecursionError (nested deep), a repr that raises
                 return _deny("invalid_request", f"arguments cannot be sent as JSON: {_name(exc)}")
         answer = self._call("POST", "/authorize", payload)

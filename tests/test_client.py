@@ -12,6 +12,7 @@ import hashlib
 import http.server
 import inspect
 import json
+import math
 import pickle
 import socket
 import threading
@@ -96,6 +97,31 @@ def test_an_allowed_call_runs_once_and_its_outcome_is_reported(world):
     assert DecisionOutcome.objects.get(decision_id=allowed.uid).outcome == "succeeded"
     usage_fold()
     assert Grant.objects.get(pk=world["grant"].pk).use_count == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "sent"),
+    [
+        (math.inf, "inf"),
+        (float("nan"), "nan"),
+        ("name-\udcff.txt", "name-\\udcff.txt"),  # a file name from a non-UTF-8 disk
+        ({1: "a", (2, 3): "b"}, {"1": "a", "(2, 3)": "b"}),
+    ],
+)
+def test_an_allowed_call_with_an_argument_json_cannot_carry_runs(world, value, sent):
+    """inf, nan and a lone surrogate went out as JSON the server refuses (Infinity,
+    NaN, \\udcff): an allowed call was denied as malformed. They go as their repr or
+    escaped, as the client says it sends what JSON cannot carry."""
+    calls = []
+
+    @world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
+    def read(arg: Any) -> str:
+        calls.append(arg)
+        return "ok"
+
+    assert read(value) == "ok" and len(calls) == 1
+    (allowed,) = events("access.allowed")
+    assert json.loads(allowed.arguments) == {"arg": sent}
 
 
 def test_a_function_that_raises_is_reported_failed_and_the_error_propagates(world):
@@ -686,10 +712,13 @@ def test_a_token_read_from_a_file_keeps_working_and_a_bad_one_is_never_quoted(st
         assert "S3cr3t" not in str(caught.value)
 
 
-@pytest.mark.parametrize("timeout", [None, 0, -1, float("inf"), float("nan"), True, "5"])
+@pytest.mark.parametrize(
+    "timeout", [None, 0, -1, float("inf"), float("nan"), True, "5", 1e10, 3600.5]
+)
 def test_a_timeout_that_cannot_bound_a_call_is_refused_when_the_client_is_made(stub, timeout):
     """timeout=None (urllib's "no timeout") was taken, and every authorize() then raised
-    TypeError instead of answering with a denial."""
+    TypeError instead of answering with a denial; 1e10 was taken, and every call then
+    came back "unreachable" (the socket's deadline overflowed)."""
     with pytest.raises(ValueError, match="timeout"):
         GovernanceClient(stub.url, "t", timeout=timeout)
 
