@@ -332,12 +332,17 @@ RATE_LIMITS = {
     "approval": env_int("RATE_LIMIT_APPROVALS_PER_MINUTE", 60, minimum=1),
 }
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").strip().upper()
+if LOG_LEVEL not in LOG_LEVELS:  # logging's own error names no setting (a ValueError)
+    raise ImproperlyConfigured(f"LOG_LEVEL={LOG_LEVEL!r} is not one of {', '.join(LOG_LEVELS)}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"no_4xx_tracebacks": {"()": "governance.logs.NoClientErrorTracebacks"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["no_4xx_tracebacks"]}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }
 
 # --- Web UI (governance/web) ---------------------------------------------------------------

@@ -229,6 +229,12 @@ def test_a_trusted_proxy_that_is_not_an_address_or_network_stops_start_up(value)
     assert_refused(proc, "TRUSTED_PROXIES")
 
 
+def test_an_unknown_log_level_stops_start_up_naming_the_setting():
+    """LOG_LEVEL=VERBOSE stopped start-up with logging's ValueError, naming no setting."""
+    assert_refused(start("governance.settings", LOG_LEVEL="VERBOSE"), "LOG_LEVEL")
+    assert start("governance.settings", LOG_LEVEL="warning").returncode == 0
+
+
 @pytest.mark.parametrize("value", ["", "  "])
 def test_a_blank_trusted_proxies_is_none(monkeypatch, value):
     """docker-compose.yml passes `${TRUSTED_PROXIES:-}`: blank, so production refused to
