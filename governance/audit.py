@@ -86,7 +86,7 @@ class Actor:
 SECRET_KEY_WORDS = frozenset(
     "pass password passwd pwd passphrase passcode secret secrets token tokens auth "
     "authorization authorisation credential credentials creds cookie cookies session ssn "
-    "cvv cvc otp totp".split()
+    "cvv cvc otp totp pin pins".split()
 )
 SECRET_KEY_ENDINGS = (
     "password", "passwd", "passphrase", "passcode", "pincode", "secret", "token", "apikey",
@@ -177,7 +177,7 @@ KEY_VALUE = re.compile(
 # `--auth-method`, `max_tokens` and `AUTH-1234` name things an approver must see.
 TEXT_SECRET_LAST_WORDS = frozenset(
     "password passwd pwd passphrase passcode secret token credential credentials cookie "
-    "authorization apikey creds".split()
+    "authorization apikey creds pin".split()
 )
 TEXT_SECRET_LAST_TWO = frozenset(
     "apikey accesskey secretkey privatekey privkey signingkey accountkey sshkey hmackey "

@@ -972,7 +972,9 @@ def test_secrets_and_pii_are_masked_and_the_full_arguments_hashed(chain):
      "pwd", "passcode", "auth", "otp", "cvc", "pin_code", "smtpPasscode",
      # Plurals and compound names (they went through unmasked).
      "passwords", "PASSWORDS", "api_keys", "apiKeys", "private_keys", "sessionid",
-     "access_key", "secretKey"],
+     "access_key", "secretKey",
+     # A card's or a phone's PIN on its own (pin_code was masked, pin was not).
+     "pin", "PIN", "card_pin", "pins"],
 )  # fmt: skip
 def test_secret_key_names_are_masked_by_their_words(chain, key):
     result = access.access_check(
@@ -1023,6 +1025,7 @@ def test_secrets_written_inside_text_are_masked(chain):
         "card_number_as_number": 4111111111111111,
         # A bare `:` (no space) after a password's name: `password: x` was masked, this not.
         "colon": "login failed, password:hunter2 DB_PASSWD:s3cr3tpw",
+        "unlock": "unlock --pin=4711 then CARD_PIN=0815",
         # Look-alikes kept as they are.
         "note": "basic configuration here",
         "flags": "bypass=1 compass: north",
@@ -1043,6 +1046,7 @@ def test_secrets_written_inside_text_are_masked(chain):
     assert stored["dsn"] == "postgres://ci:[secret]@db.internal/x"
     assert stored["card_number_as_number"] == "[card]"
     assert stored["colon"] == "login failed, password:[secret] DB_PASSWD:[secret]"
+    assert stored["unlock"] == "unlock --pin=[secret] then CARD_PIN=[secret]"
     for key in ("note", "flags", "at", "count"):
         assert stored[key] == arguments[key]
     for secret in ("hunter2", "abc.def", "xyz123", "aHVudGVy", "pw12345", "4111111111111111",
