@@ -279,6 +279,10 @@ class StreamIn(StrictSerializer):
 
 
 class FinishedIn(ReportIn):
+    """What the run did. `image_digest` and `enforcement` are the runner's report: they
+    go on the run's record only for a run that never started; for a started run the
+    start's record stands and a report that differs is kept in the finished event."""
+
     container_id = exact_char(max_length=100, allow_blank=True, required=False, default="")
     image_digest = exact_char(max_length=100, allow_blank=True, required=False, default="")
     enforcement = _enforcement_field()

@@ -478,10 +478,14 @@ def run_finished_summary(
         "stderr_bytes": err["bytes"],
         "error": audit.mask(error)[:2000],  # the runner's words: masked as its output is
     }
-    if summary.get("enforcement"):
-        changes["enforcement"] = summary["enforcement"]
-    if summary.get("image_digest"):
-        changes["image_digest"] = summary["image_digest"][:100]
+    # What ran and how it was held are the start gate's record (checked there, and in
+    # sandbox.run.started): a finish report cannot rewrite them. Only a run that never
+    # started takes the runner's word for them, and its finished event says so.
+    reported = {
+        "image_digest": (summary.get("image_digest") or "")[:100],
+        "enforcement": summary.get("enforcement") or {},
+    }
+    never_started = {name: value for name, value in reported.items() if value}
     with transaction.atomic():
         run = _claim(
             run_id, SandboxRun.Status.RUNNING, status=SandboxRun.Status.FINISHED, **changes
@@ -489,8 +493,21 @@ def run_finished_summary(
         if run is None:
             # Never started (the backend failed): close it as failed.
             run = _claim(
-                run_id, SandboxRun.Status.REQUESTED, status=SandboxRun.Status.FAILED, **changes
+                run_id,
+                SandboxRun.Status.REQUESTED,
+                status=SandboxRun.Status.FAILED,
+                **changes,
+                **never_started,
             )
+            started_record: dict[str, Any] = never_started
+        else:
+            # A report that disagrees with the start's record is kept beside it, in the
+            # log, never in its place.
+            started_record = {
+                f"reported_{name}": value
+                for name, value in reported.items()
+                if value and value != getattr(run, name)
+            }
         if run is None:
             return None
         _event(
@@ -506,6 +523,7 @@ def run_finished_summary(
             stderr_sha256=err["sha256"],
             stderr_bytes=err["bytes"],
             error=changes["error"][:500],  # masked, as on the run's row
+            **started_record,
         )
     return run
 

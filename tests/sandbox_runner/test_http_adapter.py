@@ -361,6 +361,51 @@ def test_a_run_started_from_another_image_than_the_one_allowed_is_refused(code_e
 
 
 @pytest.mark.django_db
+def test_a_finish_report_cannot_rewrite_which_image_ran_or_how_it_was_held(two_agents):
+    """The start gate checked and recorded the image and the enforcement; a finish report
+    naming others is kept as the runner's claim in the finished event, beside the record,
+    which it does not change."""
+    a, _, run_id, decision_id = two_agents
+    started = _started(decision_id)
+    assert a.post(f"{RUNS}/{run_id}/started", started, format="json").status_code == 200
+    other, weaker = "sha256:" + "9" * 64, {"memory": "none"}
+    body = {**_finished(decision_id), "image_digest": other, "enforcement": weaker}
+    assert a.post(f"{RUNS}/{run_id}/finished", body, format="json").status_code == 200
+    record = run_record(run_id)
+    assert record.status == "finished"
+    assert record.image_digest == started["image_digest"]
+    assert record.enforcement == started["enforcement"]
+    finished = json.loads(AuditEvent.objects.get(event_type=EventType.SANDBOX_RUN_FINISHED).data)
+    assert finished["reported_image_digest"] == other
+    assert finished["reported_enforcement"] == weaker
+    begun = json.loads(AuditEvent.objects.get(event_type=EventType.SANDBOX_RUN_STARTED).data)
+    assert begun["image_digest"] == started["image_digest"]
+
+
+@pytest.mark.django_db
+def test_a_finish_report_that_agrees_with_the_start_adds_nothing_and_a_run_never_started_keeps_it(
+    two_agents,
+):
+    a, _, run_id, decision_id = two_agents
+    started = _started(decision_id)
+    assert a.post(f"{RUNS}/{run_id}/started", started, format="json").status_code == 200
+    body = {**_finished(decision_id), "image_digest": started["image_digest"],
+            "enforcement": started["enforcement"]}  # fmt: skip
+    assert a.post(f"{RUNS}/{run_id}/finished", body, format="json").status_code == 200
+    finished = json.loads(AuditEvent.objects.get(event_type=EventType.SANDBOX_RUN_FINISHED).data)
+    assert not {"reported_image_digest", "reported_enforcement"} & finished.keys()
+    # A run whose backend never started it: the runner's word is all there is, on record.
+    second = str(uuid.uuid4())
+    answer = a.post(RUNS, _ask(second), format="json").json()
+    body = {**_finished(answer["decision_id"]), "image_digest": "sha256:" + "5" * 64}
+    assert a.post(f"{RUNS}/{second}/finished", body, format="json").status_code == 200
+    record = run_record(second)
+    assert record.status == "failed" and record.image_digest == "sha256:" + "5" * 64
+    closed = AuditEvent.objects.filter(event_type=EventType.SANDBOX_RUN_FINISHED).order_by("seq")
+    assert json.loads(closed.last().data)["image_digest"] == "sha256:" + "5" * 64
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("backend", ["docker", "gvisor"])
 def test_an_image_run_without_an_image_id_is_refused_on_record_and_asks_nobody(
     code_exec, irreversible, agent_client, backend
