@@ -218,6 +218,37 @@ def test_the_agent_reports_an_outcome_once(setup):
     assert again.status_code == 409 and again.json()["error"]["code"] == "already_reported"
 
 
+@pytest.mark.parametrize(
+    "digest", ["password=hunter2", "ABCDEF0123456789", "sha256:", "sha256 9f86d081884c", "9f86d08"]
+)
+def test_a_result_digest_that_is_not_a_digest_is_refused_and_nothing_is_written(setup, digest):
+    """The digest goes into the append-only log as sent: only a digest is taken (a secret
+    pasted there would stay in the log for good)."""
+    decision_id = setup["client"].post(URL, body(), format="json").json()["decision_id"]
+    url = f"/api/v1/decisions/{decision_id}/outcome"
+    before = AuditEvent.objects.count()
+    response = setup["client"].post(url, {"outcome": "succeeded", "result_digest": digest},
+                                    format="json")  # fmt: skip
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and "result_digest" in error["fields"]
+    assert "Not a digest" in error["fields"]["result_digest"]
+    assert AuditEvent.objects.count() == before and not DecisionOutcome.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "digest", ["sha256:9f86d081884c7d65", "ab" * 32, "blake2b-256:" + "0" * 64]
+)
+def test_a_result_digest_is_recorded_as_sent(setup, digest):
+    decision_id = setup["client"].post(URL, body(), format="json").json()["decision_id"]
+    url = f"/api/v1/decisions/{decision_id}/outcome"
+    response = setup["client"].post(url, {"outcome": "succeeded", "result_digest": digest},
+                                    format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert json.loads(last_event().data)["result_digest"] == digest
+    assert DecisionOutcome.objects.get(decision_id=decision_id).result_digest == digest
+
+
 def test_only_the_agent_that_received_a_decision_reports_it(setup):
     decision_id = setup["client"].post(URL, body(), format="json").json()["decision_id"]
     url = f"/api/v1/decisions/{decision_id}/outcome"

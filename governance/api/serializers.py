@@ -416,9 +416,28 @@ def decision_out(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# A digest of what the call returned: hex, optionally named by its algorithm
+# ("sha256:9f86d0..."). Nothing else: the field goes into the audit log as sent.
+RESULT_DIGEST = re.compile(r"(?:[a-z0-9][a-z0-9-]{0,19}:)?[0-9a-f]{8,128}")
+
+
+def _is_result_digest(value: str) -> None:
+    if value and not RESULT_DIGEST.fullmatch(value):
+        raise serializers.ValidationError(
+            "Not a digest: lower-case hex (8 to 128 digits), optionally after an "
+            'algorithm name and a colon, e.g. "sha256:9f86d081884c7d65".'
+        )
+
+
 class OutcomeIn(StrictSerializer):
     outcome = serializers.ChoiceField(choices=["succeeded", "failed", "aborted"])
-    result_digest = exact_char(max_length=128, required=False, allow_blank=True)
+    result_digest = exact_char(
+        max_length=128,
+        required=False,
+        allow_blank=True,
+        validators=[_is_result_digest],
+        declared={"pattern": f"^({RESULT_DIGEST.pattern})?$"},
+    )
     excerpt = exact_char(max_length=2000, required=False, allow_blank=True)
 
 

@@ -38,13 +38,16 @@ def outcome_report(
     if decision is None:
         # Someone else's decision looks exactly like a missing one.
         raise NotFound("not_found", "No such decision.")
+    # Validated as a digest by the API; masked all the same, as the excerpt is, since
+    # the log keeps whatever it is given for good.
+    digest = audit.mask(result_digest)
     try:
         with transaction.atomic():
             DecisionOutcome.objects.create(
                 decision_id=uid,
                 agent=agent,
                 outcome=outcome,
-                result_digest=result_digest,
+                result_digest=digest,
                 reported_at=at,
             )
             return audit.append(
@@ -62,7 +65,7 @@ def outcome_report(
                 data={
                     "decision_id": str(uid),
                     "outcome": outcome,
-                    "result_digest": result_digest,
+                    "result_digest": digest,
                     "excerpt": audit.mask(excerpt)[:1000],
                 },
             )
