@@ -289,6 +289,10 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and the docs are public: a caller's credentials are not read there,
+    # so a runner whose token just expired still gets the schema (not a 401 in YAML
+    # or HTML that no error parser reads).
+    "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": "/api/v1",
     # Swagger UI served from this app, not a CDN: the docs work offline and

@@ -39,3 +39,19 @@ def test_the_docs_page_loads_its_assets_from_this_server(client, db):
     sources = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert sources, "the page references its assets"
     assert all(not s.startswith(("http://", "https://", "//")) for s in sources), sources
+
+
+def test_the_schema_and_docs_are_public_whatever_credentials_come_with_the_request(client, db):
+    """Credentials are not read there: a runner whose token just expired (or any bad
+    header) gets the same schema and page as a caller without one, not a 401 rendered
+    as YAML or HTML."""
+    for path in ("/api/v1/schema/", "/api/v1/schema/?format=json", "/api/v1/docs/"):
+        anonymous = client.get(path)
+        assert anonymous.status_code == 200
+        for header in ("Bearer nope", "Bearer agt_00000000_" + "x" * 40, "Basic Zm9vOmJhcg=="):
+            answer = client.get(path, HTTP_AUTHORIZATION=header)
+            assert answer.status_code == 200, (path, header, answer.content[:200])
+            if "schema" in path:  # the docs page carries a fresh nonce each time
+                assert answer.content == anonymous.content
+            else:
+                assert b"swagger-ui" in answer.content

@@ -294,6 +294,33 @@ def test_the_table_covers_every_endpoint_and_method():
     assert served == tabled
 
 
+# Each API GET a caller may use, as that caller (the first one the table lets in).
+READS = [
+    pytest.param(
+        path, next(c for c, st in zip(CALLERS, row.split(), strict=True) if st == "200"), id=path
+    )  # fmt: skip
+    for method, path, _body, row in TABLE
+    if method == "GET" and path not in ("schema/", "docs/")
+]
+
+
+@pytest.mark.parametrize(("path", "caller"), READS)
+def test_a_parameter_an_endpoint_does_not_take_is_refused_not_ignored(
+    client_for, world, path, caller
+):
+    """A misspelled or unsupported filter (`grant-requests?status=pending`) must not
+    be answered with everything, as if it had filtered: 400, naming the parameter."""
+    client = client_for(caller)
+    url = API + path.format(**world)
+    assert client.get(url).status_code == 200
+    before = AuditEvent.objects.count()
+    response = client.get(url, {"sttaus": "pending"})
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and list(error["fields"]) == ["sttaus"]
+    assert AuditEvent.objects.count() == before
+
+
 # --- Object level: another agent's objects do not exist for B -----------------------------
 
 

@@ -106,6 +106,7 @@ class AgentListView(AdminView):
         description=f"Every agent by name (at most {LIST_CAP}).",
     )
     def get(self, request: Request) -> Response:
+        s.no_query(request.query_params)
         return Response(s.AgentOut(_agents().order_by("name")[:LIST_CAP], many=True).data)
 
     @extend_schema(
@@ -144,6 +145,7 @@ class AgentListView(AdminView):
 class AgentDetailView(AdminView):
     @extend_schema(operation_id="agent_get", responses={200: s.AgentDetailOut, **ERRORS})
     def get(self, request: Request, name: str) -> Response:
+        s.no_query(request.query_params)
         agent = _agent(name)
         agent.live_grants = (  # type: ignore[attr-defined]
             selectors.live_grants(timezone.now()).filter(agent=agent).order_by("id")
@@ -213,6 +215,7 @@ class AgentTokensView(AdminView):
         description="The agent's tokens, newest first. Never a digest or a plaintext.",
     )
     def get(self, request: Request, name: str) -> Response:
+        s.no_query(request.query_params)
         agent = _agent(name)
         found = _tokens().filter(agent=agent).order_by("-created_at", "-id")[:LIST_CAP]
         return Response(s.TokenOut(found, many=True).data)
@@ -265,6 +268,7 @@ class ToolListView(AdminView):
         description=f"The inventory by name (at most {LIST_CAP}).",
     )
     def get(self, request: Request) -> Response:
+        s.no_query(request.query_params)
         return Response(s.ToolOut(Tool.objects.order_by("name")[:LIST_CAP], many=True).data)
 
     @extend_schema(
@@ -296,6 +300,7 @@ class ToolDetailView(AdminView):
 
     @extend_schema(operation_id="tool_get", responses={200: s.ToolOut, **ERRORS})
     def get(self, request: Request, name: str) -> Response:
+        s.no_query(request.query_params)
         return Response(s.ToolOut(_get(Tool.objects.all(), "tool", name=name)).data)
 
     @extend_schema(
@@ -355,6 +360,7 @@ class TaskListView(AdminView):
         description=f"Tasks, most recently started first (at most {LIST_CAP}).",
     )
     def get(self, request: Request) -> Response:
+        s.no_query(request.query_params)
         found = _tasks().order_by("-starts_at", "key")[:LIST_CAP]
         return Response(s.TaskOut(found, many=True).data)
 
@@ -387,6 +393,7 @@ class TaskListView(AdminView):
 class TaskDetailView(AdminView):
     @extend_schema(operation_id="task_get", responses={200: s.TaskDetailOut, **ERRORS})
     def get(self, request: Request, key: str) -> Response:
+        s.no_query(request.query_params)
         task = _get(_tasks(), "task", key=key)
         task.bound_grants = _grant_qs().filter(task=task).order_by("id")  # type: ignore[attr-defined]
         return Response(s.TaskDetailOut(task).data)
@@ -449,6 +456,7 @@ class GrantListView(AdminView):
 class GrantDetailView(AdminView):
     @extend_schema(operation_id="grant_get", responses={200: s.GrantDetailOut, **ERRORS})
     def get(self, request: Request, grant_id: int) -> Response:
+        s.no_query(request.query_params)
         return Response(s.GrantDetailOut(_grant(grant_id)).data)
 
 
@@ -545,6 +553,7 @@ class ConfirmationPolicyListView(APIView):
         description=f"Confirmation policies, newest first (at most {LIST_CAP}).",
     )
     def get(self, request: Request) -> Response:
+        s.no_query(request.query_params)
         return Response(s.ConfirmationPolicyOut(_policies()[:LIST_CAP], many=True).data)
 
     @extend_schema(

@@ -41,6 +41,7 @@ from governance.api.serializers import (
     StrictNumberField,
     StrictSerializer,
     exact_char,
+    no_query,
 )
 from governance.api.views import ERRORS, limit
 from governance.errors import Conflict, GovernanceError, NotFound
@@ -520,6 +521,7 @@ class SandboxLiveView(APIView):
         ),
     )
     def get(self, request: Request, run_id: Any) -> Response:
+        no_query(request.query_params)
         # Not rate-limited: the agent holds the same token, and could otherwise spend
         # its own limit so that the runner's question gets a 429 (no answer, so the run
         # goes on) and a revocation never reaches its sandbox.

@@ -657,6 +657,14 @@ class EmptyIn(StrictSerializer):
     """A POST that takes no body: anything sent is refused, not ignored."""
 
 
+def no_query(query: QueryDict) -> None:
+    """A GET that takes no parameters refuses any (400, each named), as the grants
+    list refuses a filter it does not know: a misspelled or unsupported filter must
+    never be answered with everything."""
+    if query:
+        EmptyIn(data=query).is_valid(raise_exception=True)
+
+
 class AgentIn(StrictSerializer):
     name = exact_char(max_length=100, declared={"pattern": NAME_PATTERN})
     owner = exact_char(max_length=150, help_text="Username of the accountable human")

@@ -189,6 +189,7 @@ def _get(qs: QuerySet[Any], what: str, **lookup: Any) -> Any:
 class ApprovalDetailView(APIView):
     @extend_schema(operation_id="approval_get", responses={200: s.ApprovalOut, **ERRORS})
     def get(self, request: Request, approval_id: str) -> Response:
+        s.no_query(request.query_params)
         approval = _get(_visible_approvals(request), "approval", pk=approval_id)
         return Response(s.ApprovalOut(approval).data)
 
@@ -248,6 +249,7 @@ class GrantRequestListView(APIView):
         operation_id="grant_requests_list", responses={200: s.GrantOut(many=True), **ERRORS}
     )
     def get(self, request: Request) -> Response:
+        s.no_query(request.query_params)
         qs = _visible_requests(request).order_by("-id")[:500]
         return Response(s.GrantOut(qs, many=True).data)
 
@@ -319,6 +321,7 @@ class GrantRequestListView(APIView):
 class GrantRequestDetailView(APIView):
     @extend_schema(operation_id="grant_request_get", responses={200: s.GrantOut, **ERRORS})
     def get(self, request: Request, grant_id: int) -> Response:
+        s.no_query(request.query_params)
         return Response(s.GrantOut(_get(_visible_requests(request), "request", pk=grant_id)).data)
 
 
@@ -396,6 +399,7 @@ class MeView(APIView):
 
     @extend_schema(operation_id="me", responses={200: s.MeOut, **ERRORS})
     def get(self, request: Request) -> Response:
+        s.no_query(request.query_params)
         agent = request.user.agent
         live = selectors.live_grants(timezone.now()).filter(agent=agent).order_by("id")
         body = {
