@@ -177,7 +177,7 @@ KEY_VALUE = re.compile(
 # `--auth-method`, `max_tokens` and `AUTH-1234` name things an approver must see.
 TEXT_SECRET_LAST_WORDS = frozenset(
     "password passwd pwd passphrase passcode secret token credential credentials cookie "
-    "authorization apikey creds pin".split()
+    "authorization apikey creds pin pass".split()
 )
 TEXT_SECRET_LAST_TWO = frozenset(
     "apikey accesskey secretkey privatekey privkey signingkey accountkey sshkey hmackey "
@@ -495,6 +495,20 @@ def _mask_argv(argv: list[str], masked: list[Any]) -> None:
         programs.add(arg.rsplit("/", 1)[-1])
 
 
+_NAME_KEYS = ("name", "Name", "key", "Key")
+_VALUE_KEYS = ("value", "Value")
+
+
+def _mask_named_value(value: Mapping[Any, Any], out: dict[str, Any]) -> None:
+    """A pair spelled as an entry, `{"name": "DB_PASSWORD", "value": "x"}` (a Kubernetes
+    env entry, a HAR header, an AWS tag): its value goes when its name is a secret's."""
+    names = [value[k] for k in _NAME_KEYS if isinstance(value.get(k), str)]
+    if any(secret_key_name(n) for n in names):
+        for k in _VALUE_KEYS:
+            if k in out:
+                out[k] = "[masked]"
+
+
 def mask(value: Any, depth: int = 0) -> Any:
     """Secrets and obvious PII out, structure kept, for storage and display."""
     if depth > 20:
@@ -511,6 +525,7 @@ def mask(value: Any, depth: int = 0) -> Any:
                 alike[masked_key] = alike.get(masked_key, 1) + 1
                 key = f"{masked_key} #{alike[masked_key]}"
             out[key] = "[masked]" if secret_key_name(name) else mask(v, depth + 1)
+        _mask_named_value(value, out)
         return out
     if isinstance(value, list | tuple):
         masked = [mask(v, depth + 1) for v in value]

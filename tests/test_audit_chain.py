@@ -1565,6 +1565,64 @@ def test_more_secrets_and_pii_are_masked(chain, arguments, secret):
     assert secret not in _stored(arguments)
 
 
+def test_a_pass_named_in_text_is_masked_and_its_look_alikes_are_not(chain):
+    """`pass` was a secret's name as a key (`db_pass`) but not in text: DB_PASS=x,
+    --pass=x and `smtp_pass: x` went into the log as written."""
+    arguments = {
+        "env": "DB_PASS=hunter2 SMTP_PASS=hunter3 ./migrate",
+        "cmd": "login --pass=hunter4 --user ci",
+        "yaml": "db_pass: hunter5",
+        "flags": "bypass=1 compass=north passes=3",
+    }
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    assert result.allowed
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    stored = json.loads(event.arguments)
+    assert stored["env"] == "DB_PASS=[secret] SMTP_PASS=[secret] ./migrate"
+    assert stored["cmd"] == "login --pass=[secret] --user ci"
+    assert stored["yaml"] == "db_pass: [secret]"
+    assert stored["flags"] == arguments["flags"]
+    assert "hunter" not in event.arguments
+    assert event.arguments_hash == audit.arguments_digest(arguments)
+
+
+def test_a_pair_spelled_as_name_and_value_entries_masks_a_secret_value(chain):
+    """A Kubernetes env list, a HAR header list, AWS tags: the secret's name is a value
+    under `name`/`key`, so the key check never saw it and its `value` was logged."""
+    arguments = {
+        "env": [
+            {"name": "DB_PASSWORD", "value": "hunter2"},
+            {"name": "LOG_LEVEL", "value": "debug"},
+        ],
+        "headers": [
+            {"name": "X-Api-Token", "value": "hunter3"},
+            {"name": "Accept", "value": "application/json"},
+        ],
+        "tags": [{"Key": "SigningKey", "Value": "hunter4"}, {"Key": "team", "Value": "ops"}],
+    }
+    result = access.access_check(
+        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
+    )
+    event = AuditEvent.objects.get(uid=result.decision_id)
+    stored = json.loads(event.arguments)
+    assert stored["env"] == [
+        {"name": "DB_PASSWORD", "value": "[masked]"},
+        {"name": "LOG_LEVEL", "value": "debug"},
+    ]
+    assert stored["headers"] == [
+        {"name": "X-Api-Token", "value": "[masked]"},
+        {"name": "Accept", "value": "application/json"},
+    ]
+    assert stored["tags"] == [
+        {"Key": "SigningKey", "Value": "[masked]"},
+        {"Key": "team", "Value": "ops"},
+    ]
+    assert "hunter" not in event.arguments
+    assert event.arguments_hash == audit.arguments_digest(arguments)
+
+
 def test_masking_keys_keeps_ordinary_keys_and_every_entry(chain):
     stored = json.loads(
         _stored(
