@@ -1574,18 +1574,13 @@ def test_a_pass_named_in_text_is_masked_and_its_look_alikes_are_not(chain):
         "yaml": "db_pass: hunter5",
         "flags": "bypass=1 compass=north passes=3",
     }
-    result = access.access_check(
-        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
-    )
-    assert result.allowed
-    event = AuditEvent.objects.get(uid=result.decision_id)
-    stored = json.loads(event.arguments)
+    raw = _stored(arguments)
+    stored = json.loads(raw)
     assert stored["env"] == "DB_PASS=[secret] SMTP_PASS=[secret] ./migrate"
     assert stored["cmd"] == "login --pass=[secret] --user ci"
     assert stored["yaml"] == "db_pass: [secret]"
     assert stored["flags"] == arguments["flags"]
-    assert "hunter" not in event.arguments
-    assert event.arguments_hash == audit.arguments_digest(arguments)
+    assert "hunter" not in raw
 
 
 def test_a_pair_spelled_as_name_and_value_entries_masks_a_secret_value(chain):
@@ -1602,11 +1597,8 @@ def test_a_pair_spelled_as_name_and_value_entries_masks_a_secret_value(chain):
         ],
         "tags": [{"Key": "SigningKey", "Value": "hunter4"}, {"Key": "team", "Value": "ops"}],
     }
-    result = access.access_check(
-        agent="bot", tool="repo", action="read", scope="repo:acme/1", at=NOW, arguments=arguments
-    )
-    event = AuditEvent.objects.get(uid=result.decision_id)
-    stored = json.loads(event.arguments)
+    raw = _stored(arguments)
+    stored = json.loads(raw)
     assert stored["env"] == [
         {"name": "DB_PASSWORD", "value": "[masked]"},
         {"name": "LOG_LEVEL", "value": "debug"},
@@ -1619,8 +1611,7 @@ def test_a_pair_spelled_as_name_and_value_entries_masks_a_secret_value(chain):
         {"Key": "SigningKey", "Value": "[masked]"},
         {"Key": "team", "Value": "ops"},
     ]
-    assert "hunter" not in event.arguments
-    assert event.arguments_hash == audit.arguments_digest(arguments)
+    assert "hunter" not in raw
 
 
 def test_masking_keys_keeps_ordinary_keys_and_every_entry(chain):
