@@ -21,8 +21,11 @@ and every read), so a server dripping its answer cannot hold a call open.
 
 `async def` tools are awaited inside the check (the question is asked in a
 thread, off the event loop); generator functions are refused when decorated
-(or, under another decorator, when called, before their body starts), since
-their body would run after the check, outside it.
+(also under decorators made with functools.wraps), since their body would run
+after the check, outside it. A generator a call returns anyway (under a decorator
+that hides what it wraps, or the lazy rest of a function that did some work) is
+handed back followed: its outcome is reported when it ends (succeeded, failed),
+or as aborted when it is closed or dropped first, never before it ran.
 """
 
 from __future__ import annotations
@@ -58,6 +61,17 @@ API_PREFIX = "/api/v1"
 # A decision is a few hundred bytes; anything far larger is not one.
 MAX_BODY_BYTES = 1 << 20
 VERDICTS = ("allow", "deny", "approval_required")
+# What the service's decision body (DecisionOut) always carries.
+DECISION_FIELDS = (
+    "decision",
+    "reason",
+    "message",
+    "decision_id",
+    "grant",
+    "approval",
+    "expires_at",
+    "break_glass",
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,6 +92,7 @@ class Decision:
     expires_at: str | None = None
     break_glass: bool = False
     status: int | None = None  # the HTTP status; None when no answer arrived
+    retry_after: int | None = None  # seconds, from a 429's (or any answer's) Retry-After
 
     @property
     def allowed(self) -> bool:
@@ -288,11 +303,11 @@ def _retry_after(headers: Any) -> int | None:
         return int(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0, math.ceil((when - datetime.now(UTC)).total_seconds()))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return max(0, math.ceil((when - datetime.now(UTC)).total_seconds()))
+    except Exception:  # ValueError, IndexError, OverflowError ("...99999999999:00:00 GMT")
+        return None  # a header the client cannot read is no hint, never an exception
 
 
 def _loopback(host: str) -> bool:
@@ -467,11 +482,16 @@ class GovernanceClient:
                 payload["arguments"] = json.loads(json.dumps(sendable, allow_nan=False))
             except Exception as exc:  # also RecursionError (nested deep), a repr that raises
                 return _deny("invalid_request", f"arguments cannot be sent as JSON: {_name(exc)}")
-        answer = self._call("POST", "/authorize", payload)
+        answer = None
         try:
-            return self._decision(answer)
+            answer = self._call("POST", "/authorize", payload)
+            decision = self._decision(answer)
+            if answer.retry_after is not None:
+                decision = replace(decision, retry_after=answer.retry_after)
+            return decision
         except Exception as exc:  # a shape nothing above foresaw is still only a denial
-            return _deny("error", f"unusable answer: {_name(exc)}", answer.status)
+            status = answer.status if answer is not None else None
+            return _deny("error", f"unusable answer: {_name(exc)}", status)
 
     @staticmethod
     def _decision(answer: _Answer) -> Decision:
@@ -574,7 +594,13 @@ class GovernanceClient:
         """
 
         def decorate(fn: F) -> F:
-            if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            try:
+                inner = inspect.unwrap(fn)  # through decorators made with functools.wraps
+            except ValueError:  # a __wrapped__ cycle
+                inner = fn
+            if any(
+                inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f) for f in (fn, inner)
+            ):
                 # Calling one only makes a generator: the body would run later, as it is
                 # iterated, after the check and outside it, with "succeeded" already sent.
                 raise TypeError(
@@ -636,6 +662,46 @@ class GovernanceClient:
                     raise
                 return await settle(decision_id, pending)
 
+            def followed(decision_id: str, result: Any) -> Any:
+                """The returned generator, reported once when it ends: succeeded when run
+                out, failed when it raises, aborted when closed or dropped before."""
+                reported: list[str] = []
+
+                def report(outcome: str, **kw: Any) -> None:
+                    if not reported:
+                        reported.append(outcome)
+                        self._report_quietly(decision_id, outcome, **kw)
+
+                def ended(exc: BaseException) -> tuple[str, str]:
+                    if isinstance(exc, GeneratorExit):
+                        return "aborted", "closed before its end"
+                    return "failed", type(exc).__name__
+
+                def follow() -> Any:
+                    try:
+                        value = yield from result
+                    except BaseException as exc:
+                        outcome, excerpt = ended(exc)
+                        report(outcome, excerpt=excerpt)
+                        raise
+                    report("succeeded", result_digest=_digest(value))
+                    return value
+
+                async def afollow() -> Any:
+                    try:
+                        async for item in result:
+                            yield item
+                    except BaseException as exc:
+                        outcome, excerpt = ended(exc)
+                        await asyncio.to_thread(report, outcome, excerpt=excerpt)
+                        raise
+                    await asyncio.to_thread(report, "succeeded")
+
+                wrapper = follow() if inspect.isgenerator(result) else afollow()
+                # Dropped before its first step, its body never runs: report that too.
+                weakref.finalize(wrapper, report, "aborted", excerpt="dropped before its end")
+                return wrapper
+
             def run(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 decision_id = ask(approval, args, kwargs)
                 try:
@@ -650,18 +716,11 @@ class GovernanceClient:
                     # Task or Future the tool started is returned as it is, reported now.)
                     return settle(decision_id, result)
                 if inspect.isgenerator(result) or inspect.isasyncgen(result):
-                    # A generator function under another decorator (refused above only
-                    # when it looks like one): its body has not started, and would run
-                    # later, as it is iterated, outside the check and after any report.
-                    # Refused now, before any of it runs, as it is when decorated.
-                    if inspect.isgenerator(result):
-                        result.close()  # not started: closing runs none of its body
-                    self._report_quietly(decision_id, "aborted", excerpt="generator refused")
-                    raise TypeError(
-                        f"guarded() cannot run {getattr(fn, '__qualname__', fn)!r}: it "
-                        "returned a generator, whose body would run outside the check; "
-                        "guard a function that does the work"
-                    )
+                    # A generator function no decorator owned up to (no __wrapped__),
+                    # or a function that did some work and returned a lazy rest: either
+                    # way part of the call runs as it is iterated. Its report follows
+                    # its end, as an async tool's follows its await.
+                    return followed(decision_id, result)
                 self._report_quietly(decision_id, "succeeded", result_digest=_digest(result))
                 return result
 
@@ -769,6 +828,10 @@ def _parse_decision(body: Mapping[str, Any], status: int) -> Decision | None:
     if not (approval is None or isinstance(approval, str)):
         return None
     if not (expires_at is None or isinstance(expires_at, str)) or not isinstance(break_glass, bool):
+        return None
+    # Only a whole decision can allow or ask: a body missing any field the schema
+    # requires (DecisionOut) is not one, whatever its verdict says.
+    if verdict != "deny" and any(name not in body for name in DECISION_FIELDS):
         return None
     # An allow must be reportable, an approval request must be pollable.
     if verdict == "allow" and not decision_id:

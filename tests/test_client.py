@@ -8,6 +8,7 @@ failure must come out as a denial, and the guarded function must not run.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import http.server
 import inspect
@@ -377,6 +378,12 @@ ALLOW = {
         pytest.param(200, b"", "error", id="200-empty"),
         pytest.param(200, ["allow"], "error", id="200-a-list"),
         pytest.param(200, {"decision": "allow"}, "error", id="200-allow-without-fields"),
+        pytest.param(
+            200,
+            {k: ALLOW[k] for k in ("decision", "reason", "message", "decision_id")},
+            "error",
+            id="200-allow-missing-fields-the-schema-requires",
+        ),
         pytest.param(200, {**ALLOW, "decision": "ALLOW"}, "error", id="200-unknown-verdict"),
         pytest.param(200, {**ALLOW, "decision_id": None}, "error", id="200-allow-no-id"),
         pytest.param(200, {**ALLOW, "grant": "1"}, "error", id="200-wrongly-typed"),
@@ -403,6 +410,33 @@ def test_anything_but_a_clean_200_allow_is_a_denial(stub, status, body, reason):
     stub.answer(status, body)
     assert_denied(GovernanceClient(stub.url, "t"), reason)
     assert len(stub.requests) == 1  # asked once, never reported an outcome
+
+
+# A date the parser overflows on (OverflowError, which escaped the client).
+UNREADABLE_RETRY_AFTER = "Mon, 01 Jan 2020 99999999999999999999:00:00 GMT"
+
+
+def test_a_rate_limited_decision_says_when_to_retry_and_a_bad_header_is_no_exception(stub):
+    limited = {"error": {"code": "rate_limited", "message": "slow down"}}
+    client = GovernanceClient(stub.url, "t")
+    stub.answer(429, limited, **{"Retry-After": "17"})
+    decision = client.authorize("repo", "read", "repo:acme/x")
+    assert (decision.decision, decision.reason, decision.retry_after) == (
+        "deny",
+        "rate_limited",
+        17,
+    )
+    for status, body in ((429, limited), (200, ALLOW)):
+        stub.answer(status, body, **{"Retry-After": UNREADABLE_RETRY_AFTER})
+        decision = client.authorize("repo", "read", "repo:acme/x")  # never raises
+        assert decision.retry_after is None
+        assert decision.decision == ("deny" if status == 429 else "allow")
+    stub.answer(429, limited, **{"Retry-After": UNREADABLE_RETRY_AFTER})
+    denied = assert_denied(client, "rate_limited")  # AccessDenied, not OverflowError
+    assert denied.decision.status == 429
+    with pytest.raises(GovernanceClientError) as caught:
+        client.request_grant("repo", ["read"], "repo:x", 60, "why")
+    assert (caught.value.code, caught.value.retry_after) == ("rate_limited", None)
 
 
 def test_an_allow_that_does_not_say_it_is_json_is_a_denial(stub):
@@ -847,36 +881,108 @@ def test_a_task_a_sync_tool_starts_is_returned_as_it_is(stub):
     assert asyncio.run(main()) == "done" and outcomes(stub) == ["succeeded"]
 
 
-def test_a_generator_tool_under_another_decorator_is_refused_when_called(world):
-    """A generator function under another decorator does not look like one when it is
-    decorated, so the refusal above missed it: the call returned the generator, was
-    reported "succeeded" before its body ran, and the body then ran later, outside
-    the check, with a failure never reported. Nothing has run when the generator is
-    returned: the call is refused then, and its decision reported "aborted"."""
-    ran: list[str] = []
+def test_a_generator_tool_under_another_decorator_is_refused_when_decorated(stub):
+    """A generator function under a decorator made with functools.wraps is seen
+    through: refused before anything is asked or run, as a bare one is."""
+    guard = GovernanceClient(stub.url, "t").guarded(tool="repo", action="read", scope="x")
+
+    @_passthrough
+    def lines(p: str) -> Iterator[str]:
+        yield p
+
+    @_passthrough
+    async def async_lines(p: str) -> Any:
+        yield p
+
+    for fn in (lines, async_lines):
+        with pytest.raises(TypeError, match="generator"):
+            guard(fn)
+    assert stub.requests == []
+
+
+def _opaque(fn: Any) -> Any:
+    """A decorator that does not say what it wraps (no functools.wraps)."""
+    return lambda *args, **kwargs: fn(*args, **kwargs)
+
+
+def _reported(world_events: list[AuditEvent]) -> list[tuple[str, str]]:
+    return [
+        (json.loads(e.data)["decision_id"], json.loads(e.data)["outcome"]) for e in world_events
+    ]
+
+
+def test_a_returned_generator_is_reported_when_it_ends_not_before(world):
+    """A generator no decorator owns up to, or a function that did work and returned a
+    lazy rest: part of the call runs as it is iterated, so its outcome is reported when
+    the iteration ends (succeeded, failed), or "aborted" when it is closed or dropped
+    first. It used to be refused after the work was done: reported "aborted" with a
+    TypeError inviting a retry that would do it twice."""
+    guard = world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
+    fetched: list[str] = []
+
+    @guard
+    def fetch_all(paths: list[str]) -> Iterator[str]:
+        fetched.extend(paths)  # the work, done now
+        return (p for p in paths)  # and a lazy view of it
+
+    @guard
+    @_opaque
+    def lines(fail: bool) -> Iterator[str]:
+        yield "x"
+        if fail:
+            raise RuntimeError("the read failed half-way")
+        yield "y"
+
+    assert list(fetch_all(["a", "b"])) == ["a", "b"] and fetched == ["a", "b"]
+    assert len(events("access.outcome")) == 1
+    gen = lines(False)
+    assert len(events("access.outcome")) == 1  # not run yet: not reported yet
+    assert list(gen) == ["x", "y"]
+    with pytest.raises(RuntimeError, match="half-way"):
+        list(lines(True))
+    started = lines(False)
+    assert next(started) == "x"
+    started.close()
+    lines(False)  # dropped before its first step (CPython frees it at once)
+    gc.collect()
+    allowed = events("access.allowed")
+    assert _reported(events("access.outcome")) == [
+        (str(e.uid), outcome)
+        for e, outcome in zip(
+            allowed, ["succeeded", "succeeded", "failed", "aborted", "aborted"], strict=True
+        )
+    ]
+    assert [o.outcome for o in DecisionOutcome.objects.order_by("id")] == [
+        "succeeded",
+        "succeeded",
+        "failed",
+        "aborted",
+        "aborted",
+    ]
+
+
+def test_a_returned_async_generator_is_reported_when_it_ends(world):
+    import asyncio
+
     guard = world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
 
     @guard
-    @_passthrough
-    def lines(p: str) -> Iterator[str]:
-        ran.append(p)
+    @_opaque
+    async def lines(fail: bool) -> Any:
         yield "x"
-        raise RuntimeError("the read failed half-way")
+        if fail:
+            raise RuntimeError("the read failed half-way")
 
-    @guard
-    @_passthrough
-    async def async_lines(p: str) -> Any:
-        ran.append(p)
-        yield "x"
+    async def main() -> list[str]:
+        got = [item async for item in await asyncio.to_thread(lines, False)]
+        with pytest.raises(RuntimeError, match="half-way"):
+            async for _ in await asyncio.to_thread(lines, True):
+                pass
+        return got
 
-    for tool in (lines, async_lines):
-        with pytest.raises(TypeError, match="generator"):
-            tool("a.py")
-    assert ran == []
+    assert asyncio.run(main()) == ["x"]
     allowed = events("access.allowed")
-    assert [e.decision for e in allowed] == ["allow", "allow"]
-    reported = [json.loads(e.data) for e in events("access.outcome")]
-    assert [(r["decision_id"], r["outcome"]) for r in reported] == [
-        (str(e.uid), "aborted") for e in allowed
+    assert _reported(events("access.outcome")) == [
+        (str(allowed[0].uid), "succeeded"),
+        (str(allowed[1].uid), "failed"),
     ]
-    assert {o.outcome for o in DecisionOutcome.objects.all()} == {"aborted"}
