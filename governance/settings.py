@@ -334,6 +334,8 @@ RATE_LIMITS = {
     "authorize": env_int("RATE_LIMIT_AUTHORIZE_PER_MINUTE", 6000, minimum=1),
     "grant_request": env_int("RATE_LIMIT_GRANT_REQUESTS_PER_MINUTE", 30, minimum=1),
     "approval": env_int("RATE_LIMIT_APPROVALS_PER_MINUTE", 60, minimum=1),
+    # A sandbox's egress attempts, reported by its runner (the token's other budget).
+    "sandbox_egress": env_int("RATE_LIMIT_SANDBOX_EGRESS_PER_MINUTE", 6000, minimum=1),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

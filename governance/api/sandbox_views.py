@@ -428,7 +428,9 @@ class SandboxStartedView(APIView):
         description="The allowed run's sandbox is up. Once per run, yours only.",
     )
     def post(self, request: Request, run_id: Any) -> Response:
-        limit(request, "authorize", fail_closed=False)
+        # Not counted: accepted once per run, and the run was counted when it was
+        # asked for. An agent that spends its /authorize budget must not leave its
+        # runs without their start and end on the record.
         body = StartedIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -461,7 +463,7 @@ class SandboxFinishedView(APIView):
         ),
     )
     def post(self, request: Request, run_id: Any) -> Response:
-        limit(request, "authorize", fail_closed=False)
+        # Not counted: accepted once per run (see SandboxStartedView).
         body = FinishedIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = dict(body.validated_data)
@@ -485,7 +487,9 @@ class SandboxEgressView(APIView):
         description="One connection attempt through the run's egress proxy, allowed or denied.",
     )
     def post(self, request: Request, run_id: Any) -> Response:
-        limit(request, "authorize", fail_closed=False)
+        # Its own budget: an agent spending its /authorize one does not silence the
+        # record of its sandbox's connections. Spent, the runner stops the sandbox.
+        limit(request, "sandbox_egress", fail_closed=False)
         body = EgressIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data

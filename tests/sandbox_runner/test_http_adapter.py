@@ -591,6 +591,36 @@ def test_an_agent_that_spends_its_rate_limit_cannot_silence_the_kill_switch(two_
     assert answer.json() == {"run_id": run_id, "live": False, "reason": "grant_revoked"}
 
 
+@pytest.mark.django_db
+def test_an_agent_that_spends_its_rate_limit_cannot_keep_its_run_off_the_record(
+    two_agents, settings
+):
+    """The runner and the agent share a token. The reports of a run allowed before the
+    agent spent its /authorize budget were counted in it, so the run's start, egress
+    and end were refused 429 and never recorded. Started and finished are accepted
+    once per run, uncounted; egress attempts have their own budget."""
+    a, _b, run_id, decision_id = two_agents
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "authorize": 1, "sandbox_egress": 2}
+    ask = {"tool": "code-exec", "action": "execute", "scope": "sandbox:x"}
+    while a.post("/api/v1/authorize", ask, format="json").status_code != 429:
+        pass
+    assert a.post(RUNS, _ask(str(uuid.uuid4())), format="json").status_code == 429
+    before = AuditEvent.objects.count()
+    started = a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json")
+    assert started.status_code == 200, started.content
+    egress = [a.post(f"{RUNS}/{run_id}/egress", _egress(decision_id), format="json")
+              for _ in range(3)]  # fmt: skip
+    assert [answer.status_code for answer in egress] == [201, 201, 429]
+    assert egress[2].json()["error"]["code"] == "rate_limited" and egress[2]["Retry-After"]
+    done = a.post(f"{RUNS}/{run_id}/finished", _finished(decision_id), format="json")
+    assert done.status_code == 200 and done.json()["status"] == "finished"
+    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started",
+                                 "sandbox.egress.denied", "sandbox.egress.denied",
+                                 "sandbox.run.finished"]  # fmt: skip
+    assert AuditEvent.objects.count() == before + 4
+    assert run_record(run_id).status == "finished"
+
+
 def _remote_run_stopped_by(live_server, code_exec, spec_for, alice, kill) -> tuple[Any, Any, float]:
     """A bubblewrap run through HttpAuthorizer; `kill(run_id)` once it has started."""
     import io
