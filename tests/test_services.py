@@ -9,12 +9,13 @@ import sys
 from datetime import datetime, timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from governance.audit import Actor
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, AuditEvent, Grant
-from governance.services import access, agents, grants, tasks, tools
+from governance.services import access, agents, approvals, grants, tasks, tools
 from tests.conftest import MS, NOW, last_event
 
 
@@ -123,6 +124,24 @@ def test_a_request_is_decided_once(bot, repo, alice, bob):
     with pytest.raises(Conflict):
         grants.grant_approve(grant_id=grant.pk, approver=bob, actor=Actor.user(bob), at=NOW)
     assert Grant.objects.get(pk=grant.pk).status == "denied"
+
+
+def test_only_someone_who_could_approve_a_request_is_named_as_its_denier(bot, repo, alice, bob):
+    """The owner (alice) turning down a request bob filed for her agent was recorded
+    as its independent decider (approved_by), though she may not approve it: her
+    denial is a withdrawal, named by its event only, as the requester's own is."""
+    carol = User.objects.create_user("carol")
+    decided = []
+    for denier, filer in ((alice, bob), (bob, bob), (carol, bob)):
+        grant = request(bot, repo, filer, actor=Actor.user(filer))
+        grants.grant_deny(
+            grant_id=grant.pk, approver=denier, reason="no", actor=Actor.user(denier), at=NOW
+        )
+        grant.refresh_from_db()
+        event = last_event()
+        assert (event.event_type, event.actor) == ("grant.denied", f"user:{denier.username}")
+        decided.append((grant.status, grant.approved_by))
+    assert decided == [("denied", None), ("denied", None), ("denied", carol)]
 
 
 def test_approval_holds_the_maximum_lifetime_in_force_then(bot, repo, alice, bob, settings):
@@ -799,6 +818,30 @@ def test_a_subagent_gets_no_grant_of_its_own_only_delegations(make_agent, repo, 
         grants.grant_approve(grant_id=filed.pk, approver=bob, actor=system, at=NOW)
     assert refused.value.code == "subagent_needs_delegation"
     assert Grant.objects.get(pk=filed.pk).status == "pending"
+    assert last_event().seq == seq
+
+
+def test_an_approval_past_its_expiry_says_so_when_decided(bot, repo, make_grant, bob, system):
+    """Still pending (the expiry job has not run) but past expires_at: the 409 said "The
+    approval is pending, not pending.\""""
+    from governance.models import Approval
+
+    make_grant(bot, repo, ("read", "delete"), "repo:acme/*")
+    asked = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/x", at=NOW
+    )
+    expires_at = Approval.objects.get(pk=asked.approval_id).expires_at
+    seq = last_event().seq
+    for decide in (approvals.approval_approve, approvals.approval_deny):
+        with pytest.raises(Conflict) as refused:
+            decide(approval_id=asked.approval_id, approver=bob, reason="r", actor=system,
+                   at=expires_at)  # fmt: skip
+        assert refused.value.code == "not_pending"
+        assert str(refused.value.message) == (
+            f"The approval expired at {expires_at.isoformat()}: nothing to decide; the agent "
+            "must ask again."
+        )
+    assert Approval.objects.get(pk=asked.approval_id).status == "pending"
     assert last_event().seq == seq
 
 

@@ -96,8 +96,14 @@ def _decide(
             .select_related("agent", "tool", "grant", "task")
             .get(pk=approval_id)
         )
-        if approval.status != Approval.Status.PENDING or approval.expires_at <= at:
+        if approval.status != Approval.Status.PENDING:
             raise Conflict("not_pending", f"The approval is {approval.status}, not pending.")
+        if approval.expires_at <= at:  # the expiry job has not closed it yet
+            raise Conflict(
+                "not_pending",
+                f"The approval expired at {approval.expires_at.isoformat()}: nothing to "
+                "decide; the agent must ask again.",
+            )
         # Nobody with a stake in the call confirms it (separation of duties).
         # Whoever could act as the agent when the call was asked counts too.
         if approver.pk in stakeholders(approval.agent, approval.grant, at=approval.requested_at):

@@ -445,7 +445,13 @@ def grant_deny(
     with transaction.atomic():
         grant = _lock_pending(grant_id, at)
         grant.status = Grant.Status.DENIED
-        grant.approved_by = approver if approver.pk != grant.requested_by_id else None
+        # Anyone may turn a request down, but only someone who could have approved it
+        # is named as its decider: the requester's or a stakeholder's (the agent's
+        # owner's) denial is a withdrawal, named by its event's actor only.
+        interested = approver.pk == grant.requested_by_id or approver.pk in stakeholders(
+            grant.agent, grant, at=grant.created_at
+        )
+        grant.approved_by = None if interested else approver
         grant.decided_at = at
         grant.decision_reason = reason
         grant.save()
