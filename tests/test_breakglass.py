@@ -760,6 +760,7 @@ def test_every_event_about_a_call_under_break_glass_is_flagged(setup, open_bg):
     """The approval a destructive call under break-glass needed was recorded unflagged:
     filtering the log on the flag missed who confirmed calls during the incident."""
     from governance.services.approvals import approval_approve
+    from governance.services.outcomes import outcome_report
 
     bg = open_bg(actions=["read", "delete"])
     first = access_check(**ask(NOW + timedelta(minutes=1), "delete"))
@@ -771,8 +772,13 @@ def test_every_event_about_a_call_under_break_glass_is_flagged(setup, open_bg):
     )  # fmt: skip
     used = access_check(approval=first.approval_id, **ask(NOW + timedelta(minutes=3), "delete"))
     assert used.allowed and AuditEvent.objects.get(uid=used.decision_id).break_glass
+    # And what the call did (the outcome was logged unflagged too).
+    outcome_report(
+        agent=setup["agent"], decision_id=used.decision_id, outcome="succeeded",
+        at=NOW + timedelta(minutes=4),
+    )  # fmt: skip
     about = AuditEvent.objects.filter(grant_id=bg.grant_id)
-    assert {"access.approval_required", "approval.approved"} <= set(
+    assert {"access.approval_required", "approval.approved", "access.outcome"} <= set(
         about.values_list("event_type", flat=True)
     )
     assert [e.event_type for e in about if not e.break_glass] == []

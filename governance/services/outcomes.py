@@ -62,6 +62,7 @@ def outcome_report(
                 decision=decision.decision,
                 reason=decision.reason,
                 grant_id=decision.grant_id,
+                break_glass=decision.break_glass,  # every event about the call says so
                 data={
                     "decision_id": str(uid),
                     "outcome": outcome,
