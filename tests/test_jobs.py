@@ -555,9 +555,7 @@ def test_catch_up_dates_an_undecided_request_and_an_ended_task_when_they_ended(
         actor=system,
         at=NOW,
     )
-    # auto_now_add stamps the wall clock; pin it to the test's clock so the test
-    # does not start failing once the real date passes NOW + 7 days.
-    Grant.objects.filter(pk=request.pk).update(created_at=NOW)
+    assert request.created_at == NOW  # the service's clock, not the wall clock
     task = make_task("OPS-2", ends_at=NOW + timedelta(hours=1))
     hygiene.expire_due(actor=system, at=NOW + timedelta(days=10))
     request.refresh_from_db()

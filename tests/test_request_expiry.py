@@ -27,7 +27,7 @@ def events(event_type: str, **filters: object) -> list[AuditEvent]:
 
 @pytest.fixture
 def request_at(make_agent, make_tool, alice, system):
-    """A pending request whose created_at is set (auto_now_add ignores what we pass)."""
+    """A pending request made at `created_at` (the service's clock, which it keeps)."""
     agent, tool = make_agent(), make_tool()
 
     def make(created_at: datetime, scope: str = "repo:acme/api/*") -> Grant:
@@ -42,8 +42,7 @@ def request_at(make_agent, make_tool, alice, system):
             actor=system,
             at=created_at,
         )
-        Grant.objects.filter(pk=grant.pk).update(created_at=created_at)
-        grant.refresh_from_db()
+        assert Grant.objects.get(pk=grant.pk).created_at == created_at
         return grant
 
     return make
@@ -205,3 +204,43 @@ def test_an_expired_request_gets_the_same_answer_after_the_job_ran(request_at, b
     with pytest.raises(Conflict) as again:
         grants.grant_approve(grant_id=denied.pk, approver=bob, actor=Actor.user(bob), at=late)
     assert again.value.code == "not_pending"
+
+
+def test_every_grant_is_made_at_the_services_clock_not_the_wall_clock(
+    make_agent, make_tool, make_grant, approvers, system
+):
+    """Grant.created_at was auto_now_add: a request, a delegation and a break-glass grant
+    were stamped with the wall clock, so the expiry job and the stakeholder checks,
+    which use the service's `at`, misjudged any request not made "now" (a ratification
+    filed at T expired by T + TTL was not closed)."""
+    from governance.services import breakglass as bgs
+
+    erin, frank = approvers[0], approvers[1]
+    agent, tool = make_agent(), make_tool()
+    sub = make_agent("sub", parent=agent)
+    opened = bgs.breakglass_open(
+        opener=erin, agent=agent, tool=tool, actions=["read"], scope="repo:acme/api/*",
+        ticket="INC-1", reason="outage", actor=Actor.user(erin), at=NOW,
+    )  # fmt: skip
+    at = NOW + timedelta(hours=2)
+    ratified = bgs.breakglass_ratify(
+        breakglass_id=opened.pk, reviewer=frank, comment="ok", actor=Actor.user(frank), at=at
+    )
+    parent = make_grant(agent, tool, ("read",), "repo:acme/*", delegable=True)
+    handed = grants.grant_delegate(
+        parent_grant_id=parent.pk, child=sub, actions=["read"], scope="repo:acme/api/*",
+        expires_at=parent.expires_at, justification="sub", actor=system, at=NOW + MS,
+    )  # fmt: skip
+    request = ratified.ratified_request
+    made = Grant.objects.in_bulk([opened.grant_id, request.pk, handed.pk])
+    assert [made[pk].created_at for pk in (opened.grant_id, request.pk, handed.pk)] == [
+        NOW,
+        at,
+        NOW + MS,
+    ]
+    due = at + settings.GRANT_REQUEST_TTL
+    assert grant_requests_expire(actor=system, at=due - MS) == 0
+    assert grant_requests_expire(actor=system, at=due) == 1
+    assert Grant.objects.get(pk=request.pk).status == "denied"
+    closed = events(EventType.GRANT_REQUEST_EXPIRED, grant_id=request.pk)
+    assert len(closed) == 1 and json.loads(closed[0].data)["created_at"] == at.isoformat()

@@ -1266,7 +1266,7 @@ def test_whoever_held_a_token_for_the_agent_cannot_approve_what_it_asked(
     from governance.services import approvals
 
     dave = User.objects.create_user("dave")
-    # Tokens and requests carry the wall clock (created_at), so this test does too.
+    # Tokens carry the wall clock (created_at), so this test does too.
     revoked, _ = agents.token_issue(created_by=bob, agent=bot, actor=system, at=timezone.now())
     agents.token_revoke(token=revoked, actor=system, at=timezone.now())
     agents.token_issue(created_by=dave, agent=bot, actor=Actor.user(dave), at=timezone.now())
@@ -1293,7 +1293,8 @@ def test_whoever_held_a_token_for_the_agent_cannot_approve_what_it_asked(
     assert (last_event().event_type, last_event().actor) == ("grant.issued", "user:bob")
 
     now = timezone.now()
-    make_grant(bot, repo, ("delete",), "repo:prod/*", starts_at=now - timedelta(minutes=1))
+    # Issued now: bob's token was live a minute ago, so he could not approve it then.
+    make_grant(bot, repo, ("delete",), "repo:prod/*", starts_at=now)
     gated = access.access_check(
         agent="bot", tool="repo", action="delete", scope="repo:prod/db", at=now
     )

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from governance.models.agents import Agent
 from governance.models.tasks import Task
@@ -61,7 +62,9 @@ class Grant(models.Model):
     )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     requested_duration = models.DurationField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # The service's `at` (the moment the request, delegation or break-glass was made),
+    # which the request's expiry and its stakeholders are judged against.
+    created_at = models.DateTimeField(default=timezone.now)
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_reason = models.TextField(blank=True)
     starts_at = models.DateTimeField(null=True, blank=True)

@@ -233,6 +233,7 @@ def breakglass_open(
             )
         require_open_task(task.pk if task else None, at)
         grant = Grant.objects.create(
+            created_at=at,
             agent=agent,
             tool=tool,
             task=task,

@@ -201,6 +201,7 @@ def _request_row(
         with transaction.atomic():
             require_open_task(task.pk if task else None, at)
             grant = Grant.objects.create(
+                created_at=at,
                 agent=agent,
                 tool=tool,
                 task=task,
@@ -765,6 +766,7 @@ def grant_delegate(
             ):
                 return twin
         grant = Grant.objects.create(
+            created_at=at,
             agent=child,
             tool=parent.tool,
             task=parent.task,
