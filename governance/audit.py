@@ -168,7 +168,9 @@ BASIC = re.compile(r"\b(?i:basic)\s+([A-Za-z0-9+/]{4,}={0,2})")
 # `:` separates only as `name: value` (a space after it) or after a quoted name (JSON),
 # so `secret:prod/db` and `https://` are not pairs.
 KEY_VALUE = re.compile(
-    r"""(?<![A-Za-z0-9_.\-"'])(?P<key>-*["']?[A-Za-z_][A-Za-z0-9_.-]*["']?)"""
+    # ...or a quoted one after a string prefix: b'password=x' (a bytes repr), u"...".
+    r"""(?:(?<![A-Za-z0-9_.\-"'])|(?<=\b[bBrRuUfF])(?=["']))"""
+    r"""(?P<key>-*["']?[A-Za-z_][A-Za-z0-9_.-]*["']?)"""
     r"""(?P<sep>\s*=\s*|:\s+|(?<=["']):\s*)"""
     r"""(?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,;&}\]"'\[][^\s,;&}\]"']*)"""
 )
@@ -185,8 +187,9 @@ TEXT_SECRET_LAST_TWO = frozenset(
 )
 # A last word that ends in one of these is a secret's name too: PGPASSWORD, apitoken.
 TEXT_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey")
-# A password in a URL: scheme://user:password@host (the password may hold an `@`).
-URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^/\s]*@")
+# A password in a URL: scheme://user:password@host (the password may hold an `@`, and,
+# written unencoded, a `/`: mysql://root:ab/cd@db, when no `@` comes before the slash).
+URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)(?:[^/\s]*|[^\s@]*)@")
 # An Authorization header written out. Its credential is masked, not the rest of the
 # line (a command's target stays readable): the first word after the name, or, when
 # that word is a scheme (`Token`, `GenieKey`, any word) and a credential follows it, the
@@ -531,6 +534,9 @@ def mask(value: Any, depth: int = 0) -> Any:
         masked = [mask(v, depth + 1) for v in value]
         # Any list may be a command line; its other elements are not flags.
         _mask_argv([v if isinstance(v, str) else "" for v in value], masked)
+        # A pair spelled as a list: ["Authorization", "Token x"] (a header list).
+        if len(value) == 2 and isinstance(value[0], str) and secret_key_name(value[0]):
+            masked[1] = "[masked]"
         return masked
     if isinstance(value, str):
         return _mask_string(value)

@@ -1565,6 +1565,29 @@ def test_more_secrets_and_pii_are_masked(chain, arguments, secret):
     assert secret not in _stored(arguments)
 
 
+def test_a_bytes_repr_a_url_password_with_a_slash_and_a_header_pair_list_are_masked(chain):
+    """Three spellings that reached the log in clear: a secret's pair inside a bytes
+    repr (`b'password=x'`: the quote after `b` hid the name), a URL password written
+    with an unencoded `/`, and headers as [name, value] lists."""
+    arguments = {
+        "body": "b'password=hunter2&user=ci'",
+        "repr": 'u"API_KEY=hunter3"',
+        "dsn": "mysql://root:ab/hunter4@10.0.0.1:3306/db",
+        "url": "https://example.org/repo and https://admin:pa/hunter5@example.org/x",
+        "headers": [["Authorization", "Token hunter6"], ["Cookie", "sessionid=hunter7"]],
+        "kept": [["Accept", "text/plain"], ["mode", "fast"]],
+    }
+    raw = _stored(arguments)
+    stored = json.loads(raw)
+    assert "hunter" not in raw
+    assert stored["body"].startswith("b'password=") and "user=ci" in stored["body"]
+    assert stored["dsn"].startswith("mysql://root:") and "@10.0.0.1:3306/db" in stored["dsn"]
+    assert stored["url"].startswith("https://example.org/repo and https://admin:")
+    assert stored["url"].endswith("@example.org/x")
+    assert stored["headers"] == [["Authorization", "[masked]"], ["Cookie", "[masked]"]]
+    assert stored["kept"] == arguments["kept"]
+
+
 def test_a_pass_named_in_text_is_masked_and_its_look_alikes_are_not(chain):
     """`pass` was a secret's name as a key (`db_pass`) but not in text: DB_PASS=x,
     --pass=x and `smtp_pass: x` went into the log as written."""
