@@ -745,17 +745,21 @@ def test_an_xlsx_value_too_long_for_a_cell_is_kept_whole_in_pieces() -> None:
 
     long = json.dumps({"items": [f"grant {i}" for i in range(6000)]})
     formula_at_cut = "a" * exports.XLSX_CELL_MAX + "=1+1" + "b" * 10
+    # A run of = longer than a cell: no cut avoids a piece starting with it (was written
+    # as a formula cell).
+    no_clean_cut = "a" + "=" * (exports.XLSX_CELL_MAX + 3) + "1+1"
     rows = [
         {"seq": 1, "data": long},
         {"seq": 2, "data": "short"},
         {"seq": 3, "data": formula_at_cut},
+        {"seq": 4, "data": no_clean_cut},
     ]
     book = load_workbook(io.BytesIO(exports.to_xlsx(rows, ["seq", "data"], "audit")))
     main = list(book["audit"].iter_rows(min_row=2, values_only=True))
     assert main[1] == (2, "short")
     assert "sheet 'long values', row 2" in main[0][1] and "row 4" in main[2][1]
     pieces = list(book["long values"].iter_rows(min_row=2, values_only=True))
-    for row, text in ((2, long), (4, formula_at_cut)):
+    for row, text in ((2, long), (4, formula_at_cut), (5, no_clean_cut)):
         mine = [p for p in pieces if p[0] == row]
         assert [p[2] for p in mine] == list(range(1, len(mine) + 1)) and mine[0][3] == len(mine)
         assert "".join(p[4] for p in mine) == text

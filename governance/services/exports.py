@@ -355,8 +355,9 @@ def _escaped(match: re.Match[str]) -> str:
 
 
 def _parts(text: str) -> list[str]:
-    """`text` in pieces that each fit a cell and none of which a spreadsheet would
-    read as a formula (a piece never starts with = + - @, tab or CR)."""
+    """`text` in pieces that each fit a cell, cut where the next piece does not start
+    with = + - @, tab or CR when the text allows it (to_xlsx writes every piece as
+    text all the same: a run of them longer than a cell leaves no such place)."""
     parts, at = [], 0
     while at < len(text):
         end = min(at + XLSX_CELL_MAX, len(text))
@@ -372,6 +373,7 @@ def to_xlsx(rows: list[dict[str, Any]], columns: Sequence[str], title: str) -> b
     campaign, say) is never cut: its cell says where it is, and the sheet
     `long values` holds it in order, in pieces (row, column, piece, of, text)."""
     from openpyxl import Workbook
+    from openpyxl.cell import WriteOnlyCell
 
     book = Workbook(write_only=True)
     sheet = book.create_sheet(title=title[:31])
@@ -392,8 +394,12 @@ def to_xlsx(rows: list[dict[str, Any]], columns: Sequence[str], title: str) -> b
     if long_values:
         rest = book.create_sheet(title="long values")
         rest.append(["row", "column", "piece", "of", "text"])
-        for line in long_values:
-            rest.append(line)
+        for *where, text in long_values:
+            # Text, always: a piece cut inside a run of = + - @ can still start with
+            # one (_parts backs off only so far), and openpyxl writes "=..." as a formula.
+            cell = WriteOnlyCell(rest, value=text)
+            cell.data_type = "s"
+            rest.append([*where, cell])
     out = io.BytesIO()
     book.save(out)
     return out.getvalue()
