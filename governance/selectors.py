@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -9,6 +11,8 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from governance import roles
+from governance.codes import EventType
 from governance.models import (
     Agent,
     Approval,
@@ -25,15 +29,78 @@ from governance.models.tasks import open_at_q
 def live_grants(at: datetime) -> QuerySet[Grant]:
     """Grants whose own window is open at `at` (ancestors are checked by authorize()).
     A subagent's grant counts only as a delegation, a break-glass grant only while its
-    opener's account is active (authorize() says the same)."""
+    opener's account is active (authorize() says the same): active at `at`, so a past
+    moment's report keeps one whose opener was deactivated only later."""
+    then = accounts_at(at)
+    active_then = [pk for pk, a in then.items() if a.active is True]
+    inactive_then = [pk for pk, a in then.items() if a.active is False]
+    opener_inactive = (
+        Q(requested_by__isnull=True)
+        | (Q(requested_by__is_active=False) & ~Q(requested_by_id__in=active_then))
+        | Q(requested_by_id__in=inactive_then)
+    )
     return (
         Grant.objects.exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
         .filter(starts_at__lte=at, expires_at__gt=at)
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
         .filter(Q(delegated_from__isnull=False) | Q(agent__parent__isnull=True))
-        .exclude(Q(break_glass=True) & ~Q(requested_by__is_active=True))
+        .exclude(Q(break_glass=True) & opener_inactive)
         .select_related("agent", "tool", "task", "requested_by", "approved_by", "delegated_from")
     )
+
+
+@dataclass(frozen=True)
+class AccountThen:
+    """What an account was at a past moment, where it changed since (None: unchanged)."""
+
+    active: bool | None = None
+    superuser: bool | None = None
+    roles: frozenset[str] | None = None
+
+
+def accounts_at(at: datetime) -> dict[int, AccountThen]:
+    """The accounts that changed after `at`, as they were at `at`, by id; any other is as
+    it is now. Read from the person.* events (services.people): the first change of each
+    after `at` holds, as its `before`, the value it had then."""
+    then: dict[int, dict[str, Any]] = {}
+    changes = (
+        AuditEvent.objects.filter(
+            event_type__in=[EventType.PERSON_CHANGED, EventType.PERSON_ROLES_CHANGED],
+            created_at__gt=at,
+            seq__gt=0,
+        )
+        .order_by("seq")
+        .values_list("event_type", "data")
+    )
+    for event_type, raw in changes:
+        data = json.loads(raw)
+        found = then.setdefault(data["person_id"], {})
+        if event_type == EventType.PERSON_CHANGED:
+            for field, name in (("is_active", "active"), ("is_superuser", "superuser")):
+                change = data["changed"].get(field)
+                if isinstance(change, dict) and name not in found:
+                    found[name] = bool(change["before"])
+        elif "roles" not in found:
+            roles = set(data["roles"])
+            roles |= set(data.get("removed", []))
+            roles -= set(data.get("added", []))
+            if renamed := data.get("renamed"):
+                roles = (roles - {renamed["to"]}) | {renamed["from"]}
+            found["roles"] = frozenset(roles)
+    return {pk: AccountThen(**found) for pk, found in then.items() if found}
+
+
+def may_approve_at(user: Any, then: dict[int, AccountThen]) -> bool:
+    """roles.may_approve() as of the moment `then` (accounts_at) was read for."""
+    was = then.get(user.pk) if user is not None else None
+    if was is None:
+        return roles.may_approve(user)
+    active = user.is_active if was.active is None else was.active
+    superuser = user.is_superuser if was.superuser is None else was.superuser
+    names = was.roles
+    if names is None:
+        names = frozenset(user.groups.values_list("name", flat=True))
+    return active and (superuser or bool(names & {roles.ADMINS, roles.APPROVERS}))
 
 
 def agent_tree(agents: QuerySet[Agent], root_id: int) -> list[Agent]:

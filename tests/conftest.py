@@ -4,8 +4,10 @@ test's database holds exactly what production would, audit events included."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,6 +30,21 @@ def _checkpoints_in_tmp(settings: Any, tmp_path: Any) -> None:
     settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(0)
     # Test users' passwords need no key stretching; PBKDF2 was most of the suite's time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@contextmanager
+def accounts_changed_at(moment: datetime) -> Iterator[None]:
+    """Account changes made inside are on record (their person.* events) as of `moment`:
+    for a world set at NOW, a fixed past moment, whose reports read accounts as they
+    were then (selectors.accounts_at). The events' clock only; the chain is as ever."""
+    from governance.services import people
+
+    saved = people.timezone
+    people.timezone = SimpleNamespace(now=lambda: moment)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        people.timezone = saved
 
 
 @pytest.fixture

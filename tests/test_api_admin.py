@@ -325,6 +325,62 @@ def test_the_access_report_says_agent_suspended_during_a_suspension_and_not_afte
     assert blocked_by(timezone.now()) is None
 
 
+def test_a_past_report_judges_openers_and_policy_authors_as_their_accounts_were_then(
+    auditor, make_agent, make_tool, make_grant, alice
+):
+    """A break-glass grant (live while its opener's account is) and an approve policy
+    (answering while its author may approve) vanished from the report of a past moment
+    once the opener was deactivated or the author lost the approver role later: the
+    report read the accounts as they are now. Read from the person.* events instead;
+    a change before the moment still counts."""
+    from django.contrib.auth.models import Group
+
+    from governance import roles
+    from governance.services import breakglass, confirmation
+
+    erin = User.objects.create_user("erin")
+    approvers = Group.objects.get_or_create(name=roles.APPROVERS)[0]
+    erin.groups.add(approvers)
+    bot, other, repo = make_agent("bot"), make_agent("other"), make_tool("repo")
+    start = timezone.now() - timedelta(minutes=30)
+    grant = make_grant(other, repo, ("read", "delete"), "repo:acme/*", starts_at=start)
+    opened = breakglass.breakglass_open(
+        opener=alice, agent=bot, tool=repo, actions=["read"], scope="repo:acme/*",
+        ticket="INC-42", reason="outage", actor=Actor.user(alice), at=start,
+    )  # fmt: skip
+    policy = confirmation.policy_create(
+        author=erin, agent=other, tool=repo, task=None, action="delete", scope="repo:acme/*",
+        verdict="approve", reason="routine cleanup", duration=timedelta(hours=1),
+        actor=Actor.user(erin), at=start + timedelta(minutes=1),
+    )  # fmt: skip
+    past = timezone.now()  # the accounts were set up (their events written) before it
+
+    def report(at):
+        response = auditor.get(f"{API}/reports/access", {"at": at.isoformat()})
+        assert response.status_code == 200, response.content
+        assert last_event().event_type == "report.exported"
+        rows = response.json()["rows"]
+        return {row["grant"]: row["policies"] for row in rows}
+
+    then = {opened.grant_id: [], grant.pk: [f"approve#{policy.pk}"]}
+    assert report(past) == then
+    alice.is_active = False
+    alice.save()
+    erin.groups.remove(approvers)
+    assert report(past) == then  # the moment is judged as the accounts were then
+    assert report(timezone.now()) == {grant.pk: []}  # and now as they are
+    middle = timezone.now()
+    erin.groups.add(approvers)
+    alice.is_active = True
+    alice.save()
+    erin.is_active = False
+    erin.save()
+    assert report(past) == then
+    assert report(middle) == {grant.pk: []}  # changes before a moment count at it
+    assert report(timezone.now()) == {opened.grant_id: [], grant.pk: []}
+    assert AuditEvent.objects.filter(event_type__startswith="person.").count() >= 5
+
+
 # --- Tokens ------------------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ from governance.policy import authorize
 from governance.services import agents, approvals, confirmation, grants, second_look
 from governance.services.access import access_check
 from tests import ui_world
-from tests.conftest import MS, NOW
+from tests.conftest import MS, NOW, accounts_changed_at
 
 pytestmark = pytest.mark.django_db
 
@@ -47,7 +47,9 @@ ENDS = WRITTEN + timedelta(hours=1)
 
 
 def approver(user: User) -> User:
-    user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    # An approver since before the world's NOW, as the reports of its moments read it.
+    with accounts_changed_at(NOW - timedelta(days=1)):
+        user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
     return User.objects.get(pk=user.pk)  # roles are cached on the instance
 
 
@@ -750,11 +752,12 @@ def test_an_approve_policy_stops_answering_once_its_author_may_no_longer_approve
     deny = write(world, "deny", scope="repo:acme/tmp/keep/*")
     assert ask().reason == "allowed"
     bob = User.objects.get(pk=world.bob.pk)
-    if how == "deactivated":
-        bob.is_active = False
-        bob.save()
-    else:
-        bob.groups.clear()
+    with accounts_changed_at(NOW):  # between the two questions, on the world's clock
+        if how == "deactivated":
+            bob.is_active = False
+            bob.save()
+        else:
+            bob.groups.clear()
     decision = ask(at=NOW + MS)
     assert (decision.decision, decision.reason) == ("approval_required", "approval_required")
     event = AuditEvent.objects.get(uid=decision.decision_id)

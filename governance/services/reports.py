@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
-from governance import audit, roles, selectors
+from governance import audit, selectors
 from governance.codes import ActionClass, EventType
 from governance.errors import GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Task, Tool
@@ -139,6 +139,7 @@ def access_rows(
     shapes = shapes_at(grants, at)
     past = state_at(at)
     policies = _policies_by_pair(at)
+    then = selectors.accounts_at(at)
     call_task = Task.objects.filter(key=task).values_list("pk", flat=True).first() if task else None
     return [
         {
@@ -162,7 +163,12 @@ def access_rows(
             # would refuse it, with agent and tool state as they were at `at`.
             "blocked_by": grant_dead_reason(g.pk, at, past, task=task or None),
             "policies": _answering(
-                _asked(policies, g), g, shapes[g.pk], at, call_task=g.task_id or call_task
+                _asked(policies, g),
+                g,
+                shapes[g.pk],
+                at,
+                then=then,
+                call_task=g.task_id or call_task,
             ),
         }
         for g in grants
@@ -214,6 +220,7 @@ def _answering(
     shape: dict[str, Any],
     at: datetime,
     *,
+    then: dict[int, selectors.AccountThen],
     call_task: int | None = None,
 ) -> list[str]:
     """`approve#12`, `deny#13`: the policies that can answer some destructive call under
@@ -223,7 +230,8 @@ def _answering(
     the grant's, or the one the report is narrowed to) or none (a task-bound policy
     only while its task is open), on a scope overlapping the
     grant's; an approve policy only when its author has no stake in the grant's calls
-    (policy.stake_check) and may still approve, since the gate ignores it otherwise."""
+    (policy.stake_check) and may approve (as of `at`: `then`, selectors.accounts_at),
+    since the gate ignores it otherwise."""
     candidates = [
         p
         for p in policies
@@ -240,7 +248,10 @@ def _answering(
             p
             for p in candidates
             if p.verdict == "deny"
-            or (roles.may_approve(p.created_by) and not has_stake(p.created_by_id, p.created_at))
+            or (
+                selectors.may_approve_at(p.created_by, then)
+                and not has_stake(p.created_by_id, p.created_at)
+            )
         ]
     return [f"{p.verdict}#{p.pk}" for p in candidates]
 
