@@ -564,8 +564,9 @@ def _grant_dead(
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
     if reason is None and past is None and not row[17]:
-        # Break-glass whose opener is deactivated (as of now: accounts have no history
-        # here, so a past moment is judged without this rule).
+        # Break-glass whose opener is deactivated now. A past moment's report has
+        # already left out one whose opener was inactive then: selectors.live_grants
+        # reads accounts as they were (their person.* events).
         reason = Reason.GRANT_REVOKED
     if reason is None and parent_id is not None:
         reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, past)
