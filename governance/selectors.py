@@ -365,6 +365,8 @@ def breakglass_active(at: datetime) -> QuerySet[Any]:
         BreakGlass.objects.filter(opened_at__lte=at, expires_at__gt=at, closed_at__isnull=True)
         # The grant's own end too: a review may have narrowed its expiry since.
         .filter(grant__status=Grant.Status.ACTIVE, grant__expires_at__gt=at)
+        # Live only while its opener's account is active (authorize() says the same).
+        .filter(opened_by__is_active=True)
         .select_related("grant__agent", "grant__tool", "opened_by")
         .order_by("expires_at")
     )

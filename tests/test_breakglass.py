@@ -158,6 +158,17 @@ def test_break_glass_ends_when_its_openers_account_is_deactivated(setup, open_bg
     assert bg.grant_id in {r["grant"] for r in access_rows(before)}
     # Decided at decision time, as expiry is: the row itself is not changed.
     assert Grant.objects.get(pk=bg.grant_id).status == "active"
+    # Nor shown as live on every page, nor in the way of another person's break-glass
+    # for the incident (a 409 breakglass_active until its TTL ran out).
+    assert not selectors.breakglass_active(after).filter(pk=bg.pk).exists()
+    frank, grace = setup["frank"], setup["grace"]
+    bgs.breakglass_ratify(  # reviewed (a new break-glass waits for that), still open
+        breakglass_id=bg.pk, reviewer=frank, comment="ok", actor=Actor.user(frank), at=after
+    )
+    again = open_bg(grace, at=after, ticket="INC-43")
+    assert again.pk != bg.pk and again.opened_by == grace
+    assert {b.pk for b in selectors.breakglass_active(after)} == {again.pk}
+    assert access_check(**ask(after)).allowed
     erin.is_active = True
     erin.save()
     assert access_check(**ask(timezone.now())).allowed

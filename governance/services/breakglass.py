@@ -112,7 +112,9 @@ def _check_ttl(ttl: timedelta) -> None:
 
 
 def _live_for(agent: Agent, tool: Tool, at: datetime) -> Any:
-    """Break-glass for this agent and tool whose grant can still allow something."""
+    """Break-glass for this agent and tool whose grant can still allow something: not
+    one whose opener's account is deactivated (authorize() refuses it), or nobody else
+    could open one for the incident until its TTL ran out."""
     return (
         BreakGlass.objects.select_related("grant")
         .filter(
@@ -122,6 +124,7 @@ def _live_for(agent: Agent, tool: Tool, at: datetime) -> Any:
             grant__expires_at__gt=at,
             closed_at__isnull=True,
             expires_at__gt=at,
+            opened_by__is_active=True,
         )
         .order_by("-opened_at", "-pk")
     )
