@@ -656,6 +656,12 @@ def test_a_request_refused_through_a_revoke_is_decided_like_a_deny(
     )
     mine.refresh_from_db()
     assert (mine.status, mine.decided_at, mine.approved_by) == ("denied", NOW, None)
+    # Nor is the agent's owner, when someone else filed it (the grant page's revoke was
+    # a way around grant_deny's rule).
+    theirs = request(bot, repo, bob, task=task, actor=Actor.user(bob))
+    grants.grant_revoke(grant_id=theirs.pk, reason="no", actor=system, at=NOW, revoked_by=alice)
+    theirs.refresh_from_db()
+    assert (theirs.status, theirs.approved_by) == ("denied", None)
     # A task's close refuses its pending requests at the close.
     closing = make_task("T-C")
     waiting = request(bot, repo, alice, task=closing)

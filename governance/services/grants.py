@@ -440,19 +440,25 @@ def _approve_row(
     return extra
 
 
+def _refused_by(grant: Grant, person: Any) -> Any:
+    """Who is named as the decider of a refused request. Anyone may turn a request down,
+    but only someone who could have approved it is named: the requester's or a
+    stakeholder's (the agent's owner's) refusal is a withdrawal, named by its event's
+    actor only."""
+    if person is None or person.pk == grant.requested_by_id:
+        return None
+    if person.pk in stakeholders(grant.agent, grant, at=grant.created_at):
+        return None
+    return person
+
+
 def grant_deny(
     *, grant_id: int, approver: Any, reason: str, actor: audit.Actor, at: datetime
 ) -> Grant:
     with transaction.atomic():
         grant = _lock_pending(grant_id, at)
         grant.status = Grant.Status.DENIED
-        # Anyone may turn a request down, but only someone who could have approved it
-        # is named as its decider: the requester's or a stakeholder's (the agent's
-        # owner's) denial is a withdrawal, named by its event's actor only.
-        interested = approver.pk == grant.requested_by_id or approver.pk in stakeholders(
-            grant.agent, grant, at=grant.created_at
-        )
-        grant.approved_by = None if interested else approver
+        grant.approved_by = _refused_by(grant, approver)
         grant.decided_at = at
         grant.decision_reason = reason
         grant.save()
@@ -657,10 +663,9 @@ def grants_revoke(
                 grant.decision_reason = reason
                 if not grant.starts_at:
                     # A request refused this way is decided as grant_deny decides one:
-                    # when, and by whom (never its own requester as "approver").
+                    # when, and by whom (never its requester or owner as "approver").
                     grant.decided_at = at
-                    if revoked_by is not None and revoked_by.pk != grant.requested_by_id:
-                        grant.approved_by = revoked_by
+                    grant.approved_by = _refused_by(grant, revoked_by)
                 grant.save()
                 ended.append((grant, root.pk))
         # Nothing asked or approved under an ended grant may fire later, even if the
