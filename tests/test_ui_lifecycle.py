@@ -143,6 +143,25 @@ def test_an_opener_who_is_now_an_auditor_sees_no_close_button_and_cannot_close()
     assert b"Close early" in ui_world.signed_in("admin").get("/ui/break-glass/").content
 
 
+def test_a_break_glass_whose_opener_is_deactivated_is_not_shown_active() -> None:
+    """The banner (and authorize()) treat it as ended; the list still showed it active,
+    with its time left and a Close early form."""
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    client = ui_world.signed_in("approver")
+
+    def row() -> str:
+        page = client.get("/ui/break-glass/").content.decode()
+        return page.split(f'id="bg-{extra.breakglass_id}"')[1].split("</tr>")[0]
+
+    assert 'class="bg-active"' in row()
+    opener = BreakGlass.objects.get(pk=extra.breakglass_id).opened_by
+    opener.is_active = False
+    opener.save()
+    assert 'class="bg-active"' not in row()
+    assert "break-glass-banner" not in client.get("/ui/").content.decode()
+
+
 def test_an_overdue_ratification_shows_on_the_list_and_the_dashboard() -> None:
     world = ui_world.build()
     extra = ui_world.build_lifecycle(world)
@@ -234,6 +253,42 @@ def test_a_review_narrows_a_grant_and_never_widens_it() -> None:
     world.grant.refresh_from_db()
     assert world.grant.actions == ["read"] and world.grant.status == "active"
     assert AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=world.grant.pk).exists()
+
+
+def test_a_keep_with_the_narrowing_fields_changed_is_refused_not_read_as_keep_all() -> None:
+    """The page ticks only `read` for a narrow_to_read proposal; a reviewer who left the
+    decision on keep kept every action without a word, the unticked ones included (the
+    view dropped the fields; the service and the API refuse them). Now the page proposes
+    narrow for such an item, and a keep with changed fields is a 400, nothing written."""
+    from governance.models import ReviewItem
+
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    client = ui_world.signed_in("admin")
+    url = f"/ui/reviews/items/{extra.item_id}/decide"
+    ReviewItem.objects.filter(pk=extra.item_id).update(proposal="narrow_to_read")
+    page = client.get("/ui/reviews/mine/").content.decode()
+    form = page.split(f'action="{url}"')[1].split("</form>")[0]
+    assert '<option value="narrow" selected>narrow</option>' in form
+    before = (list(world.grant.actions), AuditEvent.objects.count())
+    kept = ui_world.post(
+        client,
+        url,
+        {"decision": "keep", "comment": "ok", "actions_listed": "1", "actions": ["read"]},
+    )
+    assert kept.status_code == 400 and b"invalid_decision" in kept.content
+    world.grant.refresh_from_db()
+    assert (list(world.grant.actions), AuditEvent.objects.count()) == before
+    assert ReviewItem.objects.get(pk=extra.item_id).status == "pending"
+    # Revoking ends everything: the fields are moot, and it goes through.
+    revoked = ui_world.post(
+        client,
+        url,
+        {"decision": "revoke", "comment": "gone", "actions_listed": "1", "actions": ["read"]},
+    )
+    assert revoked.status_code == 302
+    world.grant.refresh_from_db()
+    assert world.grant.status == "revoked"
 
 
 def test_a_second_look_is_confirmed_or_flagged_by_another_approver_with_a_comment() -> None:

@@ -72,10 +72,10 @@ def breakglass_page(request: HttpRequest) -> HttpResponse:
             "grant__agent", "grant__tool", "grant__task", "opened_by", "closed_by", "reviewed_by"
         ).order_by("-opened_at")[:100]
     )
+    # The banner's rule (and authorize()'s): the grant's own end, the opener's account.
+    active = set(selectors.breakglass_active(now).values_list("pk", flat=True))
     for bg in rows:
-        bg.is_active = (  # type: ignore[attr-defined]
-            bg.closed_at is None and bg.expires_at > now and bg.grant.status == "active"
-        )
+        bg.is_active = bg.pk in active  # type: ignore[attr-defined]
         bg.review_overdue = (  # type: ignore[attr-defined]
             bg.review_status == BreakGlass.Review.PENDING and bg.review_due_at <= now
         )
@@ -260,8 +260,11 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
     if not form.is_valid():
         return common.invalid(request, form)
     decision = form.cleaned_data["decision"]
+    # The form always carries the narrowing fields. A keep with some of them changed is
+    # refused by the service (400 invalid_decision), not read as "keep all": the
+    # reviewer unticked something. A revoke ends the grant, less than any narrowing.
     narrowing = (
-        form.narrowing(item.grant.scope, list(item.grant.actions)) if decision == "narrow" else {}
+        form.narrowing(item.grant.scope, list(item.grant.actions)) if decision != "revoke" else {}
     )
     try:
         review_services.review_item_decide(
