@@ -271,21 +271,14 @@ def test_a_keep_with_the_narrowing_fields_changed_is_refused_not_read_as_keep_al
     form = page.split(f'action="{url}"')[1].split("</form>")[0]
     assert '<option value="narrow" selected>narrow</option>' in form
     before = (list(world.grant.actions), AuditEvent.objects.count())
-    kept = ui_world.post(
-        client,
-        url,
-        {"decision": "keep", "comment": "ok", "actions_listed": "1", "actions": ["read"]},
-    )
+    only_read = {"actions_listed": "1", "actions": ["read"]}
+    kept = ui_world.post(client, url, {"decision": "keep", "comment": "ok", **only_read})
     assert kept.status_code == 400 and b"invalid_decision" in kept.content
     world.grant.refresh_from_db()
     assert (list(world.grant.actions), AuditEvent.objects.count()) == before
     assert ReviewItem.objects.get(pk=extra.item_id).status == "pending"
     # Revoking ends everything: the fields are moot, and it goes through.
-    revoked = ui_world.post(
-        client,
-        url,
-        {"decision": "revoke", "comment": "gone", "actions_listed": "1", "actions": ["read"]},
-    )
+    revoked = ui_world.post(client, url, {"decision": "revoke", "comment": "gone", **only_read})
     assert revoked.status_code == 302
     world.grant.refresh_from_db()
     assert world.grant.status == "revoked"
