@@ -1419,3 +1419,37 @@ def test_exporting_to_a_path_that_cannot_be_written_is_a_clear_error(db, tmp_pat
             call_command("matrix_export", "-o", str(target))
     # A file that could not be made records no export.
     assert not AuditEvent.objects.filter(event_type="report.exported").exists()
+
+
+def _one_grant(egress: list[str] | None = None, justification: str = "j") -> str:
+    listed = f", egress: [{', '.join(egress)}]" if egress is not None else ""
+    return (
+        "grants:\n"
+        "- {agent: bot, tool: shell, actions: [execute], scope: 'sandbox:wide/*', "
+        f"justification: '{justification}', duration: 2h{listed}}}\n"
+    )
+
+
+@pytest.mark.parametrize("apply", [[], ["--apply-approved", "--approver", "cy"]])
+def test_a_grant_larger_than_the_api_allows_is_rejected_with_the_file(
+    world, tmp_path, ada, cy, apply
+):
+    """Only the API's serializer bounded a grant's egress list and justification: a
+    file's grant with 5,000 egress entries became a live grant (--apply-approved), and
+    a 200,000-character justification was kept. The bounds are validate_shape()'s now,
+    for every door; the file is rejected line-precisely and nothing is written."""
+    before = counts()
+    many = [f"h{i}.example.com:443" for i in range(101)]
+    message = rejected(write(tmp_path, _one_grant(egress=many)), "--as", "ada", *apply)
+    assert "matrix.yaml:2" in message and "egress" in message and "at most 100" in message
+    message = rejected(write(tmp_path, _one_grant(justification="x" * 2001)), "--as", "ada", *apply)
+    assert "matrix.yaml:2" in message and "justification" in message
+    assert counts() == before
+    # At the bounds it goes through.
+    many = [f"h{i}.example.com:443" for i in range(100)]
+    run_import(
+        write(tmp_path, _one_grant(egress=many, justification="x" * 2000)), "--as", "ada", *apply
+    )
+    (made,) = Grant.objects.filter(scope="sandbox:wide/*")
+    assert len(made.egress) == 100 and len(made.justification) == 2000
+    assert made.status == ("active" if apply else "pending")

@@ -27,8 +27,12 @@ from governance.services.claims import claim_each
 from sandbox_runner.egress import parse_destination
 from sandbox_runner.spec import DEFAULT_LIMITS
 
-MAX_FIELDS = 100  # as the API schema declares (GrantRequestIn.fields)
+# As the API schema declares (GrantRequestIn), for every door: a matrix file too.
+MAX_FIELDS = 100
 MAX_FIELD_NAME = 100
+MAX_EGRESS = 100
+MAX_EGRESS_ENTRY = 300
+MAX_JUSTIFICATION = 2000
 
 
 def validate_shape(
@@ -39,6 +43,7 @@ def validate_shape(
     fields: Sequence[str] = (),
     egress: Sequence[str] = (),
     duration: timedelta | None = None,
+    justification: str | None = None,
 ) -> None:
     """The rules every grant obeys, whichever door it comes through."""
     errors: dict[str, str] = {}
@@ -59,7 +64,13 @@ def validate_shape(
         errors["fields"] = (
             f"Fields must be at most {MAX_FIELDS} names of 1-{MAX_FIELD_NAME} characters."
         )
-    for item in egress:
+    if len(egress) > MAX_EGRESS or any(
+        not isinstance(e, str) or len(e) > MAX_EGRESS_ENTRY for e in egress
+    ):
+        errors["egress"] = (
+            f"Egress must be at most {MAX_EGRESS} entries of at most {MAX_EGRESS_ENTRY} characters."
+        )
+    for item in () if "egress" in errors else egress:
         # The runner's own parser, so a grant can never hold an entry its proxy reads
         # differently (or refuses) at run time.
         try:
@@ -67,6 +78,10 @@ def validate_shape(
         except (ValueError, TypeError):
             errors["egress"] = f"Egress entry {item!r} is not host:port."
             break
+    if justification is not None and len(justification) > MAX_JUSTIFICATION:
+        errors["justification"] = (
+            f"The justification must be at most {MAX_JUSTIFICATION} characters."
+        )
     if duration is not None:
         if duration <= timedelta(0):
             errors["duration"] = "Duration must be positive."
@@ -189,7 +204,13 @@ def _request_row(
     """The request's row, checked and inserted (its event is the caller's)."""
     refuse_subagent_grant(agent)
     validate_shape(
-        tool=tool, actions=actions, scope=scope, fields=fields, egress=egress, duration=duration
+        tool=tool,
+        actions=actions,
+        scope=scope,
+        fields=fields,
+        egress=egress,
+        duration=duration,
+        justification=justification,
     )
     if not justification.strip():
         raise GovernanceError("justification_required", "Say why the grant is needed.")
@@ -752,7 +773,14 @@ def grant_delegate(
         if expires_at <= at:
             raise GovernanceError("invalid_expiry", "The expiry must be in the future.")
         fields, egress, ceiling = _narrowed_envelope(parent, fields, egress, limits)
-        validate_shape(tool=parent.tool, actions=actions, scope=scope, fields=fields, egress=egress)
+        validate_shape(
+            tool=parent.tool,
+            actions=actions,
+            scope=scope,
+            fields=fields,
+            egress=egress,
+            justification=justification,
+        )
         # The parent's row lock serialises delegations from it: no twin can slip in.
         for twin in Grant.objects.filter(
             delegated_from=parent,

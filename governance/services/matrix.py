@@ -815,6 +815,7 @@ class _Planner:
                     fields=fields,
                     egress=egress,
                     duration=duration if isinstance(duration, timedelta) else None,
+                    justification=justification if isinstance(justification, str) else None,
                 )
             except GovernanceError as exc:
                 for key, message in exc.fields.items():
