@@ -1453,3 +1453,33 @@ def test_a_grant_larger_than_the_api_allows_is_rejected_with_the_file(
     (made,) = Grant.objects.filter(scope="sandbox:wide/*")
     assert len(made.egress) == 100 and len(made.justification) == 2000
     assert made.status == ("active" if apply else "pending")
+
+
+def test_planning_looks_a_repeat_up_instead_of_scanning_every_earlier_entry(world, monkeypatch):
+    """Each grant was compared with every grant before it (three scans: repeats, second
+    requests, repeated policies), so planning grew with the square of the file: a
+    20,000-grant file took minutes, inside the import's one transaction. Counted in
+    identity computations, not in seconds (the machine's speed is no test)."""
+    from governance.services import matrix
+
+    computed = []
+    identity = matrix._Planner._identity
+    monkeypatch.setattr(
+        matrix._Planner,
+        "_identity",
+        staticmethod(lambda spec: computed.append(1) or identity(spec)),
+    )
+    n = 400
+    text = "grants:\n" + "".join(
+        f"- {{agent: bot, tool: repo, actions: [read], scope: 'repo:x/{i}/*', "
+        "justification: j, duration: 2h}\n"
+        for i in range(n)
+    )
+    planned = matrix.matrix_plan(text=text, source="m.yaml", at=NOW, mode="requests")
+    assert planned.count("create") == n
+    assert len(computed) <= 4 * n  # a few per entry, not one per earlier entry
+    computed.clear()
+    with pytest.raises(matrix.MatrixInvalid) as caught:  # every entry twice
+        matrix.matrix_plan(text=text + text.split("\n", 1)[1], source="m.yaml", at=NOW)
+    assert sum("repeats grants[" in p.message for p in caught.value.problems) == n
+    assert len(computed) <= 4 * (2 * n)
