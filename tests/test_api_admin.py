@@ -1373,10 +1373,19 @@ def test_api_token_create_prints_a_working_personal_token_once(carol, anonymous,
     anonymous.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     assert anonymous.get(f"{API}/tools").status_code == 200
 
-    call_command("api_token", "revoke", token.prefix)
-    assert AgentToken.objects.get(pk=token.pk).revoked_at is not None
+    said = io.StringIO()
+    call_command("api_token", "revoke", token.prefix, stdout=said)
+    revoked_at = AgentToken.objects.get(pk=token.pk).revoked_at
+    assert revoked_at is not None and said.getvalue() == f"revoked {token.prefix}\n"
     assert last_event().event_type == "agent_token.revoked"
     assert anonymous.get(f"{API}/tools").status_code == 401
+    # Again: it says so (it printed "revoked" as if it had done something), no event.
+    seq, said = last_event().seq, io.StringIO()
+    call_command("api_token", "revoke", token.prefix, stdout=said)
+    assert said.getvalue() == (
+        f"{token.prefix} was already revoked at {revoked_at.isoformat()}; nothing changed\n"
+    )
+    assert last_event().seq == seq
 
 
 @pytest.mark.parametrize(

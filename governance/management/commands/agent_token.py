@@ -8,7 +8,7 @@ from django.utils import timezone
 from governance import roles
 from governance.audit import Actor
 from governance.errors import GovernanceError
-from governance.management import arguments
+from governance.management import arguments, revoked_line
 from governance.models import Agent, AgentToken
 from governance.services import agents
 
@@ -42,8 +42,8 @@ class Command(BaseCommand):
             token = AgentToken.objects.filter(prefix=options["prefix"], agent__isnull=False).first()
             if token is None:
                 raise CommandError(f"No token has the prefix {options['prefix']!r}.")
-            agents.token_revoke(token=token, actor=actor, at=now)
-            self.stdout.write(f"revoked {token.prefix}")
+            token = agents.token_revoke(token=token, actor=actor, at=now)
+            self.stdout.write(revoked_line(token, now))
             return
         agent = Agent.objects.filter(name=options["agent"]).first()
         if agent is None:

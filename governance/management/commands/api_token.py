@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from governance.audit import Actor
 from governance.errors import GovernanceError
-from governance.management import arguments
+from governance.management import arguments, revoked_line
 from governance.models import AgentToken
 from governance.services import agents
 
@@ -33,8 +33,8 @@ class Command(BaseCommand):
             token = AgentToken.objects.filter(prefix=options["prefix"], user__isnull=False).first()
             if token is None:
                 raise CommandError(f"No personal token has the prefix {options['prefix']!r}.")
-            agents.token_revoke(token=token, actor=actor, at=now)
-            self.stdout.write(f"revoked {token.prefix}")
+            token = agents.token_revoke(token=token, actor=actor, at=now)
+            self.stdout.write(revoked_line(token, now))
             return
         user = get_user_model().objects.filter(username=options["username"]).first()
         if user is None:
