@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import ipaddress
 import json
 import logging
 import socket
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -141,9 +143,16 @@ class PermanentFailure(Exception):
     """Retrying cannot help (the webhook is no longer configured)."""
 
 
+def _slack_text(text: str) -> str:
+    """Slack reads <...> as a control sequence (<!channel> pings everyone, <url|label>
+    shows any link as any label) and & as an entity: text an agent typed (a request's
+    justification) is escaped as Slack asks, so it is shown, never obeyed."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def webhook_payload(row: Notification) -> dict[str, Any]:
     if settings.NOTIFY_WEBHOOK_FORMAT == "slack":
-        return {"text": f"*{row.subject}*\n{row.body}"}
+        return {"text": f"*{_slack_text(row.subject)}*\n{_slack_text(row.body)}"}
     return {
         "event": row.event,
         "subject": row.subject,
@@ -152,6 +161,53 @@ def webhook_payload(row: Notification) -> dict[str, Any]:
         "notification_id": row.pk,
         "created_at": row.created_at.isoformat(),
     }
+
+
+def _deliverable(address: str) -> bool:
+    """An address a webhook may be posted to: not link-local (169.254.169.254 is a cloud's
+    metadata service), multicast, unspecified or reserved. Loopback and private
+    addresses are the operator's own hosts (an internal relay) and are allowed."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved)
+
+
+def _checked_connection(deadline: float) -> Callable[..., socket.socket]:
+    """http.client's _create_connection for one delivery: the host is resolved once,
+    its addresses are checked (_deliverable) and the socket is connected to a checked
+    one itself, so no later lookup (DNS rebinding) can send it elsewhere; each address
+    is tried only for the time left before the delivery's deadline."""
+
+    def create(address: tuple[str, int], timeout: Any = None, source: Any = None) -> socket.socket:
+        host, port = address
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        allowed = [info for info in found if _deliverable(str(info[4][0]))]
+        if not allowed:
+            refused = sorted({str(info[4][0]) for info in found})
+            raise OSError(
+                f"the webhook's host resolves only to addresses a webhook is never sent to "
+                f"(link-local, multicast, reserved): {', '.join(refused)}"
+            )
+        error: OSError | None = None
+        for family, kind, proto, _name, where in allowed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the webhook's deadline passed while connecting")
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(left)
+                sock.connect(where)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            sock.settimeout(timeout)
+            return sock
+        assert error is not None
+        raise error
+
+    return create
 
 
 def _post(url: str, body: bytes, *, seconds: float) -> int:
@@ -169,6 +225,7 @@ def _post(url: str, body: bytes, *, seconds: float) -> int:
     )
     port = parts.port or (443 if parts.scheme == "https" else 80)
     conn = connection_class(parts.hostname or "", port, timeout=seconds)
+    conn._create_connection = _checked_connection(time.monotonic() + seconds)  # type: ignore[attr-defined]
     expired = threading.Event()
 
     def cut() -> None:

@@ -209,6 +209,109 @@ def test_the_slack_format_posts_only_text(
     assert set(hit["body"]) == {"text"} and "awaits approval" in hit["body"]["text"]
 
 
+def test_slack_shows_what_an_agent_typed_and_never_obeys_it(
+    ask, webhook, settings, django_capture_on_commit_callbacks
+):
+    """A justification is an agent's free text: `<!channel>` pinged the whole channel
+    and `<url|label>` showed a phishing link as a button of the service."""
+    settings.NOTIFY_WEBHOOK_FORMAT = "slack"
+    with django_capture_on_commit_callbacks(execute=True):
+        ask(justification="<!channel> urgent: <https://evil.example/x|Approve> & go")
+    (hit,) = webhook.requests
+    text = hit["body"]["text"]
+    assert "&lt;!channel&gt; urgent: &lt;https://evil.example/x|Approve&gt; &amp; go" in text
+    assert "<!channel>" not in text and "<https://" not in text
+
+
+@pytest.fixture
+def resolving(monkeypatch):
+    """Name `hooks.test` resolve to the given addresses, and refuse (record) any connect
+    to a non-loopback one: the test itself never sends traffic elsewhere, whatever the
+    code under test does."""
+    tried: list[str] = []
+    real_resolve, real_connect = socket.getaddrinfo, socket.socket.connect
+
+    def resolve(host, port, *args, **kwargs):
+        if host != "hooks.test":
+            return real_resolve(host, port, *args, **kwargs)
+        return [
+            (socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "",
+             (a, port) if ":" not in a else (a, port, 0, 0))
+            for a in resolving.addresses
+        ]  # fmt: skip
+
+    def connect(sock, address):
+        if address[0] not in ("127.0.0.1", "::1"):
+            tried.append(address[0])
+            raise ConnectionRefusedError("the test refuses any address but loopback")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    resolving.addresses, resolving.tried = [], tried
+    return resolving
+
+
+def test_a_webhook_is_never_posted_to_a_link_local_or_reserved_address(
+    ask, webhook, settings, resolving
+):
+    """The host was resolved and connected to as is: one that resolves (or is rebound)
+    to 169.254.169.254, a cloud's metadata service, was posted to. Resolved once, each
+    address checked, the socket connected to a checked address itself."""
+    port = webhook.server.server_address[1]
+    settings.NOTIFY_WEBHOOK_URLS = [f"http://hooks.test:{port}/hook"]
+    resolving.addresses = ["169.254.169.254", "fe80::1", "224.0.0.1", "0.0.0.0", "240.0.0.1"]
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    assert notifications.deliver(notification_id=row.pk, at=NOW)[0] == "retry"
+    row.refresh_from_db()
+    assert "resolves only to addresses a webhook is never sent to" in row.last_error
+    assert "169.254.169.254" in row.last_error
+    assert resolving.tried == [] and webhook.requests == []
+    # Among them a loopback one (the operator's own relay): that one is used.
+    resolving.addresses = ["169.254.169.254", "127.0.0.1"]
+    later = NOW + timedelta(hours=2)  # past its retry's backoff
+    assert notifications.deliver(notification_id=row.pk, at=later)[0] == "sent"
+    assert resolving.tried == [] and len(webhook.requests) == 1
+
+
+def test_a_webhook_deadline_bounds_connecting_to_several_addresses(ask, settings, resolving):
+    """Each address was tried for the whole timeout: a host with 4 unanswering addresses
+    held a 1 s delivery for 4 s. Each is tried only for the time left."""
+    listener = socket.socket()  # its accept queue full: a connect to it hangs
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    time.sleep(0.2)
+    resolving.addresses = ["127.0.0.1"] * 4
+    settings.NOTIFY_WEBHOOK_URLS = [f"http://hooks.test:{port}/hook"]
+    settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS = 1
+    ask()
+    (row,) = Notification.objects.filter(channel="webhook")
+    started = time.monotonic()
+    try:
+        outcome, _ = notifications.deliver(notification_id=row.pk, at=NOW)
+    finally:
+        took = time.monotonic() - started
+        for filler in fillers:
+            filler.close()
+        listener.close()
+    assert outcome == "retry" and took < 2.5, took
+    row.refresh_from_db()
+    assert (
+        "timed out" in row.last_error or "deadline" in row.last_error or "within" in row.last_error
+    )
+
+
 def test_a_webhook_removed_from_settings_fails_at_once(ask, webhook, settings):
     ask()  # queued; the commit callback does not run in this test's transaction
     (row,) = Notification.objects.filter(channel="webhook")
