@@ -317,8 +317,9 @@ class ToolDetailView(AdminView):
         tool = _get(Tool.objects.all(), "tool", name=name)
         tool = tools.tool_update_definition(
             tool=tool,
-            description=data.get("description", tool.description),
-            input_schema=data.get("input_schema", tool.input_schema),
+            # Left out: the value when the row is locked, not as read here.
+            description=data.get("description", tools.KEEP),
+            input_schema=data.get("input_schema", tools.KEEP),
             updated_by=request.user,
             actor=actor_for(request),
             at=timezone.now(),

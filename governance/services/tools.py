@@ -75,21 +75,30 @@ def tool_register(
     return tool
 
 
+KEEP: Any = object()  # a part of the definition the update leaves as it is
+
+
 def tool_update_definition(
     *,
     tool: Tool,
-    description: str,
-    input_schema: Any,
     actor: audit.Actor,
     at: datetime,
+    description: Any = KEEP,
+    input_schema: Any = KEEP,
     updated_by: Any = None,
 ) -> Tool:
     """Record what the tool now says about itself. Any change quarantines it
-    until an admin re-approves: tool metadata is untrusted content."""
-    schema = jsonb_form(input_schema or {})  # as stored and hashed (see tool_register)
-    digest = definition_hash(tool.name, description, schema)
+    until an admin re-approves: tool metadata is untrusted content. A part left as
+    KEEP is the locked row's: read before the lock, a concurrent update would be
+    written back over (and a quarantine lifted by writing back the approved text)."""
     with transaction.atomic():
         tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
+        if description is KEEP:
+            description = tool.description
+        if input_schema is KEEP:
+            input_schema = tool.input_schema
+        schema = jsonb_form(input_schema or {})  # as stored and hashed (see tool_register)
+        digest = definition_hash(tool.name, description, schema)
         if digest == tool.definition_hash:
             return tool
         tool.description = description
