@@ -289,13 +289,16 @@ FROM governance_approval WHERE id = %s AND agent_id = %s
 # The live confirmation policies for this agent, tool and action (and the call's task,
 # for a task-bound policy); their scope patterns are matched in Python, as grants' are.
 # And whether the author may approve now (active, an approver or admin): an approve
-# policy is a standing approval, and stops answering with its author's authority.
+# policy is a standing approval, and stops answering with its author's authority, or
+# once the tool has another approved definition than the one it was written against.
 _POLICY_QUERY = f"""
 SELECT p.id, p.verdict, p.scope, p.created_by_id, p.created_at,
        EXISTS (SELECT 1 FROM auth_user u WHERE u.id = p.created_by_id AND u.is_active
                AND (u.is_superuser OR EXISTS (
                    SELECT 1 FROM auth_user_groups ug JOIN auth_group r ON r.id = ug.group_id
                    WHERE ug.user_id = u.id AND r.name IN ('{roles.ADMINS}', '{roles.APPROVERS}'))))
+       AND p.definition_hash = (SELECT t.approved_hash FROM governance_tool t
+                                WHERE t.id = p.tool_id)
 FROM governance_confirmationpolicy p
 WHERE p.agent_id = %s AND p.tool_id = %s AND p.action = %s
   AND (p.task_id IS NULL OR p.task_id = %s)

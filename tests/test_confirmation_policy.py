@@ -772,6 +772,46 @@ def test_an_approve_policy_stops_answering_once_its_author_may_no_longer_approve
     assert silenced == {approve.pk: True, deny.pk: False}
 
 
+def test_an_approve_policy_stops_answering_once_another_definition_of_the_tool_is_approved(
+    world, person
+):
+    """A policy approves calls to the tool as it was when it was written. The tool
+    changed what it says (quarantined, every decision denied), an admin approved the new
+    definition, and the policy went on approving its deletes: open approvals are voided
+    on a quarantine for that reason, a standing one was not. Its denies keep binding."""
+    from governance.services import reports, tools
+    from governance.web.queries import live_confirmation_policies
+
+    approve = write(world)
+    deny = write(world, "deny", scope="repo:acme/tmp/keep/*")
+    assert approve.definition_hash == world.tool.approved_hash != ""
+    assert ask().reason == "allowed"
+    tools.tool_update_definition(
+        tool=world.tool, description="deletes now also purge backups", actor=Actor.system("sync"),
+        at=NOW,
+    )  # fmt: skip
+    assert ask(at=NOW + MS).reason == "tool_quarantined"
+    admin = person("ada", roles.ADMINS)
+    tool = type(world.tool).objects.get(pk=world.tool.pk)
+    tools.tool_approve_definition(
+        tool=tool, definition_hash=tool.definition_hash, approver=admin, actor=Actor.user(admin),
+        at=NOW + MS,
+    )  # fmt: skip
+    decision = ask(at=NOW + 2 * MS)
+    assert (decision.decision, decision.reason) == ("approval_required", "approval_required")
+    event = event_of(decision)
+    assert (event.decision, event.reason) == ("approval_required", "approval_required")
+    denied = ask(at=NOW + 2 * MS, scope="repo:acme/tmp/keep/x")
+    assert (denied.decision, denied.reason) == ("deny", "approval_denied")
+    (row,) = [r for r in reports.access_rows(NOW + 2 * MS) if r["grant"] == world.grant.pk]
+    assert row["policies"] == [f"deny#{deny.pk}"]
+    silenced = {p.pk: p.silenced for p in live_confirmation_policies(NOW + 2 * MS)}
+    assert silenced == {approve.pk: True, deny.pk: False}
+    # A policy written against the definition approved now answers again.
+    again = write(world, at=NOW + 3 * MS)
+    assert ask(at=NOW + 4 * MS).policy_id == again.pk
+
+
 def test_a_parents_approve_policy_does_not_answer_for_its_subagent(world, make_agent):
     """An approve policy answers for its own agent's calls only; a deny binds below."""
     Grant.objects.filter(pk=world.grant.pk).update(delegable=True)

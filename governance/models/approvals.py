@@ -50,6 +50,10 @@ class ConfirmationPolicy(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     revoke_reason = models.TextField(blank=True)
+    # The tool's approved definition (its hash) when the policy was written: an approve
+    # policy is a standing approval of calls to the tool as it was then, and stops
+    # answering once another definition is approved (as open approvals are voided).
+    definition_hash = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -69,6 +73,11 @@ class ConfirmationPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"confirmation policy #{self.pk} ({self.verdict})"
+
+    def for_current_definition(self) -> bool:
+        """Written against the tool's approved definition as it is now (policy.py's
+        _POLICY_QUERY asks the same in SQL)."""
+        return self.definition_hash == self.tool.approved_hash
 
     def live_at(self, at: Any) -> bool:
         """Bookkeeping for lists; decisions ask authorize()."""

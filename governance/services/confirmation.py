@@ -143,6 +143,8 @@ def policy_create(
             created_at=at,
             starts_at=at,
             expires_at=at + duration,
+            # As approved now (the caller's Tool may be older than an approval).
+            definition_hash=Tool.objects.values_list("approved_hash", flat=True).get(pk=tool.pk),
         )
         _event(policy, EventType.CONFIRMATION_POLICY_CREATED, actor, at, reason=reason)
         notifications.policy_written(policy=policy, at=at)  # sent after the commit

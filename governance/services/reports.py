@@ -250,6 +250,7 @@ def _answering(
             if p.verdict == "deny"
             or (
                 selectors.may_approve_at(p.created_by, then)
+                and p.for_current_definition()
                 and not has_stake(p.created_by_id, p.created_at)
             )
         ]

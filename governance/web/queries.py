@@ -276,7 +276,8 @@ def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:
 def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
     """Policies in their window now (for people to see; decisions ask authorize()).
     `silenced` marks an approve policy whose author has since come to hold a stake in
-    the agent or its calls' grants, or may no longer approve (deactivated, role gone):
+    the agent or its calls' grants, or may no longer approve (deactivated, role gone),
+    or that was written against another definition of the tool than the approved one:
     authorize() no longer lets it answer."""
     from governance.services.confirmation import policy_stakeholders
 
@@ -289,6 +290,7 @@ def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
     for policy in found:
         policy.silenced = policy.verdict == "approve" and (  # type: ignore[attr-defined]
             not roles.may_approve(policy.created_by)
+            or not policy.for_current_definition()
             or policy.created_by_id
             in policy_stakeholders(policy.agent, policy.tool, policy.action, at=policy.created_at)
         )
