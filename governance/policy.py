@@ -48,6 +48,10 @@ MAX_NAME_LEN = 100
 # to miss. Case is significant.
 _RESOURCE_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/-]+")
 _PATTERN_CHARS = re.compile(r"[A-Za-z0-9._~:@!$&'()+,;=/*-]+")
+# The part before the first `:` is a kind (`repo`, `s3`, `db.prod`), a name and never a
+# path: `srv/prod/db:x` is no resource of kind `srv/prod/db`. Read as one, a file under
+# a deny policy's `srv/prod/*` (or its `:$DATA` stream) escaped the policy.
+_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*")
 
 
 def _split(value: str) -> tuple[str, list[str]]:
@@ -55,6 +59,12 @@ def _split(value: str) -> tuple[str, list[str]]:
     if not sep:
         return "", kind.split("/")
     return kind, path.split("/")
+
+
+def _kind_ok(value: str) -> bool:
+    """No kind, or a kind that is a name (_KIND)."""
+    kind, sep, _path = value.partition(":")
+    return not sep or bool(_KIND.fullmatch(kind))
 
 
 def _segments_ok(segments: list[str]) -> bool:
@@ -72,7 +82,7 @@ def resource_is_canonical(resource: str) -> bool:
     if not (0 < len(resource) <= MAX_SCOPE_LEN) or not _RESOURCE_CHARS.fullmatch(resource):
         return False
     _kind, segments = _split(resource)
-    return _segments_ok(segments)
+    return _kind_ok(resource) and _segments_ok(segments)
 
 
 def pattern_is_valid(pattern: str) -> bool:
@@ -81,8 +91,8 @@ def pattern_is_valid(pattern: str) -> bool:
         return True
     if not (0 < len(pattern) <= MAX_SCOPE_LEN) or not _PATTERN_CHARS.fullmatch(pattern):
         return False
-    kind, segments = _split(pattern)
-    if "*" in kind:
+    _kind, segments = _split(pattern)
+    if not _kind_ok(pattern):  # `*` in it too
         return False
     return _segments_ok(segments) and all(seg == "*" or "*" not in seg for seg in segments)
 

@@ -68,3 +68,45 @@ def test_second_spellings_are_neither_resources_nor_patterns(value):
 )
 def test_dots_inside_a_segment_are_fine(value):
     assert resource_is_canonical(value) and pattern_is_valid(value)
+
+
+@pytest.mark.parametrize(
+    "alias", ["srv/prod/db:x", "srv/prod/db:$DATA", "srv/prod/../prod/db:x", "srv/x/../prod/db:x"]
+)
+def test_a_path_with_a_colon_is_no_kind_and_does_not_dodge_a_deny(
+    make_agent, make_tool, make_grant, bob, dave, system, alias
+):
+    """The part before the first `:` was taken as the kind whatever it held: the file
+    `srv/prod/db:x` (or the stream `srv/prod/db:$DATA`) was a resource of kind
+    `srv/prod/db`, which the deny policy `srv/prod/*` (kind none) never matched, and
+    the approve policy `*` allowed it; `..` before the colon passed as canonical."""
+    bot = make_agent("bot")
+    fs = make_tool("fs", actions=("read", "delete"))
+    make_grant(bot, fs, ("delete",), "*")
+    for author, verdict, scope in ((bob, "deny", "srv/prod/*"), (dave, "approve", "*")):
+        confirmation.policy_create(
+            author=_approver(author), agent=bot, tool=fs, action="delete", scope=scope,
+            verdict=verdict, reason="r", duration=timedelta(hours=1), actor=system,
+            at=NOW - timedelta(minutes=5),
+        )  # fmt: skip
+    plain = access.access_check(
+        agent="bot", tool="fs", action="delete", scope="srv/prod/db", at=NOW
+    )
+    assert (plain.decision, plain.reason) == ("deny", "approval_denied")
+    aliased = access.access_check(agent="bot", tool="fs", action="delete", scope=alias, at=NOW)
+    assert (aliased.decision, aliased.reason) == ("deny", "scope_mismatch")
+    event = AuditEvent.objects.get(uid=aliased.decision_id)
+    assert (event.decision, event.reason, event.scope) == ("deny", "scope_mismatch", alias)
+    assert not resource_is_canonical(alias) and not pattern_is_valid(alias)
+
+
+@pytest.mark.parametrize(
+    "value", ["srv/../etc:passwd", "a/..:x", "a/./b:x", "a//b:x", ":x", "a b:x", "1a:x", "a.:x"]
+)
+def test_a_kind_is_a_name(value):
+    assert not resource_is_canonical(value) and not pattern_is_valid(value)
+
+
+@pytest.mark.parametrize("value", ["s3:bucket/x", "db.prod:t/1", "git+ssh:x", "code_exec:x"])
+def test_kinds_that_are_names_are_fine(value):
+    assert resource_is_canonical(value) and pattern_is_valid(value)

@@ -36,15 +36,16 @@ from governance.text import is_text, is_utf8, json_problem
 # services.agents.validate_name (agents and tools)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 # policy.pattern_is_valid: `*` alone, or segments split on `/` (after an optional
-# `kind:` prefix without `*`), none empty, ending in a dot, holding a `;` or an NTFS
-# stream name (`::`, `:$`), `*` only as a whole segment.
+# `kind:` prefix, a name: policy._KIND), none empty, ending in a dot, holding a `;` or
+# an NTFS stream name (`::`, `:$`), `*` only as a whole segment.
 _SEG = r"(?:\*|\.*{c}(?:(?:{c}|\.)*{c})?)"
 _PLAIN = "A-Za-z0-9_~@!$&'()+,;="  # and `-`, which goes last inside [...]
 _NO_SEMI = _PLAIN.replace(";", "")
 _SEG_NO_COLON = _SEG.format(c=f"[{_NO_SEMI}-]")
 _SEG_COLON = _SEG.format(c=f"(?:[{_NO_SEMI}-]|:(?![:$]))")
+_KIND = r"[A-Za-z][A-Za-z0-9_+-]*(?:\.[A-Za-z0-9_+-]+)*"  # policy._KIND: a name, no path
 SCOPE_PATTERN = (
-    rf"^(?:{_SEG_NO_COLON}(?:/{_SEG_NO_COLON})*|[./{_PLAIN}-]*:{_SEG_COLON}(?:/{_SEG_COLON})*)$"
+    rf"^(?:{_SEG_NO_COLON}(?:/{_SEG_NO_COLON})*|{_KIND}:{_SEG_COLON}(?:/{_SEG_COLON})*)$"
 )
 # services.grants.validate_shape: host or [ipv6]:port, the port 1-65535 in 1 to 5 digits.
 _PORT = (
