@@ -5,11 +5,13 @@ all, can be stepped around with it."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
 
 from governance import roles
+from governance.audit import Actor
 from governance.models import AuditEvent
 from governance.policy import pattern_is_valid, resource_is_canonical
 from governance.services import access, confirmation
@@ -19,6 +21,17 @@ from tests.conftest import NOW
 def _approver(user: User) -> User:
     user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
     return User.objects.get(pk=user.pk)
+
+
+def _deny_and_approve(agent: Any, tool: Any, *, deny: tuple[User, str], approve: tuple[User, str]):
+    """Deletes under `deny`'s scope denied by a policy, any other under `approve`'s
+    approved by one (each (author, scope)): an alias that dodges the deny is allowed."""
+    for (author, scope), verdict in ((deny, "deny"), (approve, "approve")):
+        confirmation.policy_create(
+            author=_approver(author), agent=agent, tool=tool, action="delete", scope=scope,
+            verdict=verdict, reason="r", duration=timedelta(hours=1),
+            actor=Actor.system("test"), at=NOW - timedelta(minutes=5),
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -38,20 +51,16 @@ def test_a_deny_policy_is_not_dodged_by_a_second_spelling(
     bot = make_agent("bot")
     repo = make_tool("repo", actions=("read", "delete"))
     make_grant(bot, repo, ("delete",), "repo:acme/*")
-    for author, verdict, scope in (
-        (bob, "deny", "repo:acme/prod/*"),
-        (dave, "approve", "repo:acme/*"),
-    ):
-        confirmation.policy_create(
-            author=_approver(author), agent=bot, tool=repo, action="delete", scope=scope,
-            verdict=verdict, reason="r", duration=timedelta(hours=1), actor=system,
-            at=NOW - timedelta(minutes=5),
-        )  # fmt: skip
-    plain = access.access_check(
-        agent="bot", tool="repo", action="delete", scope="repo:acme/prod/db", at=NOW
-    )
-    assert (plain.decision, plain.reason) == ("deny", "approval_denied")
-    aliased = access.access_check(agent="bot", tool="repo", action="delete", scope=alias, at=NOW)
+    _deny_and_approve(bot, repo, deny=(bob, "repo:acme/prod/*"), approve=(dave, "repo:acme/*"))
+    _assert_denied_not_dodged("repo", plain="repo:acme/prod/db", alias=alias)
+
+
+def _assert_denied_not_dodged(tool: str, *, plain: str, alias: str) -> None:
+    """`plain` is denied by the deny policy; `alias`, another spelling of it, is refused
+    as no resource (scope_mismatch), in the answer and in its event."""
+    asked = access.access_check(agent="bot", tool=tool, action="delete", scope=plain, at=NOW)
+    assert (asked.decision, asked.reason) == ("deny", "approval_denied")
+    aliased = access.access_check(agent="bot", tool=tool, action="delete", scope=alias, at=NOW)
     assert (aliased.decision, aliased.reason) == ("deny", "scope_mismatch")
     event = AuditEvent.objects.get(uid=aliased.decision_id)
     assert (event.decision, event.reason, event.scope) == ("deny", "scope_mismatch", alias)
@@ -83,20 +92,8 @@ def test_a_path_with_a_colon_is_no_kind_and_does_not_dodge_a_deny(
     bot = make_agent("bot")
     fs = make_tool("fs", actions=("read", "delete"))
     make_grant(bot, fs, ("delete",), "*")
-    for author, verdict, scope in ((bob, "deny", "srv/prod/*"), (dave, "approve", "*")):
-        confirmation.policy_create(
-            author=_approver(author), agent=bot, tool=fs, action="delete", scope=scope,
-            verdict=verdict, reason="r", duration=timedelta(hours=1), actor=system,
-            at=NOW - timedelta(minutes=5),
-        )  # fmt: skip
-    plain = access.access_check(
-        agent="bot", tool="fs", action="delete", scope="srv/prod/db", at=NOW
-    )
-    assert (plain.decision, plain.reason) == ("deny", "approval_denied")
-    aliased = access.access_check(agent="bot", tool="fs", action="delete", scope=alias, at=NOW)
-    assert (aliased.decision, aliased.reason) == ("deny", "scope_mismatch")
-    event = AuditEvent.objects.get(uid=aliased.decision_id)
-    assert (event.decision, event.reason, event.scope) == ("deny", "scope_mismatch", alias)
+    _deny_and_approve(bot, fs, deny=(bob, "srv/prod/*"), approve=(dave, "*"))
+    _assert_denied_not_dodged("fs", plain="srv/prod/db", alias=alias)
     assert not resource_is_canonical(alias) and not pattern_is_valid(alias)
 
 
