@@ -46,7 +46,7 @@ def _deny_and_approve(agent: Any, tool: Any, *, deny: tuple[User, str], approve:
     ],
 )
 def test_a_deny_policy_is_not_dodged_by_a_second_spelling(
-    make_agent, make_tool, make_grant, bob, dave, system, alias
+    make_agent, make_tool, make_grant, bob, dave, alias
 ):
     bot = make_agent("bot")
     repo = make_tool("repo", actions=("read", "delete"))
@@ -83,7 +83,7 @@ def test_dots_inside_a_segment_are_fine(value):
     "alias", ["srv/prod/db:x", "srv/prod/db:$DATA", "srv/prod/../prod/db:x", "srv/x/../prod/db:x"]
 )
 def test_a_path_with_a_colon_is_no_kind_and_does_not_dodge_a_deny(
-    make_agent, make_tool, make_grant, bob, dave, system, alias
+    make_agent, make_tool, make_grant, bob, dave, alias
 ):
     """The part before the first `:` was taken as the kind whatever it held: the file
     `srv/prod/db:x` (or the stream `srv/prod/db:$DATA`) was a resource of kind
