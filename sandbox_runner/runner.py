@@ -98,15 +98,21 @@ def prepare_workdir(spec: RunSpec) -> Path:
     root.mkdir(parents=True, exist_ok=True, mode=0o711)
     _check_root(root)
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{spec.run_id}-", dir=root))
-    # Traversable, not listable: the engine (and bwrap as uid 1000) reach the mounts.
-    os.chmod(workdir, 0o711)  # noqa: S103
-    inputs = workdir / "in"
-    inputs.mkdir(mode=0o755)
-    for name, data in (("script", spec.script), ("input", spec.input)):
-        if data is not None:
-            path = inputs / name
-            path.write_bytes(data)
-            path.chmod(0o444)
+    try:
+        # Traversable, not listable: the engine (and bwrap as uid 1000) reach the mounts.
+        os.chmod(workdir, 0o711)  # noqa: S103
+        inputs = workdir / "in"
+        inputs.mkdir(mode=0o755)
+        for name, data in (("script", spec.script), ("input", spec.input)):
+            if data is not None:
+                path = inputs / name
+                path.write_bytes(data)
+                path.chmod(0o444)
+    except BaseException:
+        # Nothing else knows of it (no container names it): a full disk must not leave
+        # a partial copy behind for every failed run.
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     return workdir
 
 

@@ -11,6 +11,7 @@ never "unlimited".
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -218,8 +219,13 @@ def effective(
         asked = spec.limits.get(name)
         if asked is None:
             value = cap
-        elif isinstance(asked, bool) or not isinstance(asked, int | float) or asked != asked:
-            # NaN compares false with everything: it passed both the ceiling and the floor.
+        elif (
+            isinstance(asked, bool)
+            or not isinstance(asked, int | float)
+            or not math.isfinite(asked)
+        ):
+            # NaN compares false with everything: it passed both the ceiling and the floor;
+            # -inf passed the ceiling and then overflowed int() (an internal error).
             raise OverCeiling(f"{name} {asked!r} is not a number")
         elif asked > cap:
             raise OverCeiling(f"{name} {asked} is above the grant's {cap}")

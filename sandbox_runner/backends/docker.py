@@ -12,6 +12,7 @@ attach stream only). No Docker socket and no host path beyond those mounts.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ from sandbox_runner.spec import INPUT_PATH, SCRIPT_PATH, Authorization, Limits, 
 
 PROXY_PORT = 3128
 TMP_SIZE = "64m"
+
+log = logging.getLogger(__name__)
 
 
 def scratch_options(limits: Limits) -> str:
@@ -315,6 +318,7 @@ class DockerBackend(Backend):
                 # proxy in a shared namespace. Refuse rather than run with less.
                 raise BackendUnavailable(f"egress is not supported under {self.runtime}")
             options["runtime"] = self.runtime
+        container = None
         try:
             if network is not None:
                 holder = self._holder(image, spec, workdir, deadline)
@@ -332,15 +336,21 @@ class DockerBackend(Backend):
                 labels=labels(spec, deadline, workdir, "sandbox"),
                 **options,
             )
+            # Attach before start so not a byte is missed (what `docker run` does); demux
+            # keeps stdout and stderr apart. No logs=True: replaying the log while also
+            # streaming can deliver the same bytes twice, and before start there is none.
+            stream = container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
         except Exception:
-            if holder is not None:
-                holder.remove(force=True)
+            # Nothing of a run that did not start stays on the engine (only the reaper,
+            # at its deadline, would find it); a failed removal does not hide why.
+            for made in (container, holder):
+                if made is not None:
+                    try:
+                        made.remove(force=True)
+                    except Exception:
+                        log.warning("could not remove %s of run %s", made.id, spec.run_id)
             raise
         handle = DockerHandle(container, holder, network, dict(self.enforcement))
-        # Attach before start so not a byte is missed (what `docker run` does); demux keeps
-        # stdout and stderr apart. No logs=True: replaying the log while also streaming can
-        # deliver the same bytes twice, and before start there is no log to replay.
-        stream = container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
 
         def pump() -> None:
             try:

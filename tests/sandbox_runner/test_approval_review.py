@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -236,11 +237,14 @@ def test_a_run_the_sandbox_refuses_does_not_name_the_policy_in_its_event(deploy,
         "allow",
         "access.allowed",
     )
-    _, refused = ask(b"echo hi\n", limits={"memory_mb": 10**6})
-    assert (refused.outcome, refused.reason) == ("deny", "limit_exceeds_grant")
-    event = AuditEvent.objects.get(uid=refused.decision_id)
-    assert (event.event_type, event.reason, json.loads(event.data)) == (
-        "access.denied",
-        "limit_exceeds_grant",
-        {},
-    )
+    # Above the grant, and -inf (it passed the ceiling, then overflowed int(): an
+    # internal error, "The decision could not be recorded", not this refusal).
+    for limits in ({"memory_mb": 10**6}, {"memory_mb": -math.inf}):
+        _, refused = ask(b"echo hi\n", limits=limits)
+        assert (refused.outcome, refused.reason) == ("deny", "limit_exceeds_grant")
+        event = AuditEvent.objects.get(uid=refused.decision_id)
+        assert (event.event_type, event.reason, json.loads(event.data)) == (
+            "access.denied",
+            "limit_exceeds_grant",
+            {},
+        )

@@ -81,3 +81,34 @@ def test_the_same_answer_for_a_container_that_never_started_is_an_error(created:
 def test_any_other_start_error_is_an_error_even_if_the_container_runs(created: Any) -> None:
     with pytest.raises(docker.errors.APIError, match="no such file"):
         start_container(EngineAnswers500(created, started=True, message="exec: no such file"))
+
+
+@pytest.mark.parametrize("egress", [False, True], ids=["no-egress", "egress-holder"])
+def test_a_start_that_fails_after_its_containers_are_made_leaves_none_behind(
+    docker_client: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, egress: bool
+) -> None:
+    """Attaching to the sandbox (before it starts) can fail at the engine; the sandbox
+    container, and the egress holder, stayed on the engine until the reaper's deadline:
+    only a failed create was cleaned up. The containers are real; the engine's failure
+    to attach is staged (it cannot be provoked on demand)."""
+    import time
+
+    import docker.models.containers
+
+    from sandbox_runner.backends.docker import DockerBackend
+    from sandbox_runner.spec import DEFAULT_LIMITS, Authorization, RunSpec
+    from tests.sandbox_runner.conftest import containers_of
+
+    def engine_fails(*args: Any, **kwargs: Any) -> Any:
+        raise docker.errors.APIError("500 Server Error: attach failed (staged)")
+
+    monkeypatch.setattr(docker.models.containers.Container, "attach", engine_fails)
+    image_id = docker_client.images.get(DEFAULT_IMAGE).id
+    spec = RunSpec(agent="coder", task=None, command=("true",), image_id=image_id)
+    auth = Authorization("allow", "allowed", "", spec.run_id, limits=DEFAULT_LIMITS)
+    network = (lambda *args: None) if egress else None
+    with pytest.raises(docker.errors.APIError, match="staged"):
+        DockerBackend(docker_client).start(
+            spec, auth, tmp_path, time.time() + 60, lambda data: None, lambda data: None, network
+        )
+    assert containers_of(docker_client, spec.run_id) == []

@@ -72,3 +72,23 @@ def test_a_run_over_an_unsafe_root_starts_nothing_and_is_recorded_as_failed(
     record = run_record(run_spec.run_id)
     assert record.status == "failed" and "writable by others" in record.error
     assert events_of(run_spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+
+
+def test_a_workdir_that_cannot_be_filled_is_removed(root, monkeypatch):
+    """A full disk while the input was copied left the run's directory (with the script
+    copy in it) behind: nothing else knows of it, no reaper would ever find it."""
+    import errno
+    import pathlib
+
+    real = pathlib.Path.write_bytes
+
+    def full_disk(self: pathlib.Path, data: bytes) -> int:
+        if self.name == "input":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+    asked = RunSpec(agent="bot", task=None, command=("true",), script=b"x" * 10, input=b"y")
+    with pytest.raises(OSError, match="No space left"):
+        prepare_workdir(asked)
+    assert list(root.iterdir()) == []
