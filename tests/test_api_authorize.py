@@ -411,6 +411,14 @@ def test_a_delegation_over_http_narrows_the_envelope_and_is_refused_when_wider(
     event = last_event()
     assert (event.event_type, event.grant_id) == ("grant.delegated", child.pk)
     assert json.loads(event.data)["egress"] == []
+    # Asked again: the same grant, 200 (nothing was created: it said 201), no event.
+    again = client.post(
+        "/api/v1/delegations",
+        {**body, "egress": [], "limits": {"memory_mb": 64, "cpus": None}},
+        format="json",
+    )
+    assert (again.status_code, again.json()["id"]) == (200, child.pk)
+    assert last_event().seq == event.seq
 
 
 def test_the_bearer_scheme_is_case_insensitive(agent_client, make_agent):

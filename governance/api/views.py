@@ -354,6 +354,9 @@ class DelegationView(APIView):
         request=s.DelegationIn,
         responses={
             201: s.GrantOut,
+            200: OpenApiResponse(
+                s.GrantOut, description="The same delegation, asked again: the grant made then"
+            ),
             409: OpenApiResponse(s.ErrorSerializer, description="The subagent is suspended"),
             **ERRORS,
         },
@@ -377,6 +380,7 @@ class DelegationView(APIView):
         child = Agent.objects.filter(name=data["agent"], parent=agent).first()
         if child is None:
             raise NotFound("not_found", "No such subagent.")
+        at = timezone.now()
         grant = grants.grant_delegate(
             parent_grant_id=parent.pk,
             child=child,
@@ -389,9 +393,13 @@ class DelegationView(APIView):
             limits={k: v for k, v in (data.get("limits") or {}).items() if v is not None},
             delegable=data["delegable"],
             actor=actor_for(request),
-            at=timezone.now(),
+            at=at,
         )
-        return Response(s.GrantOut(grant).data, status=status.HTTP_201_CREATED)
+        # The same delegation asked again returns the grant made then (made at `at`: new).
+        made = grant.created_at == at
+        return Response(
+            s.GrantOut(grant).data, status=status.HTTP_201_CREATED if made else status.HTTP_200_OK
+        )
 
 
 class MeView(APIView):
