@@ -219,13 +219,8 @@ def effective(
         asked = spec.limits.get(name)
         if asked is None:
             value = cap
-        elif (
-            isinstance(asked, bool)
-            or not isinstance(asked, int | float)
-            or not math.isfinite(asked)
-        ):
-            # NaN compares false with everything: it passed both the ceiling and the floor;
-            # -inf passed the ceiling and then overflowed int() (an internal error).
+        elif isinstance(asked, bool) or not isinstance(asked, int | float) or asked != asked:
+            # NaN compares false with everything: it passed both the ceiling and the floor.
             raise OverCeiling(f"{name} {asked!r} is not a number")
         elif asked > cap:
             raise OverCeiling(f"{name} {asked} is above the grant's {cap}")
@@ -234,7 +229,12 @@ def effective(
         # Below its smallest enforceable value a limit would become "no limit" on the
         # way down (Docker reads 0 nano-CPUs, 0 pids or 0 bytes as unlimited).
         whole = name != "cpus"
-        if isinstance(value, bool) or (whole and value != int(value)) or value < LIMIT_MIN[name]:
+        # (-inf passes the ceiling and would overflow int(): not a whole number either.)
+        if (
+            isinstance(value, bool)
+            or (whole and (not math.isfinite(value) or value != int(value)))
+            or value < LIMIT_MIN[name]
+        ):
             kind = "a whole number" if whole else "a number"
             raise OverCeiling(f"{name} must be {kind} of at least {LIMIT_MIN[name]} (got {value})")
         values[name] = value

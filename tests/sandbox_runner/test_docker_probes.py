@@ -260,25 +260,27 @@ def test_a_request_above_the_grant_is_denied_not_lowered(
 
 
 @pytest.mark.parametrize(
-    ("cpus", "message"),
+    ("name", "value", "message"),
     [
-        (float("nan"), "cpus nan is not a number"),
-        (float("inf"), "cpus inf is above the grant's 1.0"),
-        (float("-inf"), "cpus must be a number of at least 0.01 (got -inf)"),
+        ("cpus", float("nan"), "cpus nan is not a number"),
+        ("cpus", float("inf"), "cpus inf is above the grant's 1.0"),
+        ("cpus", float("-inf"), "cpus must be a number of at least 0.01 (got -inf)"),
+        # A whole-number limit: -inf overflowed int(), an internal error, not this denial.
+        ("memory_mb", float("-inf"), "memory_mb must be a whole number of at least 6 (got -inf)"),
     ],
 )
 def test_a_limit_that_is_not_a_finite_number_is_denied_on_record(
-    code_exec, spec_for, cpus, message
+    code_exec, spec_for, name, value, message
 ):
     """NaN passed every comparison, and no non-finite number can be stored as JSON: the
     run record rolled back and the attempt went unrecorded. Now a denial on record."""
     code_exec.grant()
-    spec = spec_for("print('never')", limits={"cpus": cpus})
+    spec = spec_for("print('never')", limits={name: value})
     auth = DatabaseAuthorizer().authorize(spec)
     assert (auth.outcome, auth.reason, auth.message) == ("deny", "limit_exceeds_grant", message)
     record = run_record(spec.run_id)
     assert (record.status, record.message) == ("denied", message)
-    assert record.requested_limits["cpus"] == str(cpus)
+    assert record.requested_limits[name] == str(value)
     assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.denied"]
 
 
