@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 ADMINS = "admins"
@@ -35,6 +36,12 @@ def may_approve(user: Any) -> bool:
     """An approver who is still active: what an approve confirmation policy's author
     must be for it to answer (policy._policy_verdicts asks the same in SQL)."""
     return user is not None and bool(getattr(user, "is_active", False)) and is_approver(user)
+
+
+def may_approve_as(*, active: bool, superuser: bool, roles: Iterable[str]) -> bool:
+    """may_approve() for an account given as its parts (as it was at a past moment:
+    selectors.accounts_at)."""
+    return active and (superuser or bool({ADMINS, APPROVERS} & set(roles)))
 
 
 def is_auditor(user: Any) -> bool:

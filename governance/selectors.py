@@ -26,12 +26,14 @@ from governance.models.reviews import undecided_at_due_q
 from governance.models.tasks import open_at_q
 
 
-def live_grants(at: datetime) -> QuerySet[Grant]:
+def live_grants(at: datetime, then: dict[int, AccountThen] | None = None) -> QuerySet[Grant]:
     """Grants whose own window is open at `at` (ancestors are checked by authorize()).
     A subagent's grant counts only as a delegation, a break-glass grant only while its
     opener's account is active (authorize() says the same): active at `at`, so a past
-    moment's report keeps one whose opener was deactivated only later."""
-    then = accounts_at(at)
+    moment's report keeps one whose opener was deactivated only later. `then`:
+    accounts_at(at), when the caller has read it already."""
+    if then is None:
+        then = accounts_at(at)
     active_then = [pk for pk, a in then.items() if a.active is True]
     inactive_then = [pk for pk, a in then.items() if a.active is False]
     opener_inactive = (
@@ -95,12 +97,11 @@ def may_approve_at(user: Any, then: dict[int, AccountThen]) -> bool:
     was = then.get(user.pk) if user is not None else None
     if was is None:
         return roles.may_approve(user)
-    active = user.is_active if was.active is None else was.active
-    superuser = user.is_superuser if was.superuser is None else was.superuser
-    names = was.roles
-    if names is None:
-        names = frozenset(user.groups.values_list("name", flat=True))
-    return active and (superuser or bool(names & {roles.ADMINS, roles.APPROVERS}))
+    return roles.may_approve_as(
+        active=user.is_active if was.active is None else was.active,
+        superuser=user.is_superuser if was.superuser is None else was.superuser,
+        roles=user.groups.values_list("name", flat=True) if was.roles is None else was.roles,
+    )
 
 
 def agent_tree(agents: QuerySet[Agent], root_id: int) -> list[Agent]:

@@ -131,7 +131,8 @@ def access_rows(
     """One row per grant live at `at` (of one agent, task or tool, when named), in a
     stable order (as matrix_snapshot), each with its actions, scope and expiry as they
     were at `at` (shapes_at). More than MAX_ROWS: refused (too_many_rows)."""
-    live = narrowed(selectors.live_grants(at), agent=agent, task=task, tool=tool)
+    then = selectors.accounts_at(at)  # accounts as they were at `at`, read once
+    live = narrowed(selectors.live_grants(at, then), agent=agent, task=task, tool=tool)
     grants = sorted(
         at_most(live.select_related("agent__owner", "requested_by_agent")),
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
@@ -139,7 +140,6 @@ def access_rows(
     shapes = shapes_at(grants, at)
     past = state_at(at)
     policies = _policies_by_pair(at)
-    then = selectors.accounts_at(at)
     call_task = Task.objects.filter(key=task).values_list("pk", flat=True).first() if task else None
     return [
         {
