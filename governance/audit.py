@@ -1060,12 +1060,39 @@ class Verdict:
         return f"FAILED at seq {self.bad_seq}: {self.problem}"
 
 
+# SQLite keeps the typed columns as the application spelled them: another spelling of
+# the same value (the time at another offset, the uid in capitals, break_glass 2)
+# reads back, and hashes, the same, yet SQL filters compare the spelling and miss
+# the event. The stored spelling must be the one an append writes.
+_SQLITE_STORED = "quote(uid) || ' ' || quote(created_at) || ' ' || quote(break_glass)"
+
+
+def _stored(event: Mapping[str, Any]) -> str:
+    """The _SQLITE_STORED text of an event as an append writes it."""
+    return (
+        f"'{db.param_uuid(event['uid'])}' '{db.param_dt(event['created_at'])}' "
+        f"{int(event['break_glass'] is True)}"
+    )
+
+
 def _rows(after: int = 0) -> Iterator[dict[str, Any]]:
+    from django.db.models import CharField
+    from django.db.models.expressions import RawSQL
+
     from governance.models import AuditEvent
 
-    found = AuditEvent.objects.filter(seq__gt=after).order_by("seq").values(*FIELDS)
-    for event in found.iterator(chunk_size=2000):
+    found = AuditEvent.objects.filter(seq__gt=after).order_by("seq")
+    sqlite = connection.vendor == "sqlite"
+    if sqlite:
+        stored = RawSQL(_SQLITE_STORED, (), output_field=CharField())  # noqa: S611 (a constant)
+        found = found.annotate(stored=stored)
+    for event in found.values(*FIELDS, *(["stored"] if sqlite else [])).iterator(2000):
         event["created_at"] = db.read_dt(event["created_at"])
+        if sqlite and event.pop("stored") != _stored(event):
+            raise ValueError(
+                f"seq {event['seq']}: uid, created_at or break_glass is not stored as "
+                "the application writes it"
+            )
         yield event
 
 

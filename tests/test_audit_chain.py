@@ -32,6 +32,7 @@ from governance.services import access
 from tests.conftest import MS, NOW
 
 triggers = importlib.import_module("governance.migrations.0002_audit_append_only")
+no_replace = importlib.import_module("governance.migrations.0023_audit_no_replace_sqlite")
 
 
 @contextmanager
@@ -40,14 +41,14 @@ def triggers_bypassed() -> Iterator[None]:
         if connection.vendor == "postgresql":
             cur.execute("ALTER TABLE governance_auditevent DISABLE TRIGGER USER")
         else:
-            for statement in triggers.SQLITE_DOWN:
+            for statement in [*triggers.SQLITE_DOWN, no_replace.SQLITE_DOWN]:
                 cur.execute(statement)
     yield
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             cur.execute("ALTER TABLE governance_auditevent ENABLE TRIGGER USER")
         else:
-            for statement in triggers.SQLITE_UP:
+            for statement in [*triggers.SQLITE_UP, no_replace.SQLITE_UP]:
                 cur.execute(statement)
 
 
@@ -98,6 +99,70 @@ def test_the_database_refuses_update_and_delete(chain):
         with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
             sql(statement)
     assert AuditEvent.objects.get(seq=2).scope != "x"
+
+
+def _stored_row(seq: int) -> dict:
+    """An event's columns as the database stores them (SQLite: uid as 32 hex, the time
+    as naive UTC text), ready to be written back with a raw INSERT."""
+    row = AuditEvent.objects.filter(seq=seq).values()[0]
+    if connection.vendor == "sqlite":
+        row["uid"] = row["uid"].hex
+        row["created_at"] = row["created_at"].replace(tzinfo=None).isoformat(" ")
+    return row
+
+
+def _insert(row: dict, verb: str = "INSERT", tail: str = "") -> None:
+    sql(
+        f"{verb} INTO governance_auditevent ({', '.join(row)}) "
+        f"VALUES ({', '.join(['%s'] * len(row))}){tail}",
+        list(row.values()),
+    )
+
+
+def test_the_database_refuses_an_insert_that_would_replace_an_event(chain):
+    """SQLite's REPLACE deletes the row it collides with and fires no DELETE trigger:
+    `INSERT OR REPLACE` rewrote an event and `REPLACE INTO` with another's uid deleted
+    it, past the UPDATE and DELETE triggers. PostgreSQL's upsert is an UPDATE."""
+    victim = _stored_row(3)
+    rewritten = {**_stored_row(5), "scope": "repo:acme/innocent"}
+    newest = AuditEvent.objects.order_by("-seq").first().seq
+    deleting = {**_stored_row(newest), "seq": newest + 1, "uid": victim["uid"]}
+    if connection.vendor == "sqlite":
+        for row, verb in [(rewritten, "INSERT OR REPLACE"), (deleting, "REPLACE")]:
+            with pytest.raises(DatabaseError, match=r"append-only \(REPLACE refused\)"):
+                with transaction.atomic():
+                    _insert(row, verb)
+    with pytest.raises(DatabaseError), transaction.atomic():
+        _insert(rewritten, tail=" ON CONFLICT (seq) DO UPDATE SET scope = 'x'")
+    assert AuditEvent.objects.get(seq=5).scope != "repo:acme/innocent"
+    assert AuditEvent.objects.filter(seq=3, uid=victim["uid"]).exists()
+    assert AuditEvent.objects.count() == chain
+
+
+@pytest.mark.parametrize(
+    "column, spelling",
+    [
+        ("created_at", lambda stored: "{}+12:00".format(
+            (datetime.fromisoformat(stored) + timedelta(hours=12)).isoformat(" "))),
+        ("uid", str.upper),
+        ("break_glass", lambda stored: 2 if stored else 3),
+    ],
+)  # fmt: skip
+def test_a_value_respelled_on_sqlite_is_detected(chain, capsys, column, spelling):
+    """SQLite keeps a typed column's text as written: the same instant at +12:00, the
+    uid in capitals or break_glass 2 read back (and hash) the same, but SQL filters
+    compare the spelling, so a respelled time dropped the event from the decision-log
+    export while verify said ok. Verify holds the spelling to the application's."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL stores these as typed values, one spelling each")
+    with triggers_bypassed():
+        row = _stored_row(4)
+        sql("DELETE FROM governance_auditevent WHERE seq = 4")
+        _insert({**row, column: spelling(row[column])})
+    assert AuditEvent.objects.get(seq=4).hash == row["hash"]  # reads back the same
+    code, text = verify_output(capsys)
+    assert code == 1
+    assert "FAILED at seq 4" in text and "not stored as the application writes it" in text
 
 
 def test_the_database_refuses_truncate(chain, capsys):
