@@ -163,6 +163,7 @@ class EventType(models.TextChoices):
     PERSON_CREATED = "person.created"
     PERSON_CHANGED = "person.changed"
     PERSON_ROLES_CHANGED = "person.roles_changed"
+    PERSON_PERMISSIONS_CHANGED = "person.permissions_changed"
     PERSON_DELETED = "person.deleted"
 
 

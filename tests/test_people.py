@@ -177,6 +177,76 @@ def test_renaming_or_deleting_a_group_is_an_event_for_each_member():
     assert not roles.is_approver(User.objects.get(username="eve"))
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_group_renamed_from_a_shell_whose_events_cannot_be_written_keeps_its_name(
+    monkeypatch,
+):
+    """Group.save() outside a transaction commits before post_save: a rename of `ops` to
+    `approvers` whose events failed left every member an approver with no event."""
+    from governance import roles
+
+    ops = Group.objects.create(name="ops")
+    eve = User.objects.create_user("eve", password="pw-123456")
+    finn = User.objects.create_user("finn", password="pw-123456")
+    ops.user_set.add(eve, finn)
+    before = person_events()
+    calls = []
+
+    def second_fails(**kwargs):  # eve's event is written, finn's is not: neither stands
+        calls.append(kwargs)
+        if len(calls) == 2:
+            raise RuntimeError("audit write failed")
+        return real_append(**kwargs)
+
+    from governance import audit
+
+    real_append = audit.append
+    monkeypatch.setattr(audit, "append", second_fails)
+    ops.name = roles.APPROVERS
+    with pytest.raises(RuntimeError, match="audit write failed"):
+        ops.save()
+    monkeypatch.undo()
+    assert Group.objects.get(pk=ops.pk).name == "ops"
+    assert not roles.is_approver(User.objects.get(username="eve"))
+    assert person_events() == before
+
+
+def test_django_permissions_given_or_taken_are_events_for_each_person_they_reach():
+    """A Django permission (auth.change_user, say) opens the admin's account pages: giving
+    one to a person or to a group of theirs changed what they may do without an event."""
+    from django.contrib.auth.models import Permission
+
+    change_user = Permission.objects.get(codename="change_user", content_type__app_label="auth")
+    view_group = Permission.objects.get(codename="view_group", content_type__app_label="auth")
+    sam = User.objects.create_user("sam", password="pw-123456", is_staff=True)
+    eve = User.objects.create_user("eve", password="pw-123456")
+    ops = Group.objects.create(name="ops")
+    ops.user_set.add(sam, eve)
+    start = len(person_events())
+    sam.user_permissions.add(change_user, view_group)
+    change_user.user_set.remove(sam)  # the other side of the relation
+    ops.permissions.add(change_user)
+    view_group.group_set.add(ops)
+    ops.permissions.clear()
+    sam.user_permissions.clear()
+    changed = [
+        (kind, actor, data["person"], data.get("added"), data.get("removed"), data.get("group"))
+        for kind, actor, data in person_events()[start:]
+    ]
+    kind, unattributed = "person.permissions_changed", "system:unattributed"
+    assert changed == [
+        (kind, unattributed, "sam", ["auth.change_user", "auth.view_group"], None, None),
+        (kind, unattributed, "sam", None, ["auth.change_user"], None),
+        (kind, unattributed, "sam", ["auth.change_user"], None, "ops"),
+        (kind, unattributed, "eve", ["auth.change_user"], None, "ops"),
+        (kind, unattributed, "sam", ["auth.view_group"], None, "ops"),
+        (kind, unattributed, "eve", ["auth.view_group"], None, "ops"),
+        (kind, unattributed, "sam", None, ["auth.change_user", "auth.view_group"], "ops"),
+        (kind, unattributed, "eve", None, ["auth.change_user", "auth.view_group"], "ops"),
+        (kind, unattributed, "sam", None, ["auth.view_group"], None),
+    ]
+
+
 # --- Review findings: tokens and notices ------------------------------------------------
 
 

@@ -12,6 +12,10 @@ commits right after the change):
     person.changed        which of those changed (before and after), and
                           "password": "changed" (never the hash)
     person.roles_changed  groups added / removed and the roles that result
+    person.permissions_changed
+                          Django permissions ("app.codename") added / removed, the
+                          person's own or through a group (`group`): they open the
+                          Django admin's account and group pages
     person.deleted        username
 
 A login (last_login) is not a change. The actor is the signed-in person of the
@@ -20,7 +24,8 @@ request that made the change (the web UI, the admin, the API), else
 
 Outside a transaction (a shell, `createsuperuser`) a change has already committed when
 its signal runs: if its event then cannot be written, the change is undone (the new
-account deleted, the old values put back) and the error raised. Renaming a group
+account deleted, the old values or the group's old name put back) and the error raised
+(a relation's add or remove runs in its own transaction already). Renaming a group
 (`person.roles_changed` with `renamed`) or deleting one (`removed`) is an event for each
 member. Not seen: `QuerySet.update()` on accounts sends no signal, so code must not
 change accounts that way (nothing in this project does).
@@ -29,6 +34,7 @@ change accounts that way (nothing in this project does).
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -87,14 +93,15 @@ def _before_save(sender: Any, instance: Any, **kwargs: Any) -> None:
 _undoing: contextvars.ContextVar[bool] = contextvars.ContextVar("governance_undo", default=False)
 
 
-def _append_or_undo(event_type: str, user: Any, undo: Any, **data: Any) -> None:
-    """The event for a change post_save reports. Inside a transaction (the admin, the
-    UI, a service) they commit together or not at all. Outside one (a shell,
+def _or_undo(write: Callable[[], None], undo: Callable[[], Any]) -> None:
+    """Write the events for a change post_save reports. Inside a transaction (the admin,
+    the UI, a service) they commit together or not at all. Outside one (a shell,
     `createsuperuser`) the change has already committed when post_save runs: if its
-    event cannot be written, the change is undone, so it never stands without its event."""
+    events cannot be written, the change is undone, so it never stands without them."""
     alone = not transaction.get_connection().in_atomic_block
     try:
-        _append(event_type, user, **data)
+        with transaction.atomic():
+            write()
     except Exception:
         if alone:
             token = _undoing.set(True)
@@ -113,7 +120,7 @@ def _saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     instance._governance_before = None
     rows = sender.objects.filter(pk=instance.pk)
     if created or before is None:
-        _append_or_undo(EventType.PERSON_CREATED, instance, rows.delete, **now)
+        _or_undo(lambda: _append(EventType.PERSON_CREATED, instance, **now), rows.delete)
         return
     changed: dict[str, Any] = {
         name: {"before": before[name], "after": now[name]}
@@ -123,38 +130,62 @@ def _saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     if before["password"] != instance.password:
         changed["password"] = "changed"
     if changed:
-        _append_or_undo(
-            EventType.PERSON_CHANGED, instance, lambda: rows.update(**before), changed=changed
+        _or_undo(
+            lambda: _append(EventType.PERSON_CHANGED, instance, changed=changed),
+            lambda: rows.update(**before),
         )
 
 
-def _groups_changed(
-    sender: Any, instance: Any, action: str, reverse: bool, pk_set: Any, **kwargs: Any
-) -> None:
-    user_model = get_user_model()
+def _relation_changed(
+    instance: Any,
+    action: str,
+    reverse: bool,
+    pk_set: Any,
+    model: Any,
+    sides: tuple[str, str],
+    **kwargs: Any,
+) -> tuple[str, list[Any], list[Any]] | None:
+    """What an m2m_changed between holders (people or groups) and what they hold (groups or
+    permissions) did: (verb, holders, items), or None when there is nothing to say yet.
+    `sides` names the relation's attribute on a holder and on an item."""
     if action == "pre_clear":
         # Nothing says afterwards what a clear removed: note it now.
-        if reverse:
-            instance._governance_cleared = list(instance.user_set.values_list("pk", flat=True))
-        else:
-            instance._governance_cleared = _roles(instance)
-        return
+        side = sides[1] if reverse else sides[0]
+        instance._governance_cleared = list(getattr(instance, side).values_list("pk", flat=True))
+        return None
     if action not in ("post_add", "post_remove", "post_clear"):
-        return
+        return None
+    pks = instance._governance_cleared if action == "post_clear" else pk_set
+    others = list(model.objects.filter(pk__in=pks).order_by("pk"))
     verb = "added" if action == "post_add" else "removed"
-    if reverse:  # group.user_set.add(...): one event per person
-        pks = pk_set if action != "post_clear" else instance._governance_cleared
-        for user in user_model.objects.filter(pk__in=pks):
-            _append(
-                EventType.PERSON_ROLES_CHANGED, user, **{verb: [instance.name]}, roles=_roles(user)
-            )
+    return (verb, others, [instance]) if reverse else (verb, [instance], others)
+
+
+def _groups_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    changed = _relation_changed(instance, sides=("groups", "user_set"), **kwargs)
+    if changed is None:
         return
-    if action == "post_clear":
-        names = instance._governance_cleared
-    else:
-        names = sorted(Group.objects.filter(pk__in=pk_set).values_list("name", flat=True))
-    if names:
-        _append(EventType.PERSON_ROLES_CHANGED, instance, **{verb: names}, roles=_roles(instance))
+    verb, people, groups = changed
+    names = sorted(group.name for group in groups)
+    for user in people if names else ():
+        _append(EventType.PERSON_ROLES_CHANGED, user, **{verb: names}, roles=_roles(user))
+
+
+def _permissions_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A Django permission given to or taken from a person, or a group (every member)."""
+    through_group = sender is Group.permissions.through
+    sides = ("permissions", "group_set") if through_group else ("user_permissions", "user_set")
+    changed = _relation_changed(instance, sides=sides, **kwargs)
+    if changed is None:
+        return
+    verb, holders, permissions = changed
+    labels = sorted(f"{p.content_type.app_label}.{p.codename}" for p in permissions)
+    for holder in holders if labels else ():
+        if not through_group:
+            _append(EventType.PERSON_PERMISSIONS_CHANGED, holder, **{verb: labels})
+            continue
+        for user in holder.user_set.order_by("pk"):
+            _append(EventType.PERSON_PERMISSIONS_CHANGED, user, **{verb: labels}, group=holder.name)
 
 
 def _deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -176,11 +207,16 @@ def _group_saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> No
     old = getattr(instance, "_governance_name", None)
     if kwargs.get("raw") or created or old is None or old == instance.name:
         return
-    for user in instance.user_set.order_by("pk"):
-        _append(
-            EventType.PERSON_ROLES_CHANGED, user, renamed={"from": old, "to": instance.name},
-            roles=_roles(user),
-        )  # fmt: skip
+
+    def write() -> None:
+        for user in instance.user_set.order_by("pk"):
+            _append(
+                EventType.PERSON_ROLES_CHANGED, user, renamed={"from": old, "to": instance.name},
+                roles=_roles(user),
+            )  # fmt: skip
+
+    # QuerySet.update() sends no signal: the undo is not itself a rename to announce.
+    _or_undo(write, lambda: sender.objects.filter(pk=instance.pk).update(name=old))
 
 
 def _group_deleting(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -204,6 +240,11 @@ def connect() -> None:
     m2m_changed.connect(
         _groups_changed, sender=user_model.groups.through, dispatch_uid="governance.people.groups"
     )
+    for through, uid in (
+        (user_model.user_permissions.through, "governance.people.permissions"),
+        (Group.permissions.through, "governance.people.group_permissions"),
+    ):
+        m2m_changed.connect(_permissions_changed, sender=through, dispatch_uid=uid)
     pre_save.connect(_group_before, sender=Group, dispatch_uid="governance.people.group_pre")
     post_save.connect(_group_saved, sender=Group, dispatch_uid="governance.people.group_post")
     pre_delete.connect(_group_deleting, sender=Group, dispatch_uid="governance.people.group_del")
