@@ -44,7 +44,7 @@ from django.db import connection, transaction
 
 from governance import db
 from governance.codes import ActorType, EventType
-from governance.text import is_text, printable
+from governance.text import is_text, is_utf8, printable, storable
 
 log = logging.getLogger(__name__)
 
@@ -593,8 +593,16 @@ def _empty_digest(secret: str) -> str:
     return hmac.digest(_derive(secret, b"arguments"), b"{}", "sha256").hex()
 
 
+def storable_json(value: Any) -> str:
+    """canonical_json() of what a caller sent, as text that can be stored: a lone
+    surrogate (a non-UTF-8 byte in a file name or a command word, as Python reads it)
+    is written as its escape, so the event of a refused question can still be written."""
+    text = canonical_json(value)
+    return text if text.isascii() or is_utf8(text) else canonical_json(storable(value))
+
+
 def masked_arguments_json(arguments: Mapping[str, Any] | None) -> str:
-    text = canonical_json(mask(dict(arguments or {})))
+    text = storable_json(mask(dict(arguments or {})))
     if len(text) > MAX_ARGUMENT_CHARS:
         text = canonical_json({"_truncated": True, "preview": text[:MAX_ARGUMENT_CHARS]})
     return text
@@ -608,6 +616,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def _text(value: Any, limit: int) -> str:
     """Make a caller-supplied value safe to store: no NULs, bounded length."""
     text = "" if value is None else str(value)
+    if not text.isascii():
+        text = printable(text)
     text = _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -856,7 +866,7 @@ def append(
         "grant_id": grant_id,
         "approval_id": approval_id,
         "break_glass": break_glass,
-        "data": canonical_json(masked_data(data)) if data else "{}",
+        "data": storable_json(masked_data(data)) if data else "{}",
     }
     held = getattr(_held, "rows", None)
     if held is not None and not standalone:

@@ -34,6 +34,7 @@ from governance.audit import arguments_digest
 from governance.codes import ACTION_VALUES, ActionClass, Reason
 from governance.codes import Decision as Verdict
 from governance.models.tasks import window_open_at
+from governance.text import is_text
 
 log = logging.getLogger(__name__)
 
@@ -660,6 +661,9 @@ def _validate(
         return "arguments must be an object or null"
     if approval is not None and not isinstance(approval, str):
         return "approval must be an approval id or null"
+    for name, value in (("tool", tool), ("scope", scope), ("task", task), ("approval", approval)):
+        if value is not None and not is_text(value):  # storable: the question is on record
+            return f"{name} holds a NUL byte or text that is not UTF-8"
     return None
 
 

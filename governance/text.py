@@ -39,6 +39,17 @@ def printable(value: str) -> str:
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def storable(value: Any) -> Any:
+    """`value` (plain JSON) with every text in it printable(): keys and values."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(item) for item in value]
+    return value
+
+
 def json_problem(value: Any, depth: int = 0, *, finite: bool = True) -> str | None:
     """Why `value` cannot be stored and hashed as plain JSON (jsonb), or None: text that
     is not text, a key that is not a string, a date or binary (YAML has them), a number

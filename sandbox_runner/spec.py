@@ -152,8 +152,26 @@ class RunSpec:
             )
         if problem := host_image_problem(self.backend, self.image):
             raise ValueError(problem)
+        if problem := self._text_problem():
+            raise ValueError(problem)
         if self.backend in HOST_BACKENDS:
             object.__setattr__(self, "image", HOST_IMAGE)  # frozen: set once, here
+
+    def _text_problem(self) -> str | None:
+        """What the run would ask and record that cannot be stored as text: a NUL, or
+        a byte that is not UTF-8 (a file name's, which Python reads as a lone
+        surrogate). Such a run could be neither asked for nor put on record."""
+        named = [("agent", self.agent), ("task", self.task), ("tool", self.tool)]
+        named += [("image", self.image), ("approval", self.approval)]
+        named += [("a command word", word) for word in self.command]
+        named += [("an egress entry", entry) for entry in self.egress or ()]
+        for what, value in named:
+            if value is None:
+                continue
+            shown = value.encode("utf-8", "backslashreplace").decode()
+            if "\x00" in value or shown != value:  # a lone surrogate shows as \udcff
+                return f"{what} must be UTF-8 text without NUL bytes, not {shown!r:.80}"
+        return None
 
     @property
     def script_sha256(self) -> str:

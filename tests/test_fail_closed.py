@@ -6,12 +6,14 @@ table that is gone), not mocks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 from django.db import connection, transaction
 
+from governance import audit
 from governance.models import Approval, AuditEvent, Grant
 from governance.policy import authorize
 from governance.services import access
@@ -153,6 +155,31 @@ def test_nul_bytes_and_huge_values_are_stored_safely(granted):
     assert result.decision == "deny"
     event = last_event()
     assert "\x00" not in event.agent and len(event.scope) <= 500
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("tool", "rep\udcff"), ("task", "T-\udcff"), ("scope", "repo:acme/\udcff"),
+     ("approval", "\udcff"), ("arguments", {"path": "/workspace/\udcff.txt", "\udcfe": 1})],
+)  # fmt: skip
+def test_text_that_is_not_utf8_is_a_denial_on_record(granted, field, value):
+    """A lone surrogate (what Python makes of a non-UTF-8 byte in a file name) could not
+    be encoded into the event, nor into its fallback: a deny `error` with no event at all.
+    Now it is `invalid_request`, and the event keeps the text as its escape."""
+    before = AuditEvent.objects.count()
+    result = access.access_check(**{**ask(), field: value})
+    assert (result.decision, result.reason) == ("deny", "invalid_request")
+    assert AuditEvent.objects.count() == before + 1
+    event = last_event()
+    assert str(event.uid) == result.decision_id and event.reason == "invalid_request"
+    stored = {"tool": event.tool, "task": event.task, "scope": event.scope}
+    stored["arguments"] = json.loads(event.arguments)
+    if field in stored:
+        assert stored[field] == (
+            {"\\udcfe": 1, "path": "/workspace/\\udcff.txt"} if field == "arguments"
+            else value.replace("\udcff", "\\udcff")
+        )  # fmt: skip
+    assert audit.verify_chain().ok  # the chain reads back: nothing in it that cannot be encoded
 
 
 def _terminate_this_backend() -> int:

@@ -282,6 +282,26 @@ def test_more_than_governance_takes_is_a_usage_error(extra, said, governance_stu
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("word", ["/workspace/\udcff.txt", "a\x00b"])
+def test_a_command_word_that_is_not_utf8_text_is_a_usage_error(
+    word, governance_stub, code_exec, capfd
+):
+    """A file name's non-UTF-8 byte reaches main() as a lone surrogate: in-process its run
+    could be neither decided nor recorded (77, `UnicodeEncodeError`, and no event). It is
+    a mistake in the command line like any other: 64, one line, nothing asked."""
+    url, asked = governance_stub
+    code_exec.grant()
+    for where in (["--api", url], ["--task", "SBX-1"]):
+        argv = ["run", "--agent", "coder", "--backend", "bubblewrap", *where]
+        code, err = _exit_of([*argv, "--", "cat", word], capfd)
+        assert code == EXIT_USAGE and err.count("\n") == 1, err
+        assert "a command word must be UTF-8 text without NUL bytes" in err
+    assert asked == []
+    assert not SandboxRun.objects.exists()
+    assert not AuditEvent.objects.filter(event_type__startswith="access.").exists()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--timeout", "0"), ("--timeout", "-1"), ("--pids", "-1"), ("--cpus", "0"),
