@@ -265,7 +265,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# Where `manage.py collectstatic` puts them (production serves them from here).
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
 LOGIN_URL = "/admin/login/"
 
 # --- REST API -------------------------------------------------------------------

@@ -11,7 +11,14 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from governance.settings import *  # noqa: F403
-from governance.settings import AUDIT_HMAC_KEY, REDIS_URL, SECRET_KEY, env_bool, env_int
+from governance.settings import (
+    AUDIT_HMAC_KEY,
+    MIDDLEWARE,
+    REDIS_URL,
+    SECRET_KEY,
+    env_bool,
+    env_int,
+)
 
 
 def _weak(key: str, length: int) -> bool:
@@ -55,3 +62,9 @@ SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
+
+# The UI's, the admin's and the API docs' static files (the docs work offline) are served
+# by the app itself, after SecurityMiddleware's redirect and headers: gunicorn serves
+# none, and nothing else is in front but a TLS proxy. `manage.py collectstatic` fills
+# STATIC_ROOT first (the Dockerfile does it when the image is built).
+MIDDLEWARE = [MIDDLEWARE[0], "whitenoise.middleware.WhiteNoiseMiddleware", *MIDDLEWARE[1:]]
