@@ -87,8 +87,13 @@ def workdir_root() -> Path:
     return Path(os.environ.get("SANDBOX_WORKDIR") or tempfile.gettempdir()) / "governance-sandbox"
 
 
-def prepare_workdir(spec: RunSpec) -> Path:
+def prepare_workdir(spec: RunSpec, owner: int | None = None) -> Path:
     """A fresh directory per run: in/ (read-only copies of the script and input).
+
+    Only the runner (and the engine, root) may enter it, or `owner` (the uid that a
+    backend's own process runs as, Backend.workdir_owner()): the run's input and script,
+    and bwrap's /tmp mounted under it, are no other host account's to read or write.
+    Its path is no secret (a process's command line and mounts show it).
 
     The script and input are copied, so what runs is exactly what was hashed. The
     run's writable /workspace is not here: each backend makes it a tmpfs of the
@@ -99,8 +104,9 @@ def prepare_workdir(spec: RunSpec) -> Path:
     _check_root(root)
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{spec.run_id}-", dir=root))
     try:
-        # Traversable, not listable: the engine (and bwrap as uid 1000) reach the mounts.
-        os.chmod(workdir, 0o711)  # noqa: S103
+        os.chmod(workdir, 0o700)
+        if owner is not None:
+            os.chown(workdir, owner, owner)
         inputs = workdir / "in"
         inputs.mkdir(mode=0o755)
         for name, data in (("script", spec.script), ("input", spec.input)):
@@ -208,7 +214,7 @@ def execute(
         EgressProxy(auth.egress, report=egress.record, note=egress.note) if auth.egress else None
     )
     try:
-        workdir = prepare_workdir(spec)
+        workdir = prepare_workdir(spec, backend.workdir_owner())
     except Exception as exc:  # nothing was started: record why, as a failed start
         watch.cancel()
         backend.discard()

@@ -68,6 +68,12 @@ class Backend:
         """None when usable here, else a sentence saying why not."""
         raise NotImplementedError(f"{type(self).__name__}.unavailable() is not implemented")
 
+    def workdir_owner(self) -> int | None:
+        """The host uid of the process that opens the run's directory itself, when it is
+        not the runner's (bwrap, as uid 1000 under a root runner); None when only the
+        runner and the engine (root) do. Nobody else may enter the directory."""
+        return None
+
     def image_id(self, image: str) -> str:
         """What `image` names on this host now, as the runner binds it into the decision
         (RunSpec.image_id), or "" when the backend has no image to bind. Raises

@@ -443,6 +443,9 @@ class BubblewrapBackend(Backend):
         self._cgroups: Cgroups | None = None
         self._tmp: Path | None = None
 
+    def workdir_owner(self) -> int | None:
+        return UID if os.geteuid() == 0 else None  # bwrap runs as UID, never as root
+
     def unavailable(self) -> str | None:
         if shutil.which("bwrap") is None:
             return "bwrap is not installed (apt-get install bubblewrap)"

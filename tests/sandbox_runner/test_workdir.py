@@ -5,6 +5,7 @@ world-writable one is refused before anything is written or run."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -92,3 +93,67 @@ def test_a_workdir_that_cannot_be_filled_is_removed(root, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         prepare_workdir(asked)
     assert list(root.iterdir()) == []
+
+
+SNOOP = r"""
+import glob, os, sys, time
+pattern, found = sys.argv[1], []
+end = time.time() + 30
+while time.time() < end and not glob.glob(pattern):
+    time.sleep(0.05)
+workdir = (glob.glob(pattern) or ["(never made)"])[0]
+os.setgroups([])  # found as root (the root folder is not listable); tried as nobody
+os.setgid(65534)
+os.setuid(65534)
+end = time.time() + 4
+while time.time() < end:
+    for name in ("in/input", "in/script", "tmp/secret.txt"):
+        try:
+            found.append(f"read {name}: " + open(os.path.join(workdir, name)).read()[:40])
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(workdir, "tmp", "planted"), "w") as planted:
+            planted.write("from another account")
+        found.append("planted")
+    except OSError:
+        pass
+    time.sleep(0.2)
+print(os.getuid(), workdir != "(never made)", sorted(set(found)))
+"""
+WAITS = r"""
+import os, time
+open("/tmp/secret.txt", "w").write("TOKEN-FETCHED-BY-THE-RUN")
+time.sleep(5)
+print("planted" in os.listdir("/tmp"))
+"""
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another account")
+@pytest.mark.parametrize("backend", ["docker", "gvisor", "bubblewrap"], indirect=True)
+def test_another_host_account_cannot_enter_a_running_runs_directory(backend, code_exec, spec_for):
+    """The run's directory was 0711 with in/ 0755 and its files 0444, and bwrap's /tmp
+    (mounted under it) 1777: any account on the host that read the path (a process's
+    command line or mounts show it) read the run's input and script, and read and wrote
+    the sandbox's /tmp. Now only the runner, the engine and bwrap's own uid enter it."""
+    import io
+    import subprocess
+
+    from sandbox_runner.authorizers import DatabaseAuthorizer
+    from sandbox_runner.runner import execute
+
+    code_exec.grant()
+    spec = spec_for(WAITS, backend=backend, input=b"CONFIDENTIAL-INPUT-ROW-1")
+    pattern = str(workdir_root() / f"run-{spec.run_id}-*")
+    snoop = subprocess.Popen(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", SNOOP, pattern], stdout=subprocess.PIPE, text=True
+    )
+    out, err = io.BytesIO(), io.BytesIO()
+    try:
+        outcome = execute(spec, DatabaseAuthorizer(), stdout=out, stderr=err)
+    finally:
+        seen = snoop.communicate(timeout=60)[0]
+    assert outcome.exit_code == 0, err.getvalue()
+    assert seen.strip() == "65534 True []", seen  # it found the directory, and no way in
+    assert out.getvalue().decode().strip() == "False"  # nothing planted in its /tmp
