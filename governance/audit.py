@@ -189,7 +189,14 @@ TEXT_SECRET_LAST_TWO = frozenset(
 TEXT_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey")
 # A password in a URL: scheme://user:password@host (the password may hold an `@`, and,
 # written unencoded, a `/`: mysql://root:ab/cd@db, when no `@` comes before the slash).
+# As a regex, (://[^/\s:@]*:)(?:[^/\s]*|[^\s@]*)@ (URL_PASSWORD: what _url_passwords()
+# masks): the password runs to the last `@` before the next `/` or space, or else to the
+# first `@` before the next space. The regex itself scanned to the end of the text from
+# every `://` (quadratic: 100 kB of "http://a:" held a worker for 8 s), so it is only
+# the reference the scan is tested against.
 URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)(?:[^/\s]*|[^\s@]*)@")
+_URL_USER = re.compile(r"://[^/\s:@]*:")
+_SPACE = re.compile(r"\s")
 # An Authorization header written out. Its credential is masked, not the rest of the
 # line (a command's target stays readable): the first word after the name, or, when
 # that word is a scheme (`Token`, `GenieKey`, any word) and a credential follows it, the
@@ -322,10 +329,45 @@ def _cli_secret(match: re.Match[str]) -> str:
     return f"{match.group(1)}{quote}[secret]{quote}"
 
 
+def _url_passwords(value: str) -> str:
+    """URL_PASSWORD.sub(r"\\1[secret]@", value) in one pass: the next `@`, `/` and space
+    after each candidate are found by pointers that only move forward."""
+    if "://" not in value:
+        return value
+    out: list[str] = []
+    done = 0  # value[:done] is in out
+    at = slash = space = -1
+    for user in _URL_USER.finditer(value):
+        start = user.end()  # the password's first character
+        if user.start() < done:
+            continue  # inside what an earlier match masked
+        if at < start:
+            at = value.find("@", start)
+            if at < 0:
+                break  # no `@` after here: nothing more to mask
+        if space < start:
+            found = _SPACE.search(value, start)
+            space = found.start() if found else len(value)
+        if slash < start:
+            slash = value.find("/", start)
+            slash = len(value) if slash < 0 else slash
+        stop = min(slash, space)
+        if at < stop:  # [^/\s]*@ : to the last `@` before the `/` or space
+            end = value.rfind("@", start, stop)
+        elif at < space:  # [^\s@]*@ : to the first `@`, a `/` in the password
+            end = at
+        else:
+            continue
+        out += [value[done:start], "[secret]"]
+        done = end
+    out.append(value[done:])
+    return "".join(out)
+
+
 def _mask_string(value: str, heuristics: bool = True) -> str:
     value = SECRET_VALUES.sub("[secret]", value)
     value = BASIC.sub(_basic, value)
-    value = URL_PASSWORD.sub(r"\1[secret]@", value)
+    value = _url_passwords(value)
     value = AUTH_HEADER.sub(_auth_header, value)
     value = KEY_VALUE.sub(_key_value, value)
     for pattern in SQL_SECRETS:
