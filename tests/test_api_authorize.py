@@ -111,6 +111,90 @@ def test_a_body_over_the_upload_limit_is_413_and_writes_nothing(setup, path, big
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
+@pytest.mark.parametrize(
+    ("path", "field", "items"),
+    [
+        ("/api/v1/sandbox/runs", "command", 256),
+        ("/api/v1/grant-requests", "fields", 100),
+    ],
+)
+def test_a_list_over_its_length_is_refused_before_its_items_are_read(setup, path, field, items):
+    """DRF validated every item before a list's max_length: 200,000 bad items (400 kB)
+    came back as 15 MB of errors, one per item (a full 2.5 MB body: a minute of a
+    worker and 90 MB). The length is checked first, and a 400 names at most 20 fields."""
+    run = {**SANDBOX_RUN, "backend": "docker", "command": [0] * 200_000}
+    request = {"tool": "repo", "actions": ["read"], "scope": "repo:acme/y",
+               "duration_seconds": 60, "justification": "j", "fields": [0] * 200_000}  # fmt: skip
+    sent = run if field == "command" else request
+    before = AuditEvent.objects.count()
+    response = setup["client"].post(path, json.dumps(sent), content_type="application/json")
+    assert response.status_code == 400 and len(response.content) < 2_000, len(response.content)
+    error = response.json()["error"]
+    assert error["fields"] == {field: f"Ensure this field has no more than {items} elements."}
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_400_names_at_most_twenty_fields(setup):
+    sent = {
+        **SANDBOX_RUN,
+        "backend": "docker",
+        "command": [0] * 256,
+    }  # each item wrong, within the length
+    response = setup["client"].post(
+        "/api/v1/sandbox/runs", json.dumps(sent), content_type="application/json"
+    )
+    error = response.json()["error"]
+    assert response.status_code == 400 and len(error["fields"]) == 20
+    assert error["message"].endswith("; and 236 more")
+
+
+def test_too_many_query_parameters_is_a_400_not_an_internal_error(setup, anonymous, caplog):
+    """Over DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) Django raises TooManyFieldsSent while
+    the format is negotiated: 503 internal_error and a traceback, before the token was
+    read. It is a malformed request."""
+    query = "&".join(["a"] * 1001)
+    before = AuditEvent.objects.count()
+    for response in (
+        anonymous.get(f"/api/v1/me?{query}"),
+        setup["client"].post(f"{URL}?{query}", body(), format="json"),
+    ):
+        assert response.status_code == 400, response.content
+        assert response.json()["error"]["code"] == "invalid_request"
+        assert "more than 1000" in response.json()["error"]["message"]
+    assert AuditEvent.objects.count() == before
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_an_unknown_format_or_accept_is_answered_in_json_after_the_token_is_read(setup, anonymous):
+    """DRF's negotiation ran before authentication: `?format=xml` was a 404 and
+    `Accept: application/xml` a 406 to anyone, and a decision asked with `?format=xml`
+    was never made. The API answers JSON."""
+    assert anonymous.get("/api/v1/me?format=xml").status_code == 401
+    assert anonymous.get("/api/v1/me", HTTP_ACCEPT="application/xml").status_code == 401
+    response = setup["client"].post(f"{URL}?format=xml", body(), format="json")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    assert (response.json()["decision"], str(last_event().uid)) == (
+        "allow", response.json()["decision_id"],
+    )  # fmt: skip
+
+
+def test_a_chunked_body_is_refused_not_read_as_empty(setup, alice, human_client):
+    """A WSGI server hands Django a chunked body with no Content-Length, which Django
+    reads as no body: a token asked for 1 day was issued for the default 30, and an
+    unknown key was not refused. 411, nothing made."""
+    admin = human_client(alice)
+    tokens = AgentToken.objects.count()
+    response = admin.post(
+        "/api/v1/agents/bot/tokens", {"expires_days": 1}, format="json",
+        HTTP_TRANSFER_ENCODING="chunked",
+    )  # fmt: skip
+    assert response.status_code == 411, response.content
+    assert response.json()["error"]["code"] == "length_required"
+    assert AgentToken.objects.count() == tokens
+    ui = admin.post("/ui/login/", {"username": "x"}, HTTP_TRANSFER_ENCODING="chunked")
+    assert ui.status_code == 411
+
+
 def test_tool_names_are_not_trimmed(setup):
     response = setup["client"].post(URL, body(tool=" repo"), format="json")
     assert response.json()["reason"] == "unknown_tool"

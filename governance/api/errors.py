@@ -7,7 +7,12 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
+from django.core.exceptions import (
+    ObjectDoesNotExist,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+)
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
@@ -18,6 +23,8 @@ from governance.errors import GovernanceError
 from governance.text import printable
 
 log = logging.getLogger(__name__)
+# A 400 names at most this many fields (a body with a million bad items is one mistake).
+MAX_FIELD_ERRORS = 20
 
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -75,10 +82,24 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
             ),
             status=413,
         )
+    if isinstance(exc, TooManyFieldsSent):
+        return Response(
+            error_body(
+                "invalid_request",
+                f"The request has more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} "
+                "query or form parameters.",
+            ),
+            status=400,
+        )
+    if isinstance(exc, SuspiciousOperation):  # Django refused the request as malformed
+        return Response(error_body("invalid_request", "The request is malformed."), status=400)
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
-        message = "The request is not valid: " + "; ".join(f"{k}: {v}" for k, v in fields.items())
-        return Response(error_body("invalid_request", message, fields), status=400)
+        shown = dict(list(fields.items())[:MAX_FIELD_ERRORS])
+        message = "The request is not valid: " + "; ".join(f"{k}: {v}" for k, v in shown.items())
+        if len(fields) > len(shown):
+            message += f"; and {len(fields) - len(shown)} more"
+        return Response(error_body("invalid_request", message, shown), status=400)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         # Same body whatever was wrong with the token: no hint which check failed.
         return Response(

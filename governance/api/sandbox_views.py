@@ -35,6 +35,7 @@ from governance.api.serializers import (
     Declared,
     JSONObjectField,
     LimitsIn,
+    ListField,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
@@ -187,13 +188,13 @@ class SandboxRunIn(StrictSerializer):
         default="",
         help_text="Why the runner could not resolve `image` to an id (kept on the refusal).",
     )
-    command = serializers.ListField(child=exact_char(max_length=4096), min_length=1, max_length=256)
+    command = ListField(child=exact_char(max_length=4096), min_length=1, max_length=256)
     script_sha256 = _sha256(required=False, default="")
     input_sha256 = _sha256(required=False, default="")
     script_base64 = _review_bytes("script")
     input_base64 = _review_bytes("input")
     limits = LimitsIn(required=False)
-    egress = serializers.ListField(
+    egress = ListField(
         child=exact_char(max_length=300), max_length=64, required=False, allow_null=True
     )
     approval = exact_char(
@@ -239,7 +240,7 @@ class SandboxRunOut(serializers.Serializer):
     grant = serializers.IntegerField(allow_null=True)
     approval = serializers.CharField(allow_null=True)
     limits = SandboxLimitsOut(allow_null=True)
-    egress = serializers.ListField(child=serializers.CharField())
+    egress = ListField(child=serializers.CharField())
 
 
 class ReportIn(StrictSerializer):

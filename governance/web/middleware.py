@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from governance.services import people
 
@@ -52,3 +52,23 @@ class ContentSecurityPolicyMiddleware:
             relaxed = request.path.startswith(RELAXED_PREFIXES)
             response["Content-Security-Policy"] = DOCS_POLICY if relaxed else POLICY
         return response
+
+
+class LengthRequiredMiddleware:
+    """A body sent chunked (Transfer-Encoding, no Content-Length) reaches Django as no
+    body at all (WSGI servers pass it on, Django reads Content-Length bytes): the
+    request then ran as if empty, with every default (a token for 30 days where 1 was
+    asked, a reason lost, an unknown key not refused). It is refused: 411."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "HTTP_TRANSFER_ENCODING" not in request.META:
+            return self.get_response(request)
+        message = "Send the body with a Content-Length: a chunked body is not read."
+        if request.path.startswith("/api/"):
+            from governance.api.errors import error_body
+
+            return JsonResponse(error_body("length_required", message), status=411)
+        return HttpResponse(message, status=411, content_type="text/plain; charset=utf-8")
