@@ -18,3 +18,4 @@ urlpatterns = [
 
 # Unmatched URLs under /api/ answer in the API's error shape (JSON), not an HTML page.
 handler404 = "governance.api.errors.not_found"
+handler400 = "governance.api.errors.bad_request"

@@ -195,6 +195,16 @@ def test_a_chunked_body_is_refused_not_read_as_empty(setup, alice, human_client)
     assert ui.status_code == 411
 
 
+def test_a_host_not_allowed_is_a_json_400_under_the_api(anonymous, client):
+    """DisallowedHost is answered before any view, by Django's HTML 400 page: under
+    /api/ it is the API's error shape, like a 404 there."""
+    response = anonymous.get("/api/v1/me", HTTP_HOST="evil.example")
+    assert response.status_code == 400 and response["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"] == "invalid_request"
+    page = client.get("/ui/login/", HTTP_HOST="evil.example")
+    assert page.status_code == 400 and page["Content-Type"].startswith("text/html")
+
+
 def test_tool_names_are_not_trimmed(setup):
     response = setup["client"].post(URL, body(tool=" repo"), format="json")
     assert response.json()["reason"] == "unknown_tool"

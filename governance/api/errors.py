@@ -15,6 +15,7 @@ from django.core.exceptions import (
 )
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import bad_request as django_bad_request
 from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -43,6 +44,14 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if request.path.startswith("/api/"):
         return JsonResponse(error_body("not_found", "No such endpoint or object."), status=404)
     return page_not_found(request, exception)  # type: ignore[arg-type]
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 400 for a request refused before any view (a Host header not in
+    ALLOWED_HOSTS): under /api/ in the API's one error shape, not an HTML page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("invalid_request", "The request is malformed."), status=400)
+    return django_bad_request(request, exception)  # type: ignore[arg-type]
 
 
 def _flatten(detail: Any) -> dict[str, str]:
