@@ -50,6 +50,9 @@ BEYOND_THE_SCHEMA: dict[str, Callable[[dict[str, Any]], bool]] = {
     "invalid_decision": _always,
     # A sandbox run's script or input bytes must hash to the *_sha256 sent beside them.
     "hash_mismatch": _always,
+    # A finish report's output excerpt cannot be longer than the stream, and one that is
+    # the whole stream must hash to the stream's sha256 sent beside it.
+    "stream_mismatch": _always,
     # A host backend (bubblewrap) runs the image `host` (or the default name), no other:
     # a rule across `backend` and `image`, stated in `image`'s description.
     "invalid_image": lambda fields: set(fields) == {"image"},

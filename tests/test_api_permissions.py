@@ -18,6 +18,7 @@ is added without a row.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from typing import Any
 
@@ -71,7 +72,7 @@ POLICY = {"agent": "bot-a", "tool": "repo", "action": "delete", "scope": "repo:a
           "verdict": "approve", "reason": "scratch cleanup", "duration_seconds": 600}  # fmt: skip
 SANDBOX_ASK = {"run_id": "6f1c3a2e-0d4b-4f0e-9a51-2b7c8d9e0f11", "backend": "docker",
                "image": "governance-sandbox:bookworm", "command": ["true"]}  # fmt: skip
-STREAM = {"excerpt": "", "sha256": "0" * 64, "bytes": 0, "truncated": False}
+STREAM = {"excerpt": "", "sha256": hashlib.sha256(b"").hexdigest(), "bytes": 0, "truncated": False}
 
 
 IMAGE_ID = "sha256:" + "5" * 64  # what a runner resolved its image to

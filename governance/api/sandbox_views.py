@@ -22,6 +22,7 @@ import math
 import re
 from typing import Any
 
+import psycopg
 from django.db import IntegrityError
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample, extend_schema
@@ -274,10 +275,31 @@ class StartedIn(ReportIn):
 
 
 class StreamIn(StrictSerializer):
+    """One output stream: the start of it (cut at EXCERPT_CHARS, bytes that are not UTF-8
+    or NUL shown as U+FFFD), its length and its SHA-256, as the runner captured it. The
+    excerpt cannot be longer than the stream, and an excerpt that is the whole stream
+    (as many UTF-8 bytes, nothing replaced) must have the stream's hash: a report of
+    "all tests passed" with the hash of "FAILED" was stored as it came."""
+
     excerpt = exact_char(max_length=EXCERPT_CHARS, allow_blank=True)
     sha256 = _sha256()
     bytes = StrictIntegerField(min_value=0, max_value=1 << 62)
     truncated = StrictBooleanField()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Rules across the fields that no schema can state: their own code.
+        shown = attrs["excerpt"].encode("utf-8")
+        problem = ""
+        if len(shown) > attrs["bytes"]:
+            problem = f"The excerpt holds {len(shown)} bytes; the stream had {attrs['bytes']}."
+        elif len(shown) == attrs["bytes"] and "\ufffd" not in attrs["excerpt"]:
+            if hashlib.sha256(shown).hexdigest() != attrs["sha256"]:
+                problem = "The excerpt is the whole stream, and sha256 is not its SHA-256."
+        if problem:
+            raise GovernanceError(
+                "stream_mismatch", problem, fields={f"{self.field_name}.sha256": problem}
+            )
+        return attrs
 
 
 class FinishedIn(ReportIn):
@@ -397,7 +419,7 @@ class SandboxRunView(APIView):
         )
         try:
             auth = sandbox.run_request(spec=spec, at=timezone.now())
-        except IntegrityError:  # the same run_id, sent twice at once
+        except (IntegrityError, psycopg.errors.UniqueViolation):  # one run_id, twice at once
             raise Conflict("run_exists", "A run with this run_id is already recorded.") from None
         return Response(SandboxRunOut(_run_body(run_id, auth)).data, status=201)
 

@@ -587,14 +587,20 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
     to a destination the run's grant does not name is refused (409), not recorded: the
     log never says policy let a connection through that the grant forbids (a runner
     that reports one is broken or compromised)."""
-    run = SandboxRun.objects.get(run_id=run_id)
-    if decision.allowed and not _egress_allowed(run, decision):
-        raise Conflict(
-            "egress_not_in_grant",
-            f"{decision.host}:{decision.port} is not among the run's allowed destinations; "
-            "an attempt there is reported as denied, never as allowed.",
-        )
     with transaction.atomic():
+        # Locked while its event is written: a finish or reap that committed after a
+        # caller saw the run running would otherwise be followed by this event.
+        run = SandboxRun.objects.select_for_update().get(run_id=run_id)
+        if run.status != SandboxRun.Status.RUNNING:
+            raise Conflict(
+                "run_state", f"The run is {run.status}; it cannot be reporting egress now."
+            )
+        if decision.allowed and not _egress_allowed(run, decision):
+            raise Conflict(
+                "egress_not_in_grant",
+                f"{decision.host}:{decision.port} is not among the run's allowed destinations; "
+                "an attempt there is reported as denied, never as allowed.",
+            )
         _event(
             run,
             EventType.SANDBOX_EGRESS_ALLOWED

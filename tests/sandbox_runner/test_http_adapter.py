@@ -9,6 +9,7 @@ endpoints with real tokens: another agent's run is a 404, malformed bodies are
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from datetime import timedelta
@@ -223,7 +224,7 @@ def _ask(run_id: str, **kw: Any) -> dict[str, Any]:
     return {**body, **kw}
 
 
-STREAM = {"excerpt": "", "sha256": "0" * 64, "bytes": 0, "truncated": False}
+STREAM = {"excerpt": "", "sha256": hashlib.sha256(b"").hexdigest(), "bytes": 0, "truncated": False}
 
 
 def _started(decision_id: str) -> dict[str, Any]:
@@ -856,6 +857,134 @@ def test_an_allowed_egress_report_outside_the_runs_grant_is_refused_not_logged(t
     denied = {**forged, "reason": "not_allowlisted"}
     assert a.post(f"{RUNS}/{run_id}/egress", denied, format="json").status_code == 201
     assert events_of(run_id)[-1] == "sandbox.egress.denied"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("stdout", "said"),
+    [
+        ({"excerpt": "all tests passed\n", "bytes": 17,
+          "sha256": hashlib.sha256(b"FAILED\n").hexdigest()}, "not its SHA-256"),
+        ({"excerpt": "secret output", "bytes": 0,
+          "sha256": hashlib.sha256(b"").hexdigest()}, "the stream had 0"),
+    ],
+)  # fmt: skip
+def test_a_finish_report_whose_excerpt_contradicts_its_stream_is_refused(two_agents, stdout, said):
+    """The output's hash and length were stored as sent: "all tests passed" with the hash
+    of "FAILED", or output under a report of 0 bytes, and the run page showed both."""
+    a, _, run_id, decision_id = two_agents
+    assert (
+        a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json").status_code == 200
+    )
+    before = _snapshot()
+    report = {**_finished(decision_id), "stdout": {**STREAM, **stdout}}
+    answer = a.post(f"{RUNS}/{run_id}/finished", report, format="json")
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "stream_mismatch" and said in error["message"]
+    assert list(error["fields"]) == ["stdout.sha256"]
+    assert _snapshot() == before and run_record(run_id).status == "running"
+    # Cut output (an excerpt shorter than the stream) cannot be checked, and is taken.
+    cut = {"excerpt": "all tests", "bytes": 17, "sha256": hashlib.sha256(b"x").hexdigest()}
+    report = {**_finished(decision_id), "stdout": {**STREAM, **cut}}
+    assert a.post(f"{RUNS}/{run_id}/finished", report, format="json").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("closer", ["finished", "reaped"])
+def test_an_egress_report_racing_the_runs_end_is_refused_not_logged_after_it(
+    two_agents, monkeypatch, closer
+):
+    """The view saw the run running, then the service wrote the event without a look at
+    the run again: a finish (or the kill switch's reap) committed in between was followed
+    by an egress event on a closed run. The service reads the run under a lock."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from governance.services import sandbox as sandbox_service
+
+    a, _, run_id, decision_id = two_agents
+    assert (
+        a.post(f"{RUNS}/{run_id}/started", _started(decision_id), format="json").status_code == 200
+    )
+    real, in_window = sandbox_service.egress_attempt, threading.Event()
+
+    def after_the_views_look(**kw: Any) -> None:
+        in_window.set()
+        time.sleep(0.3)  # widens the window between the view's check and the write
+        return real(**kw)
+
+    monkeypatch.setattr(sandbox_service, "egress_attempt", after_the_views_look)
+    answers: dict[str, int] = {}
+
+    def egress() -> None:
+        try:
+            answer = a.post(f"{RUNS}/{run_id}/egress", _egress(decision_id), format="json")
+            answers["egress"] = answer.status_code
+        finally:
+            connection.close()
+
+    reporting = threading.Thread(target=egress)
+    reporting.start()
+    assert in_window.wait(10)
+    if closer == "finished":
+        done = a.post(f"{RUNS}/{run_id}/finished", _finished(decision_id), format="json")
+        assert done.status_code == 200
+    else:
+        assert sandbox_service.run_reaped(
+            run_id=run_id, why="agent_suspended", actor=Actor.system("sandbox_reaper"),
+            at=timezone.now(),
+        )  # fmt: skip
+    reporting.join(20)
+    assert answers == {"egress": 409}
+    assert events_of(run_id)[-1] == f"sandbox.run.{closer}"
+
+
+@pytest.mark.django_db
+def test_the_egress_service_records_nothing_for_a_run_that_is_not_running(code_exec, agent_client):
+    """What DatabaseAuthorizer.egress calls: it wrote an attempt for a denied run."""
+    from governance.errors import Conflict
+    from governance.services import sandbox as sandbox_service
+    from sandbox_runner.egress import EgressDecision
+
+    a = agent_client(code_exec.agent)  # no grant: the run is denied
+    denied = str(uuid.uuid4())
+    assert a.post(RUNS, _ask(denied), format="json").json()["decision"] == "deny"
+    attempt = EgressDecision(allowed=False, reason="not_allowlisted", host="127.0.0.1", port=9)
+    with pytest.raises(Conflict, match="denied"):
+        sandbox_service.egress_attempt(run_id=denied, decision=attempt, at=timezone.now())
+    assert events_of(denied) == ["sandbox.run.requested", "sandbox.run.denied"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_run_id_asked_by_two_agents_at_once_is_a_409_not_an_outage(postgres_only, two_agents):
+    """On PostgreSQL the hot path's insert raises psycopg's UniqueViolation, not Django's
+    IntegrityError: the loser got 503 "cannot reach its database" (a runner reads that
+    as 'try again', an operator as an outage). It is 409 run_exists."""
+    import threading
+
+    from django.db import connection
+
+    a, b, _, _ = two_agents
+    for _ in range(5):
+        run_id, go, answers = str(uuid.uuid4()), threading.Barrier(2), []
+
+        def ask(client: Any, run_id: str = run_id, go: Any = go, answers: list = answers) -> None:
+            try:
+                go.wait()
+                answers.append(client.post(RUNS, _ask(run_id), format="json").status_code)
+            finally:
+                connection.close()
+
+        askers = [threading.Thread(target=ask, args=(c,)) for c in (a, b)]
+        for asker in askers:
+            asker.start()
+        for asker in askers:
+            asker.join(30)
+        assert sorted(answers) == [201, 409]
+        assert events_of(run_id) == ["sandbox.run.requested"]
 
 
 @pytest.mark.django_db
