@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
@@ -107,7 +108,10 @@ def test_behind_a_pooler_nothing_is_prepared(postgres_only, granted):
 
 
 def test_a_nul_in_a_parameter_is_refused_not_cut_short(granted):
-    """libpq would end a text parameter at the NUL: `repo\\x00evil` must not be `repo`."""
+    """libpq would end a text parameter at the NUL: `repo\\x00evil` must not be `repo`.
+    The decision refuses such text before any statement; the statement layer too."""
     result = access.access_check(**{**ask(), "tool": "repo\x00evil"})
-    assert result.decision == "deny" and result.reason in ("error", "unknown_tool")
+    assert (result.decision, result.reason) == ("deny", "invalid_request")
     assert last_event().decision == "deny"
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        db._pg_param("repo\x00evil")
