@@ -159,3 +159,47 @@ def test_two_approvers_at_once_decide_a_request_exactly_once(postgres_only, fres
         assert grant.approved_by_id == winner.pk
         (issued,) = AuditEvent.objects.filter(grant_id=grant.pk, event_type=EventType.GRANT_ISSUED)
         assert issued.actor == f"user:{winner.get_username()}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_suspension_committing_while_a_request_is_approved_issues_no_grant(
+    postgres_only, fresh_request, bob, system
+):
+    """The approval read the agent's status without a lock: a suspension that committed
+    while it ran was followed by grant.issued, and the grant allowed once the agent was
+    resumed. The approval holds the agent's row, so it waits for the suspension."""
+    import time
+
+    from django.db import transaction
+
+    from governance.models import Agent
+    from governance.services import agents
+
+    grant = fresh_request(0)
+    suspending, failures = threading.Event(), []
+
+    def suspend_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                agent = Agent.objects.get(name="bot")
+                agents.agent_suspend(
+                    agent=agent, reason="incident", actor=system, at=timezone.now()
+                )
+                suspending.set()
+                time.sleep(1.0)  # the approval starts while this is uncommitted
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+            suspending.set()
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=suspend_and_hold)
+    holder.start()
+    assert suspending.wait(10)
+    with pytest.raises(Conflict) as refused:
+        approve(grant.pk, bob)
+    holder.join(10)
+    assert not failures and refused.value.code == "agent_suspended"
+    grant.refresh_from_db()
+    assert grant.status == Grant.Status.PENDING
+    assert not AuditEvent.objects.filter(grant_id=grant.pk, event_type=EventType.GRANT_ISSUED)

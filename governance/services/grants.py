@@ -379,14 +379,22 @@ def grant_approve(
     approver's `reason` (also kept in decision_reason, as a denial's is).
     """
     with transaction.atomic():
-        # The task first (task_close locks it before the grants it ends).
-        require_open_task(Grant.objects.values_list("task_id", flat=True).get(pk=grant_id), at)
+        task_id, agent_id = Grant.objects.values_list("task_id", "agent_id").get(pk=grant_id)
+        # The task first (task_close locks it before the grants it ends), then the agent
+        # (a suspension committing meanwhile is seen: no grant is issued to it).
+        require_open_task(task_id, at)
+        _lock_agent(agent_id)
         grant = _lock_pending(grant_id, at)
         extra = _approve_row(grant, approver, at, actions, scope, duration, reason)
         _event(
             grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
         )
     return grant
+
+
+def _lock_agent(agent_id: int) -> None:
+    """Hold the agent's row (before any of its grants): a suspension waits, or is seen."""
+    Agent.objects.select_for_update(no_key=True).filter(pk=agent_id).values_list("pk").get()
 
 
 def _approve_row(
@@ -511,6 +519,7 @@ def grant_issue(
     if approved_by is None or requested_by is None or approved_by.pk == requested_by.pk:
         raise Forbidden("self_approval", "A live grant needs a requester and a different approver.")
     with transaction.atomic():
+        _lock_agent(agent.pk)
         grant = _request_row(
             agent=agent,
             tool=tool,
