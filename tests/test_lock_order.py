@@ -354,6 +354,69 @@ def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks
     assert audit.verify_chain().ok
 
 
+def test_approving_a_request_while_break_glass_opens_on_its_task_never_deadlocks(
+    postgres_only, make_agent, make_tool, make_task, alice, bob, monkeypatch
+):
+    """Break-glass holds the agent's row and then the task's; approving a request bound to
+    that task holds the agent's row too now (a suspension committing meanwhile is seen).
+    Taken after the task, that was the opposite order, a deadlock the database broke by
+    failing one of them. Both take the agent first."""
+    from django.utils import timezone
+
+    from governance.audit import Actor
+    from governance.models import Grant
+    from governance.services import breakglass, grants
+
+    agent, repo, other = make_agent("bot"), make_tool("repo"), make_tool("other")
+    task = make_task("INC-TASK", at=timezone.now() - timedelta(hours=1))
+    request = grants.grant_request(
+        agent=agent, tool=repo, actions=["read"], scope="repo:acme/*", task=task,
+        duration=timedelta(hours=1), justification="j", requested_by=alice,
+        actor=Actor.user(alice), at=timezone.now(),
+    )  # fmt: skip
+    real_check, agent_held = breakglass.require_open_task, threading.Event()
+
+    def slow_check(task_id: Any, at: Any) -> None:
+        agent_held.set()  # break-glass holds the agent's row, not yet the task's
+        time.sleep(0.7)  # the approval starts meanwhile
+        real_check(task_id, at)
+
+    monkeypatch.setattr(breakglass, "require_open_task", slow_check)
+    errors: list[BaseException] = []
+
+    def open_breakglass() -> None:
+        try:
+            breakglass.breakglass_open(
+                opener=alice, agent=agent, tool=other, actions=["read"], scope="x:y/*",
+                task=task, ticket="INC-1", reason="incident", actor=Actor.user(alice),
+                at=timezone.now(),
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def approve() -> None:
+        try:
+            assert agent_held.wait(10)
+            grants.grant_approve(
+                grant_id=request.pk, approver=bob, actor=Actor.user(bob), at=timezone.now()
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=open_breakglass), threading.Thread(target=approve)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert errors == []
+    assert Grant.objects.get(pk=request.pk).status == Grant.Status.ACTIVE
+    assert audit.verify_chain().ok
+
+
 # --- A suspension racing a resume is decided in order ------------------------------------
 
 

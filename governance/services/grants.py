@@ -380,10 +380,11 @@ def grant_approve(
     """
     with transaction.atomic():
         task_id, agent_id = Grant.objects.values_list("task_id", "agent_id").get(pk=grant_id)
-        # The task first (task_close locks it before the grants it ends), then the agent
-        # (a suspension committing meanwhile is seen: no grant is issued to it).
-        require_open_task(task_id, at)
+        # The agent first (a suspension committing meanwhile is seen: no grant is issued
+        # to it), then the task (task_close locks it before the grants it ends): the
+        # order break-glass and delegation take.
         _lock_agent(agent_id)
+        require_open_task(task_id, at)
         grant = _lock_pending(grant_id, at)
         extra = _approve_row(grant, approver, at, actions, scope, duration, reason)
         _event(
