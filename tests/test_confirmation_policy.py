@@ -206,6 +206,29 @@ def test_revoking_ends_a_policy_at_once(world, agent_client):
     assert exc.value.code == "not_live"
 
 
+def test_the_same_policy_asked_twice_is_one_policy_and_revoking_it_ends_it(world, human_client):
+    """A double click wrote two identical approve policies: revoking "the" policy left
+    the other approving deletes. Asked again while it lives, it is the same policy (the
+    API answers 200, nothing written); another duration, reason or scope is another."""
+    first = write(world)
+    events = AuditEvent.objects.count()
+    assert write(world, at=WRITTEN + timedelta(seconds=2)).pk == first.pk
+    assert AuditEvent.objects.count() == events
+    body = {"agent": "cleaner", "tool": "repo", "action": "delete", "scope": "repo:acme/tmp/*",
+            "verdict": "approve", "reason": "scratch space", "duration_seconds": 3600}  # fmt: skip
+    bob = human_client(world.bob)
+    made = bob.post("/api/v1/confirmation-policies", body, format="json")
+    again = bob.post("/api/v1/confirmation-policies", body, format="json")
+    assert (made.status_code, again.status_code) == (201, 200), again.content
+    assert again.json()["id"] == made.json()["id"]
+    other = write(world, duration=timedelta(hours=2))
+    assert other.pk != first.pk
+    confirmation.policy_revoke(
+        policy_id=first.pk, by=world.bob, reason="done", actor=Actor.user(world.bob), at=NOW
+    )
+    assert ConfirmationPolicy.objects.filter(revoked_at__isnull=True).count() == 2
+
+
 def test_a_task_bound_policy_answers_only_under_its_task(world):
     write(world, task=world.task)
     outside = ask()

@@ -560,13 +560,22 @@ class ConfirmationPolicyListView(APIView):
     @extend_schema(
         operation_id="confirmation_policy_create",
         request=s.ConfirmationPolicyIn,
-        responses={201: s.ConfirmationPolicyOut, **CONFLICT, **ERRORS},
+        responses={
+            201: s.ConfirmationPolicyOut,
+            200: OpenApiResponse(
+                s.ConfirmationPolicyOut,
+                description="The same policy, asked for again while it lives: nothing made.",
+            ),
+            **CONFLICT,
+            **ERRORS,
+        },
         description=(
             "Answer the confirmation gate by rule for one agent's destructive calls on one "
             "tool and action inside `scope` (and `task`, when named), from now for "
             "`duration_seconds`: `approve` lets each matching call through once, `deny` "
             "refuses each (a deny wins, over a person's approval too). Approvers only, and "
-            "none with a stake in the agent (403 `self_approval`)."
+            "none with a stake in the agent (403 `self_approval`). The same policy asked for "
+            "again by its author while it lives is that one (200, nothing written)."
         ),
     )
     def post(self, request: Request) -> Response:
@@ -587,11 +596,12 @@ class ConfirmationPolicyListView(APIView):
                 reason=data["reason"],
                 duration=timedelta(seconds=data["duration_seconds"]),
                 actor=actor_for(request),
-                at=timezone.now(),
+                at=(at := timezone.now()),
             )
+        made = policy.created_at == at
         return Response(
             s.ConfirmationPolicyOut(_policies().get(pk=policy.pk)).data,
-            status=status.HTTP_201_CREATED,
+            status=status.HTTP_201_CREATED if made else status.HTTP_200_OK,
         )
 
 

@@ -115,7 +115,9 @@ def policy_create(
     at: datetime,
     task: Task | None = None,
 ) -> ConfirmationPolicy:
-    """A live policy from `at` for `duration`, with its event."""
+    """A live policy from `at` for `duration`, with its event. The same policy asked for
+    again while it lives (a double click, a retry) is that one: nothing is written (a
+    second copy outlived the revoke of the first and kept approving calls)."""
     _require_approver(author)
     validate_policy(
         tool=tool, action=action, scope=scope, verdict=verdict, reason=reason, duration=duration
@@ -130,7 +132,19 @@ def policy_create(
     ):
         raise Forbidden("self_approval", "Nobody writes a policy for their own agent's calls.")
     with transaction.atomic():
+        # The agent's row (before the task, as everywhere) serialises policy writes for
+        # it: two copies asked at once cannot both miss each other.
+        Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk).values_list("pk").get()
         require_open_task(task.pk if task else None, at)
+        # As approved now (the caller's Tool may be older than an approval).
+        definition = Tool.objects.values_list("approved_hash", flat=True).get(pk=tool.pk)
+        same = ConfirmationPolicy.objects.filter(
+            created_by=author, agent=agent, tool=tool, task=task, action=action, scope=scope,
+            verdict=verdict, reason=reason, definition_hash=definition, revoked_at__isnull=True,
+        )  # fmt: skip
+        for earlier in same:
+            if earlier.live_at(at) and earlier.expires_at - earlier.starts_at == duration:
+                return earlier
         policy = ConfirmationPolicy.objects.create(
             agent=agent,
             tool=tool,
@@ -143,8 +157,7 @@ def policy_create(
             created_at=at,
             starts_at=at,
             expires_at=at + duration,
-            # As approved now (the caller's Tool may be older than an approval).
-            definition_hash=Tool.objects.values_list("approved_hash", flat=True).get(pk=tool.pk),
+            definition_hash=definition,
         )
         _event(policy, EventType.CONFIRMATION_POLICY_CREATED, actor, at, reason=reason)
         notifications.policy_written(policy=policy, at=at)  # sent after the commit
