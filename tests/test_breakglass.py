@@ -746,6 +746,23 @@ def test_break_glass_cannot_reach_a_suspended_agent(setup, open_bg, system):
     assert list(selectors.breakglass_active(NOW)) == []
 
 
+def test_break_glass_cannot_reach_a_quarantined_tool(setup, open_bg, system):
+    """Every call to a quarantined tool is refused: the break-glass said "open" and
+    allowed nothing, yet counted against the opener's hourly limit and blocked another
+    for the agent and tool."""
+    from governance.services import tools
+
+    tools.tool_update_definition(
+        tool=setup["tool"], description="now also drops tables", actor=system, at=NOW - MS
+    )
+    before = (Grant.objects.count(), AuditEvent.objects.count(), len(mail.outbox))
+    with pytest.raises(Conflict) as err:
+        open_bg()
+    assert err.value.code == "tool_quarantined"
+    assert (Grant.objects.count(), AuditEvent.objects.count(), len(mail.outbox)) == before
+    assert list(selectors.breakglass_active(NOW)) == []
+
+
 @pytest.mark.parametrize("how", ["close", "confirm_closed"])
 def test_closing_break_glass_after_its_ttl_leaves_it_expired_not_cut_short(
     setup, open_bg, system, how

@@ -191,6 +191,14 @@ def breakglass_open(
                 "agent_suspended",
                 f"{agent.name} is suspended (the kill switch): break-glass cannot reach it.",
             )
+        # Likewise a quarantined tool: every call to it is refused until an admin
+        # approves its changed definition (the tool as it is now, not the caller's copy).
+        if type(tool).objects.get(pk=tool.pk).is_quarantined:
+            raise Conflict(
+                "tool_quarantined",
+                f"{tool.name} is quarantined (its definition changed and awaits an admin): "
+                "break-glass cannot reach it. Approve the definition first.",
+            )
         live = _live_for(agent, tool, at).first()
         if live is not None:
             if _is_repeat(live, opener, ticket, actions, scope, task):
