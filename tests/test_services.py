@@ -1938,6 +1938,41 @@ def test_a_task_closed_by_hand_after_it_ran_out_dates_its_revokes_from_its_end(
     assert kept.revoked_at == NOW + timedelta(hours=3)
 
 
+def test_narrowing_a_grant_voids_the_calls_awaiting_a_person_it_no_longer_covers(
+    make_agent, make_tool, make_grant, bob
+):
+    """A pending delete under a grant narrowed to read stayed in the inbox: a person
+    approved it ("Approved the delete call.") and the agent's call was then denied. The
+    calls the narrowed grant no longer covers are voided, as a revoke voids them."""
+    from governance.errors import Conflict
+    from governance.models import Approval
+    from governance.services import approvals
+
+    bot, repo = make_agent("bot"), make_tool("repo")
+    grant = make_grant(bot, repo, ("read", "delete"), "repo:acme/*",
+                       starts_at=NOW - timedelta(minutes=30))  # fmt: skip
+    asked = {
+        scope: access.access_check(agent="bot", tool="repo", action="delete", scope=scope, at=NOW)
+        for scope in ("repo:acme/tmp/x", "repo:acme/src/y")
+    }
+    assert {d.decision for d in asked.values()} == {"approval_required"}
+    grants.grant_narrow(grant_id=grant.pk, scope="repo:acme/tmp/*", reason="least privilege",
+                        actor=Actor.system("t"), at=NOW + timedelta(seconds=1))  # fmt: skip
+    status = {s: Approval.objects.get(pk=d.approval_id).status for s, d in asked.items()}
+    assert status == {"repo:acme/tmp/x": "pending", "repo:acme/src/y": "expired"}
+    narrowed = AuditEvent.objects.filter(event_type="grant.narrowed").get()
+    assert json.loads(narrowed.data)["approvals_voided"] == 1
+    grants.grant_narrow(grant_id=grant.pk, actions=["read"], reason="read only",
+                        actor=Actor.system("t"), at=NOW + timedelta(seconds=2))  # fmt: skip
+    left = Approval.objects.get(pk=asked["repo:acme/tmp/x"].approval_id)
+    assert left.status == "expired"
+    with pytest.raises(Conflict):
+        approvals.approval_approve(
+            approval_id=left.pk, approver=bob, actor=Actor.user(bob),
+            at=NOW + timedelta(seconds=3),
+        )  # fmt: skip
+
+
 def test_narrowing_a_parent_ends_a_delegation_outside_its_new_scope(
     make_agent, make_tool, make_grant
 ):

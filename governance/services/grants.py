@@ -21,7 +21,7 @@ from governance import audit, notifications, roles
 from governance.codes import ACTION_VALUES, LIMIT_BOUNDS, EventType, limit_problem
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Approval, Grant, Task, Tool
-from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within
+from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within, scope_matches
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from sandbox_runner.egress import parse_destination
@@ -1034,6 +1034,18 @@ def grant_narrow(
         grant.scope = new_scope
         grant.expires_at = new_expiry
         grant.save(update_fields=["actions", "scope", "expires_at"])
+        # A call asked (or approved) under the grant that it no longer covers can never
+        # be allowed under it: voided, as a revoke voids them, not left for a person to
+        # approve in vain.
+        uncovered = [
+            approval.pk
+            for approval in Approval.objects.select_for_update().filter(
+                grant=grant, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+            )
+            if approval.action not in new_actions or not scope_matches(new_scope, approval.scope)
+        ]
+        Approval.objects.filter(pk__in=uncovered).update(status=Approval.Status.EXPIRED)
+        voided = {"approvals_voided": len(uncovered)} if uncovered else {}
         # Delegations that no longer fit are revoked (with what hangs below them); the
         # narrowed event comes last, after every row this transaction changes.
         misfits: list[int] = []
@@ -1060,7 +1072,7 @@ def grant_narrow(
                 at=at,
                 revoked_by=narrowed_by,
             )
-        _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before)
+        _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before, **voided)
         _withdraw_delegation(overruled, grant.pk, actor, at)
     return grant
 
