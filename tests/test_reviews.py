@@ -551,6 +551,25 @@ def test_the_review_open_command(world, monkeypatch):
     assert events(EventType.REVIEW_CAMPAIGN_OPENED)[0].actor == "system:command:review_open"
 
 
+def test_the_same_campaign_opened_twice_by_a_person_is_one_campaign(world, system):
+    """A double click on "Open campaign" opened two: every grant was under review twice,
+    and a grant its reviewer kept in one was revoked at the due date for the other's
+    silence. Asked again while it is open, it is the same campaign; another reason, agent
+    or person, or one asked after the first has closed, is another."""
+    approvers = world["approvers"]
+    first = open_campaign(opened_by=approvers[0], reason="after INC-9")
+    again = open_campaign(at=NOW + timedelta(seconds=1), opened_by=approvers[0],
+                          reason="after INC-9")  # fmt: skip
+    assert again.pk == first.pk
+    assert len(events(EventType.REVIEW_CAMPAIGN_OPENED)) == 1
+    assert open_campaign(opened_by=approvers[0], reason="quarter end").pk != first.pk
+    assert open_campaign(opened_by=approvers[1], reason="after INC-9").pk != first.pk
+    after_due = first.due_at + timedelta(seconds=1)
+    Grant.objects.update(expires_at=after_due + timedelta(days=30))
+    later = open_campaign(at=after_due, opened_by=approvers[0], reason="after INC-9")
+    assert later.pk != first.pk
+
+
 def test_a_keyed_one_agent_campaign_cannot_stand_in_for_the_quarters(world, system):
     """A key names one campaign. A one-agent campaign opened under the quarter's key used
     to be returned by the scheduled job, and nobody else's grants were reviewed."""

@@ -50,6 +50,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from governance import audit, notifications, roles
@@ -135,6 +136,8 @@ def review_campaign_open(
         return _same(existing, kind, agent)
     try:
         with transaction.atomic():
+            if key is None and (repeat := _repeat(kind, reason, agent, opened_by, at)):
+                return repeat
             campaign = ReviewCampaign.objects.create(
                 key=key,
                 kind=kind,
@@ -173,6 +176,31 @@ def review_campaign_open(
             raise
         return _same(ReviewCampaign.objects.get(key=key), kind, agent)
     return campaign
+
+
+def _repeat(
+    kind: str, reason: str, agent: Agent | None, opened_by: Any, at: datetime
+) -> ReviewCampaign | None:
+    """The same unkeyed campaign asked for again while it is open (a double click): that
+    one. A second copy put every grant under review twice, and a grant its reviewer kept
+    in one was revoked at the due date for the other's silence. The opener's row, held
+    to the commit, makes two asked at once see each other."""
+    if opened_by is None:
+        return None
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=opened_by.pk).first()
+    return (
+        ReviewCampaign.objects.filter(
+            key=None,
+            kind=kind,
+            reason=reason,
+            agent=agent,
+            opened_by=opened_by,
+            items__status=ReviewItem.Status.PENDING,
+        )  # fmt: skip
+        .exclude(due_at__lte=at)
+        .distinct()
+        .first()
+    )
 
 
 def _same(existing: ReviewCampaign, kind: str, agent: Agent | None) -> ReviewCampaign:
