@@ -389,14 +389,23 @@ def breakglass_reviews_pending(at: datetime) -> list[Any]:
 
 
 def review_items_for(user: Any, at: datetime) -> list[Any]:
-    """A reviewer's open items, soonest due first, each with `.is_overdue`."""
+    """A person's open items, soonest due first, each with `.is_overdue`: those assigned
+    to them, and for an admin also those that fall to the admins (unassigned, or whose
+    reviewer may no longer decide: services.reviews._reviewers). They were decided by
+    nobody and fell to the default rule: the admins were told, but no page listed them."""
+    from governance import roles
     from governance.models import ReviewItem
+    from governance.services.reviews import _reviewers
 
-    found = list(
-        ReviewItem.objects.filter(reviewer=user, status=ReviewItem.Status.PENDING)
-        .select_related("campaign", "grant__agent", "grant__tool", "grant__task")
-        .order_by("due_at", "id")
+    pending = ReviewItem.objects.filter(status=ReviewItem.Status.PENDING).select_related(
+        "campaign", "reviewer", "grant__agent", "grant__tool", "grant__task"
     )
+    found = list(pending.filter(reviewer=user))
+    if roles.is_admin(user):
+        deciders = {person.pk for person in approver_users()}
+        fallen = pending.exclude(reviewer_id__in=deciders)
+        found += [item for item in fallen if user in _reviewers(item)]
+    found.sort(key=lambda item: (item.due_at, item.pk))
     for item in found:
         item.is_overdue = item.due_at <= at
     return found

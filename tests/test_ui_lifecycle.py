@@ -237,6 +237,32 @@ def test_an_admin_opens_a_campaign_on_demand_for_one_agent() -> None:
     assert opened.actor == "user:dave"
 
 
+def test_an_item_whose_reviewer_left_is_listed_for_the_admins_to_decide() -> None:
+    """An item whose reviewer lost the approver role falls to the admins (they are told
+    so), but no page listed it for them: nobody decided it and the default rule revoked
+    the grant at the due date. It is among each admin's items, with its form."""
+    ui_world.build()
+    erin = ui_world.user("erin", "approver")
+    dave = ui_world.signed_in("admin")
+    opened = ui_world.post(dave, "/ui/reviews/open", {"reason": "team change", "agent": "bot-a"})
+    assert opened.status_code == 302
+    item = ReviewItem.objects.filter(reviewer=erin).first()
+    assert item is not None
+    form = f'action="/ui/reviews/items/{item.pk}/decide"'
+    assert form not in dave.get("/ui/reviews/mine/").content.decode()  # erin's to decide
+    erin.groups.remove(Group.objects.get(name=roles.APPROVERS))
+    assert form in dave.get("/ui/reviews/mine/").content.decode()
+    grant = item.grant
+    done = ui_world.post(dave, f"/ui/reviews/items/{item.pk}/decide", {
+        "decision": "keep", "comment": "still needed", "actions_listed": "1",
+        "actions": list(grant.actions), "scope": grant.scope,
+    })  # fmt: skip
+    item.refresh_from_db()
+    assert done.status_code == 302 and (item.status, item.decided_by.username) == ("kept", "dave")
+    assert last_event().event_type == "review.item_decided" and last_event().actor == "user:dave"
+    assert form not in dave.get("/ui/reviews/mine/").content.decode()
+
+
 def test_a_review_narrows_a_grant_and_never_widens_it() -> None:
     world = ui_world.build()
     extra = ui_world.build_lifecycle(world)
