@@ -324,16 +324,21 @@ def test_closing_break_glass_while_an_admin_revokes_its_grant_is_on_record(postg
 
 
 @pytest.mark.django_db(transaction=True)
-def test_keeping_a_review_item_while_its_grant_is_revoked_is_refused(
-    postgres_only, make_agent, make_tool, make_grant, approvers
+@pytest.mark.parametrize("decision", ["keep", "revoke", "narrow"])
+def test_deciding_a_review_item_while_its_grant_is_revoked_is_refused(
+    postgres_only, make_agent, make_tool, make_grant, approvers, decision
 ):
     """The keep read the grant as live and committed after the revoke: the log showed a
-    reviewer re-certifying a grant that was already revoked."""
+    reviewer re-certifying a grant that was already revoked. A revoke decision then
+    recorded the reviewer as revoking what an admin had (review.item_decided after
+    grant.revoked), and a narrowing was refused with the item left pending."""
     from governance.services import grants
 
     heidi = approvers[3]
     now = timezone.now()
-    grant = make_grant(make_agent(), make_tool(), starts_at=now - timedelta(minutes=5))
+    grant = make_grant(
+        make_agent(), make_tool(), ("read", "update"), starts_at=now - timedelta(minutes=5)
+    )
     reviews.review_campaign_open(
         kind="on_demand", reason="probe", opened_by=heidi, actor=Actor.user(heidi), at=now
     )
@@ -349,17 +354,18 @@ def test_keeping_a_review_item_while_its_grant_is_revoked_is_refused(
             revoked_by=heidi,
         )
 
-    def keep():
+    def decide():
         return reviews.review_item_decide(
             item_id=item.pk,
             reviewer=reviewer,
-            decision="keep",
-            comment="still needed",
+            decision=decision,
+            comment="reviewed",
             actor=Actor.user(reviewer),
             at=timezone.now(),
+            **({"actions": ["read"]} if decision == "narrow" else {}),
         )
 
-    answer = _while_held(revoke, keep)
+    answer = _while_held(revoke, decide)
     item.refresh_from_db()
     assert isinstance(answer, Conflict) and answer.code == "grant_not_live", answer
     assert item.status == ReviewItem.Status.ENDED

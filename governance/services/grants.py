@@ -600,6 +600,21 @@ def _ended_at(at: datetime, effective_at: datetime | None) -> datetime:
     return at if effective_at is None else min(at, effective_at)
 
 
+def lock_chain(grant_id: int) -> Grant:
+    """The grant, read under its lock, its delegation ancestors locked before it, root
+    first: the order a revoke or narrowing takes (_overruled), so a caller that goes on
+    to either waits for, and then sees, one committing meanwhile."""
+    chain: list[int] = []
+    cursor = Grant.objects.filter(pk=grant_id).values_list("delegated_from_id", flat=True).get()
+    while cursor is not None and cursor not in chain and len(chain) < 32:
+        chain.append(cursor)
+        cursor = Grant.objects.filter(pk=cursor).values_list("delegated_from_id", flat=True).get()
+    locking = Grant.objects.select_for_update(of=("self",), no_key=True)
+    for pk in reversed(chain):  # root first
+        locking.filter(pk=pk).values_list("pk").get()
+    return locking.select_related("agent", "tool", "task").get(pk=grant_id)
+
+
 def _overruled(grant_id: int, person: Any, at: datetime) -> list[Grant]:
     """A person ending or narrowing a live delegated grant overrules the delegation:
     no grant above it can be delegated any more. Its holder could otherwise hand the

@@ -62,7 +62,7 @@ from governance.policy import PastState, grant_dead_reason
 from governance.selectors import agent_tree, approver_users, grants_in_force, unused_grants
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
-from governance.services.grants import grant_event, grant_narrow, grant_revoke
+from governance.services.grants import grant_event, grant_narrow, grant_revoke, lock_chain
 from governance.services.usage import usage_fold
 
 DECISIONS = ("keep", "narrow", "revoke")
@@ -314,17 +314,11 @@ def review_item_decide(
         )
         if item.status != ReviewItem.Status.PENDING:
             raise Conflict("already_decided", f"The item is already {item.status}.")
-        grant = item.grant
-        if decision == "keep":
-            # A keep changes no grant row, so nothing else would wait for a revoke or
-            # narrowing of this grant committing meanwhile: wait here and read what it
-            # left (revoke and narrow lock the grant themselves, ancestors first).
-            grant = (
-                Grant.objects.select_for_update(of=("self",), no_key=True)
-                .select_related("agent", "tool", "task")
-                .get(pk=item.grant_id)
-            )
-            item.grant = grant
+        # The grant as a revoke or narrowing committing meanwhile left it (waited for
+        # under the locks they take, ancestors first): a decision on a grant someone else
+        # just ended is not recorded as the reviewer's revoke (nor refused as not live,
+        # leaving the item pending), the item is closed as ended.
+        grant = item.grant = lock_chain(item.grant_id)
         if reviewer.pk in _barred(grant):
             raise Forbidden(
                 "self_review",
