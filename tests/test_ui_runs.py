@@ -116,7 +116,7 @@ def test_a_refused_request_line_carrying_a_secret_is_masked_in_its_event() -> No
     from sandbox_runner.egress import EgressDecision
 
     world = ui_world.build()
-    run_id = ui_world.make_run(world)
+    run_id = ui_world.make_run(world, finish=False)  # egress is reported while it runs
     key, password = "sk_live_51H" + "q7Zt" * 6, "Sup3rS3cretPassw0rd"
     for sent in (
         f"GET /v1/charges?api_key={key} HTTP/1.1",

@@ -226,9 +226,9 @@ RUN_COMMAND = (
 )
 
 
-def make_run(world: World) -> str:
+def make_run(world: World, finish: bool = True) -> str:
     """A finished sandbox run of bot-a's, with one egress attempt denied and one allowed,
-    and output that is hostile to a page: its run id."""
+    and output that is hostile to a page: its run id. `finish=False`: still running."""
     from sandbox_runner.egress import decide, parse_destination
     from sandbox_runner.spec import RunSpec
 
@@ -261,5 +261,6 @@ def make_run(world: World) -> str:
     stream = {"excerpt": HOSTILE_OUTPUT, "sha256": "ab" * 32, "bytes": 40, "truncated": False}
     summary = {"exit_code": 0, "timed_out": False, "oom_killed": False, "stdout": stream,
                "stderr": {**stream, "excerpt": "", "bytes": 0}}  # fmt: skip
-    sandbox.run_finished_summary(run_id=spec.run_id, summary=summary, at=now)
+    if finish:
+        sandbox.run_finished_summary(run_id=spec.run_id, summary=summary, at=now)
     return spec.run_id
