@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,26 @@ from governance.models import Agent
 from tests.conftest import NOW
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def each_in_a_thread(*calls: Callable[[], Any]) -> list[BaseException]:
+    """Run each call in a thread of its own (its own connection); what they raised."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return errors
 
 
 def _event(label: str) -> None:
@@ -318,38 +339,22 @@ def test_delegating_to_a_subagent_while_break_glass_opens_for_it_never_deadlocks
         return real_fold(**kw)
 
     monkeypatch.setattr(reviews, "usage_fold", slow_fold)
-    errors: list[BaseException] = []
 
     def open_breakglass() -> None:
-        try:
-            breakglass.breakglass_open(
-                opener=alice, agent=parent_agent, tool=other, actions=["read"], scope="x:y/*",
-                ticket="INC-1", reason="incident", actor=Actor.user(alice), at=timezone.now(),
-            )  # fmt: skip
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+        breakglass.breakglass_open(
+            opener=alice, agent=parent_agent, tool=other, actions=["read"], scope="x:y/*",
+            ticket="INC-1", reason="incident", actor=Actor.user(alice), at=timezone.now(),
+        )  # fmt: skip
 
     def delegate() -> None:
-        try:
-            assert agent_held.wait(10)
-            grants.grant_delegate(
-                parent_grant_id=parent.pk, child=child, actions=["read"],
-                scope="repo:acme/api/*", expires_at=parent.expires_at, justification="j",
-                actor=Actor.agent(parent_agent), at=timezone.now(),
-            )  # fmt: skip
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+        assert agent_held.wait(10)
+        grants.grant_delegate(
+            parent_grant_id=parent.pk, child=child, actions=["read"],
+            scope="repo:acme/api/*", expires_at=parent.expires_at, justification="j",
+            actor=Actor.agent(parent_agent), at=timezone.now(),
+        )  # fmt: skip
 
-    threads = [threading.Thread(target=open_breakglass), threading.Thread(target=delegate)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert errors == []
+    assert each_in_a_thread(open_breakglass, delegate) == []
     assert Grant.objects.filter(delegated_from=parent, agent=child).count() == 1
     assert audit.verify_chain().ok
 
@@ -382,37 +387,21 @@ def test_approving_a_request_while_break_glass_opens_on_its_task_never_deadlocks
         real_check(task_id, at)
 
     monkeypatch.setattr(breakglass, "require_open_task", slow_check)
-    errors: list[BaseException] = []
 
     def open_breakglass() -> None:
-        try:
-            breakglass.breakglass_open(
-                opener=alice, agent=agent, tool=other, actions=["read"], scope="x:y/*",
-                task=task, ticket="INC-1", reason="incident", actor=Actor.user(alice),
-                at=timezone.now(),
-            )  # fmt: skip
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+        breakglass.breakglass_open(
+            opener=alice, agent=agent, tool=other, actions=["read"], scope="x:y/*",
+            task=task, ticket="INC-1", reason="incident", actor=Actor.user(alice),
+            at=timezone.now(),
+        )  # fmt: skip
 
     def approve() -> None:
-        try:
-            assert agent_held.wait(10)
-            grants.grant_approve(
-                grant_id=request.pk, approver=bob, actor=Actor.user(bob), at=timezone.now()
-            )
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+        assert agent_held.wait(10)
+        grants.grant_approve(
+            grant_id=request.pk, approver=bob, actor=Actor.user(bob), at=timezone.now()
+        )
 
-    threads = [threading.Thread(target=open_breakglass), threading.Thread(target=approve)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert errors == []
+    assert each_in_a_thread(open_breakglass, approve) == []
     assert Grant.objects.get(pk=request.pk).status == Grant.Status.ACTIVE
     assert audit.verify_chain().ok
 

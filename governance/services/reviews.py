@@ -196,7 +196,7 @@ def _repeat(
             agent=agent,
             opened_by=opened_by,
             items__status=ReviewItem.Status.PENDING,
-        )  # fmt: skip
+        )
         .exclude(due_at__lte=at)
         .distinct()
         .first()
