@@ -72,6 +72,9 @@ class Reason(models.TextChoices):
     APPROVAL_DENIED = "approval_denied"
     # APPROVAL_PENDING_MAX of the agent's calls already await a person: no new request.
     APPROVAL_BACKLOG = "approval_backlog"
+    # The API's own refusal, not authorize()'s: the bearer token the request came with
+    # was revoked after the request was let in, before its decision was recorded.
+    TOKEN_REVOKED = "token_revoked"
     ERROR = "error"
 
 

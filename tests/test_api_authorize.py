@@ -205,6 +205,75 @@ def test_a_host_not_allowed_is_a_json_400_under_the_api(anonymous, client):
     assert page.status_code == 400 and page["Content-Type"].startswith("text/html")
 
 
+@pytest.mark.parametrize("action", ["read", "delete"])
+def test_a_token_revoked_after_the_request_was_let_in_gets_no_allow(setup, monkeypatch, action):
+    """The token was checked only when the request came in: one revoked while the request
+    was on its way to its decision was still answered `allow` (and an approval asked for),
+    recorded after `agent_token.revoked`. The decision refuses it, on record."""
+    from governance.api import auth
+
+    real = auth.BearerAuthentication.authenticate
+
+    def let_in_then_revoked(self, request):
+        principal, token = real(self, request)
+        agents.token_revoke(token=token, actor=Actor.system("incident"), at=timezone.now())
+        return principal, token
+
+    monkeypatch.setattr(auth.BearerAuthentication, "authenticate", let_in_then_revoked)
+    response = setup["client"].post(URL, body(action=action), format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert (data["decision"], data["reason"], data["approval"]) == ("deny", "token_revoked", None)
+    kinds = list(AuditEvent.objects.order_by("-seq").values_list("event_type", flat=True)[:2])
+    assert kinds == ["access.denied", "agent_token.revoked"]
+    assert (last_event().reason, str(last_event().uid)) == ("token_revoked", data["decision_id"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revoke_committing_between_the_tokens_check_and_the_event_is_seen(
+    postgres_only, setup, monkeypatch
+):
+    """The token is asked after the decision's read; a revoke that commits after that,
+    before the event is appended, makes the append refuse (the state changed) and the
+    question is asked again: the answer is the revoke's, never an allow after it."""
+    import threading
+
+    from django.db import connection
+
+    from governance.services import access
+
+    real, asked = access.token_refusal, []
+
+    def revoke_right_after_the_first_check(token_id):
+        check = real(token_id)
+
+        def refuse(decision):
+            answer = check(decision)
+            if not asked:
+                token = AgentToken.objects.get(pk=token_id)
+
+                def revoke():
+                    try:
+                        agents.token_revoke(token=token, actor=Actor.system("x"), at=timezone.now())
+                    finally:
+                        connection.close()
+
+                elsewhere = threading.Thread(target=revoke)  # its own connection: committed
+                elsewhere.start()
+                elsewhere.join(10)
+            asked.append(answer)
+            return answer
+
+        return refuse
+
+    monkeypatch.setattr(access, "token_refusal", revoke_right_after_the_first_check)
+    data = setup["client"].post(URL, body(), format="json").json()
+    assert asked[0] is None and asked[-1] is not None  # asked again after the revoke
+    assert (data["decision"], data["reason"]) == ("deny", "token_revoked")
+    kinds = list(AuditEvent.objects.order_by("-seq").values_list("event_type", flat=True)[:2])
+    assert kinds == ["access.denied", "agent_token.revoked"]
+
+
 def test_tool_names_are_not_trimmed(setup):
     response = setup["client"].post(URL, body(tool=" repo"), format="json")
     assert response.json()["reason"] == "unknown_tool"

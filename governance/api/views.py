@@ -123,6 +123,7 @@ class AuthorizeView(APIView):
             arguments=data.get("arguments"),
             approval=data.get("approval"),
             at=timezone.now(),
+            refuse=access.token_refusal(request.auth.pk),
         )
         code = 503 if decision.reason == Reason.ERROR else 200
         return Response(s.decision_out(_decision_body(decision)), status=code)

@@ -281,6 +281,23 @@ def _denied(decision: Decision, denied: Approval) -> Decision:
 # (reason, message) to deny, or None. See access_check(refuse=...).
 Refusal = Callable[[Decision], tuple[str, str] | None]
 
+_TOKEN_REVOKED = "SELECT revoked_at IS NOT NULL FROM governance_agenttoken WHERE id = %s"
+
+
+def token_refusal(token_id: int) -> Refusal:
+    """A refusal for a call whose bearer token has been revoked since the request was let
+    in. Asked after the decision's read: a revoke committing after it is a change the
+    event's append refuses (StateChanged), and the question is asked again, so no
+    decision under a token is recorded after its revoke."""
+
+    def refuse(decision: Decision) -> tuple[str, str] | None:
+        revoked = db.query(_TOKEN_REVOKED, [token_id], "b")
+        if not revoked or revoked[0][0]:
+            return Reason.TOKEN_REVOKED, "The token this request was made with was revoked."
+        return None
+
+    return refuse
+
 
 def _decide_and_record(
     question: dict[str, Any],
