@@ -257,8 +257,10 @@ def test_every_reason_code_is_covered_by_the_table():
 
     # error: tests/test_fail_closed.py; approval_denied (a denied call asked again) and
     # approval_backlog (too many calls await a person) are the gate's write side,
-    # access_check only: tests/test_services.py
+    # access_check only: tests/test_services.py; token_revoked is the API's own refusal
+    # (a token revoked after its request was let in): tests/test_api_authorize.py
     covered = {r[4] for r in ROWS} | {"error", "approval_denied", "approval_backlog"}
+    covered |= {"token_revoked"}
     assert covered == set(Reason.values)
 
 
