@@ -393,7 +393,6 @@ def review_items_for(user: Any, at: datetime) -> list[Any]:
     to them, and for an admin also those that fall to the admins (unassigned, or whose
     reviewer may no longer decide: services.reviews._reviewers). They were decided by
     nobody and fell to the default rule: the admins were told, but no page listed them."""
-    from governance import roles
     from governance.models import ReviewItem
     from governance.services.reviews import _reviewers
 

@@ -241,7 +241,7 @@ class SandboxRunOut(serializers.Serializer):
     grant = serializers.IntegerField(allow_null=True)
     approval = serializers.CharField(allow_null=True)
     limits = SandboxLimitsOut(allow_null=True)
-    egress = ListField(child=serializers.CharField())
+    egress = serializers.ListField(child=serializers.CharField())
 
 
 class ReportIn(StrictSerializer):

@@ -516,10 +516,10 @@ class GrantOut(serializers.Serializer):
     agent = serializers.CharField(source="agent.name")
     tool = serializers.CharField(source="tool.name")
     task = serializers.CharField(source="task.key", allow_null=True, default=None)
-    actions = ListField(child=serializers.CharField())
+    actions = serializers.ListField(child=serializers.CharField())
     scope = serializers.CharField()
-    fields = ListField(child=serializers.CharField())
-    egress = ListField(child=serializers.CharField())
+    fields = serializers.ListField(child=serializers.CharField())
+    egress = serializers.ListField(child=serializers.CharField())
     status = serializers.CharField()
     justification = serializers.CharField()
     requested_by = serializers.CharField(
@@ -709,7 +709,7 @@ class AgentOut(serializers.Serializer):
     suspended_at = serializers.DateTimeField(allow_null=True)
     subagents = serializers.SerializerMethodField()
 
-    @extend_schema_field(ListField(child=serializers.CharField()))
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_subagents(self, agent: Any) -> list[str]:
         return _names(agent.subagents)
 
@@ -780,7 +780,7 @@ class ToolDefinitionIn(StrictSerializer):
 class ToolOut(serializers.Serializer):
     name = serializers.CharField()
     kind = serializers.CharField()
-    actions = ListField(child=serializers.CharField())
+    actions = serializers.ListField(child=serializers.CharField())
     third_party = serializers.BooleanField()
     irreversible = serializers.BooleanField()
     description = serializers.CharField()
@@ -840,7 +840,7 @@ class GrantDetailOut(GrantOut):
     revoked_by = serializers.CharField(source="revoked_by.username", allow_null=True, default=None)
     delegations = serializers.SerializerMethodField()
 
-    @extend_schema_field(ListField(child=serializers.IntegerField()))
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
     def get_delegations(self, grant: Any) -> list[int]:
         return sorted(grant.delegations.values_list("pk", flat=True))
 
@@ -852,7 +852,7 @@ class GrantPageOut(serializers.Serializer):
 
 class GrantRevokeOut(serializers.Serializer):
     grant = GrantDetailOut()
-    ended = ListField(
+    ended = serializers.ListField(
         child=serializers.IntegerField(),
         help_text="Grants ended by this call: the grant and its delegated descendants",
     )
@@ -875,12 +875,12 @@ class AccessRowOut(serializers.Serializer):
     agent = serializers.CharField()
     owner = serializers.CharField()
     tool = serializers.CharField()
-    actions = ListField(child=serializers.CharField())
+    actions = serializers.ListField(child=serializers.CharField())
     scope = serializers.CharField()
-    fields = ListField(
+    fields = serializers.ListField(
         child=serializers.CharField(), help_text="The argument fields a call may carry (empty: any)"
     )
-    egress = ListField(
+    egress = serializers.ListField(
         child=serializers.CharField(), help_text="host:port destinations a sandbox run may reach"
     )
     limits = serializers.SerializerMethodField(
@@ -902,7 +902,7 @@ class AccessRowOut(serializers.Serializer):
             "task), or null."
         ),
     )
-    policies = ListField(
+    policies = serializers.ListField(
         child=serializers.CharField(),
         help_text=(
             "The confirmation policies in force at `at` that can answer some destructive "

@@ -27,7 +27,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError, NotFound
 from governance.models import Agent, ConfirmationPolicy, Task, Tool
 from governance.policy import pattern_is_valid
 from governance.services.approvals import stakeholders
-from governance.services.grants import require_open_task
+from governance.services.grants import lock_agent, require_open_task
 
 
 def _event(
@@ -134,7 +134,7 @@ def policy_create(
     with transaction.atomic():
         # The agent's row (before the task, as everywhere) serialises policy writes for
         # it: two copies asked at once cannot both miss each other.
-        Agent.objects.select_for_update(no_key=True).filter(pk=agent.pk).values_list("pk").get()
+        lock_agent(agent.pk)
         require_open_task(task.pk if task else None, at)
         # As approved now (the caller's Tool may be older than an approval).
         definition = Tool.objects.values_list("approved_hash", flat=True).get(pk=tool.pk)

@@ -383,7 +383,7 @@ def grant_approve(
         # The agent first (a suspension committing meanwhile is seen: no grant is issued
         # to it), then the task (task_close locks it before the grants it ends): the
         # order break-glass and delegation take.
-        _lock_agent(agent_id)
+        lock_agent(agent_id)
         require_open_task(task_id, at)
         grant = _lock_pending(grant_id, at)
         extra = _approve_row(grant, approver, at, actions, scope, duration, reason)
@@ -393,7 +393,7 @@ def grant_approve(
     return grant
 
 
-def _lock_agent(agent_id: int) -> None:
+def lock_agent(agent_id: int) -> None:
     """Hold the agent's row (before any of its grants): a suspension waits, or is seen."""
     Agent.objects.select_for_update(no_key=True).filter(pk=agent_id).values_list("pk").get()
 
@@ -520,7 +520,7 @@ def grant_issue(
     if approved_by is None or requested_by is None or approved_by.pk == requested_by.pk:
         raise Forbidden("self_approval", "A live grant needs a requester and a different approver.")
     with transaction.atomic():
-        _lock_agent(agent.pk)
+        lock_agent(agent.pk)
         grant = _request_row(
             agent=agent,
             tool=tool,
@@ -600,17 +600,22 @@ def _ended_at(at: datetime, effective_at: datetime | None) -> datetime:
     return at if effective_at is None else min(at, effective_at)
 
 
-def lock_chain(grant_id: int) -> Grant:
-    """The grant, read under its lock, its delegation ancestors locked before it, root
-    first: the order a revoke or narrowing takes (_overruled), so a caller that goes on
-    to either waits for, and then sees, one committing meanwhile."""
+def _ancestor_ids(grant_id: int) -> list[int]:
+    """The grant's delegation ancestors, nearest first (bounded, each once)."""
     chain: list[int] = []
     cursor = Grant.objects.filter(pk=grant_id).values_list("delegated_from_id", flat=True).get()
     while cursor is not None and cursor not in chain and len(chain) < 32:
         chain.append(cursor)
         cursor = Grant.objects.filter(pk=cursor).values_list("delegated_from_id", flat=True).get()
+    return chain
+
+
+def lock_chain(grant_id: int) -> Grant:
+    """The grant, read under its lock, its delegation ancestors locked before it, root
+    first: the order a revoke or narrowing takes (_overruled), so a caller that goes on
+    to either waits for, and then sees, one committing meanwhile."""
     locking = Grant.objects.select_for_update(of=("self",), no_key=True)
-    for pk in reversed(chain):  # root first
+    for pk in reversed(_ancestor_ids(grant_id)):  # root first
         locking.filter(pk=pk).values_list("pk").get()
     return locking.select_related("agent", "tool", "task").get(pk=grant_id)
 
@@ -630,13 +635,8 @@ def _overruled(grant_id: int, person: Any, at: datetime) -> list[Grant]:
         ).exists()
     ):
         return []
-    chain: list[int] = []
-    cursor = Grant.objects.filter(pk=grant_id).values_list("delegated_from_id", flat=True).get()
-    while cursor is not None and cursor not in chain and len(chain) < 32:
-        chain.append(cursor)
-        cursor = Grant.objects.filter(pk=cursor).values_list("delegated_from_id", flat=True).get()
     withdrawn = []
-    for pk in reversed(chain):  # root first
+    for pk in reversed(_ancestor_ids(grant_id)):  # root first
         ancestor = (
             Grant.objects.select_for_update(of=("self",), no_key=True)
             .select_related("agent", "tool", "task")
