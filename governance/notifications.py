@@ -173,6 +173,29 @@ def _deliverable(address: str) -> bool:
     return not (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved)
 
 
+def _resolve(host: str, port: int, deadline: float) -> list[Any]:
+    """getaddrinfo bounded by the delivery's deadline. The lookup itself cannot be
+    interrupted (the resolver's own timeouts and retries can add up to tens of seconds),
+    so it runs in a daemon thread that is left to finish on its own if the deadline
+    passes first; the delivery does not wait for it."""
+    answer: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            answer["found"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except Exception as exc:  # noqa: BLE001 - handed to the delivery, raised there
+            answer["error"] = exc
+
+    thread = threading.Thread(target=lookup, name="webhook-dns", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        raise TimeoutError("the webhook's deadline passed while its host was being looked up")
+    if "error" in answer:
+        raise answer["error"]
+    return list(answer["found"])
+
+
 def _checked_connection(deadline: float) -> Callable[..., socket.socket]:
     """http.client's _create_connection for one delivery: the host is resolved once,
     its addresses are checked (_deliverable) and the socket is connected to a checked
@@ -181,7 +204,7 @@ def _checked_connection(deadline: float) -> Callable[..., socket.socket]:
 
     def create(address: tuple[str, int], timeout: Any = None, source: Any = None) -> socket.socket:
         host, port = address
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        found = _resolve(host, port, deadline)
         allowed = [info for info in found if _deliverable(str(info[4][0]))]
         if not allowed:
             refused = sorted({str(info[4][0]) for info in found})

@@ -580,3 +580,25 @@ def test_an_smtp_server_that_never_greets_times_out_by_default(ask, person, sett
     listener.close()
     assert not worker.is_alive(), "the mail delivery still waits for a greeting after 15 s"
     assert failure and "timed out" in str(failure[0])
+
+
+def test_a_host_lookup_that_hangs_is_cut_at_the_webhooks_deadline(ask, settings, monkeypatch):
+    """A resolver that does not answer (its own timeouts and retries add up to tens of
+    seconds) held the delivery past its deadline. A fake getaddrinfo stands in for the
+    hanging DNS server: the tests may not reach any resolver beyond 127.0.0.1."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "hook.invalid":
+            release.wait(30)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    try:
+        outcome, took, row = _deliver_in_one_second(ask, settings, "http://hook.invalid:9/hook")
+    finally:
+        release.set()
+    assert took < 3 and outcome == "retry"
+    assert row.status == Notification.Status.PENDING and row.attempts == 1
+    assert "looked up" in row.last_error
