@@ -52,3 +52,23 @@ def test_the_last_and_first_usable_days_still_answer(path):
     ui_world.build()
     client = ui_world.signed_in("auditor")
     assert client.get(path).status_code == 200
+
+
+def test_every_date_time_input_says_it_is_read_as_utc():
+    """A browser's datetime-local input carries no zone and the server reads it as UTC
+    (TIME_ZONE): an admin east or west of Greenwich setting a review's expiry, or an
+    auditor picking an export window, must be told so by the field's own label."""
+    import re
+    from pathlib import Path
+
+    templates = Path(__file__).resolve().parent.parent / "templates"
+    inputs = 0
+    for page in sorted(templates.rglob("*.html")):
+        text = page.read_text()
+        for match in re.finditer(r'<input[^>]*type="datetime-local"', text):
+            inputs += 1
+            label = text.rfind("<label", 0, match.start())
+            assert label != -1, f"{page.name}: a date-time input with no label"
+            words = text[label : match.start()]
+            assert "UTC" in words, f"{page.name}: {words!r} does not say UTC"
+    assert inputs >= 9
