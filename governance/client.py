@@ -43,6 +43,7 @@ import logging
 import math
 import re
 import socket
+import threading
 import time
 import types
 import urllib.error
@@ -256,11 +257,21 @@ class _DeadlineConnection(http.client.HTTPConnection):
     def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.deadline = deadline
+        self._create_connection = self._within_deadline
         self.response_class = functools.partial(_DeadlineResponse, deadline=deadline)  # type: ignore[assignment]
 
     def connect(self) -> None:
         self.timeout = _time_left(self.deadline)
         super().connect()
+
+    def _within_deadline(
+        self, address: tuple[str, int], timeout: Any = None, source: Any = None
+    ) -> socket.socket:
+        """The name looked up and each address tried within the call's deadline
+        (socket.create_connection's lookup had none: a resolver that does not answer
+        held a 1 s call for 10 s)."""
+        host, port = address
+        return connect_within(resolve_within(host, port, self.deadline), self.deadline, timeout)
 
     def send(self, data: Any) -> None:
         if self.sock is not None:
@@ -310,6 +321,51 @@ def _retry_after(headers: Any) -> int | None:
         return None  # a header the client cannot read is no hint, never an exception
 
 
+def resolve_within(host: str, port: int, deadline: float) -> list[Any]:
+    """socket.getaddrinfo(host, port) for a stream socket, given up on at `deadline`
+    (time.monotonic()): TimeoutError. The lookup itself cannot be interrupted (the
+    resolver's own timeouts and retries add up to tens of seconds), so it runs in a
+    daemon thread that is left to finish on its own; the caller does not wait for it."""
+    answer: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            answer["found"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
+            answer["error"] = exc
+
+    thread = threading.Thread(target=lookup, name="resolve-within", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        raise TimeoutError("the deadline passed while the host's name was being looked up")
+    if "error" in answer:
+        raise answer["error"]
+    return list(answer["found"])
+
+
+def connect_within(found: list[Any], deadline: float, timeout: Any = None) -> socket.socket:
+    """A socket connected to the first of `found` (getaddrinfo's answers) that takes the
+    connection, each tried only for the time left before `deadline`; the socket's
+    timeout is then `timeout`. The last error if none does."""
+    error: OSError = OSError("the host's name has no address")
+    for family, kind, proto, _name, where in found:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed while connecting")
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(where)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        sock.settimeout(timeout)
+        return sock
+    raise error
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -339,6 +395,16 @@ class GovernanceClient:
             # The token is the credential; a user:password in the URL would be read as
             # part of the host (and shown in every error).
             raise ValueError("base_url must not carry a user or password (user@host)")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        if parts.netloc.lower() not in (host, f"{host}:{parts.port}"):
+            # urlsplit and http.client split a netloc differently: `[::1]evil.example`
+            # is host ::1 to the first (and passed the loopback check below) but a name
+            # to look up to the second, which got the token in the clear.
+            raise ValueError("base_url's host must be a name, an IPv4 or a [bracketed] IPv6")
+        if parts.query or parts.fragment or ";" in parts.path:
+            # The API's paths are appended to base_url: after a ?query, #fragment or
+            # ;params they would not be paths at all.
+            raise ValueError("base_url must not carry a ?query, #fragment or ;params")
         plain = base_url.startswith("http://")
         if plain and not _loopback(parts.hostname):
             # Whoever is on the path would read the token, and could answer "allow".
@@ -699,7 +765,8 @@ class GovernanceClient:
 
                 wrapper = follow() if inspect.isgenerator(result) else afollow()
                 # Dropped before its first step, its body never runs: report that too.
-                weakref.finalize(wrapper, report, "aborted", excerpt="dropped before its end")
+                dropped = "dropped before its end"
+                weakref.finalize(wrapper, _off_the_loop, report, "aborted", dropped)
                 return wrapper
 
             def run(approval: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -806,9 +873,35 @@ class _GuardedMethod:
         return self._plain(*args, **kwargs)
 
 
-def _digest(result: Any) -> str | None:
-    """sha256 of repr(result); None when repr() raises: the call ran, and is reported."""
+def _off_the_loop(report: Callable[..., None], outcome: str, excerpt: str) -> None:
+    """A finalizer's report: made where it runs, unless that is an event loop's thread
+    (an async generator dropped there), which a blocking HTTP call would freeze for up
+    to the client's timeout; there it is made in a thread of its own."""
     try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        report(outcome, excerpt=excerpt)
+        return
+    threading.Thread(
+        target=report, args=(outcome,), kwargs={"excerpt": excerpt}, name="report-outcome"
+    ).start()
+
+
+_DIGEST_CHUNK = 1 << 20
+
+
+def _digest(result: Any) -> str | None:
+    """sha256 of the result: of its bytes for bytes, bytearray and memoryview, of its
+    UTF-8 for str (read a chunk at a time: a 64 MiB result cost 367 MiB as a repr),
+    else of repr(result). None when repr() raises: the call ran, and is reported."""
+    try:
+        if isinstance(result, bytes | bytearray | memoryview):
+            return hashlib.sha256(result).hexdigest()
+        if isinstance(result, str):
+            hashed = hashlib.sha256()
+            for start in range(0, len(result), _DIGEST_CHUNK):
+                hashed.update(result[start : start + _DIGEST_CHUNK].encode("utf-8", "replace"))
+            return hashed.hexdigest()
         return hashlib.sha256(repr(result).encode("utf-8", "replace")).hexdigest()
     except Exception:
         return None

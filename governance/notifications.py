@@ -55,6 +55,7 @@ from django.db import transaction
 from django.db.models import F
 
 from governance import audit
+from governance.client import connect_within, resolve_within
 from governance.codes import NotificationEvent
 from governance.models import Approval, BreakGlass, ConfirmationPolicy, Grant, Notification
 
@@ -173,29 +174,6 @@ def _deliverable(address: str) -> bool:
     return not (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved)
 
 
-def _resolve(host: str, port: int, deadline: float) -> list[Any]:
-    """getaddrinfo bounded by the delivery's deadline. The lookup itself cannot be
-    interrupted (the resolver's own timeouts and retries can add up to tens of seconds),
-    so it runs in a daemon thread that is left to finish on its own if the deadline
-    passes first; the delivery does not wait for it."""
-    answer: dict[str, Any] = {}
-
-    def lookup() -> None:
-        try:
-            answer["found"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except Exception as exc:  # noqa: BLE001 - handed to the delivery, raised there
-            answer["error"] = exc
-
-    thread = threading.Thread(target=lookup, name="webhook-dns", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()))
-    if thread.is_alive():
-        raise TimeoutError("the webhook's deadline passed while its host was being looked up")
-    if "error" in answer:
-        raise answer["error"]
-    return list(answer["found"])
-
-
 def _checked_connection(deadline: float) -> Callable[..., socket.socket]:
     """http.client's _create_connection for one delivery: the host is resolved once,
     its addresses are checked (_deliverable) and the socket is connected to a checked
@@ -204,7 +182,7 @@ def _checked_connection(deadline: float) -> Callable[..., socket.socket]:
 
     def create(address: tuple[str, int], timeout: Any = None, source: Any = None) -> socket.socket:
         host, port = address
-        found = _resolve(host, port, deadline)
+        found = resolve_within(host, port, deadline)
         allowed = [info for info in found if _deliverable(str(info[4][0]))]
         if not allowed:
             refused = sorted({str(info[4][0]) for info in found})
@@ -212,23 +190,7 @@ def _checked_connection(deadline: float) -> Callable[..., socket.socket]:
                 f"the webhook's host resolves only to addresses a webhook is never sent to "
                 f"(link-local, multicast, reserved): {', '.join(refused)}"
             )
-        error: OSError | None = None
-        for family, kind, proto, _name, where in allowed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the webhook's deadline passed while connecting")
-            sock = socket.socket(family, kind, proto)
-            try:
-                sock.settimeout(left)
-                sock.connect(where)
-            except OSError as exc:
-                sock.close()
-                error = exc
-                continue
-            sock.settimeout(timeout)
-            return sock
-        assert error is not None
-        raise error
+        return connect_within(allowed, deadline, timeout)
 
     return create
 

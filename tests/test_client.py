@@ -986,3 +986,137 @@ def test_a_returned_async_generator_is_reported_when_it_ends(world):
         (str(allowed[0].uid), "succeeded"),
         (str(allowed[1].uid), "failed"),
     ]
+
+
+# --- What the reviewers found (each failed before its fix) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # urlsplit reads host ::1 (loopback: plain http allowed); http.client looked up
+        # the name "[::1]evil.example" and sent the token in the clear to its address.
+        "http://[::1]evil.example:8080",
+        "http://[::1]evil.example",
+        "http://127.0.0.1:8000/gov?x=1",  # the API's paths would follow the query
+        "http://127.0.0.1:8000/gov#part",  # ...or be cut off with the fragment
+        "http://127.0.0.1:8000/gov;p",
+    ],
+)
+def test_a_base_url_the_client_could_not_use_as_written_is_refused(url):
+    with pytest.raises(ValueError, match="base_url"):
+        GovernanceClient(url, "tok")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1]:8000",
+        "http://LOCALHOST:8000/gov/",
+        "https://Gov.Example/api/v1",
+        "http://[::1]",
+    ],
+)
+def test_a_base_url_with_a_plain_host_is_still_accepted(url):
+    assert GovernanceClient(url, "tok").base_url == url.rstrip("/").removesuffix("/api/v1")
+
+
+def test_a_host_lookup_that_hangs_is_a_denial_within_the_timeout(stub, monkeypatch):
+    """The timeout bounds the whole call, the name's lookup too: a resolver that does
+    not answer held a 1 s call for 10 s. A fake getaddrinfo stands in for the silent
+    DNS server (the tests may not reach any resolver but 127.0.0.1's)."""
+    stub.answer(200, ALLOW)
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "localhost":
+            release.wait(30)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    port = stub.server.server_address[1]
+    try:
+        started = time.monotonic()
+        denied = assert_denied(GovernanceClient(f"http://localhost:{port}", "t", 1), "unreachable")
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert took < 3 and "looked up" in denied.decision.message
+    assert stub.requests == []
+    # The same name, answered at once, is asked and allowed.
+    probe, calls = guarded_probe(GovernanceClient(f"http://localhost:{port}", "t", 1))
+    assert probe() == "ran" and calls == [1] and len(stub.requests) == 2
+
+
+def test_an_async_generator_dropped_on_the_event_loop_is_reported_off_it(world, monkeypatch):
+    """Dropped after its first item, its "aborted" report was made by the finalizer on
+    the loop's own thread: a blocking HTTP call that froze the loop for up to the
+    client's timeout."""
+    import asyncio
+
+    client = world["client"]
+    reporters: list[tuple[str, bool]] = []
+    report = client._report_quietly
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        reporters.append((threading.current_thread().name, on_loop))
+        report(*args, **kwargs)
+
+    monkeypatch.setattr(client, "_report_quietly", recording)
+
+    @client.guarded(tool="repo", action="read", scope="repo:acme/x")
+    @_opaque
+    async def rows() -> Any:
+        for i in range(10):
+            yield i
+
+    async def main() -> int:
+        gen = await asyncio.to_thread(rows)
+        first = await gen.__anext__()
+        del gen  # stop early: CPython frees it at once, on the loop's thread
+        await asyncio.sleep(0.2)
+        return first
+
+    assert asyncio.run(main()) == 0
+    for thread in threading.enumerate():
+        if thread.name == "report-outcome":
+            thread.join(10)
+    assert reporters and all(not on_loop for _, on_loop in reporters), reporters
+    (allowed,) = events("access.allowed")
+    assert _reported(events("access.outcome")) == [(str(allowed.uid), "aborted")]
+
+
+def test_a_large_result_is_digested_from_its_bytes_not_a_repr_of_them(world):
+    import tracemalloc
+
+    guard = world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
+    blob = b"\x00" * (16 << 20)
+    text = "é" * (4 << 20)
+
+    @guard
+    def read_blob() -> bytes:
+        return blob
+
+    @guard
+    def read_text() -> str:
+        return text
+
+    tracemalloc.start()
+    try:
+        assert read_blob() is blob
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20  # the repr alone was 64 MiB, its encoding as much again
+    assert read_text() is text
+    digests = [json.loads(e.data)["result_digest"] for e in events("access.outcome")]
+    assert digests == [
+        hashlib.sha256(blob).hexdigest(),
+        hashlib.sha256(text.encode()).hexdigest(),
+    ]
