@@ -238,9 +238,12 @@ def _post(url: str, body: bytes, *, seconds: float) -> int:
         )
         with conn.getresponse() as response:
             return response.status
-    except Exception:
-        if expired.is_set():
-            raise TimeoutError(f"the webhook did not answer within {seconds:g} s") from None
+    except Exception as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError):
+            # The timer's cut, or the deadline seen first by the lookup or a connect (the
+            # timer's thread may not have run yet): one message either way.
+            said = f": {exc}" if isinstance(exc, TimeoutError) and str(exc) else ""
+            raise TimeoutError(f"the webhook did not answer within {seconds:g} s{said}") from None
         raise
     finally:
         timer.cancel()
