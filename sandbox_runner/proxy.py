@@ -306,6 +306,10 @@ class EgressProxy:
                 self._refuse(conn, EgressDecision(False, "bad_destination", target, 0))
                 return
             decision = decide(where[0], where[1], self.allowlist, self.resolve)
+            if decision.allowed and self._stopped.is_set():
+                # Decided after the run ended (a slow lookup): refused and on record as
+                # a connection the run never got to serve; nothing is dialled after it.
+                decision = dataclasses.replace(decision, allowed=False, reason="not_served")
             if not decision.allowed:
                 self._refuse(conn, decision)
                 return
@@ -414,8 +418,11 @@ class EgressProxy:
         # Refused either way; a refusal that could not be recorded fails the run (the
         # runner, whose write failed, stops it). Its host is what the sandbox sent, as
         # printable text of a bounded length (a NUL in it made the record unwritable).
+        # A request with no host at all (a blank head, `CONNECT :443`) is on record as
+        # "(none)": an empty host is not a record the log accepts.
+        host = _printable(decision.host) or "(none)"
         with contextlib.suppress(Exception):
-            self.note(dataclasses.replace(decision, host=_printable(decision.host)))
+            self.note(dataclasses.replace(decision, host=host))
 
     def _refuse(self, conn: socket.socket, decision: EgressDecision, status: int = 403) -> None:
         self._record_refusal(decision)
@@ -447,8 +454,11 @@ class EgressProxy:
                 line = re.split(rb"\r?\n", head, maxsplit=1)[0][:100].decode("latin-1")
                 self._record_refusal(EgressDecision(False, "not_served", line, 0))
 
-    def stop(self) -> None:
-        """Stop listening, cut open tunnels, wait for every handler to report."""
+    def stop(self, pump: Callable[[], None] | None = None, wait: float = 10.0) -> None:
+        """Stop listening, cut open tunnels, wait (at most `wait` seconds in all) for
+        every handler to report. `pump` is called while waiting: the runner's flush of
+        the egress log, which a handler still deciding (a slow lookup) or waiting for
+        its record needs; an attempt made before the stop is then on record too."""
         self._stopped.set()
         if self.sock is not None:
             with contextlib.suppress(OSError):
@@ -459,5 +469,13 @@ class EgressProxy:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
             threads = list(self._threads)
+        deadline = time.monotonic() + wait
         for thread in threads:
-            thread.join(timeout=5)
+            while thread.is_alive() and time.monotonic() < deadline:
+                if pump is not None:
+                    with contextlib.suppress(Exception):  # a failed write fails the run
+                        pump()
+                thread.join(timeout=0.02 if pump is not None else deadline - time.monotonic())
+        if pump is not None:
+            with contextlib.suppress(Exception):
+                pump()

@@ -23,7 +23,6 @@ stopped it (137, which reads as the code's own out-of-memory death).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import shutil
@@ -305,13 +304,12 @@ def execute(
         elif not watch.exited.is_set():
             handle.kill()  # an error before the exit: the watch then tears it down
         if proxy is not None:
-            # Attempts made until now are put on record (those still waiting to be
-            # served too, as refused), later ones refused; then the proxy's handlers
-            # can all finish. A failed record fails the run below.
+            # Connections still waiting to be served are put on record as refused; then
+            # the proxy stops, and its handlers finish while their attempts are written
+            # (one still deciding when the sandbox exited too); only then is the log
+            # closed. A failed record fails the run below.
             proxy.drain()
-            with contextlib.suppress(Exception):
-                egress.close(authorizer, spec)
-            proxy.stop()
+            proxy.stop(pump=lambda: egress.flush(authorizer, spec))
     egress_lost = False
     try:
         egress.close(authorizer, spec)

@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sandbox_runner import proxy as proxy_module
 from sandbox_runner.egress import parse_destination
@@ -631,3 +633,137 @@ def test_an_attempt_refused_for_want_of_a_record_is_recorded_as_refused(monkeypa
     assert [(d.allowed, d.reason, d.host) for d in recorded] == [
         (False, "not_recorded_in_time", "api.example")
     ]
+
+
+@pytest.mark.parametrize(
+    "payload", [b"\r\n\r\n", b"\r\nGET / HTTP/1.1\r\n\r\n", b"CONNECT :443 HTTP/1.1\r\n\r\n"]
+)
+def test_a_request_that_names_no_host_is_on_record_as_none(payload):
+    """A blank head or `CONNECT :443` was reported with an empty host, which the REST
+    API's egress record refuses (400): over HTTP the run then failed, and every attempt
+    still queued behind it (the sandbox's other refusals) went unrecorded."""
+    reports: list = []
+    assert ask(EgressProxy([], report=reports.append), payload).startswith(b"HTTP/1.1 4")
+    assert [(r.allowed, r.host) for r in reports] == [(False, "(none)")]
+
+
+def _as_the_api_reads_it(decision) -> dict:
+    """What HttpAuthorizer.egress posts, through the API's own serializer."""
+    from governance.api.sandbox_views import EgressIn
+
+    body = {
+        "decision_id": "d" * 36,
+        "reason": decision.reason,
+        "host": decision.host[:300],
+        "port": decision.port,
+        "address": decision.address,
+    }
+    serializer = EgressIn(data=body)
+    return {} if serializer.is_valid() else dict(serializer.errors)
+
+
+def _never_resolve(host: str, port: int) -> list[str]:
+    raise AssertionError(f"nothing is allowlisted: {host} was looked up")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    method=st.sampled_from([b"CONNECT", b"GET", b"POST", b"", b"connect"]),
+    target=st.binary(max_size=60),
+    tail=st.sampled_from([b" HTTP/1.1\r\n\r\n", b" HTTP/1.0\r\nHost: x\r\n\r\n", b"\r\n", b""]),
+    lead=st.sampled_from([b"", b"\r\n", b" "]),
+)
+def test_every_refusal_the_proxy_can_make_is_one_the_api_records(method, target, tail, lead):
+    reports: list = []
+    proxy = EgressProxy([], report=reports.append, resolve=_never_resolve)
+    ask(proxy, lead + method + b" " + target + tail)
+    assert len(reports) <= 1
+    for decision in reports:
+        assert not decision.allowed
+        assert _as_the_api_reads_it(decision) == {}, decision
+
+
+def _stop_as_the_runner_does(proxy: EgressProxy, recorded: list) -> None:
+    """runner.execute's ending: drain the backlog, stop while flushing, close the log."""
+
+    class Authorizer:
+        def egress(self, spec, decision):
+            recorded.append(decision)
+
+    log = proxy.log
+    proxy.drain()
+    proxy.stop(pump=lambda: log.flush(Authorizer(), None))
+    log.close(Authorizer(), None)
+
+
+def _proxy_on_a_log(resolve=None) -> EgressProxy:
+    from sandbox_runner import runner as runner_module
+
+    log = runner_module._EgressLog(wake=threading.Event())
+    kwargs = {"resolve": resolve} if resolve else {}
+    proxy = EgressProxy(
+        [parse_destination("slow.test:443")], report=log.record, note=log.note, **kwargs
+    )
+    proxy.log = log
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(16)
+    proxy.sock = listening
+    threading.Thread(target=proxy._serve, daemon=True).start()
+    return proxy
+
+
+def test_an_attempt_still_being_decided_when_the_run_ends_is_on_record():
+    """The sandbox asked for an allowlisted name and exited while the name was being
+    looked up: the log was closed before the handler finished, and its refusal was
+    dropped (or, allowed, answered 503 with no record). The lookup's answer (an
+    internal address) is refused, on record, after the stop."""
+    looking = threading.Event()
+
+    def slow_lookup(host: str, port: int) -> list[str]:
+        looking.set()
+        time.sleep(0.5)
+        return ["127.0.0.1"]
+
+    proxy = _proxy_on_a_log(slow_lookup)
+    sandbox = socket.create_connection(proxy.sock.getsockname())
+    sandbox.sendall(b"CONNECT slow.test:443 HTTP/1.1\r\n\r\n")
+    assert looking.wait(5)
+    sandbox.close()  # the sandbox exits
+    recorded: list = []
+    _stop_as_the_runner_does(proxy, recorded)
+    assert [(d.allowed, d.reason, d.host) for d in recorded] == [
+        (False, "internal_address", "slow.test")
+    ]
+
+
+def test_an_attempt_allowed_after_the_run_ended_is_refused_and_never_dialled(monkeypatch):
+    """Decided "allowed" only after the stop: nothing is dialled after the run, and the
+    record says the run never served it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    deciding = threading.Event()
+    decide = proxy_module.decide
+
+    def slow_allow(host, port_, allowlist, resolve):
+        deciding.set()
+        time.sleep(0.5)
+        return decide("127.0.0.1", port, (parse_destination(f"127.0.0.1:{port}"),), resolve)
+
+    monkeypatch.setattr(proxy_module, "decide", slow_allow)
+    proxy = _proxy_on_a_log()
+    sandbox = socket.create_connection(proxy.sock.getsockname())
+    sandbox.sendall(b"CONNECT slow.test:443 HTTP/1.1\r\n\r\n")
+    assert deciding.wait(5)
+    sandbox.close()
+    recorded: list = []
+    try:
+        _stop_as_the_runner_does(proxy, recorded)
+        assert [(d.allowed, d.reason) for d in recorded] == [(False, "not_served")]
+        with pytest.raises(TimeoutError):
+            server.accept()  # never dialled
+    finally:
+        server.close()
