@@ -918,3 +918,31 @@ def test_the_banner_ends_with_the_grant_a_review_narrowed(setup, open_bg):
     Grant.objects.filter(pk=bg.grant_id).update(expires_at=NOW + timedelta(minutes=10))
     assert [b.pk for b in selectors.breakglass_active(NOW + timedelta(minutes=9))] == [bg.pk]
     assert list(selectors.breakglass_active(NOW + timedelta(minutes=10))) == []
+
+
+def test_a_break_glass_grant_narrowed_by_its_review_can_still_be_ratified(open_bg, setup):
+    """The incident review narrowed the grant to a whole minute while it had opened at
+    a moment with microseconds: ratifying asked for the window's length as a duration,
+    which was then not whole seconds, and every ratification failed (400 invalid_grant)
+    with no way to give a duration. The request asks for the whole seconds within it."""
+    from governance.services.grants import grant_narrow
+
+    frank, grace = setup["frank"], setup["grace"]
+    bg = open_bg(at=NOW + timedelta(microseconds=123456))
+    end = (bg.grant.expires_at - timedelta(minutes=10)).replace(second=0, microsecond=0)
+    grant_narrow(
+        grant_id=bg.grant.pk, reason="review: shorter", expires_at=end,
+        narrowed_by=grace, actor=Actor.user(grace), at=NOW + timedelta(minutes=1),
+    )  # fmt: skip
+    bg.grant.refresh_from_db()
+    window = bg.grant.expires_at - bg.grant.starts_at
+    assert window.microseconds  # the case in question
+
+    bg = bgs.breakglass_ratify(
+        breakglass_id=bg.pk, reviewer=frank, comment="keep it", actor=Actor.user(frank), at=end
+    )
+    request = bg.ratified_request
+    assert request.status == "pending"
+    assert request.requested_duration == timedelta(seconds=int(window.total_seconds()))
+    (requested,) = events(EventType.GRANT_REQUESTED, grant_id=request.pk)
+    assert events(EventType.BREAKGLASS_RATIFIED)

@@ -1289,9 +1289,9 @@ def test_a_window_of_part_of_a_second_is_a_line_error_not_a_database_error(world
         "   expires_at: 2026-11-29T12:00:00.500000Z}\n",
     )
     message = rejected(path, "--as", "alice")
-    assert "matrix.yaml:4: grants[0].expires_at: Duration must be a whole number of seconds" in (
-        message
-    )
+    # The window is read to the whole seconds within it (test_a_narrowed_grant_exports_
+    # and_imports_back): none here.
+    assert "matrix.yaml:4: grants[0].expires_at: Duration must be positive" in message
     assert counts() == before
 
 
@@ -1483,3 +1483,50 @@ def test_planning_looks_a_repeat_up_instead_of_scanning_every_earlier_entry(worl
         matrix.matrix_plan(text=text + text.split("\n", 1)[1], source="m.yaml", at=NOW)
     assert sum("repeats grants[" in p.message for p in caught.value.problems) == n
     assert len(computed) <= 4 * (2 * n)
+
+
+@pytest.mark.parametrize(
+    "ends, utc",
+    [
+        ("2030-01-01T00:00:00+23:00", datetime(2029, 12, 31, 1, 0, tzinfo=UTC)),
+        ("2030-01-01T00:00:00+05:45:30.5", datetime(2029, 12, 31, 18, 14, 29, 500000, tzinfo=UTC)),
+    ],
+)
+def test_a_time_at_an_offset_postgresql_cannot_take_is_stored_in_utc(
+    world, ada, tmp_path, ends, utc
+):
+    """Python (and so a file) takes offsets to ±23:59:59.999999; PostgreSQL none past
+    15:59 nor with a fraction of a second: the import crashed there (DataError) instead
+    of storing the moment, which is what it is in UTC."""
+    path = write(tmp_path, f"tasks:\n- {{key: T-9, owner: alice, window: {{ends_at: '{ends}'}}}}\n")
+    run_import(path, "--as", "ada")
+    assert Task.objects.get(key="T-9").ends_at == utc
+    assert AuditEvent.objects.filter(event_type="task.opened").exists()
+
+
+def test_a_narrowed_grant_exports_and_imports_back(request, tmp_path, alice, bob, ada, system):
+    """A review's narrow ends a grant at the reviewer's moment (a whole minute from the
+    UI) while it started at timezone.now(): its window has microseconds, and the file
+    it exports to was refused on import ("a whole number of seconds"). The window is
+    read to the whole second below it: never longer than the file says."""
+    windows: list[timedelta] = []
+
+    def narrowed_world() -> None:
+        bot = request.getfixturevalue("world")["bot"]
+        grant = Grant.objects.get(agent=bot, scope="repo:acme/api/*")
+        starts = grant.starts_at.replace(microsecond=654321)
+        Grant.objects.filter(pk=grant.pk).update(starts_at=starts)
+        end = (grant.expires_at - timedelta(minutes=10)).replace(second=0, microsecond=0)
+        grant_service.grant_narrow(
+            grant_id=grant.pk, reason="review: shorter", expires_at=end,
+            narrowed_by=ada, actor=system, at=NOW,
+        )  # fmt: skip
+        windows.append(end - starts)
+
+    path = tmp_path / "matrix.yaml"
+    export_then_forget(narrowed_world, path)
+    assert windows[0].microseconds  # the case in question
+    run_import(path, "--as", "ada")
+    imported = Grant.objects.get(agent__name="bot", scope="repo:acme/api/*")
+    assert imported.status == "pending"
+    assert imported.requested_duration == timedelta(seconds=int(windows[0].total_seconds()))

@@ -72,3 +72,54 @@ def test_every_date_time_input_says_it_is_read_as_utc():
             words = text[label : match.start()]
             assert "UTC" in words, f"{page.name}: {words!r} does not say UTC"
     assert inputs >= 9
+
+
+# Offsets Python reads (to ±23:59:59.999999) that PostgreSQL does not take (past 15:59,
+# or with a fraction of a second): the moment went to the query as typed, and the page
+# was a 500 there (the audit page after writing its look). They are moments like any
+# other, handed on in UTC.
+ODD_OFFSETS = [
+    "2026-01-01T00:00%2B23:00",
+    "2026-01-01T00:00%2B05:45:30.5",
+    "2026-06-01T00:00-16:30",
+]
+ODD_PAGES = [
+    "/ui/audit/?start={}",
+    "/ui/audit/export?format=csv&start={}",
+    "/ui/exports/access?format=csv&at={}",
+    "/ui/exports/decisions?format=csv&start={}&end=2027-01-01T00:00Z",
+    "/ui/reports/print?at={}",
+]
+
+
+@pytest.mark.parametrize("moment", ODD_OFFSETS)
+@pytest.mark.parametrize("page", ODD_PAGES)
+def test_a_moment_at_any_offset_python_reads_is_answered(page, moment):
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    client.raise_request_exception = False
+    before = AuditEvent.objects.count()
+
+    response = client.get(page.format(moment))
+
+    assert response.status_code == 200, (page, moment, response.status_code)
+    assert AuditEvent.objects.count() == before + 1  # the look, or the export, on record
+
+
+def test_a_review_narrowed_to_an_expiry_at_a_far_offset_is_stored_in_utc():
+    from datetime import UTC, timedelta
+
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    client = ui_world.signed_in("admin")
+    end = (world.grant.expires_at - timedelta(minutes=10)).replace(second=0, microsecond=0)
+    typed = end.astimezone(UTC).replace(tzinfo=None) + timedelta(hours=20)
+    response = ui_world.post(
+        client,
+        f"/ui/reviews/items/{extra.item_id}/decide",
+        {"decision": "narrow", "comment": "shorter", "expires_at": f"{typed:%Y-%m-%dT%H:%M}+20:00"},
+    )
+    assert response.status_code == 302, response.status_code
+    world.grant.refresh_from_db()
+    assert world.grant.expires_at == end
+    assert AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=world.grant.pk).exists()

@@ -69,6 +69,7 @@ from governance.services.grants import (
     refuse_subagent_grant,
     require_open_task,
     validate_shape,
+    whole_seconds,
 )
 
 
@@ -420,7 +421,7 @@ def breakglass_ratify(
             task=grant.task,
             actions=list(grant.actions),
             scope=grant.scope,
-            duration=duration or (grant.expires_at - grant.starts_at),  # type: ignore[operator]
+            duration=duration or whole_seconds(grant.expires_at - grant.starts_at),  # type: ignore[operator]
             justification=f"ratifies break-glass {bg.ticket}: {comment}",
             requested_by=reviewer,
             actor=actor,

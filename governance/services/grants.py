@@ -35,6 +35,13 @@ MAX_EGRESS_ENTRY = 300
 MAX_JUSTIFICATION = 2000
 
 
+def whole_seconds(window: timedelta) -> timedelta:
+    """A grant's window as a duration a request can ask for: cut to whole seconds, never
+    longer than the window. A window narrowed to a reviewer's expiry, or delegated to
+    a caller's, has the microseconds of its start (timezone.now()) in it."""
+    return window - timedelta(microseconds=window.microseconds)
+
+
 def validate_shape(
     *,
     tool: Tool,

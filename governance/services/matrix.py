@@ -371,10 +371,12 @@ class _Reader:
         if value.tzinfo is None:
             return self.error(node, path, "needs a time zone (end it with Z for UTC)")
         try:
-            value.astimezone(UTC)  # stored in UTC: 9999-12-31T23:00-12:00 is no such moment
+            # Stored in UTC: 9999-12-31T23:00-12:00 is no such moment. Handed on in UTC
+            # too: PostgreSQL takes no offset past 15:59, nor one with a fraction of a
+            # second, which Python's (and a file's) +23:00 or +05:45:30.5 are.
+            return value.astimezone(UTC)
         except OverflowError:
             return self.error(node, path, "is outside the years 1 to 9999 in UTC")
-        return value
 
     def plain_mapping(self, node: Node | None, path: str) -> Any:
         """Free-form data (a tool's input schema)."""
@@ -1016,7 +1018,7 @@ class _Planner:
             return r.error(node, path, message), where
         if expires <= starts:
             return r.error(where, f"{path}.expires_at", "must be after starts_at"), where
-        return expires - starts, where
+        return grant_service.whole_seconds(expires - starts), where
 
     def _agent_for(self, keys: dict[str, Node], path: str, name: Any) -> Any:
         if name is BAD:

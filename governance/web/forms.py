@@ -55,7 +55,9 @@ class MomentField(forms.DateTimeField):
             raise forms.ValidationError(
                 "Give a moment between 0001-01-02 and 9999-12-30 (UTC).", code="out_of_range"
             )
-        return moment
+        # In UTC from here on: PostgreSQL refuses an offset past 15:59 or with a fraction
+        # of a second (`+23:00`, `+05:45:30.5`), both of which Python accepts.
+        return moment.astimezone(UTC)
 
 
 class ReasonForm(StrictForm):
