@@ -854,3 +854,50 @@ def test_a_parents_approve_policy_does_not_answer_for_its_subagent(world, make_a
     assert (event.event_type, event.decision) == ("access.approval_required", "approval_required")
     assert "confirmation_policy" not in (event.data or "")
     assert Approval.objects.get(pk=decision.approval_id).status == "pending"
+
+
+def test_the_upgrade_silences_a_policy_0022_carried_past_a_re_approval(world, person):
+    """0022 gave every existing policy its tool's definition approved at the upgrade:
+    a policy written before a re-approval then answered for the new definition, which
+    the current code refuses (the test above). 0024 empties, from the log, the hash of
+    every policy written before its tool's last `tool.approved`; later ones keep theirs."""
+    import importlib
+
+    from django.db import connection
+
+    from governance.services import tools
+
+    migration = importlib.import_module(
+        "governance.migrations.0024_policy_hash_only_if_written_after_approval"
+    )
+    old = write(world)
+    tools.tool_update_definition(
+        tool=world.tool, description="deletes now also purge backups", actor=Actor.system("sync"),
+        at=NOW,
+    )  # fmt: skip
+    admin = person("ada", roles.ADMINS)
+    tool = type(world.tool).objects.get(pk=world.tool.pk)
+    tools.tool_approve_definition(
+        tool=tool, definition_hash=tool.definition_hash, approver=admin, actor=Actor.user(admin),
+        at=NOW + MS,
+    )  # fmt: skip
+    # As 0022 left it: the hash of the definition approved at the upgrade.
+    type(old).objects.filter(pk=old.pk).update(definition_hash=tool.definition_hash)
+    assert ask(at=NOW + 2 * MS).policy_id == old.pk  # the hole
+    new = write(world, scope="repo:acme/tmp/new/*", at=NOW + 2 * MS)
+
+    class Editor:  # a schema editor's execute() (SQLite's will not open inside a test)
+        def execute(self, sql: str) -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+
+    migration.empty_stale(None, Editor())
+
+    old.refresh_from_db()
+    new.refresh_from_db()
+    assert (old.definition_hash, new.definition_hash) == ("", tool.definition_hash)
+    decision = ask(at=NOW + 3 * MS)
+    assert (decision.decision, decision.policy_id) == ("approval_required", None)
+    event = event_of(decision)
+    assert (event.decision, event.reason) == ("approval_required", "approval_required")
+    assert ask(at=NOW + 3 * MS, scope="repo:acme/tmp/new/x").policy_id == new.pk
