@@ -65,6 +65,9 @@ class Reason(models.TextChoices):
     GRANT_NOT_STARTED = "grant_not_started"
     GRANT_EXPIRED = "grant_expired"
     GRANT_REVOKED = "grant_revoked"
+    # A delegated grant's row holds more than the grant it was delegated from (another
+    # tool, task or holder, an action or scope beyond it): written around the services.
+    DELEGATION_OUTSIDE_PARENT = "delegation_outside_parent"
     SCOPE_MISMATCH = "scope_mismatch"
     APPROVAL_REQUIRED = "approval_required"
     APPROVAL_INVALID = "approval_invalid"

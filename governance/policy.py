@@ -272,8 +272,10 @@ _MAIN_QUERY = {
 
 # Every ancestor of a delegated grant, nearest first, with its holder's status: a
 # parent agent's suspension (the kill switch) ends what it handed down. Depth-capped
-# so a corrupted cycle cannot loop forever.
-_ANCESTORS_QUERY = """
+# so a corrupted cycle cannot loop forever. With what each holds (tool, task, actions,
+# scope) and its holder's parent: a row wider than the one above it is refused
+# (_ancestors_reason).
+_ANCESTORS_COLUMNS = """
 WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, revoked_at,
                      depth) AS (
     SELECT p.id, p.delegated_from_id, p.agent_id, p.status, p.starts_at, p.expires_at,
@@ -286,10 +288,15 @@ WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, rev
     WHERE chain.depth < 32
 )
 SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status, a.id,
-       {review_due}
+       {review_due}, g.tool_id, g.task_id, {actions}, g.scope, a.parent_id
 FROM chain JOIN governance_agent a ON a.id = chain.agent_id
+JOIN governance_grant g ON g.id = chain.id
 ORDER BY chain.depth
-""".format(review_due=_REVIEW_DUE.format(grant="chain"))
+"""
+_ANCESTORS_QUERY = {
+    vendor: _ANCESTORS_COLUMNS.format(review_due=_REVIEW_DUE.format(grant="chain"), actions=cast)
+    for vendor, cast in (("postgresql", "g.actions::text"), ("sqlite", "g.actions"))
+}
 
 _APPROVAL_QUERY = """
 SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id,
@@ -449,7 +456,12 @@ def _task_open_at(starts: int | None, ends: int | None, closed: int | None, at: 
 
 
 # Most specific first when several matching grants are dead for different reasons.
-_DEAD_PRECEDENCE = (Reason.GRANT_REVOKED, Reason.GRANT_EXPIRED, Reason.GRANT_NOT_STARTED)
+_DEAD_PRECEDENCE = (
+    Reason.DELEGATION_OUTSIDE_PARENT,
+    Reason.GRANT_REVOKED,
+    Reason.GRANT_EXPIRED,
+    Reason.GRANT_NOT_STARTED,
+)
 
 
 @dataclass(frozen=True)
@@ -464,8 +476,23 @@ class PastState:
 
 def _ancestor_rows(parent_id: int) -> list[tuple[Any, ...]]:
     """Each grant up a delegation chain from `parent_id`, nearest first: its window,
-    its holder's status and id, its review due date (_ANCESTORS_QUERY)."""
-    return db.query(_ANCESTORS_QUERY, [parent_id], "sttts" + "it")
+    its holder's status and id, its review due date, what it holds and its holder's
+    parent (_ANCESTORS_QUERY)."""
+    kinds = "sttts" + "it" + "iissi"
+    return db.query(_ANCESTORS_QUERY[db.connection.vendor], [parent_id], kinds)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What a delegated grant holds, to be within the grant above it: its holder's parent
+    agent (who must hold that one), tool, task, actions and scope (for a call, the one
+    action and the resource it is on)."""
+
+    holder_parent: int | None
+    tool_id: int
+    task_id: int | None
+    actions: frozenset[str]
+    scope: str
 
 
 def ancestor_agents(parent_id: int | None) -> list[int]:
@@ -493,12 +520,27 @@ def binding_agents(agent_id: int, delegated: list[int]) -> list[int]:
 
 
 def _ancestors_reason(
-    rows: list[tuple[Any, ...]], at: int, past: PastState | None = None
+    rows: list[tuple[Any, ...]], at: int, below: _Held, past: PastState | None = None
 ) -> Reason | None:
     """Why a delegated grant is dead because of an ancestor (`rows`: _ancestor_rows),
     or None. An ancestor that was refused, or whose agent is suspended, cuts the chain:
-    `grant_revoked`."""
-    for status, starts, expires, revoked, agent_status, agent_id, review_due in rows:
+    `grant_revoked`. Each link holds no more than the one above it (`below`: what the
+    grant under the chain holds): held by that grant's holder's parent, on its tool and
+    task, with its actions and within its scope. grant_delegate and grant_narrow keep
+    it so; a row written around them (an UPDATE, a repointed delegated_from) that is
+    wider is `delegation_outside_parent`, whatever the database let through."""
+    for row in rows:
+        status, starts, expires, revoked, agent_status, agent_id, review_due = row[:7]
+        tool_id, task_id, actions, scope, holder_parent = row[7:]
+        held = frozenset(_json_list(actions))
+        if (
+            agent_id != below.holder_parent
+            or (tool_id, task_id) != (below.tool_id, below.task_id)
+            or not below.actions <= held
+            or not pattern_within(below.scope, scope)
+        ):
+            return Reason.DELEGATION_OUTSIDE_PARENT
+        below = _Held(holder_parent, tool_id, task_id, held, scope)
         if (agent_id in past.suspended_agents) if past else agent_status != "active":
             return Reason.GRANT_REVOKED
         reason = _window_reason(status, starts, expires, revoked, at, review_due)
@@ -583,7 +625,8 @@ def _grant_dead(
         # reads accounts as they were (their person.* events).
         reason = Reason.GRANT_REVOKED
     if reason is None and parent_id is not None:
-        reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, past)
+        held = _Held(row[16], tool_id, task_id, frozenset(_json_list(row[14])), row[13])
+        reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, held, past)
     return reason, row
 
 
@@ -795,7 +838,8 @@ def _authorize(
         chain: list[tuple[Any, ...]] = []
         if reason is None and row[18] is not None:
             chain = _ancestor_rows(row[18])
-            reason = _ancestors_reason(chain, at_us)
+            held = _Held(first[22], tool_id, g_task, frozenset([action]), scope)
+            reason = _ancestors_reason(chain, at_us, held)
         if reason is None:
             live, above = row, [ancestor[5] for ancestor in chain]
             break

@@ -261,6 +261,9 @@ def test_every_reason_code_is_covered_by_the_table():
     # (a token revoked after its request was let in): tests/test_api_authorize.py
     covered = {r[4] for r in ROWS} | {"error", "approval_denied", "approval_backlog"}
     covered |= {"token_revoked"}
+    # delegation_outside_parent needs rows written around the services:
+    # test_a_delegated_row_wider_than_the_grant_above_it_allows_nothing below.
+    covered |= {"delegation_outside_parent"}
     assert covered == set(Reason.values)
 
 
@@ -555,3 +558,65 @@ def test_an_approval_asked_under_one_task_is_not_used_under_another(world, bob):
         at=NOW + 2 * MS, task="T-1", approval=first.approval_id, **_delete()
     )
     assert right.allowed and last_event().event_type == "access.allowed"
+
+
+@pytest.mark.parametrize("tamper", ["actions", "scope", "task", "tool", "repointed", "holder"])
+def test_a_delegated_row_wider_than_the_grant_above_it_allows_nothing(
+    make_agent, make_tool, make_task, make_grant, system, tamper
+):
+    """grant_delegate and grant_narrow keep a delegated grant within its parent, but
+    the decision trusted the row itself: only its window was checked against the chain.
+    A row widened around the services (an UPDATE; the database guards only expiry) let
+    a subagent do what its parent may not, and one repointed at another agent's grant
+    outlived its real parent's revocation. Each link is now checked against the one
+    above it; a wider one allows nothing, on record as delegation_outside_parent."""
+    from governance.codes import Reason
+    from governance.models import Agent
+    from governance.policy import grant_dead_reason
+
+    lead, other = make_agent("lead"), make_agent("other")
+    helper = make_agent("helper", parent=lead)
+    repo = make_tool("repo", actions=("read", "update"))
+    wiki = make_tool("wiki", actions=("read", "update"))
+    t1, _ = make_task("T-1"), make_task("T-2")
+    parent = make_grant(
+        lead, repo, ("read",), "repo:acme/*", starts_at=S, duration=E - S, delegable=True, task=t1
+    )
+    child = grants.grant_delegate(
+        parent_grant_id=parent.pk, child=helper, actions=["read"], scope="repo:acme/x/*",
+        expires_at=E, justification="x only", actor=Actor.agent(lead), at=S + MS,
+    )  # fmt: skip
+    ask = {"agent": "helper", "tool": "repo", "action": "read", "scope": "repo:acme/x/1"}
+    ask["task"] = "T-1"
+    assert access.access_check(**ask, at=NOW).allowed  # the control: as delegated
+    rows = Grant.objects.filter(pk=child.pk)
+    if tamper == "actions":
+        rows.update(actions=["read", "update"])
+        ask["action"] = "update"
+    elif tamper == "scope":
+        rows.update(scope="repo:other/*")
+        ask["scope"] = "repo:other/1"
+    elif tamper == "task":
+        rows.update(task=None)
+        ask["task"] = "T-2"
+    elif tamper == "tool":
+        rows.update(tool=wiki)
+        ask["tool"] = "wiki"
+    elif tamper == "repointed":
+        elsewhere = make_grant(other, repo, ("read",), "repo:*", starts_at=S, duration=E - S)
+        rows.update(delegated_from=elsewhere)
+        grants.grant_revoke(grant_id=parent.pk, reason="ends", actor=system, at=NOW - MS)
+        Grant.objects.filter(pk=child.pk).update(status="active", revoked_at=None)
+    else:
+        Agent.objects.filter(pk=helper.pk).update(parent=other)
+        make_grant(other, repo, ("read",), "repo:*", starts_at=S, duration=E - S)
+
+    decision = access.access_check(**ask, at=NOW)
+
+    assert (decision.decision, decision.reason) == ("deny", "delegation_outside_parent")
+    assert decision.dead_grant_id == child.pk
+    event = _recorded(decision)
+    assert (event.event_type, event.decision, event.reason) == (
+        "access.denied", "deny", "delegation_outside_parent",
+    )  # fmt: skip
+    assert grant_dead_reason(child.pk, NOW) == Reason.DELEGATION_OUTSIDE_PARENT
