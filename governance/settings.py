@@ -168,6 +168,11 @@ APPROVAL_TTL = timedelta(minutes=env_int("APPROVAL_TTL_MINUTES", 15, minimum=1, 
 # notifies every approver: past this, a new call is denied (`approval_backlog`) instead of
 # burying one harmful request among many. Not a rate limit, so it holds when Redis is down.
 APPROVAL_PENDING_MAX = env_int("APPROVAL_PENDING_MAX", 20, minimum=1, maximum=10_000)
+# How many of one agent's own grant requests may await a person at once. Each notifies
+# every approver and sits in their inbox for GRANT_REQUEST_TTL: past this a new one is
+# refused (409 `request_backlog`), so one token cannot bury the inbox (at 30 a minute,
+# 72 h of requests was 129,600). Requests people file for an agent are not counted.
+GRANT_REQUEST_PENDING_MAX = env_int("GRANT_REQUEST_PENDING_MAX", 20, minimum=1, maximum=10_000)
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)
 AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1, maximum=365)
 

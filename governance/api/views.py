@@ -258,7 +258,11 @@ class GrantRequestListView(APIView):
         operation_id="grant_request_create",
         request=s.GrantRequestIn,
         responses={201: s.GrantOut, 409: ERRORS[400], **ERRORS},
-        description="Ask for a grant. It is created pending; a human approves it.",
+        description=(
+            "Ask for a grant. It is created pending; a human approves it. 409 "
+            "`duplicate_request` if the same one is pending; 409 `request_backlog` if "
+            "GRANT_REQUEST_PENDING_MAX of the agent's own requests already are."
+        ),
         examples=[
             OpenApiExample(
                 "Read the support queue for an hour",

@@ -225,6 +225,18 @@ def _request_row(
         raise GovernanceError("requester_required", "A grant request needs a requester.")
     if requested_by is not None and roles.is_read_only(requested_by):
         raise Forbidden("auditor_read_only", "Auditors are read-only: they cannot request grants.")
+    if requested_by_agent is not None:
+        # Counted under the requesting agent's lock: two requests at once see each other.
+        lock_agent(requested_by_agent.pk)
+        waiting = Grant.objects.filter(
+            requested_by_agent=requested_by_agent, status=Grant.Status.PENDING
+        ).count()
+        if waiting >= settings.GRANT_REQUEST_PENDING_MAX:
+            raise Conflict(
+                "request_backlog",
+                f"{waiting} of this agent's grant requests already await a person "
+                "(GRANT_REQUEST_PENDING_MAX): wait for one to be decided or to lapse.",
+            )
     try:
         with transaction.atomic():
             require_open_task(task.pk if task else None, at)
