@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -553,12 +553,12 @@ _GRANT_COLUMNS = """
 SELECT g.status, g.starts_at, g.expires_at, g.revoked_at, g.delegated_from_id,
        a.status, t.definition_hash = t.approved_hash,
        k.id, k.starts_at, k.ends_at, k.closed_at, g.agent_id, g.tool_id, g.scope, {actions},
-       {review_due}, a.parent_id, {opener_active}
+       {review_due}, a.parent_id, {opener_active}, g.id
 FROM governance_grant g
 JOIN governance_agent a ON a.id = g.agent_id
 JOIN governance_tool t ON t.id = g.tool_id
 LEFT JOIN governance_task k ON k.id = g.task_id
-WHERE g.id = %s
+WHERE g.id {{where}}
 """
 _GRANT_QUERY = {
     "postgresql": _GRANT_COLUMNS.format(
@@ -572,7 +572,13 @@ _GRANT_QUERY = {
         opener_active=_OPENER_ACTIVE,
     ),
 }
-_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t" + "ib"
+_GRANT_KINDS = "stttisb" + "ittt" + "ii" + "ss" + "t" + "ib" + "i"
+_BATCH = 500  # grants per query in grant_dead_reasons
+
+
+def _grant_rows(ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    where = "= %s" if len(ids) == 1 else f"IN ({', '.join(['%s'] * len(ids))})"
+    return db.query(_GRANT_QUERY[db.connection.vendor].format(where=where), list(ids), _GRANT_KINDS)
 
 
 _TASK_QUERY = "SELECT k.starts_at, k.ends_at, k.closed_at FROM governance_task k WHERE k.key = %s"
@@ -593,30 +599,35 @@ def _grant_dead(
     grant_id: int, at: datetime, past: PastState | None, task: str | None = None
 ) -> tuple[Reason | None, tuple[Any, ...] | None]:
     """grant_dead_reason()'s answer, and the grant's row (None if there is none)."""
-    rows = db.query(_GRANT_QUERY[db.connection.vendor], [grant_id], _GRANT_KINDS)
+    rows = _grant_rows([grant_id])
     if not rows:
         return Reason.NO_GRANT, None
-    row = rows[0]
+    named = _named_task_reason(task, at) if task is not None else None
+    return _row_dead(rows[0], at, past, task, named), rows[0]
+
+
+def _row_dead(
+    row: tuple[Any, ...], at: datetime, past: PastState | None, task: str | None, named: Any
+) -> Reason | None:
+    """_grant_dead() for a grant's row; `named`: _named_task_reason(task, at)."""
     status, starts, expires, revoked, parent_id, agent_status, approved = row[:7]
     task_id, task_starts, task_ends, task_closed, agent_id, tool_id = row[7:13]
     if parent_id is None and row[16] is not None:
-        return Reason.NO_GRANT, row  # a subagent's own grant counts for nothing (authorize)
+        return Reason.NO_GRANT  # a subagent's own grant counts for nothing (authorize)
     if past is not None:
         agent_status = "suspended" if agent_id in past.suspended_agents else "active"
         approved = tool_id not in past.quarantined_tools
     if agent_status != "active":
-        return Reason.AGENT_SUSPENDED, row
+        return Reason.AGENT_SUSPENDED
     if not approved:
-        return Reason.TOOL_QUARANTINED, row
+        return Reason.TOOL_QUARANTINED
     if task_id is not None:
         if not _task_open_at(task_starts, task_ends, task_closed, at):
-            return Reason.TASK_CLOSED, row
-    elif task is not None:
+            return Reason.TASK_CLOSED
+    elif task is not None and named is not None:
         # A grant bound to no task serves calls under any task, each only while that
         # task is open (authorize step 4, before the grant's window is looked at).
-        named = _named_task_reason(task, at)
-        if named is not None:
-            return named, row
+        return named  # type: ignore[no-any-return]
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
     if reason is None and past is None and not row[17]:
@@ -627,7 +638,25 @@ def _grant_dead(
     if reason is None and parent_id is not None:
         held = _Held(row[16], tool_id, task_id, frozenset(_json_list(row[14])), row[13])
         reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, held, past)
-    return reason, row
+    return reason
+
+
+def grant_dead_reasons(
+    grant_ids: Iterable[int],
+    at: datetime,
+    past: PastState | None = None,
+    *,
+    task: str | None = None,
+) -> dict[int, Reason | None]:
+    """grant_dead_reason() for many grants at once (an access report's rows): their rows
+    read _BATCH at a time, not one query each, by the same rules (_row_dead)."""
+    ids = list(dict.fromkeys(grant_ids))
+    named = _named_task_reason(task, at) if task is not None else None
+    found: dict[int, Reason | None] = dict.fromkeys(ids, Reason.NO_GRANT)
+    for start in range(0, len(ids), _BATCH):
+        for row in _grant_rows(ids[start : start + _BATCH]):
+            found[row[18]] = _row_dead(row, at, past, task, named)
+    return found
 
 
 def grant_dead_reason(

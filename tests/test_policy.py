@@ -620,3 +620,38 @@ def test_a_delegated_row_wider_than_the_grant_above_it_allows_nothing(
         "access.denied", "deny", "delegation_outside_parent",
     )  # fmt: skip
     assert grant_dead_reason(child.pk, NOW) == Reason.DELEGATION_OUTSIDE_PARENT
+
+
+@pytest.mark.parametrize("task", [None, "T-1", "T-2", "T-404"])
+def test_grant_dead_reasons_answers_each_grant_as_grant_dead_reason_does(world, task):
+    """The batch the access report reads (one query per _BATCH rows) and the one-grant
+    question agree on every grant of the table's world, at every moment it turns on."""
+    from governance.policy import grant_dead_reason, grant_dead_reasons
+
+    ids = list(Grant.objects.values_list("pk", flat=True)) + [999_999]
+    for at in (S - MS, S, NOW, C, R, P, E - MS, E):
+        one_by_one = {pk: grant_dead_reason(pk, at, task=task) for pk in ids}
+        assert grant_dead_reasons(ids, at, task=task) == one_by_one
+        assert len(set(one_by_one.values())) > 1  # the world has grants live and dead
+
+
+def test_the_access_report_reads_its_rows_blockers_in_a_constant_number_of_queries(
+    make_agent, make_tool, make_grant
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from governance.services import reports
+
+    repo = make_tool("repo")
+
+    def queries_for(n: int) -> int:
+        for i in range(n):
+            make_grant(make_agent(f"bot-{n}-{i}"), repo, starts_at=S, duration=E - S)
+        with CaptureQueriesContext(connection) as seen:
+            rows = reports.access_rows(NOW)
+        assert sum(1 for r in rows if r["blocked_by"] is None) >= n
+        return len(seen.captured_queries)
+
+    few = queries_for(3)
+    assert queries_for(30) == few  # it was one query more per row

@@ -30,6 +30,7 @@ from governance.policy import (
     ancestor_agents,
     binding_agents,
     grant_dead_reason,
+    grant_dead_reasons,
     patterns_overlap,
     stake_check,
 )
@@ -141,6 +142,11 @@ def access_rows(
     past = state_at(at)
     policies = _policies_by_pair(at)
     call_task = Task.objects.filter(key=task).values_list("pk", flat=True).first() if task else None
+    # A live window is not yet access: the decision module says whether anything else
+    # (suspended agent, quarantined tool, dead ancestor, the task closed: the grant's
+    # own, or the one the report is narrowed to) would refuse it, with agent and tool
+    # state as they were at `at`. For every row at once: not one query a row.
+    blocked = grant_dead_reasons([g.pk for g in grants], at, past, task=task or None)
     return [
         {
             "grant": g.pk,
@@ -157,11 +163,7 @@ def access_rows(
             "approver": g.approved_by.get_username() if g.approved_by else None,
             "delegated_from": g.delegated_from_id,
             "break_glass": g.break_glass,
-            # A live window is not yet access: the decision module says whether
-            # anything else (suspended agent, quarantined tool, dead ancestor, the
-            # task closed: the grant's own, or the one the report is narrowed to)
-            # would refuse it, with agent and tool state as they were at `at`.
-            "blocked_by": grant_dead_reason(g.pk, at, past, task=task or None),
+            "blocked_by": blocked[g.pk],
             "policies": _answering(
                 _asked(policies, g),
                 g,
