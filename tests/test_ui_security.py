@@ -389,3 +389,43 @@ def test_a_refused_request_is_logged_in_one_line_and_a_server_error_with_its_tra
     keep = NoClientErrorTracebacks()
     assert keep.filter(refused) and refused.exc_info is None
     assert keep.filter(failed) and failed.exc_info is info
+
+
+@pytest.mark.django_db
+def test_an_argument_name_that_looks_like_another_is_shown_escaped_with_a_warning() -> None:
+    """`{"path": "/srv/prod", "pаth": "/tmp/cache"}` with a Cyrillic а: the API refuses
+    a key given twice, but this is two keys, and the approval page showed them as
+    `path` twice, the harmless value last (where "last one wins" would put it), while
+    the tool reads `path`. The look-alike is shown escaped, under a warning."""
+    import json
+
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from governance.audit import Actor, arguments_digest
+    from governance.models import Approval
+    from governance.services import agents
+
+    world = ui_world.build()
+    _, token = agents.token_issue(
+        created_by=world.alice, agent=world.agent, actor=Actor.system("t"), at=timezone.now()
+    )
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    raw = (
+        '{"tool":"repo","action":"delete","scope":"repo:acme/tmp/cache",'
+        '"arguments":{"path":"/srv/prod","p\\u0430th":"/tmp/cache"}}'
+    )
+    answer = api.post("/api/v1/authorize", raw, content_type="application/json").json()
+    assert answer["decision"] == "approval_required"
+    approval = Approval.objects.get(pk=answer["approval"])
+    assert approval.arguments_hash == arguments_digest(json.loads(raw)["arguments"])
+    event = AuditEvent.objects.get(uid=answer["decision_id"])
+    assert (event.event_type, event.reason) == ("access.approval_required", "approval_required")
+
+    page = ui_world.signed_in("approver").get("/ui/inbox/approvals/").content.decode()
+    card = page.split(f'id="ap-{approval.pk}"', 1)[1].split("</section>", 1)[0]
+    shown = card.split("<tr><th>Arguments (masked)</th>", 1)[1].split("</tr>", 1)[0]
+    assert "p\\\\u0430th" in shown and "p\u0430th" not in shown
+    assert "&#x27;path&#x27;: &#x27;/srv/prod&#x27;" in shown
+    assert 'class="warn-box lookalike-keys">1 argument name below uses' in shown

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pprint import pformat
+from typing import Any
+
 from django import template
 from django.utils.safestring import SafeString
 
@@ -20,3 +23,15 @@ def revealed(text: str | None) -> SafeString:
 @register.filter
 def hidden_count(text: str) -> int:
     return reveal.hidden_count(text)
+
+
+@register.filter
+def arguments(preview: Any) -> str:
+    """A call's masked arguments as the pages show them: pprint, keys that are not
+    printable ASCII escaped (reveal.keys_escaped). Autoescaped as any text."""
+    return pformat(reveal.keys_escaped(preview))
+
+
+@register.filter
+def escaped_keys(preview: Any) -> int:
+    return reveal.escaped_key_count(preview)

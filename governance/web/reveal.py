@@ -82,3 +82,30 @@ def pretty_json(text: str) -> SafeString:
     except (TypeError, ValueError):
         return reveal(text)
     return reveal(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def _plain_key(key: Any) -> bool:
+    return not isinstance(key, str) or (key.isascii() and key.isprintable())
+
+
+def keys_escaped(value: Any) -> Any:
+    """`value` (a call's masked arguments) with every key that is not printable ASCII
+    written as its escapes (`pаth` with a Cyrillic а is `p\\u0430th`): a look-alike
+    of another key is another argument, and an approver reading the page must not
+    take it for the one the tool reads. Values are shown as they are (repr already
+    escapes what is invisible in them)."""
+    if isinstance(value, dict):
+        return {(k if _plain_key(k) else ascii(k)[1:-1]): keys_escaped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [keys_escaped(v) for v in value]
+    return value
+
+
+def escaped_key_count(value: Any) -> int:
+    """How many keys keys_escaped() rewrote: the page says so above the arguments."""
+    if isinstance(value, dict):
+        own = sum(1 for k in value if not _plain_key(k))
+        return own + sum(escaped_key_count(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(escaped_key_count(v) for v in value)
+    return 0
