@@ -370,3 +370,112 @@ def test_deciding_a_review_item_while_its_grant_is_revoked_is_refused(
     assert isinstance(answer, Conflict) and answer.code == "grant_not_live", answer
     assert item.status == ReviewItem.Status.ENDED
     assert not AuditEvent.objects.filter(event_type=EventType.REVIEW_ITEM_DECIDED).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_due_rule_runs_at_once_close_each_ended_item_once(postgres_only, setup):
+    """A backlog of hourly review_due messages run side by side (a prefork pool, two
+    beats): items whose grants ended were closed by both runs, two events each. The
+    claim filtered across the join to the grant, an UPDATE on `id IN (subquery)` that
+    a waiting transaction does not re-check."""
+    import json
+    from collections import Counter
+
+    from governance.services import grants
+
+    heidi = setup["heidi"]
+    now = timezone.now()
+    made = [
+        grants.grant_issue(
+            agent=setup["agent"],
+            tool=setup["tool"],
+            actions=["read"],
+            scope=f"repo:acme/r{i}/*",
+            duration=timedelta(hours=1),
+            justification="j",
+            requested_by=setup["erin"],
+            approved_by=setup["frank"],
+            actor=Actor.system("t"),
+            at=now - timedelta(minutes=5),
+        )  # fmt: skip
+        for i in range(30)
+    ]
+    reviews.review_campaign_open(
+        kind="on_demand", reason="probe", opened_by=heidi, actor=Actor.user(heidi), at=now
+    )
+    for grant in made:
+        grants.grant_revoke(
+            grant_id=grant.pk, reason="gone", actor=Actor.user(heidi), at=now, revoked_by=heidi
+        )
+    run = partial(reviews.review_items_apply_due_rule, actor=Actor.system("job"), at=now)
+
+    assert together(run, run) == [None, None]
+
+    per_item = Counter(
+        json.loads(data)["item_id"]
+        for data in AuditEvent.objects.filter(event_type="review.item_due_rule").values_list(
+            "data", flat=True
+        )
+    )
+    assert sorted(per_item.values()) == [1] * 30
+    assert set(ReviewItem.objects.values_list("status", flat=True)) == {"ended"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_due_rule_racing_a_persons_revoke_records_no_revoke_of_its_own(
+    postgres_only, setup, monkeypatch
+):
+    """The item fell due undecided while an admin's revoke of its grant was being
+    written: the run claimed the item, waited for the grant, found it revoked, changed
+    nothing, and still recorded and announced "revoke applied". Now the item is closed
+    as ended, with no notice of a revoke."""
+    import threading
+    import time
+
+    from governance.models import Notification
+    from governance.services import grants
+
+    heidi = setup["heidi"]
+    now = timezone.now()
+    grant = grants.grant_issue(
+        agent=setup["agent"], tool=setup["tool"], actions=["read"], scope="repo:acme/x/*",
+        duration=timedelta(hours=1), justification="j", requested_by=setup["erin"],
+        approved_by=setup["frank"], actor=Actor.system("t"), at=now - timedelta(minutes=5),
+    )  # fmt: skip
+    due = now + timedelta(seconds=2)
+    reviews.review_campaign_open(
+        kind="on_demand", reason="probe", opened_by=heidi, actor=Actor.user(heidi), at=now,
+        due_at=due,
+    )  # fmt: skip
+    writing = threading.Event()
+    withdraw = grants._withdraw_delegation
+
+    def slow(*args, **kwargs):  # the revoke's rows written, its commit still to come
+        out = withdraw(*args, **kwargs)
+        writing.set()
+        time.sleep(0.7)
+        return out
+
+    monkeypatch.setattr(grants, "_withdraw_delegation", slow)
+
+    def admin() -> None:
+        grants.grant_revoke(
+            grant_id=grant.pk, reason="compromised", actor=Actor.user(heidi),
+            at=due - timedelta(seconds=1), revoked_by=heidi,
+        )  # fmt: skip
+
+    def job() -> None:
+        assert writing.wait(10)
+        reviews.review_items_apply_due_rule(
+            actor=Actor.system("job"), at=due + timedelta(seconds=2)
+        )
+
+    assert together(admin, job) == [None, None]
+
+    item = ReviewItem.objects.get(grant=grant)
+    assert (item.status, item.comment) == ("ended", "grant already ended")
+    revokes = AuditEvent.objects.filter(event_type="grant.revoked", grant_id=grant.pk)
+    assert [e.actor for e in revokes] == ["user:heidi"]
+    (rule,) = AuditEvent.objects.filter(event_type="review.item_due_rule")
+    assert '"rule":"ended"' in rule.data.replace(" ", "")
+    assert not Notification.objects.filter(subject__contains="revoke applied").exists()

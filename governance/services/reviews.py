@@ -462,6 +462,17 @@ def _claim_due(pk: int, rule: str, at: datetime) -> int:
 def _announce_due(pk: int, rule: str, actor: audit.Actor, at: datetime) -> None:
     if rule == "revoke":  # the grant's rows and events first, the item's event last
         grant_id = ReviewItem.objects.values_list("grant_id", flat=True).get(pk=pk)
+        # Read under the locks a revoke takes (item, then grant: review_item_decide's
+        # order): ended meanwhile (a person's revoke committing while this run waited,
+        # or its expiry), there is nothing to revoke, and the item is closed as the run's
+        # first step closes it, not recorded as "revoke applied".
+        grant = lock_chain(grant_id)
+        if grant.status != Grant.Status.ACTIVE or grant.expires_at <= at:
+            ReviewItem.objects.filter(pk=pk).update(
+                status=ReviewItem.Status.ENDED, comment="grant already ended"
+            )
+            _item_event(pk, actor, at, rule="ended")
+            return
         # authorize() refused it from the earliest due date any of its items passed
         # undecided (this one, or another campaign's before it): the row says so too, so
         # an access report for a moment before the job ran does not show it live.
@@ -505,10 +516,12 @@ def review_items_apply_due_rule(*, actor: audit.Actor, at: datetime) -> int:
     claimed by a conditional UPDATE on status='pending'. Returns how many changed."""
     ended = claim_each(
         _pending_with_ended_grant(at).values_list("pk", flat=True),
-        claim=lambda pk: (
-            _pending_with_ended_grant(at)
-            .filter(pk=pk)
-            .update(status=ReviewItem.Status.ENDED, decided_at=at, comment="grant already ended")
+        # The claim tests the item's own status: an UPDATE filtered across the join to
+        # the grant became `id IN (subquery)`, whose status test a waiting UPDATE does
+        # not re-check, and two runs (or a reviewer's decision and a run) both won it.
+        # A grant that has ended never lives again: the candidates stay candidates.
+        claim=lambda pk: ReviewItem.objects.filter(pk=pk, status=ReviewItem.Status.PENDING).update(
+            status=ReviewItem.Status.ENDED, decided_at=at, comment="grant already ended"
         ),
         announce=lambda pk: _item_event(pk, actor, at, rule="ended"),
     )
