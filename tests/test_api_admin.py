@@ -804,6 +804,11 @@ def test_an_admin_opens_a_task_owned_by_them_or_by_someone_named(admin, alice, d
         ({"key": " INC-1"}, 400, "invalid_task_key", "key"),
         ({"key": "T\x01X"}, 400, "invalid_task_key", "key"),
         ({"key": "T\x7f"}, 400, "invalid_task_key", "key"),
+        # Each showed as INC-42 on every page, beside the real INC-42.
+        ({"key": "INC-42\u200b"}, 400, "invalid_task_key", "key"),
+        ({"key": "\u202e24-CNI"}, 400, "invalid_task_key", "key"),
+        ({"key": "\u0406NC-42"}, 400, "invalid_task_key", "key"),
+        ({"key": "INC\u201142"}, 400, "invalid_task_key", "key"),
         ({"key": "INC-1", "title": "t\x02"}, 400, "invalid_task_title", "title"),
         ({"key": "INC-1", "title": "two\nlines"}, 400, "invalid_task_title", "title"),
         ({"key": ""}, 400, "invalid_request", "key"),

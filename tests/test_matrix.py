@@ -573,7 +573,7 @@ def test_a_yaml_syntax_error_names_its_line(world, tmp_path):
         ),
         (
             'tasks:\n- {key: "T\\x01X", owner: bob}\n',
-            "matrix.yaml:2: tasks[0].key: A task key is 1-100 characters on one line",
+            "matrix.yaml:2: tasks[0].key: A task key is 1-100 printable ASCII characters",
         ),
     ],
 )

@@ -429,3 +429,32 @@ def test_an_argument_name_that_looks_like_another_is_shown_escaped_with_a_warnin
     assert "p\\\\u0430th" in shown and "p\u0430th" not in shown
     assert "&#x27;path&#x27;: &#x27;/srv/prod&#x27;" in shown
     assert 'class="warn-box lookalike-keys">1 argument name below uses' in shown
+
+
+@pytest.mark.django_db
+def test_what_an_agent_asked_for_is_shown_with_its_bidi_controls_revealed() -> None:
+    """An agent asked for a tool named `\\u202eliame`: denied, and shown raw on the
+    audit pages, where the override turned the row around to read as a call to a tool
+    named "email". The agent's own text (agent, task, tool, scope) is revealed."""
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from governance.audit import Actor
+    from governance.services import agents
+
+    world = ui_world.build()
+    _, token = agents.token_issue(
+        created_by=world.alice, agent=world.agent, actor=Actor.system("t"), at=timezone.now()
+    )
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"tool": "\u202eliame", "action": "read", "scope": "repo:acme/x"}
+    answer = api.post("/api/v1/authorize", body, format="json").json()
+    assert (answer["decision"], answer["reason"]) == ("deny", "unknown_tool")
+    event = AuditEvent.objects.get(uid=answer["decision_id"])
+    assert event.tool == "\u202eliame"
+    auditor = ui_world.signed_in("auditor")
+    for page in (f"/ui/audit/{event.seq}/", f"/ui/explain/{event.uid}/", "/ui/audit/"):
+        html = auditor.get(page).content.decode()
+        assert "\u202e" not in html, page
+        assert "[U+202E bidi]" in html, page

@@ -74,14 +74,11 @@ _SPACE = (
 )
 # Free text a service refuses when it is only whitespace (justification, reasons).
 NOT_BLANK_PATTERN = rf"[^{_SPACE}]"
-# services.tasks.validate_key: a key is not padded with whitespace, holds no control
-# characters (C0 and DEL), no `.` or `..` part between slashes, and does not end in
-# `/close` (its URL would be the close action's).
+# services.tasks.validate_key: a key is printable ASCII not padded with spaces, with
+# no `.` or `..` part between slashes, and does not end in `/close` (its URL would be
+# the close action's).
 _CONTROL = r"\x00-\x1f\x7f"
-TASK_KEY_PATTERN = (
-    r"^(?!(?:.*/)?\.{1,2}(?:/|$))(?!.*/close$)"
-    rf"[^{_SPACE}{_CONTROL}](?:[^{_CONTROL}]*[^{_SPACE}{_CONTROL}])?$"
-)
+TASK_KEY_PATTERN = r"^(?!(?:.*/)?\.{1,2}(?:/|$))(?!.*/close$)[!-~](?:[ -~]*[!-~])?$"
 # services.tasks.task_open: a title is one line with no control characters.
 TASK_TITLE_PATTERN = rf"^[^{_CONTROL}]*$"
 

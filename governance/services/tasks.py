@@ -19,12 +19,21 @@ from governance.text import is_line
 
 
 def validate_key(key: str) -> None:
-    """1-100 characters on one line: no padding, no control characters (a `\x01` in a
-    key hides in every list, and spreadsheet exports cannot hold it)."""
-    if not key or len(key) > 100 or key != key.strip() or not is_line(key):
+    """1-100 printable ASCII characters, no padding: a `\x01` in a key hides in every
+    list and spreadsheet exports cannot hold it; a zero-width space, a right-to-left
+    override or a Cyrillic `І` made a second task that every page showed as `INC-42`,
+    and an approver reading "task INC-42" took its grant to end with INC-42."""
+    if (
+        not key
+        or len(key) > 100
+        or key != key.strip()
+        or not is_line(key)
+        or not (key.isascii() and key.isprintable())
+    ):
         raise GovernanceError(
             "invalid_task_key",
-            "A task key is 1-100 characters on one line: no padding, no control characters.",
+            "A task key is 1-100 printable ASCII characters (a ticket reference like "
+            "INC-42): no padding, no control or other characters.",
         )
     # Its page would be the close action's URL; a browser resolves `.` and `..` in a
     # URL, so the close button of `acme/x/..` would post to `acme`'s.
