@@ -6,13 +6,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import datetime, timedelta
+import threading
+import tracemalloc
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 from openpyxl import load_workbook
 
-from governance import policy
+from governance import audit, policy
 from governance.audit import Actor
 from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task
 from governance.services import access, agents, grants, tools
@@ -630,11 +634,13 @@ def test_the_matrix_cell_shows_the_delegation_chain() -> None:
     assert f"#{child.pk}</a> bot-a.sub ← <a" in text and f"#{world.grant.pk}</a> bot-a" in text
 
 
-def _download(client: object, url: str) -> object:
+def _download(client: object, url: str) -> SimpleNamespace:
+    """The file at `url`, whole (`content`), whether it was sent at once or streamed
+    (the exports of audit events: `streaming`)."""
     response = client.get(url)  # type: ignore[attr-defined]
-    assert response.status_code == 200, response.content[:300]
+    assert response.status_code == 200, response.getvalue()[:300]
     assert response["Cache-Control"] == "no-store"
-    return response
+    return SimpleNamespace(content=response.getvalue(), streaming=response.streaming)
 
 
 def test_exports_neutralise_formulas_in_csv_and_xlsx_and_are_recorded() -> None:
@@ -924,6 +930,186 @@ def test_an_export_too_big_to_hand_out_whole_is_refused_not_cut(monkeypatch) -> 
         assert json.loads(last_event().data)["rows"] == whole[name]
 
 
+# --- Exports of audit events stream --------------------------------------------------------
+
+
+def _calls(n: int, at: datetime, note: str = "word ") -> None:
+    """`n` allowed calls of bot-a's, each with as many characters of arguments as the
+    log keeps (an agent chooses them: 8,000)."""
+    arguments = audit.masked_arguments_json({"blob": note * 4000})
+    with transaction.atomic():
+        for i in range(n):
+            audit.append(
+                event_type="access.allowed", actor=Actor.system("test"), at=at, agent="bot-a",
+                tool="repo", action="read", scope=f"repo:acme/{i}", arguments_json=arguments,
+                decision="allow", reason="allowed",
+            )  # fmt: skip
+
+
+def _peak_while_downloading(client: object, url: str) -> tuple[int, int]:
+    """Peak Python memory (tracemalloc) over the request and reading its whole body as a
+    server would send it, and the body's size."""
+    tracemalloc.start()
+    try:
+        response = client.get(url)  # type: ignore[attr-defined]
+        assert response.status_code == 200
+        chunks = response.streaming_content if response.streaming else [response.content]
+        size = sum(len(chunk) for chunk in chunks)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak, size
+
+
+WINDOW = "start=2000-01-01T00:00&end=2100-01-01T00:00"
+EVENT_EXPORTS = {
+    "audit": "/ui/audit/export?agent=bot-a&format=",
+    "decisions": f"/ui/exports/decisions?agent=bot-a&{WINDOW}&format=",
+}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("report", EVENT_EXPORTS)
+def test_an_export_of_audit_events_holds_a_chunk_of_them_never_the_file(report, fmt) -> None:
+    """A file of audit events was made whole before a byte was sent: about 27 kB of a
+    web worker per event, so 100,000 events of 8,000 characters each (an agent's to
+    choose) took gigabytes. Ten times the events now take about the same memory."""
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    url = EVENT_EXPORTS[report] + fmt
+    _download(client, url)  # first use: modules, templates, the session, not the file
+    at = timezone.now() - timedelta(minutes=1)
+    n = 200  # exports.CHUNK_ROWS: one chunk, against ten
+    _calls(n, at)
+    peak_n, size_n = _peak_while_downloading(client, url)
+    _calls(9 * n, at)
+    peak_10n, size_10n = _peak_while_downloading(client, url)
+    assert size_10n > 9 * size_n > 9 * n * 8_000
+    assert peak_10n < 2 * peak_n + 1_000_000, (peak_n, peak_10n)
+    assert json.loads(last_event().data)["rows"] >= 10 * n
+
+
+def test_a_streamed_export_is_the_file_made_whole_byte_for_byte(monkeypatch) -> None:
+    """The streamed CSV and JSON are what the export made in memory before (to_csv,
+    to_json of every row), over many chunks, an empty file included."""
+    from governance.services import exports
+    from governance.services.outcomes import DECISION_EVENTS
+
+    monkeypatch.setattr(exports, "CHUNK_ROWS", 2)  # a chunk boundary between most rows
+    ui_world.build()
+    at = timezone.now().replace(microsecond=20053) - timedelta(minutes=1)
+    for note in ('=1+1;"quoted",\r\nline', "é ✓ \u2028 \x01 \ufffe", "-2", "plain"):
+        access.access_check(
+            agent="bot-a", tool="repo", action="read", scope="repo:acme/docs/x", at=at,
+            arguments={"note": note, "n": [1, {"k": None}]},
+        )  # fmt: skip
+    client = ui_world.signed_in("auditor")
+    window = dict(start=datetime(2000, 1, 1, tzinfo=UTC), end=datetime(2100, 1, 1, tzinfo=UTC))
+    cases = [
+        ("audit", EVENT_EXPORTS["audit"], exports.AUDIT_COLUMNS, AuditEvent.objects.all(), {}),
+        ("audit", "/ui/audit/export?agent=nobody&format=", exports.AUDIT_COLUMNS,
+         AuditEvent.objects.all(), {}),
+        ("decisions", EVENT_EXPORTS["decisions"], exports.DECISION_COLUMNS,
+         AuditEvent.objects.filter(event_type__in=DECISION_EVENTS, seq__gt=0), window),
+    ]  # fmt: skip
+    for name, path, columns, events, period in cases:
+        for fmt in ("csv", "json"):
+            got = _download(client, path + fmt)
+            assert got.streaming, path
+            record = last_event()
+            data = json.loads(record.data)
+            mine = exports.audit_filter(events, agent=data["agent"], **period)
+            rows = [
+                exports._event_row(e)
+                for e in mine.filter(seq__lte=data["through_seq"]).order_by("seq")
+            ]
+            assert len(rows) == data["rows"] and (rows or data["agent"] == "nobody")
+            if fmt == "csv":
+                whole = exports.to_csv(rows, columns)
+            else:
+                keys = ("agent",) if name == "audit" else ("start", "end", "agent")
+                meta = {key: data[key] for key in keys}
+                meta = {"filters": meta} if name == "audit" else meta
+                whole = exports.to_json(
+                    rows, {"report": name, "produced_at": record.created_at, **meta}
+                )
+            assert got.content == whole.encode(), (path, fmt)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_export_is_on_record_before_its_first_byte_and_holds_nothing_appended_after(
+    monkeypatch,
+) -> None:
+    """The record of an export commits before the file starts (another connection sees
+    it), and the file holds exactly the events it counts: those up to the seq it names,
+    none of those appended while the file was being read."""
+    from governance.services import exports
+
+    monkeypatch.setattr(exports, "CHUNK_ROWS", 2)
+    ui_world.build()
+    at = timezone.now() - timedelta(minutes=1)
+    _calls(5, at, note="before ")
+    client = ui_world.signed_in("auditor")
+    response = client.get("/ui/audit/export?agent=bot-a&format=csv")
+    assert response.status_code == 200 and response.streaming
+
+    seen: list[AuditEvent | None] = []
+
+    def from_another_connection() -> None:
+        try:
+            seen.append(AuditEvent.objects.filter(event_type="report.exported").last())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=from_another_connection)
+    thread.start()
+    thread.join()
+    (record,) = seen
+    assert record is not None and record.actor == "user:carol"
+    data = json.loads(record.data)
+
+    lines = iter(response.streaming_content)
+    started = next(lines) + next(lines)  # the header and the first chunk's first event
+    _calls(3, at, note="after ")  # same agent, same moment: every filter would match
+    text = (started + b"".join(lines)).decode()
+    rows = list(csv.DictReader(io.StringIO(text)))
+
+    counted = AuditEvent.objects.filter(agent="bot-a", seq__lte=data["through_seq"])
+    assert [int(r["seq"]) for r in rows] == list(
+        counted.order_by("seq").values_list("seq", flat=True)
+    )
+    assert len(rows) == data["rows"] >= 5
+    later = AuditEvent.objects.filter(agent="bot-a", seq__gt=data["through_seq"])
+    assert later.count() == 3 and not any("after" in r["arguments"] for r in rows)
+    assert record.seq > data["through_seq"]  # the record is not in the file it describes
+
+
+def test_an_xlsx_export_past_its_own_cap_is_refused_pointing_at_csv_and_json(
+    monkeypatch,
+) -> None:
+    """XLSX is still made whole in memory, so it holds at most XLSX_MAX_ROWS (below the
+    streamed formats' MAX_ROWS): past it, a 400 saying so, and nothing recorded."""
+    from governance.services import exports
+
+    ui_world.build()
+    client = ui_world.signed_in("auditor")
+    for path in ("/ui/audit/export?agent=bot-a&format=", "/ui/exports/access?format="):
+        whole = len(list(csv.DictReader(io.StringIO(
+            _download(client, path + "csv").content.decode()
+        ))))  # fmt: skip
+        assert whole >= 2
+        monkeypatch.setattr(exports, "XLSX_MAX_ROWS", whole - 1)
+        before = AuditEvent.objects.count()
+        refused = client.get(path + "xlsx")
+        assert refused.status_code == 400, path
+        assert b"too_many_rows" in refused.content and b"export CSV or JSON" in refused.content
+        assert AuditEvent.objects.count() == before
+        monkeypatch.setattr(exports, "XLSX_MAX_ROWS", whole)
+        book = load_workbook(io.BytesIO(_download(client, path + "xlsx").content))
+        assert book.active.max_row == whole + 1  # and its header
+        assert json.loads(last_event().data)["rows"] == whole
+
+
 def test_a_printable_report_too_big_to_print_whole_is_refused_not_a_500(monkeypatch) -> None:
     """The printable report is held to the exports' cap: it was the one that let
     too_many_rows escape as a 500."""
@@ -1119,9 +1305,11 @@ def test_a_csv_export_holds_no_formula_for_a_semicolon_locale_spreadsheet():
     )  # fmt: skip
     assert decided.decision == "allow"
     auditor = ui_world.signed_in("auditor")
-    body = auditor.get(
-        "/ui/exports/decisions?format=csv&start=2000-01-01T00:00&end=2100-01-01T00:00"
-    ).content.decode()
+    body = (
+        auditor.get("/ui/exports/decisions?format=csv&start=2000-01-01T00:00&end=2100-01-01T00:00")
+        .getvalue()
+        .decode()
+    )  # streamed: no `.content`
     line = next(row for row in body.splitlines() if "WEBSERVICE" in row)
     for delimiter in (";", ","):
         cells = next(csv.reader(io.StringIO(line), delimiter=delimiter))

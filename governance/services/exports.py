@@ -8,6 +8,19 @@ every look at the audit log in the UI writes `audit.viewed`: who looked at the
 record is part of the record. Files are CSV (cells neutralised by
 reports.csv_cell), JSON or XLSX (same neutralisation: a spreadsheet would run
 a leading `=` in an XLSX string cell as readily as in a CSV one).
+
+The exports of audit events (the audit log, the decision log) are the exception
+in CSV and JSON: an agent can make every event carry 8,000 characters of
+arguments, and a file of MAX_ROWS of them made whole took gigabytes of a web
+worker. Their transaction counts the rows (refusing past the cap), notes the
+newest event's seq and records the export; the file is then streamed from the
+events up to that seq (EventRows), a chunk at a time, after the record commits.
+Events are append-only and a seq is only given out after the one before it
+committed (the chain lock), so those are exactly the rows the record counts:
+nothing appended later, nothing missing. A download cut short after that (the
+client gone, a read failing) leaves the record standing: it says what was handed
+out, and the file can be checked against its `rows` and `through_seq`. XLSX is
+still made whole, in memory, so it has a lower cap of its own (XLSX_MAX_ROWS).
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -245,21 +258,64 @@ def _event_row(event: AuditEvent) -> dict[str, Any]:
     }
 
 
+# Events read by one query while an export of them is written: a few megabytes at
+# most (arguments are cut to 8,000 characters when stored), however long the file.
+CHUNK_ROWS = 200
+
+
+class EventRows:
+    """The audit events an export hands out: those `events` matches with a seq up to
+    `through_seq` (the newest event when the export was recorded), oldest first, as
+    `_event_row`s. Iterating reads them CHUNK_ROWS at a time, each chunk one short
+    query after the last seq seen, so a file of any length holds one chunk in memory.
+
+    Not one query's `.iterator()`: that keeps a cursor open for as long as the
+    download takes. On SQLite (no WAL here) an open read holds the lock every writer
+    must wait for to commit, so a slow client would stall every decision past its
+    20 s busy timeout; on PostgreSQL, outside a transaction, Django declares the
+    cursor WITH HOLD, which the server copies out whole before the first row.
+    Between two chunks nothing is held."""
+
+    def __init__(self, events: QuerySet[AuditEvent], through_seq: int, count: int) -> None:
+        self.events = events.filter(seq__lte=through_seq).order_by("seq")
+        self.through_seq = through_seq
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        chunk = list(self.events[:CHUNK_ROWS])
+        while chunk:
+            yield from (_event_row(event) for event in chunk)
+            if len(chunk) < CHUNK_ROWS:
+                return
+            chunk = list(self.events.filter(seq__gt=chunk[-1].seq)[:CHUNK_ROWS])
+
+
+def _event_rows(events: QuerySet[AuditEvent]) -> EventRows:
+    """`events` up to the newest event now, counted (past MAX_ROWS: refused, as
+    reports.at_most refuses) but not read: call it inside the export's transaction."""
+    through_seq = audit.head_seq()
+    count = events.filter(seq__lte=through_seq)[: reports.MAX_ROWS + 1].count()
+    reports.refuse_past_cap(count)
+    return EventRows(events, through_seq, count)
+
+
 def decision_rows(
     start: datetime, end: datetime, *, agent: str = "", task: str = "", tool: str = ""
-) -> list[dict[str, Any]]:
+) -> EventRows:
     """Every decision (allow, deny, approval required) in [start, end), oldest first.
     Only events in the chain: a row put in by hand outside it (seq 0 or below) is a
     finding of verify, never a decision in the log an auditor exports."""
     _check_period(start, end)
     qs = AuditEvent.objects.filter(event_type__in=DECISION_EVENTS, seq__gt=0)
-    qs = audit_filter(qs, start=start, end=end, agent=agent, task=task, tool=tool)
-    return [_event_row(e) for e in reports.at_most(qs.order_by("seq"))]
+    return _event_rows(audit_filter(qs, start=start, end=end, agent=agent, task=task, tool=tool))
 
 
-def audit_rows(**filters: Any) -> list[dict[str, Any]]:
-    qs = audit_filter(AuditEvent.objects.all(), **filters)
-    return [_event_row(e) for e in reports.at_most(qs.order_by("seq"))]
+def audit_rows(**filters: Any) -> EventRows:
+    """The audit log as the page filters it, oldest first (EventRows)."""
+    return _event_rows(audit_filter(AuditEvent.objects.all(), **filters))
 
 
 # --- Writing the record of the read ---------------------------------------------------------
@@ -296,15 +352,29 @@ def export(
     """Read the rows and write who read them, in one transaction; with `build`, the
     file is made in it too (and returned), so a file that cannot be made leaves no
     record of an export that never left. `formats`: those this report is made in;
-    `count`: how many rows what `rows_of` returned holds (the matrix file: its grants)."""
+    `count`: how many rows what `rows_of` returned holds (the matrix file: its grants).
+
+    Audit events (EventRows) are only counted here; `build` returns a response that
+    streams them once this transaction has committed, and the record names the last
+    seq the file holds (`through_seq`), so the file can be told apart from the log
+    as it grew after."""
     _check_format(fmt, formats)
     with transaction.atomic():
         rows = rows_of()
+        if fmt == "xlsx":
+            _check_xlsx_rows(count(rows))
+        snapshot = {"through_seq": rows.through_seq} if isinstance(rows, EventRows) else {}
         audit.append(
             event_type=EventType.REPORT_EXPORTED,
             actor=actor,
             at=now,
-            data={"report": report, "format": fmt, "rows": count(rows), **_jsonable(params)},
+            data={
+                "report": report,
+                "format": fmt,
+                "rows": count(rows),
+                **snapshot,
+                **_jsonable(params),
+            },
         )
         return build(rows) if build is not None else rows
 
@@ -329,6 +399,42 @@ def to_csv(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def to_json(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return json.dumps({**meta, "count": len(rows), "rows": rows}, cls=_Encoder, indent=1)
+
+
+def json_lines(rows: Iterable[dict[str, Any]], meta: dict[str, Any], count: int) -> Iterator[str]:
+    """to_json's text a row at a time, as the rows are read (a test holds the two equal
+    byte for byte): the head as json.dumps writes it with `rows` last, then each row
+    as json.dumps indents it one level down, inside the list."""
+    head = json.dumps({**meta, "count": count, "rows": []}, cls=_Encoder, indent=1)
+    opened = head.removesuffix("[]\n}") + "[\n"
+    first = True
+    for row in rows:
+        # json.dumps escapes every control character in a string: each line is one
+        # line of the structure, and indenting every line moves the row down a level.
+        text = json.dumps(row, cls=_Encoder, indent=1).replace("\n", "\n  ")
+        yield (opened if first else ",\n") + "  " + text
+        first = False
+    yield head if first else "\n ]\n}"
+
+
+# The most rows an XLSX export holds. The file is made whole inside the export's
+# transaction, after its record, so under the chain lock (a zip's directory comes last:
+# it cannot be sent as it is made), and the zip is held in memory (openpyxl's write-only
+# sheets go to a temporary file row by row). So it is held well below MAX_ROWS: 10,000
+# events with 8,000 characters of arguments each took 7 s here. Past it: too_many_rows,
+# pointing at CSV and JSON, which stream.
+XLSX_MAX_ROWS = 10_000
+
+
+def _check_xlsx_rows(count: int) -> None:
+    if count > XLSX_MAX_ROWS:
+        raise GovernanceError(
+            "too_many_rows",
+            f"An XLSX export holds at most {XLSX_MAX_ROWS:,} rows and this one would hold "
+            f"{count:,}; narrow the period or filter by agent, task or tool, or export CSV "
+            f"or JSON (up to {reports.MAX_ROWS:,} rows).",
+            fields={"format": "xlsx"},
+        )
 
 
 # The characters XML 1.0, so XLSX, cannot hold: C0 controls but tab, LF and CR;
@@ -368,7 +474,7 @@ def _parts(text: str) -> list[str]:
     return parts
 
 
-def to_xlsx(rows: list[dict[str, Any]], columns: Sequence[str], title: str) -> bytes:
+def to_xlsx(rows: Iterable[dict[str, Any]], columns: Sequence[str], title: str) -> bytes:
     """One sheet of rows. A value too long for a cell (event data listing a whole
     campaign, say) is never cut: its cell says where it is, and the sheet
     `long values` holds it in order, in pieces (row, column, piece, of, text)."""
