@@ -15,7 +15,10 @@ change: an event that cannot be written rolls the change back.
 Checkpoints live outside the database (AUDIT_CHECKPOINT_DIR). Each one signs
 (last seq, head hash, count, time, previous checkpoint's signature), so
 deleting the newest K events, or the whole table, is caught by verify even
-though the remaining chain is internally consistent.
+though the remaining chain is internally consistent. One is written a minute;
+the nightly job compacts those older than AUDIT_CHECKPOINT_KEEP_DAYS to one a
+day, joined by signed bridges (compact_checkpoints() says what that gives up),
+and pages find the newest through a pointer file instead of listing them all.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -1282,23 +1286,29 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     # The checkpoints first: one the job writes while the walk runs signs events the
     # walk may not reach, and would read as the newest events deleted. Each one read
     # here signed events that had committed, so the walk reaches them all.
-    checkpoints = load_checkpoints()
+    with _series_held():  # compaction never deletes a file between listing and read
+        checkpoints = _load_all()
+        bridges, bad_bridge = _load_bridges()
     verdict = _walk(0, GENESIS)
     if not verdict.ok:
         return verdict
     count, prev_hash = verdict.count, verdict.head
+    # The chain passes through every checkpoint still kept; over a compacted stretch,
+    # only through a signed bridge (compact_checkpoints()).
+    series = _follow(checkpoints, bridges)
     problem = (
         _unchained()
-        or _check_checkpoint_chain(checkpoints)
-        or _series_problem(checkpoints, _series_start())
-        or _against_checkpoints(checkpoints, count)
+        or bad_bridge
+        or series.problem
+        or _series_problem(series.kept, _series_start())
+        or _against_checkpoints(series.kept, count)
     )
     if problem:
         return Verdict(False, count, prev_hash, problem[0], problem[1])
-    stale = _checkpoint_stale(checkpoints, count, at or datetime.now(UTC))
+    stale = _checkpoint_stale(series.kept, count, at or datetime.now(UTC))
     if stale:
         return Verdict(False, count, prev_hash, stale[0], stale[1])
-    return Verdict(True, count, prev_hash, gaps=_checkpoint_gaps(checkpoints))
+    return Verdict(True, count, prev_hash, gaps=_checkpoint_gaps(series.kept, series.bridged))
 
 
 def _series_problem(
@@ -1326,19 +1336,31 @@ def _series_problem(
 
 
 def _first_checkpoint() -> list[dict[str, Any]]:
-    """The directory's first checkpoint, alone (none: an empty list)."""
-    paths = _checkpoint_paths()
-    return [_read_checkpoint(paths[0])] if paths else []
+    """The series' first checkpoint, alone (none: an empty list): the one the pointer
+    names (one file read), else the directory's first name."""
+    pointer = _pointer()
+    found = _read_named(pointer.first) if pointer else None
+    if found is not None:
+        return [found]
+    names = _listing(_CHECKPOINT)
+    return [_read_checkpoint(_checkpoint_dir() / names[0])] if names else []
 
 
-def _checkpoint_gaps(checkpoints: list[dict[str, Any]]) -> tuple[str, ...]:
-    """Each pair of consecutive checkpoints further apart than AUDIT_CHECKPOINT_MAX_AGE."""
+def _checkpoint_gaps(
+    checkpoints: list[dict[str, Any]], bridged: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Each pair of consecutive checkpoints further apart than AUDIT_CHECKPOINT_MAX_AGE.
+    A pair joined by a bridge (`bridged`: the later one's file) is not one: the
+    checkpoints between them were compacted, not missing, and compaction keeps both
+    sides of every real gap, so each is still named."""
     max_age = settings.AUDIT_CHECKPOINT_MAX_AGE
     if not max_age:
         return ()
     found = []
     for before, after in itertools.pairwise(checkpoints):
-        apart = datetime.fromisoformat(after["time"]) - datetime.fromisoformat(before["time"])
+        if after["file"] in bridged:
+            continue
+        apart = _written(after) - _written(before)
         if apart > max_age:
             found.append(
                 f"checkpoints {before['file']} and {after['file']} are "
@@ -1408,13 +1430,26 @@ def _hash_at(seq: int) -> str | None:
 
 
 # --- Checkpoints -------------------------------------------------------------
+#
+# The directory holds, beside `.lock`:
+#   checkpoint-<index>-<time>.json  the signed series; names sort in order of writing
+#   bridge-<index>-<index>.json     signed: "these two checkpoints were consecutive
+#                                   before compaction deleted those between" (below)
+#   pointer.json                    the first and the newest few names, so a page reads
+#                                   one file, not a listing of every one (_pointer())
+# Verify, the writer and compaction list the directory; pages follow the pointer.
+
+_CHECKPOINT, _BRIDGE = "checkpoint-", "bridge-"
+_POINTER = "pointer.json"
+_INDEX = re.compile(r"checkpoint-([0-9]{9})-")
+# How many of the newest names the pointer keeps: the page's quick check reads back to
+# the head it last walked (minutes ago at most); further back it lists the directory.
+_RECENT = 64
 
 
 def _sign_checkpoint(body: Mapping[str, Any]) -> str:
     fields = {k: body[k] for k in ("seq", "head", "count", "time", "prev_signature")}
-    return hmac.new(
-        _derived_key(b"checkpoint"), canonical_json(fields).encode(), hashlib.sha256
-    ).hexdigest()
+    return hmac.digest(_derived_key(b"checkpoint"), canonical_json(fields).encode(), "sha256").hex()
 
 
 def _checkpoint_dir() -> Path:
@@ -1428,12 +1463,12 @@ _CHECKPOINT_FIELDS = {
 }  # fmt: skip
 
 
-def _read_checkpoint(path: Path) -> dict[str, Any]:
+def _read_checkpoint(path: Path, fields: Mapping[str, type] = _CHECKPOINT_FIELDS) -> dict[str, Any]:
     try:
         body = json.loads(path.read_text())
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
-        for key, kind in _CHECKPOINT_FIELDS.items():
+        for key, kind in fields.items():
             value = body.get(key)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise ValueError(f"{key!r} is missing or not a {kind.__name__}")
@@ -1444,60 +1479,297 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
     return body
 
 
-def _checkpoint_paths() -> list[Path]:
+def _written(checkpoint: Mapping[str, Any]) -> datetime:
+    return datetime.fromisoformat(checkpoint["time"])
+
+
+def _listing(prefix: str) -> list[str]:
+    """The directory's `prefix*.json` names, sorted. As strings: sorting Path objects
+    was most of the seconds a page spent at fifty thousand checkpoints."""
+    try:
+        with os.scandir(_checkpoint_dir()) as entries:
+            return sorted(
+                e.name for e in entries if e.name.startswith(prefix) and e.name.endswith(".json")
+            )
+    except OSError:  # no directory (yet), or not one: no checkpoint there
+        return []
+
+
+def _load_all() -> list[dict[str, Any]]:
     directory = _checkpoint_dir()
-    return sorted(directory.glob("checkpoint-*.json")) if directory.is_dir() else []
+    return [_read_checkpoint(directory / name) for name in _listing(_CHECKPOINT)]
 
 
 def load_checkpoints() -> list[dict[str, Any]]:
-    """All checkpoints, oldest first (file names sort by sequence of writing)."""
-    return [_read_checkpoint(path) for path in _checkpoint_paths()]
+    """All checkpoint files, oldest first (file names sort by sequence of writing)."""
+    with _series_held():
+        return _load_all()
+
+
+_HELD_WAIT = 10.0  # seconds
+
+
+@contextmanager
+def _series_held() -> Iterator[None]:
+    """A reader's shared hold on the directory's lock while it lists and reads: the
+    writer, compaction and a restart hold it exclusively, so no file the listing named
+    is deleted or moved before it is read (that would read as an unreadable checkpoint,
+    a false alarm recorded for ever). Waited for _HELD_WAIT at most, then read without
+    it: a caller inside a transaction holding the chain lock, while the writer holds
+    this one and waits for that, would otherwise wait for ever (no database sees a
+    deadlock that is half a file lock). No lock file yet: nothing has written there."""
+    try:
+        lock = open(_checkpoint_dir() / ".lock", "rb")  # noqa: SIM115 (closed below)
+    except OSError:
+        yield
+        return
+    with lock:
+        deadline = time.monotonic() + _HELD_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("checkpoint directory still locked: read without the lock")
+                    break
+                time.sleep(0.01)
+        yield
+
+
+@dataclass(frozen=True)
+class _Pointer:
+    first: str
+    recent: list[str]  # oldest first; the last is the newest checkpoint
+
+
+def _is_checkpoint_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and name.startswith(_CHECKPOINT)
+        and name.endswith(".json")
+        and "/" not in name
+        and "\x00" not in name
+    )
+
+
+def _pointer() -> _Pointer | None:
+    """The pointer as the writer last left it, or None (none yet, or not one). A hint
+    for readers, never evidence: whatever it names is read and checked as any
+    checkpoint is, and anything amiss (a name that is gone, a chain that does not
+    follow) sends the reader back to the listing. The writer, verify and compaction
+    never trust it: they list the directory."""
+    try:
+        body = json.loads((_checkpoint_dir() / _POINTER).read_text())
+        first, recent = body["first"], body["recent"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not isinstance(recent, list) or not recent:
+        return None
+    if not all(_is_checkpoint_name(name) for name in (first, *recent)):
+        return None
+    return _Pointer(first, recent)
+
+
+def _point_at(directory: Path, first: str, recent: list[str]) -> None:
+    """Replace the pointer at once (readers see the old one or the new one, never
+    half). If it cannot be written it is removed, so readers list the directory rather
+    than follow a stale one; the checkpoint itself is already written."""
+    path, tmp = directory / _POINTER, directory / f".{_POINTER}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(canonical_json({"first": first, "recent": recent[-_RECENT:]}))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("audit checkpoint pointer not written (%s): readers list instead", exc)
+        for stale in (tmp, path):
+            stale.unlink(missing_ok=True)
+
+
+def _read_named(name: str) -> dict[str, Any] | None:
+    """The checkpoint file `name`, or None if there is none by that name."""
+    path = _checkpoint_dir() / name
+    return _read_checkpoint(path) if path.is_file() else None
+
+
+def _recent_after(seq: int) -> list[dict[str, Any]] | None:
+    """_checkpoints_after() from the pointer's names: a few files read, no listing.
+    None when they do not reach back to `seq`, or anything about them is amiss; the
+    caller then lists the directory, and reports what it finds there."""
+    pointer = _pointer()
+    if pointer is None:
+        return None
+    found: list[dict[str, Any]] = []
+    for name in reversed(pointer.recent):
+        body = _read_named(name)
+        if body is None or "unreadable" in body:
+            return None
+        found.append(body)
+        if body["seq"] <= seq:
+            found.reverse()
+            return None if _follow(found, continues=True).problem else found
+    return None
 
 
 def _checkpoints_after(seq: int) -> list[dict[str, Any]]:
     """The newest checkpoints, back to the first one at or below `seq` (read newest
     first, so the work is the checkpoints written since, not the whole series)."""
-    found: list[dict[str, Any]] = []
-    for path in reversed(_checkpoint_paths()):
-        body = _read_checkpoint(path)
-        found.append(body)
-        if "unreadable" not in body and body["seq"] <= seq:
-            break
+    found = _recent_after(seq)
+    if found is not None:
+        return found
+    found = []
+    with _series_held():
+        directory = _checkpoint_dir()
+        for name in reversed(_listing(_CHECKPOINT)):
+            body = _read_checkpoint(directory / name)
+            found.append(body)
+            if "unreadable" not in body and body["seq"] <= seq:
+                break
+        bridges = _load_bridges()[0] if found else {}
     found.reverse()
-    problem = _check_checkpoint_chain(found, continues=True)
+    problem = _follow(found, bridges, continues=True).problem
     if problem:
         raise ChainBroken(problem)
     return found
 
 
 def latest_checkpoint() -> dict[str, Any] | None:
-    """The newest checkpoint alone (a page needs only that, not the whole series)."""
-    paths = _checkpoint_paths()
-    return _read_checkpoint(paths[-1]) if paths else None
+    """The newest checkpoint alone (a page needs only that, not the whole series): the
+    one the pointer names, one file read however many the directory holds; with no
+    usable pointer, the directory's last name."""
+    pointer = _pointer()
+    found = _read_named(pointer.recent[-1]) if pointer else None
+    if found is not None:
+        return found
+    names = _listing(_CHECKPOINT)
+    return _read_checkpoint(_checkpoint_dir() / names[-1]) if names else None
+
+
+# --- Bridges over compacted checkpoints -------------------------------------------------
+
+# What a bridge file holds: the checkpoints it joins (`from` was followed, through the
+# checkpoints compaction deleted, by `to`), and how many it stands for.
+_BRIDGE_FIELDS = {
+    "from_file": str, "from_seq": int, "from_signature": str,
+    "to_file": str, "to_seq": int, "to_prev_signature": str,
+    "files": int, "time": str, "signature": str,
+}  # fmt: skip
+
+
+def _sign_bridge(body: Mapping[str, Any]) -> str:
+    # Its own derived key: no bridge can pass for a checkpoint, nor one for a bridge.
+    fields = {k: body[k] for k in _BRIDGE_FIELDS if k != "signature"}
+    return hmac.digest(
+        _derived_key(b"checkpoint-bridge"), canonical_json(fields).encode(), "sha256"
+    ).hex()
+
+
+def _load_bridges() -> tuple[dict[str, list[dict[str, Any]]], tuple[int, str] | None]:
+    """Every good bridge, by the signature it leaves from; and the first bad one as a
+    finding (garbage or a forgery in the directory, like an unreadable checkpoint). A
+    bad bridge joins nothing."""
+    directory = _checkpoint_dir()
+    leaving: dict[str, list[dict[str, Any]]] = {}
+    bad: tuple[int, str] | None = None
+    for name in _listing(_BRIDGE):
+        body = _read_checkpoint(directory / name, _BRIDGE_FIELDS)
+        if "unreadable" in body:
+            bad = bad or (1, f"checkpoint bridge {name} is unreadable ({body['unreadable']})")
+        elif not _same(_sign_bridge(body), body["signature"]):
+            bad = bad or (body["from_seq"], f"checkpoint bridge {name} has a bad signature")
+        else:
+            leaving.setdefault(body["from_signature"], []).append(body)
+    return leaving, bad
+
+
+@dataclass(frozen=True)
+class _Series:
+    kept: list[dict[str, Any]]  # the checkpoints the chain passes through, oldest first
+    bridged: frozenset[str]  # those reached over a bridge (the file names)
+    problem: tuple[int, str] | None
+    # Files a bridge stands for that are still there (a compaction stopped part-way).
+    leftovers: tuple[str, ...] = ()
+
+
+def _follow(
+    checkpoints: list[dict[str, Any]],
+    bridges: Mapping[str, list[dict[str, Any]]] | None = None,
+    *,
+    continues: bool = False,
+) -> _Series:
+    """Each checkpoint readable, signed, and following the one before: its
+    prev_signature is that one's signature, or a good bridge leaves that one for it
+    (the checkpoints between were compacted; any still there, a compaction stopped
+    part-way, are passed over, each still a genuine checkpoint). `continues`: the list
+    is the tail of the series, so its first one's predecessor is not in it."""
+    bridges = bridges or {}
+    at = {body["file"]: i for i, body in enumerate(checkpoints)}
+    prev_signature = checkpoints[0].get("prev_signature", "") if continues and checkpoints else ""
+    prev_seq = 0
+    kept: list[dict[str, Any]] = []
+    bridged: set[str] = set()
+    leftovers: list[str] = []
+
+    def broken(problem: tuple[int, str]) -> _Series:
+        return _Series(kept, frozenset(bridged), problem, tuple(leftovers))
+
+    i = 0
+    while i < len(checkpoints):
+        body = checkpoints[i]
+        problem = _unsigned(body, prev_seq)
+        if problem:
+            return broken(problem)
+        if body["prev_signature"] != prev_signature:
+            ahead = [
+                (at[b["to_file"]], b)
+                for b in bridges.get(prev_signature, ())
+                if at.get(b["to_file"], -1) >= i
+            ]
+            if not ahead:
+                return broken(_not_following(body))
+            target, bridge = min(ahead, key=lambda found: found[0])
+            for left in checkpoints[i:target]:
+                problem = _unsigned(left, prev_seq)
+                if problem:  # not a checkpoint the bridge stood for: put there since
+                    return broken(problem)
+                leftovers.append(left["file"])
+            body = checkpoints[target]
+            problem = _unsigned(body, prev_seq)
+            if problem:
+                return broken(problem)
+            if body["prev_signature"] != bridge["to_prev_signature"]:
+                return broken(_not_following(body))
+            bridged.add(body["file"])
+            i = target
+        if body["seq"] < prev_seq:
+            going = f"checkpoint {body['file']} goes backwards from seq {prev_seq}"
+            return broken((body["seq"], going))
+        kept.append(body)
+        prev_signature, prev_seq = body["signature"], body["seq"]
+        i += 1
+    return _Series(kept, frozenset(bridged), None, tuple(leftovers))
+
+
+def _unsigned(body: Mapping[str, Any], prev_seq: int) -> tuple[int, str] | None:
+    name = body["file"]
+    if "unreadable" in body:
+        return prev_seq + 1, (
+            f"checkpoint {name} is unreadable ({body['unreadable']}): the events it "
+            "should cover are not protected by it"
+        )
+    if not _same(_sign_checkpoint(body), body.get("signature", "")):
+        return body.get("seq", 0), f"checkpoint {name} has a bad signature"
+    return None
+
+
+def _not_following(body: Mapping[str, Any]) -> tuple[int, str]:
+    return body["seq"], f"checkpoint {body['file']} does not follow the previous checkpoint"
 
 
 def _check_checkpoint_chain(
     checkpoints: list[dict[str, Any]], *, continues: bool = False
 ) -> tuple[int, str] | None:
-    """Each checkpoint readable, signed, and following the one before. `continues`:
-    the list is the tail of the series, so its first one's predecessor is not in it."""
-    prev_signature = checkpoints[0].get("prev_signature", "") if continues and checkpoints else ""
-    prev_seq = 0
-    for body in checkpoints:
-        name = body["file"]
-        if "unreadable" in body:
-            return prev_seq + 1, (
-                f"checkpoint {name} is unreadable ({body['unreadable']}): the events it "
-                "should cover are not protected by it"
-            )
-        if not _same(_sign_checkpoint(body), body.get("signature", "")):
-            return body.get("seq", 0), f"checkpoint {name} has a bad signature"
-        if body["prev_signature"] != prev_signature:
-            return body["seq"], f"checkpoint {name} does not follow the previous checkpoint"
-        if body["seq"] < prev_seq:
-            return body["seq"], f"checkpoint {name} goes backwards from seq {prev_seq}"
-        prev_signature, prev_seq = body["signature"], body["seq"]
-    return None
+    """_follow() with no bridge: the problem alone."""
+    return _follow(checkpoints, continues=continues).problem
 
 
 def refusal_recorded_within(at: datetime, window: timedelta) -> bool:
@@ -1531,7 +1803,10 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
     # in between would find the restart on record and no checkpoint, and cry damage.
     with open(directory / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        old = _checkpoint_paths()
+        # The pointer first: a page reading it meanwhile lists the directory instead.
+        (directory / _POINTER).unlink(missing_ok=True)
+        old = [directory / name for name in _listing(_CHECKPOINT)]
+        bridges = [directory / name for name in _listing(_BRIDGE)]
         last = _read_checkpoint(old[-1]) if old else None
         stamp = at.strftime("%Y%m%dT%H%M%S%fZ")
         aside = directory / f"archived-{stamp}"
@@ -1541,7 +1816,7 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                 break
             except FileExistsError:
                 aside = directory / f"archived-{stamp}-{n}"
-        for path in old:
+        for path in (*old, *bridges):  # the bridges belong to the old series
             path.rename(aside / path.name)
         with transaction.atomic():
             append(
@@ -1553,6 +1828,7 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                     "comment": reason,
                     "archived": aside.name,
                     "files": len(old),
+                    "bridges": len(bridges),
                     "last_seq": last.get("seq") if last else None,
                     "last_head": last.get("head") if last else None,
                 },
@@ -1675,9 +1951,11 @@ def write_checkpoint(at: datetime) -> dict[str, Any]:
 
 
 def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[str, Any]:
-    """write_checkpoint() with the directory's lock held."""
-    existing = _checkpoint_paths()
-    previous = _read_checkpoint(existing[-1]) if existing else None
+    """write_checkpoint() with the directory's lock held. The writer lists the names
+    (strings, no file read but the first and the last), not the pointer: it must see
+    what verify sees, a file put there to sort last included."""
+    existing = _listing(_CHECKPOINT)
+    previous = _read_checkpoint(directory / existing[-1]) if existing else None
     with transaction.atomic():
         # Read a head no writer is half-way through extending.
         seq, head = _lock_and_read_head()
@@ -1689,7 +1967,7 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
         # is not the current one. Refused; verify reports it.
         problem = (
             _check_checkpoint_chain([previous], continues=True)
-            or _series_problem([_read_checkpoint(existing[0])], series)
+            or _series_problem([_read_checkpoint(directory / existing[0])], series)
             or _against_checkpoints([previous], seq)
         )
         if problem:
@@ -1701,7 +1979,7 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
     if previous is None:
         recorded = _begin_series(new_series, series, at) or recorded
     else:
-        recorded = _adopt_series(existing[0], series, at) or recorded
+        recorded = _adopt_series(directory / existing[0], series, at) or recorded
     if recorded:
         with transaction.atomic():
             seq, head = _lock_and_read_head()
@@ -1713,13 +1991,263 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
         "prev_signature": previous["signature"] if previous else "",
     }
     body["signature"] = _sign_checkpoint(body)
-    index = len(existing) + 1
+    # The previous one's number, plus one: compaction leaves fewer files than that.
+    number = _INDEX.match(existing[-1]) if existing else None
+    index = int(number.group(1)) + 1 if number else len(existing) + 1
     path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    _create(path, body)
+    body["file"] = path.name
+    # Then the pointer: a crash in between leaves it a minute behind, never ahead.
+    pointer = _pointer()
+    recent = [previous["file"]] if previous else []
+    if pointer and recent and pointer.recent[-1] == recent[0]:
+        recent = pointer.recent  # the names before it still lead up to it
+    _point_at(directory, existing[0] if existing else path.name, [*recent, path.name])
+    return body
+
+
+def _create(path: Path, body: Mapping[str, Any]) -> None:
+    """Write a file whole, under a name nobody has yet (FileExistsError otherwise)."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     tmp.write_text(canonical_json(body))
     try:
         os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
     finally:
         tmp.unlink()
+
+
+# --- Compaction ----------------------------------------------------------------------
+
+
+def compact_checkpoints(*, at: datetime, actor: Actor) -> dict[str, Any]:
+    """Delete the checkpoints nobody needs one by one any more, so the series stops
+    growing by 525,600 files a year: every checkpoint of the last
+    AUDIT_CHECKPOINT_KEEP_DAYS stays, and of older ones only the last of each UTC day,
+    the series' first, both sides of every gap, and any the log names (a printable
+    report's checkpoint). Each stretch deleted between two kept checkpoints is replaced
+    by a signed bridge joining them, so verify still follows one chain from the first
+    checkpoint to the newest and holds every kept one against the log.
+
+    Nothing is deleted unless the whole series verifies first (readable, signed,
+    linked, the log's current one, every checkpoint held against the log): damage is
+    never compacted away, it is refused (ChainBroken) and left for verify to report.
+    The nightly job runs this after its full verify passed, so every checkpoint has
+    been held against a full walk before it goes. What is given up, stated: the
+    minute-by-minute heads older than the window. Tampering with older history is
+    still caught: an edit, deletion, insertion or reordering breaks the HMAC chain
+    whatever the checkpoints; deleting the newest events and writing the log again is
+    caught by the newest checkpoint (every later hash differs), and the writer never
+    signs over that. Only a forgery that some writer had signed over (a writer without
+    that check, or someone holding AUDIT_HMAC_KEY, who could forge checkpoints anyway)
+    and that began and ended between two kept daily checkpoints outside the window
+    would no longer show. Recorded as `audit.checkpoints_compacted` (and logged) before
+    any file goes. AUDIT_CHECKPOINT_KEEP_DAYS 0: nothing is ever deleted."""
+    window = timedelta(days=settings.AUDIT_CHECKPOINT_KEEP_DAYS)
+    directory = _checkpoint_dir()
+    if not window or not directory.is_dir():
+        return {"deleted": 0, "bridges": []}
+    with open(directory / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _compact_locked(directory, at, actor, window)
+
+
+def _compact_locked(
+    directory: Path, at: datetime, actor: Actor, window: timedelta
+) -> dict[str, Any]:
+    checkpoints = _load_all()
+    bridges, bad_bridge = _load_bridges()
+    series = _follow(checkpoints, bridges)
+    problem = (
+        bad_bridge
+        or series.problem
+        or _series_problem(series.kept, _series_start())
+        or _against_checkpoints(series.kept, head_seq())
+    )
+    if problem:
+        log.error("audit checkpoint compaction refused at seq %s: %s", *problem)
+        raise ChainBroken(problem)
+    kept = series.kept
+    if not kept:
+        return {"deleted": 0, "bridges": []}
+    # The window ends at the newest checkpoint's time, not only at `at`: a clock (or
+    # an argument) far ahead never makes the newest checkpoints old.
+    cutoff = min(at, _written(kept[-1])) - window
+    keep = _always_kept(kept, series.bridged)
+    doomed = [cp for cp in kept if cp["file"] not in keep and _written(cp) < cutoff]
+    named = _named_in_log(min((cp["seq"] for cp in doomed), default=0)) if doomed else set()
+    doomed = [cp for cp in doomed if cp["file"] not in named]
+    if not doomed and not series.leftovers:
+        return {"deleted": 0, "bridges": []}
+    gone = {cp["file"] for cp in doomed}
+    old_bridges = [b for found in bridges.values() for b in found]
+    superseded = [b for b in old_bridges if b["from_file"] in gone or b["to_file"] in gone]
+    # Oldest first, with what a stopped compaction left: at every moment the files
+    # deleted so far precede those left in each stretch, so its bridge (written first)
+    # joins what remains and verify never sees a half-compacted series as a broken one.
+    files = sorted(gone.union(series.leftovers))
+    protected = keep | named | {cp["file"] for cp in kept if _written(cp) >= cutoff}
+    _refuse_to_delete(files, protected)
+    made = [_bridge(run, at, superseded) for run in _runs(kept, gone)]
+    names = [b["file"] for b in made]
+    with transaction.atomic():
+        append(
+            event_type=EventType.AUDIT_CHECKPOINTS_COMPACTED,
+            actor=actor,
+            at=at,
+            data={
+                "deleted": len(files),
+                "first": files[0],
+                "last": files[-1],
+                "bridges": names,
+                "kept_days": window.days,
+            },
+        )
+    log.info(
+        "audit checkpoints compacted: %s file(s) deleted, %s to %s; bridges %s",
+        len(files), files[0], files[-1], ", ".join(names) or "none",
+    )  # fmt: skip
+    _delete_compacted(directory, files, [b["file"] for b in superseded], protected=protected)
+    return {"deleted": len(files), "bridges": names}
+
+
+def _always_kept(kept: list[dict[str, Any]], bridged: frozenset[str]) -> set[str]:
+    """Whatever the window: the series' first (the log names it as the series' start)
+    and newest, the last of each UTC day, both sides of every gap (so verify still
+    names it), and whatever the pointer names (the pages' view)."""
+    keep = {kept[0]["file"], kept[-1]["file"]}
+    days: dict[Any, str] = {}
+    for cp in kept:
+        days[_written(cp).astimezone(UTC).date()] = cp["file"]  # the last one wins
+    keep.update(days.values())
+    max_age = settings.AUDIT_CHECKPOINT_MAX_AGE
+    for before, after in itertools.pairwise(kept):
+        apart = _written(after) - _written(before)
+        if max_age and after["file"] not in bridged and apart > max_age:
+            keep.update((before["file"], after["file"]))
+    pointer = _pointer()
+    if pointer is not None:
+        keep.update((pointer.first, *pointer.recent))
+    return keep
+
+
+def _named_in_log(after_seq: int) -> set[str]:
+    """Checkpoint files the log names after `after_seq`: the one each printable report
+    says it was produced against, and the one before each recorded gap. An auditor who
+    follows the name finds the file."""
+    from governance.models import AuditEvent
+
+    found = AuditEvent.objects.filter(
+        event_type__in=(EventType.REPORT_EXPORTED, EventType.AUDIT_CHECKPOINT_GAP),
+        seq__gt=after_seq,
+        data__contains='"checkpoint-',
+    ).values_list("data", flat=True)
+    names: set[str] = set()
+    for data in found.iterator():
+        try:
+            body = json.loads(data or "{}")
+        except ValueError:
+            continue
+        for key in ("checkpoint", "after"):
+            if isinstance(body, dict) and isinstance(body.get(key), str):
+                names.add(body[key])
+    return names
+
+
+def _runs(
+    kept: list[dict[str, Any]], gone: set[str]
+) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]]:
+    """Each stretch of consecutive checkpoints to delete, with the kept one before it
+    and the kept one after (the first and the newest are kept, so both exist)."""
+    run: list[dict[str, Any]] = []
+    before = kept[0]
+    for cp in kept[1:]:
+        if cp["file"] in gone:
+            run.append(cp)
+            continue
+        if run:
+            yield before, run, cp
+        before, run = cp, []
+
+
+def _bridge(
+    run: tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]],
+    at: datetime,
+    superseded: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The signed bridge from the checkpoint before `run` to the one after it. Written
+    before anything is deleted; one already there for the same pair (a compaction that
+    stopped part-way) is kept as it is."""
+    before, deleted, after = run
+    inside = {before["file"], *(cp["file"] for cp in deleted), after["file"]}
+    replaced = sum(b["files"] for b in superseded if b["from_file"] in inside)
+    body: dict[str, Any] = {
+        "from_file": before["file"],
+        "from_seq": before["seq"],
+        "from_signature": before["signature"],
+        "to_file": after["file"],
+        "to_seq": after["seq"],
+        "to_prev_signature": after["prev_signature"],
+        "files": len(deleted) + replaced,
+        "time": _iso(at),
+    }
+    body["signature"] = _sign_bridge(body)
+    path = _checkpoint_dir() / f"{_BRIDGE}{_index(before)}-{_index(after)}.json"
+    try:
+        _create(path, body)
+    except FileExistsError:
+        there = _read_checkpoint(path, _BRIDGE_FIELDS)
+        if (
+            "unreadable" in there
+            or not _same(_sign_bridge(there), there["signature"])
+            or any(there[k] != body[k] for k in ("from_signature", "to_file", "to_prev_signature"))
+        ):
+            raise  # not this bridge: verify names it; nothing is deleted
+        return there
     body["file"] = path.name
     return body
+
+
+def _index(checkpoint: Mapping[str, Any]) -> str:
+    number = _INDEX.match(checkpoint["file"])
+    return number.group(1) if number else checkpoint["file"].removesuffix(".json")
+
+
+def _refuse_to_delete(checkpoints: list[str], protected: set[str]) -> None:
+    """Raise, before anything is deleted, if `checkpoints` names one that must never
+    go, whatever was planned: the directory's first or newest, one written within
+    AUDIT_CHECKPOINT_KEEP_DAYS of the newest (each is read again to see), one that
+    cannot be read, any the caller protects (the pointer's, the log's), or a name
+    that is not a checkpoint's."""
+    directory = _checkpoint_dir()
+    listed = _listing(_CHECKPOINT)
+    newest = _read_checkpoint(directory / listed[-1]) if listed else None
+    never = protected | {listed[0], listed[-1]} if listed else protected
+    wrong = []
+    for name in checkpoints:
+        body = _read_checkpoint(directory / name) if _is_checkpoint_name(name) else None
+        if (
+            name in never
+            or body is None
+            or newest is None
+            or "unreadable" in body
+            or "unreadable" in newest
+            or not settings.AUDIT_CHECKPOINT_KEEP_DAYS
+            or _written(newest) - _written(body)
+            <= timedelta(days=settings.AUDIT_CHECKPOINT_KEEP_DAYS)
+        ):
+            wrong.append(name)
+    if wrong:
+        raise RuntimeError(f"checkpoint compaction refused to delete {', '.join(wrong)}")
+
+
+def _delete_compacted(
+    directory: Path, checkpoints: list[str], bridges: list[str], *, protected: set[str]
+) -> None:
+    """The only code that deletes checkpoint files, in the order given, then the
+    bridges the new ones replace. It checks again what it was told to delete
+    (_refuse_to_delete), whatever its caller planned."""
+    _refuse_to_delete(checkpoints, protected)
+    if any(not name.startswith(_BRIDGE) or "/" in name for name in bridges):
+        raise RuntimeError(f"checkpoint compaction refused to delete {', '.join(bridges)}")
+    for name in (*checkpoints, *bridges):
+        (directory / name).unlink(missing_ok=True)

@@ -63,7 +63,9 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
         },
         # Walking the whole chain costs time proportional to the log, so once a night
         # (quiet hours, UTC) is enough to catch tampering; a failure is logged as an
-        # error and recorded as an `audit.verify_failed` event.
+        # error and recorded as an `audit.verify_failed` event. After a pass, checkpoints
+        # older than AUDIT_CHECKPOINT_KEEP_DAYS are compacted (one a minute would
+        # otherwise pile up for ever, and every verify reads them all).
         "audit-verify-nightly": {
             "task": "governance.tasks.audit_verify",
             "schedule": crontab(hour=3, minute=17),

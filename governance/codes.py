@@ -128,6 +128,9 @@ class EventType(models.TextChoices):
     # A checkpoint written longer than AUDIT_CHECKPOINT_MAX_AGE after the one before:
     # events written in between were not protected by any checkpoint while it lasted.
     AUDIT_CHECKPOINT_GAP = "audit.checkpoint_gap"
+    # Old checkpoints were deleted, signed bridges written in their place
+    # (audit.compact_checkpoints): how many, which, and the window kept whole.
+    AUDIT_CHECKPOINTS_COMPACTED = "audit.checkpoints_compacted"
     # The nightly chain walk found tampering (or a broken checkpoint).
     AUDIT_VERIFY_FAILED = "audit.verify_failed"
     # Someone read the audit log in the web UI (exports are report.exported).

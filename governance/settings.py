@@ -146,6 +146,11 @@ AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR", str(BASE_DIR / "var"
 AUDIT_CHECKPOINT_MAX_AGE = timedelta(
     minutes=env_int("AUDIT_CHECKPOINT_MAX_AGE_MINUTES", 15, minimum=0, maximum=7 * 24 * 60)
 )
+# The job writes a checkpoint a minute (525,600 a year); each night, after a full verify
+# passed, those older than this many days are compacted to the last of each day, the
+# series' first and both sides of every gap, joined by signed bridges
+# (audit.compact_checkpoints says what that gives up). 0 keeps every one for ever.
+AUDIT_CHECKPOINT_KEEP_DAYS = env_int("AUDIT_CHECKPOINT_KEEP_DAYS", 2, minimum=0, maximum=3660)
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 

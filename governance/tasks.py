@@ -42,10 +42,18 @@ def audit_checkpoint() -> dict[str, Any]:
 
 @app.task(name="governance.tasks.audit_verify")
 def audit_verify() -> dict[str, Any]:
-    verdict = audit.verify_and_record(
-        actor=audit.Actor.system("celery:audit_verify"), at=timezone.now()
-    )
-    return {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}
+    """The nightly full verify; only when it passes, old checkpoints are compacted
+    (audit.compact_checkpoints): a damaged series keeps every file as evidence."""
+    now = timezone.now()
+    actor = audit.Actor.system("celery:audit_verify")
+    verdict = audit.verify_and_record(actor=actor, at=now)
+    result: dict[str, Any] = {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}
+    if verdict.ok:
+        try:
+            result["compacted"] = audit.compact_checkpoints(at=now, actor=actor)["deleted"]
+        except audit.ChainBroken as exc:  # damage since the walk: the next verify says it
+            result["compaction_refused"] = exc.problem[1]
+    return result
 
 
 # --- Lifecycle (issue #5) --------------------------------------------------------------

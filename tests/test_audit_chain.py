@@ -888,9 +888,13 @@ def test_two_restarts_at_one_instant_keep_both_series_aside(chain, person, setti
     ["not json", "{}", "[1, 2]", '{"seq": "5", "head": "x", "count": 5, "time": "now",'
      ' "prev_signature": "", "signature": ""}'],
 )  # fmt: skip
-def test_an_unreadable_checkpoint_is_a_finding_not_a_crash(chain, capsys, settings, garbage):
+def test_an_unreadable_checkpoint_is_a_finding_not_a_crash(
+    chain, capsys, settings, monkeypatch, garbage
+):
     """Garbage dropped into the checkpoint directory made verify raise, so no
     audit.verify_failed event was written and no alert went out."""
+    from governance.web import queries
+
     signed = audit.write_checkpoint(NOW)["seq"]
     (settings.AUDIT_CHECKPOINT_DIR / "checkpoint-999999999-x.json").write_text(garbage)
     code, text = verify_output(capsys)
@@ -900,6 +904,12 @@ def test_an_unreadable_checkpoint_is_a_finding_not_a_crash(chain, capsys, settin
     assert json.loads(failed.data)["bad_seq"] == signed + 1
     with pytest.raises(audit.ChainBroken):
         audit.write_checkpoint(NOW + timedelta(minutes=1))
+    # A page names the newest checkpoint the job wrote (the pointer's), not a file put
+    # there since; its walk from genesis (every 10 minutes, or asked for) names that.
+    monkeypatch.setattr(queries, "_FULL_WALK", {})
+    status = queries.chain_status(datetime.now(UTC), full=True)
+    assert not status["ok"] and "checkpoint-999999999-x.json is unreadable" in status["problem"]
+    (settings.AUDIT_CHECKPOINT_DIR / status["checkpoint"]["file"]).write_text(garbage)
     assert audit.latest_checkpoint()["unreadable"]  # a page shows it, never a 500
 
 
@@ -911,6 +921,330 @@ def test_events_after_a_checkpoint_still_verify(chain, capsys):
     code, text = verify_output(capsys)
     assert code == 0
     assert f"ok: {chain + 2} events" in text  # the events, the series' start, the new one
+
+
+# --- A checkpoint a minute, for years: pages read few files, old ones are compacted -----
+
+
+def _minutely(n: int, start: datetime) -> dict:
+    """`n` more checkpoints a minute apart after the newest, over an idle log (the same
+    head), written straight to the directory as the job would write them but without
+    its queries; then one by the job itself, which leaves the pointer. Returns that."""
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    last = audit.latest_checkpoint()
+    index = int(last["file"].split("-")[1])
+    for i in range(1, n + 1):
+        at = start + timedelta(minutes=i)
+        body = {k: last[k] for k in ("seq", "head", "count")}
+        body |= {"time": audit._iso(at), "prev_signature": last["signature"]}
+        body["signature"] = audit._sign_checkpoint(body)
+        name = f"checkpoint-{index + i:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+        (directory / name).write_text(audit.canonical_json(body))
+        last = body | {"file": name}
+    return audit.write_checkpoint(start + timedelta(minutes=n + 1))
+
+
+class _Reads:
+    """Counts what the code under it lists and reads in the checkpoint directory."""
+
+    def __init__(self, monkeypatch) -> None:
+        directory = os.fspath(settings.AUDIT_CHECKPOINT_DIR)
+        self.listed: list[str] = []
+        self.read: list[str] = []
+        scandir, listdir, glob = os.scandir, os.listdir, type(settings.AUDIT_CHECKPOINT_DIR).glob
+        read_text = type(settings.AUDIT_CHECKPOINT_DIR).read_text
+
+        def listing(real, path):
+            if os.fspath(path) == directory:
+                self.listed.append(real.__name__)
+            return real(path)
+
+        def reading(path, *args, **kwargs):
+            if os.fspath(path.parent) == directory:
+                self.read.append(path.name)
+            return read_text(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "scandir", lambda path=".": listing(scandir, path))
+        monkeypatch.setattr(os, "listdir", lambda path=".": listing(listdir, path))
+        monkeypatch.setattr(
+            type(settings.AUDIT_CHECKPOINT_DIR),
+            "glob",
+            lambda path, pattern: listing(lambda p: glob(p, pattern), path),
+        )
+        monkeypatch.setattr(type(settings.AUDIT_CHECKPOINT_DIR), "read_text", reading)
+
+
+def test_the_audit_page_reads_a_few_checkpoints_however_many_the_directory_holds(
+    chain, person, monkeypatch
+):
+    """The job writes a checkpoint a minute. Every /ui/audit/ view listed and sorted
+    them all, three times (5.8 s at 50,000): now it reads the pointer and the few files
+    it names, and lists nothing."""
+    from django.test import Client
+
+    from governance.web import queries
+
+    audit.write_checkpoint(NOW)
+    newest = _minutely(3000, NOW)
+    mark = audit.verify_chain(NOW + timedelta(days=3))  # the page's last walk
+    assert mark.ok, mark.render()
+    monkeypatch.setattr(queries, "_FULL_WALK", {})
+    queries._remember(mark, datetime.now(UTC))
+    ui = Client()
+    ui.force_login(person("carol", "auditors"))
+
+    reads = _Reads(monkeypatch)
+    page = ui.get("/ui/audit/")
+    assert page.status_code == 200 and newest["file"] in page.content.decode()
+    assert audit.latest_checkpoint()["file"] == newest["file"]
+    assert reads.listed == []
+    assert len(reads.read) <= 8, reads.read  # the pointer, twice, and the newest files
+
+
+def test_the_pages_checkpoint_reads_cost_the_same_at_5000_checkpoints_as_at_500(chain):
+    """Measured as a ratio (the machine's speed cancels out): listing the directory
+    made the 5,000 case ten times the 500 one."""
+    import time
+
+    audit.write_checkpoint(NOW)
+    seq = audit.latest_checkpoint()["seq"]
+
+    def page_reads() -> float:
+        best = float("inf")
+        for _ in range(7):
+            started = time.perf_counter()
+            for _ in range(10):
+                audit.latest_checkpoint()
+                audit._checkpoints_after(seq)
+                audit._first_checkpoint()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    _minutely(499, NOW)
+    few = page_reads()
+    _minutely(4500, NOW + timedelta(minutes=500))
+    assert len(list(settings.AUDIT_CHECKPOINT_DIR.glob("checkpoint-*.json"))) == 5002
+    many = page_reads()
+    assert many < 3 * few, (few, many)
+
+
+DAY0 = datetime(2026, 11, 25, 0, 15, tzinfo=UTC)
+
+
+def _four_days(start: datetime = DAY0) -> list[dict]:
+    """The job's checkpoints from `start` to about 13:26 three days later: every 30
+    minutes (a minute each would be slow to write here), a gap from 10:15 to 13:15 on
+    the second day (the job stopped), an event now and then so the heads move, and
+    the last 70 a minute apart. Returns them all, oldest first."""
+    at, n = start, 0
+    while at < start + timedelta(days=3, hours=12):
+        if not start + timedelta(days=1, hours=10) < at < start + timedelta(days=1, hours=13):
+            if n % 5 == 0:
+                with transaction.atomic():
+                    audit.append(event_type="audit.viewed", actor=Actor.system("t"), at=at)
+            audit.write_checkpoint(at)
+            n += 1
+        at += timedelta(minutes=30)
+    _minutely(70, at)
+    return audit.load_checkpoints()
+
+
+def _written(checkpoint: dict) -> datetime:
+    return datetime.fromisoformat(checkpoint["time"])
+
+
+@pytest.fixture
+def compacted(chain, settings) -> dict:
+    """Four days of checkpoints, a printable report naming one of them, compacted
+    keeping one day whole."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=60)
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 1
+    series = _four_days()
+    newest = series[-1]
+    reported = next(cp for cp in series if _written(cp) == DAY0 + timedelta(hours=30))
+    with transaction.atomic():
+        audit.append(
+            event_type="report.exported",
+            actor=Actor.system("t"),
+            at=_written(newest),
+            data={"report": "access", "format": "print", "checkpoint": reported["file"]},
+        )
+    mark = audit.verify_chain(_written(newest))
+    assert mark.ok and len(mark.gaps) == 1, mark
+    done = audit.compact_checkpoints(at=_written(newest), actor=Actor.system("t"))
+    return {"series": series, "newest": newest, "done": done, "mark": mark}
+
+
+def test_compaction_keeps_the_window_and_one_a_day_and_verify_follows_its_bridges(compacted):
+    series, newest = compacted["series"], compacted["newest"]
+    cutoff = _written(newest) - timedelta(days=1)
+    left = audit.load_checkpoints()
+    # Within the window every checkpoint stays, untouched.
+    assert [cp for cp in left if _written(cp) >= cutoff] == [
+        cp for cp in series if _written(cp) >= cutoff
+    ]
+    # Before it: the series' first, the last of each day, both sides of the gap, and
+    # the one the report names.
+    kept_times = [_written(cp) - DAY0 for cp in left if _written(cp) < cutoff]
+    assert kept_times == [timedelta(hours=h) for h in (0, 23.5, 30, 34, 37, 47.5)]
+    gone = len(series) - len(left)
+    assert gone > 100 and compacted["done"]["deleted"] == gone
+    bridges = sorted(settings.AUDIT_CHECKPOINT_DIR.glob("bridge-*.json"))
+    assert [b.name for b in bridges] == sorted(compacted["done"]["bridges"]) and len(bridges) == 5
+    assert sum(json.loads(b.read_text())["files"] for b in bridges) == gone
+    event = AuditEvent.objects.get(event_type="audit.checkpoints_compacted")
+    deleted = sorted({cp["file"] for cp in series} - {cp["file"] for cp in left})
+    assert json.loads(event.data) == {
+        "deleted": gone,
+        "first": deleted[0],
+        "last": deleted[-1],
+        "bridges": compacted["done"]["bridges"],
+        "kept_days": 1,
+    }
+    assert deleted[0] == series[1]["file"]
+    # The whole chain still verifies through every kept checkpoint; the gap is still
+    # named, the day-long stretches between kept ones are not gaps.
+    verdict = audit.verify_chain(_written(newest))
+    assert verdict.ok, verdict.render()
+    assert verdict.gaps == compacted["mark"].gaps
+    since = audit.verify_since(compacted["mark"].count, compacted["mark"].head)
+    assert since is not None and since.ok
+    # The job goes on (numbering after the newest, not after the count of files), and
+    # compacting again finds nothing more to do.
+    later = audit.write_checkpoint(_written(newest) + timedelta(minutes=1))
+    assert int(later["file"].split("-")[1]) == int(newest["file"].split("-")[1]) + 1
+    again = audit.compact_checkpoints(at=_written(later), actor=Actor.system("t"))
+    assert again == {"deleted": 0, "bridges": []}
+    assert audit.verify_chain(_written(later)).ok
+
+
+def _drop(path) -> None:
+    path.unlink()
+
+
+@pytest.mark.parametrize(
+    "tamper, found",
+    [
+        ("tail", "event(s) were deleted"),
+        ("edit", "content does not match its HMAC"),
+        ("rewrite", "event hash differs from checkpoint"),
+        ("anchor", "does not follow the previous checkpoint"),
+        ("bridge", "does not follow the previous checkpoint"),
+        ("forged bridge", "has a bad signature"),
+    ],
+)
+def test_after_compaction_verify_still_finds_tampering(compacted, capsys, tamper, found):
+    newest = compacted["newest"]
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    day2 = next(
+        cp for cp in audit.load_checkpoints() if _written(cp) == DAY0 + timedelta(hours=47.5)
+    )
+    bridge = directory / compacted["done"]["bridges"][2]
+    if tamper == "tail":  # the newest events deleted
+        with triggers_bypassed():
+            sql("DELETE FROM governance_auditevent WHERE seq > %s", [newest["seq"] - 2])
+    elif tamper == "edit":  # an old event, in the compacted stretch
+        with triggers_bypassed():
+            sql("UPDATE governance_auditevent SET scope = 'x' WHERE seq = 5")
+    elif tamper == "rewrite":  # deleted back into compacted history, written again
+        _delete_tail_and_write_again(newest["seq"], keep=day2["seq"] - 3)
+    elif tamper == "anchor":  # a kept day's checkpoint removed
+        _drop(directory / day2["file"])
+    elif tamper == "bridge":
+        _drop(bridge)
+    else:
+        body = json.loads(bridge.read_text()) | {"files": 1}
+        bridge.write_text(json.dumps(body))
+    verdict = audit.verify_chain(_written(newest))
+    assert not verdict.ok and found in verdict.problem, verdict.render()
+    code, text = verify_output(capsys)
+    assert code == 1 and found in text
+
+
+def test_compaction_refuses_a_damaged_series_and_deletes_nothing(chain, settings):
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 1
+    series = _four_days()
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [series[-1]["seq"] - 2])
+    with pytest.raises(audit.ChainBroken, match="were deleted"):
+        audit.compact_checkpoints(at=_written(series[-1]), actor=Actor.system("t"))
+    assert audit.load_checkpoints() == series
+    assert not AuditEvent.objects.filter(event_type="audit.checkpoints_compacted").exists()
+
+
+def test_a_compaction_stopped_part_way_still_verifies_and_the_next_one_finishes(
+    chain, settings, monkeypatch
+):
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 1
+    series = _four_days()
+    at = _written(series[-1])
+    unlink, deleted = type(settings.AUDIT_CHECKPOINT_DIR).unlink, []
+
+    def power_cut(path, missing_ok=False):
+        if path.name.startswith("checkpoint-"):
+            if len(deleted) == 30:
+                raise OSError("power cut")
+            deleted.append(path.name)
+        return unlink(path, missing_ok=missing_ok)
+
+    with monkeypatch.context() as cut:
+        cut.setattr(type(settings.AUDIT_CHECKPOINT_DIR), "unlink", power_cut)
+        with pytest.raises(OSError, match="power cut"):
+            audit.compact_checkpoints(at=at, actor=Actor.system("t"))
+    assert len(audit.load_checkpoints()) == len(series) - 30
+    verdict = audit.verify_chain(at)
+    assert verdict.ok, verdict.render()
+    audit.compact_checkpoints(at=at, actor=Actor.system("t"))
+    left = [cp["file"] for cp in audit.load_checkpoints()]
+    assert len(left) < len(series) - 100
+    assert audit.verify_chain(at).ok
+    events = AuditEvent.objects.filter(event_type="audit.checkpoints_compacted")
+    assert [json.loads(e.data)["deleted"] for e in events.order_by("seq")][1] == (
+        len(series) - 30 - len(left)
+    )
+
+
+def test_compaction_never_deletes_the_newest_checkpoints(chain, settings):
+    """Whatever time it is told: the window ends at the newest checkpoint. And the
+    code that deletes refuses the newest, the first, or one in the window outright."""
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 1
+    series = _four_days()
+    newest = series[-1]
+    far = _written(newest) + timedelta(days=1000)
+    audit.compact_checkpoints(at=far, actor=Actor.system("t"))
+    day = [cp for cp in series if _written(cp) >= _written(newest) - timedelta(days=1)]
+    assert audit.load_checkpoints()[-len(day) :] == day
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    old = next(
+        cp for cp in audit.load_checkpoints() if _written(cp) == DAY0 + timedelta(hours=23.5)
+    )
+    for name in (newest["file"], series[0]["file"], day[0]["file"], day[1]["file"], old["file"]):
+        with pytest.raises(RuntimeError, match="refused to delete"):
+            audit._delete_compacted(directory, [name], [], protected={old["file"]})
+        assert (directory / name).exists()
+
+
+def test_a_restart_moves_the_bridges_aside_with_their_series(compacted, person, settings):
+    at = _written(compacted["newest"]) + timedelta(minutes=1)
+    audit.restart_checkpoints(reason="drill", actor=Actor.user(person("heidi", "admins")), at=at)
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    (aside,) = directory.glob("archived-*")
+    assert list(directory.glob("bridge-*.json")) == []
+    assert sorted(p.name for p in aside.glob("bridge-*.json")) == sorted(
+        compacted["done"]["bridges"]
+    )
+    assert audit.latest_checkpoint()["prev_signature"] == ""  # the new series' first
+    assert audit.verify_chain(at).ok
+
+
+def test_compaction_is_off_with_keep_days_0(chain, settings):
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 0
+    series = _four_days()
+    assert audit.compact_checkpoints(at=_written(series[-1]), actor=Actor.system("t")) == {
+        "deleted": 0,
+        "bridges": [],
+    }
+    assert audit.load_checkpoints() == series
 
 
 # --- Concurrent writers ----------------------------------------------------------

@@ -249,6 +249,39 @@ def test_the_verify_task_records_a_failure_as_an_event(make_agent, caplog):
     assert "audit chain verification failed" in caplog.text
 
 
+def test_the_nightly_verify_compacts_old_checkpoints_after_it_passes(db, settings):
+    """A checkpoint a minute piles up for ever unless something prunes it: the nightly
+    job does, after its full walk passed, and the chain still verifies."""
+    from tests.test_audit_chain import _four_days
+
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 1
+    today = timezone.now().replace(hour=0, minute=15, second=0, microsecond=0)
+    series = _four_days(today - timedelta(days=4))
+    result = tasks.audit_verify()
+    left = audit.load_checkpoints()
+    assert result["ok"] is True and result["compacted"] == len(series) - len(left) > 100
+    (event,) = events(EventType.AUDIT_CHECKPOINTS_COMPACTED)
+    assert event.actor == "system:celery:audit_verify"
+    assert json.loads(event.data)["deleted"] == result["compacted"]
+    assert tasks.audit_verify() == {
+        "ok": True, "count": event.seq, "bad_seq": None, "compacted": 0,
+    }  # fmt: skip
+
+
+def test_the_nightly_verify_keeps_every_checkpoint_of_a_damaged_log(db, settings):
+    from tests.test_audit_chain import _four_days, sql, triggers_bypassed
+
+    settings.AUDIT_CHECKPOINT_KEEP_DAYS = 1
+    today = timezone.now().replace(hour=0, minute=15, second=0, microsecond=0)
+    series = _four_days(today - timedelta(days=4))
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [series[-1]["seq"] - 1])
+    result = tasks.audit_verify()
+    assert result["ok"] is False and "compacted" not in result
+    assert audit.load_checkpoints() == series
+    assert events(EventType.AUDIT_CHECKPOINTS_COMPACTED) == []
+
+
 # --- the schedule ----------------------------------------------------------------------------
 
 
