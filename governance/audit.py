@@ -24,6 +24,7 @@ and pages find the newest through a pointer file instead of listing them all.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -1816,23 +1817,36 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                 break
             except FileExistsError:
                 aside = directory / f"archived-{stamp}-{n}"
-        for path in (*old, *bridges):  # the bridges belong to the old series
-            path.rename(aside / path.name)
-        with transaction.atomic():
-            append(
-                event_type=EventType.AUDIT_CHECKPOINTS_RESTARTED,
-                actor=actor,
-                at=at,
-                reason="checkpoints_restarted",
-                data={
-                    "comment": reason,
-                    "archived": aside.name,
-                    "files": len(old),
-                    "bridges": len(bridges),
-                    "last_seq": last.get("seq") if last else None,
-                    "last_head": last.get("head") if last else None,
-                },
-            )
+        # The event first, the files moved in its transaction, and put back if anything
+        # fails before it commits: an event that could not be written (a database still
+        # read-only after a restore) left the series archived with no record, and a
+        # retry recorded an empty folder instead of the one holding the evidence.
+        moved: list[Path] = []
+        try:
+            with transaction.atomic():
+                append(
+                    event_type=EventType.AUDIT_CHECKPOINTS_RESTARTED,
+                    actor=actor,
+                    at=at,
+                    reason="checkpoints_restarted",
+                    data={
+                        "comment": reason,
+                        "archived": aside.name,
+                        "files": len(old),
+                        "bridges": len(bridges),
+                        "last_seq": last.get("seq") if last else None,
+                        "last_head": last.get("head") if last else None,
+                    },
+                )
+                for path in (*old, *bridges):  # the bridges belong to the old series
+                    path.rename(aside / path.name)
+                    moved.append(path)
+        except BaseException:
+            for path in reversed(moved):
+                (aside / path.name).rename(path)
+            with contextlib.suppress(OSError):
+                aside.rmdir()
+            raise
         return _write_locked(directory, at, new_series=True)
 
 

@@ -771,6 +771,41 @@ def test_after_a_restore_an_admin_starts_a_new_checkpoint_series(chain, person, 
     assert code == 0 and f"ok: {signed - 1} events" in text
 
 
+def test_a_restart_whose_event_cannot_be_written_moves_nothing(
+    chain, person, settings, monkeypatch
+):
+    """The restart moved the old series aside before writing its event: against a
+    database still read-only after a restore, the event failed (a traceback), the series
+    sat archived with no record of it, and a retry recorded an empty folder instead of
+    the one holding the evidence. The event comes first now, the files move in its
+    transaction and go back if it fails. (A raising append stands in for the read-only
+    server: a test's own transaction cannot be made read-only.)"""
+    from django.db import DatabaseError
+
+    person("heidi", "admins")
+    first = audit.write_checkpoint(NOW)
+    real = audit.append
+
+    def read_only(**kwargs):
+        if kwargs.get("event_type") == "audit.checkpoints_restarted":
+            raise DatabaseError("cannot execute INSERT in a read-only transaction")
+        return real(**kwargs)
+
+    monkeypatch.setattr(audit, "append", read_only)
+    args = ["--start-new-series", "--as", "heidi", "--reason", "restored (INC-7)"]
+    with pytest.raises(CommandError, match="nothing was moved or signed"):
+        call_command("audit_checkpoint", *args)
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    assert [c["file"] for c in audit.load_checkpoints()] == [first["file"]]
+    assert not list(directory.glob("archived-*"))
+    assert not AuditEvent.objects.filter(event_type="audit.checkpoints_restarted").exists()
+
+    monkeypatch.setattr(audit, "append", real)
+    call_command("audit_checkpoint", *args)
+    data = json.loads(AuditEvent.objects.get(event_type="audit.checkpoints_restarted").data)
+    assert data["files"] == 1 and (directory / data["archived"] / first["file"]).exists()
+
+
 def test_an_emptied_checkpoint_directory_is_a_finding_not_a_fresh_start(
     chain, person, settings, capsys
 ):

@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 from django.utils import timezone
 
 from governance import audit, roles
@@ -47,6 +48,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         except OSError as exc:  # AUDIT_CHECKPOINT_DIR cannot be made or written
             raise CommandError(f"the checkpoint cannot be written: {exc}") from None
+        except DatabaseError as exc:  # read-only (a restored server still recovering)
+            raise CommandError(
+                f"the database refused the change; nothing was moved or signed: {exc}"
+            ) from None
         self.stdout.write(f"checkpoint {body['file']}: seq {body['seq']}, head {body['head']}")
 
     def _admin(self, options: dict[str, Any]) -> Any:
