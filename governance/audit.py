@@ -1773,6 +1773,21 @@ def _check_checkpoint_chain(
     return _follow(checkpoints, continues=continues).problem
 
 
+def record_refusal_once(*, actor: Actor, at: datetime, window: timedelta) -> bool:
+    """verify_and_record(), unless a failed verification was recorded in the `window`
+    before `at` (refusal_recorded_within). The check and the record are made under one
+    lock in AUDIT_CHECKPOINT_DIR: two refused checkpoint jobs at once (a backlog, two
+    beats) both saw none recorded while the first was still walking the log, and the
+    damage was recorded and alerted twice. True if this call recorded it."""
+    directory = _checkpoint_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".refusal.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if refusal_recorded_within(at, window):
+            return False
+        return not verify_and_record(actor=actor, at=at).ok
+
+
 def refusal_recorded_within(at: datetime, window: timedelta) -> bool:
     """Was a failed verification recorded in the `window` before `at`? The minutely
     checkpoint job, refused over a damaged log, records and alerts at most once per

@@ -34,8 +34,8 @@ def audit_checkpoint() -> dict[str, Any]:
     except audit.ChainBroken as exc:
         # Every minute while the damage stays: recorded and alerted once an hour, not
         # sixty times (each record is itself an event, and a mail to every admin).
-        if not audit.refusal_recorded_within(now, timedelta(hours=1)):
-            audit.verify_and_record(actor=audit.Actor.system("celery:audit_checkpoint"), at=now)
+        actor = audit.Actor.system("celery:audit_checkpoint")
+        audit.record_refusal_once(actor=actor, at=now, window=timedelta(hours=1))
         return {"refused": True, "bad_seq": exc.problem[0], "problem": exc.problem[1]}
     return {"file": body["file"], "seq": body["seq"]}
 

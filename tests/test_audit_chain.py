@@ -2184,3 +2184,52 @@ def test_an_authorization_header_in_any_scheme_hides_its_credential(chain, heade
     stored = json.loads(_stored({"cmd": cmd}))["cmd"]
     assert credential not in stored and stored.endswith("' https://api.example.com/v2/x"), stored
     assert credential not in audit.mask_review_text(cmd + "\n")[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_refused_checkpoint_jobs_at_once_record_the_damage_once(
+    postgres_only, make_agent, settings, monkeypatch
+):
+    """Two checkpoint jobs at once over a damaged log (a backlog, two beats): each saw no
+    failure recorded within the hour while the other was still walking the log, and
+    the damage was recorded, and mailed to every admin, twice. A slowed walk stands in
+    for a long log."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from governance import tasks
+
+    make_agent()
+    tasks.audit_checkpoint()
+    newest = sorted(settings.AUDIT_CHECKPOINT_DIR.glob("checkpoint-*.json"))[-1]
+    body = json.loads(newest.read_text())
+    body["signature"] = "0" * 64  # damage: a checkpoint whose signature is not the key's
+    newest.write_text(json.dumps(body))
+    walk = audit.verify_chain
+
+    def slow(*args, **kwargs):
+        verdict = walk(*args, **kwargs)
+        time.sleep(0.5)
+        return verdict
+
+    monkeypatch.setattr(audit, "verify_chain", slow)
+    start, results = threading.Barrier(2), []
+
+    def job() -> None:
+        try:
+            start.wait(10)
+            results.append(tasks.audit_checkpoint())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=job) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert [r["refused"] for r in results] == [True, True]
+    # One record, and with it one alert (verify_and_record queues it with the event).
+    assert AuditEvent.objects.filter(event_type="audit.verify_failed").count() == 1
