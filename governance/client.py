@@ -26,6 +26,21 @@ after the check, outside it. A generator a call returns anyway (under a decorato
 that hides what it wraps, or the lazy rest of a function that did some work) is
 handed back followed: its outcome is reported when it ends (succeeded, failed),
 or as aborted when it is closed or dropped first, never before it ran.
+
+An approval is bound on the server to the hash of the arguments as sent, so what is
+sent must stand for one call only. Arguments JSON carries exactly (text without a lone
+surrogate, int, finite float, bool, None, list, tuple and dict keyed by text, each of
+exactly that type; a tuple goes as a list, as *args arrive) are sent as they are.
+Any others are still sent, so an allowed (or denied) call of a tool taking any object
+works as before, but in a form that can stand for more than one value (inf as "inf",
+a lone surrogate escaped, {1: "x"} as {"1": "x"}, an object as its repr), under one
+key, {"$inexact": {...}}, that exact arguments never take (a call with an argument
+of its own named "$inexact" is wrapped too): no approval asked for one form matches
+the other. And no approval is ever used with them: `with_approval` (and
+authorize(..., approval=...)) is a denial, `invalid_request`, with nothing sent, and a
+call answered approval_required comes back a denial too (`invalid_request`, the
+approval named in its message), since a person asked to approve it would approve
+what can never run. Pass such a call's arguments as plain JSON values instead.
 """
 
 from __future__ import annotations
@@ -111,45 +126,95 @@ class Decision:
 MAX_TIMEOUT = 3600  # seconds
 
 
-def _text(value: str) -> str:
+# The one key arguments with no exact JSON form are sent under (see _arguments).
+INEXACT = "$inexact"
+# The types whose values JSON carries exactly (a tuple as a list, as *args arrive).
+_EXACT = frozenset({str, int, float, bool, type(None), list, tuple, dict})
+
+
+def _text(value: str, inexact: list[str]) -> str:
     """Text JSON carries: a lone surrogate (a file name read from a disk that is not
     UTF-8: `os.listdir` gives `\\udcff`) written as its escape, not sent as is (the
-    server refuses it as not text)."""
+    server refuses it as not text), and noted in `inexact` (the escape is also text)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
+        inexact.append("text with a lone surrogate (sent escaped)")
         return value.encode("utf-8", "backslashreplace").decode("ascii")
     return value
 
 
-def _sendable(value: Any) -> Any:
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _sendable(value: Any, inexact: list[str]) -> Any:
     """An argument as JSON can carry it: as it is where it can be, else its repr (a set,
     an object, inf and nan, which strict JSON has no word for), text with lone
     surrogates escaped (_text). A key that is not text is named as json.dumps names
-    it (1 -> "1", True -> "true"), or by its repr."""
+    it (1 -> "1", True -> "true"), or by its repr. Each of those, and a subclass sent
+    as its base (an IntEnum as its int, a namedtuple as a list), can stand for more
+    than one value: each is noted in `inexact`."""
+    if type(value) not in _EXACT:
+        inexact.append(f"a {_type_name(value)}")
     if isinstance(value, str):
-        return _text(value)
+        return _text(value, inexact)
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
+        if math.isfinite(value):
+            return value
+        inexact.append(f"the float {value!r} (sent as text)")
+        return repr(value)
     if isinstance(value, Mapping):
-        return {_key(k): _sendable(v) for k, v in value.items()}
+        return {_key(k, inexact): _sendable(v, inexact) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_sendable(v) for v in value]
-    return _text(repr(value))
+        return [_sendable(v, inexact) for v in value]
+    return _text(repr(value), [])  # already noted: not one of _EXACT
 
 
-def _key(key: Any) -> str:
+def _key(key: Any, inexact: list[str]) -> str:
+    if type(key) is str:
+        return _text(key, inexact)
+    inexact.append(f"a dict key of type {_type_name(key)} (sent as text)")
     if isinstance(key, str):
-        return _text(key)
+        return _text(key, [])
     if (
         key is None
         or isinstance(key, bool | int)
         or (isinstance(key, float) and math.isfinite(key))
     ):
         return json.dumps(key)
-    return _text(repr(key))
+    return _text(repr(key), [])
+
+
+def _arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """A call's arguments as sent, and why they have no exact JSON form ("" if they do).
+
+    Exact arguments are sent as they are, so one JSON value stands for one call. Any
+    others are sent wrapped, {INEXACT: {...}}, a form no exact arguments take (a
+    call whose own argument is named INEXACT is wrapped too), so that no approval
+    asked for one ever matches the other."""
+    sent: dict[str, Any] = {}
+    why = ""
+    for name, value in arguments.items():
+        inexact: list[str] = []
+        key = _key(name, inexact)
+        sent[key] = _sendable(value, inexact)
+        if inexact and not why:
+            why = f"{key!r} holds {inexact[0]}"
+    if not why and INEXACT in sent:
+        why = f"an argument is named {INEXACT!r}"
+    return ({INEXACT: sent} if why else sent), why
+
+
+def _unapprovable(why: str) -> str:
+    return (
+        f"no approval can be used for these arguments: they have no exact JSON form ({why}), "
+        "so what is sent for them could stand for another call; pass text, int, finite "
+        "float, bool, None, list, tuple or dict keyed by text (each of exactly that type)"
+    )
 
 
 class GovernanceClientError(Exception):
@@ -534,26 +599,43 @@ class GovernanceClient:
         arguments: Mapping[str, Any] | None = None,
         approval: str | None = None,
     ) -> Decision:
-        """Ask before a tool call. Never raises; anything but a clean allow is a denial."""
+        """Ask before a tool call. Never raises; anything but a clean allow is a denial.
+
+        Arguments with no exact JSON form (see the module's docstring) are sent, but
+        never with an approval: that is refused unsent, and an approval_required
+        answer for them comes back a denial (`invalid_request`) naming the approval."""
         payload: dict[str, Any] = {"tool": tool, "action": action, "scope": scope}
         if task is not None:
             payload["task"] = task
         if approval is not None:
             payload["approval"] = approval
+        inexact = ""
         if arguments is not None:
             try:
                 # Round-trip now so what is hashed server-side is exactly what was sent;
-                # values JSON cannot carry are sent as their repr (_sendable).
-                sendable = _sendable(dict(arguments))
+                # values JSON cannot carry are sent as their repr, wrapped (_arguments).
+                sendable, inexact = _arguments(dict(arguments))
                 payload["arguments"] = json.loads(json.dumps(sendable, allow_nan=False))
             except Exception as exc:  # also RecursionError (nested deep), a repr that raises
                 return _deny("invalid_request", f"arguments cannot be sent as JSON: {_name(exc)}")
+        if inexact and approval is not None:
+            # What is sent for them could stand for another call: an approval used
+            # with them could run a call nobody approved. Nothing is sent.
+            return _deny("invalid_request", _unapprovable(inexact))
         answer = None
         try:
             answer = self._call("POST", "/authorize", payload)
             decision = self._decision(answer)
             if answer.retry_after is not None:
                 decision = replace(decision, retry_after=answer.retry_after)
+            if inexact and decision.decision == "approval_required":
+                # Waiting for a person to approve what no approval can be used for
+                # would only waste their time: a denial now, the approval named.
+                message = f"{decision.message} Approval {decision.approval} was asked for, but "
+                message += _unapprovable(inexact)
+                decision = replace(
+                    decision, decision="deny", reason="invalid_request", message=message
+                )
             return decision
         except Exception as exc:  # a shape nothing above foresaw is still only a denial
             status = answer.status if answer is not None else None
@@ -656,7 +738,9 @@ class GovernanceClient:
         function. The call's bound arguments are sent as `arguments` (they bind an
         approval to this exact call). Raises AccessDenied (ApprovalRequired for
         the confirmation gate) without running the function. After an approval,
-        call `fn.with_approval(approval_id, *args, **kwargs)` with the same arguments.
+        call `fn.with_approval(approval_id, *args, **kwargs)` with the same arguments,
+        which must have an exact JSON form (see the module's docstring) or the call
+        is refused (`invalid_request`) unsent.
         """
 
         def decorate(fn: F) -> F:

@@ -8,6 +8,8 @@ failure must come out as a denial, and the guarded function must not run.
 
 from __future__ import annotations
 
+import collections
+import enum
 import gc
 import hashlib
 import http.server
@@ -19,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -100,6 +103,12 @@ def test_an_allowed_call_runs_once_and_its_outcome_is_reported(world):
     assert Grant.objects.get(pk=world["grant"].pk).use_count == 1
 
 
+@dataclass
+class Rows:
+    table: str
+    ids: list[int] = field(repr=False)  # a long list kept out of logs (and out of its repr)
+
+
 @pytest.mark.parametrize(
     ("value", "sent"),
     [
@@ -107,12 +116,16 @@ def test_an_allowed_call_runs_once_and_its_outcome_is_reported(world):
         (float("nan"), "nan"),
         ("name-\udcff.txt", "name-\\udcff.txt"),  # a file name from a non-UTF-8 disk
         ({1: "a", (2, 3): "b"}, {"1": "a", "(2, 3)": "b"}),
+        (Rows("orders", [1]), "Rows(table='orders')"),
     ],
 )
 def test_an_allowed_call_with_an_argument_json_cannot_carry_runs(world, value, sent):
     """inf, nan and a lone surrogate went out as JSON the server refuses (Infinity,
     NaN, \\udcff): an allowed call was denied as malformed. They go as their repr or
-    escaped, as the client says it sends what JSON cannot carry."""
+    escaped, as the client says it sends what JSON cannot carry, so a tool taking any
+    object still runs when allowed. Those forms also stand for other calls ("inf" the
+    text, {"1": "a"}, another Rows), so they go wrapped under "$inexact", a form exact
+    arguments never take, and no approval binds them (the tests below)."""
     calls = []
 
     @world["client"].guarded(tool="repo", action="read", scope="repo:acme/x")
@@ -122,7 +135,102 @@ def test_an_allowed_call_with_an_argument_json_cannot_carry_runs(world, value, s
 
     assert read(value) == "ok" and len(calls) == 1
     (allowed,) = events("access.allowed")
-    assert json.loads(allowed.arguments) == {"arg": sent}
+    assert json.loads(allowed.arguments) == {"$inexact": {"arg": sent}}
+
+
+# Pairs of calls that went out as the same JSON, so that an approval for the first
+# ran the second (found in review): each first one has no exact JSON form.
+SENT_ALIKE = [
+    pytest.param("report-\udcff.csv", "report-\\udcff.csv", id="surrogate-file-name"),
+    pytest.param(math.inf, "inf", id="float-inf-vs-text"),
+    pytest.param({1: "x"}, {"1": "x"}, id="int-key-vs-str-key"),
+    pytest.param(Rows("orders", [1]), Rows("orders", list(range(100_000))), id="object-repr"),
+]
+
+
+def destructive(client: GovernanceClient) -> tuple[Any, list[Any]]:
+    ran: list[Any] = []
+
+    @client.guarded(tool="repo", action="delete", scope="repo:acme/tmp")
+    def delete(target: Any) -> str:
+        ran.append(target)
+        return "deleted"
+
+    return delete, ran
+
+
+@pytest.mark.parametrize(("asked", "other"), SENT_ALIKE)
+def test_an_approval_asked_for_inexact_arguments_runs_no_call(world, bob, asked, other):
+    """`delete(asked)` came back approval_required; once approved,
+    `delete.with_approval(id, other)` passed the server's binding (the same JSON),
+    consumed the approval and ran delete(other), logged as the approved call. Now the
+    asked call is a denial naming its approval (nobody should approve what cannot
+    run), and that approval, even approved, runs neither call."""
+    delete, ran = destructive(world["client"])
+    with pytest.raises(AccessDenied) as caught:
+        delete(asked)
+    approval_id = caught.value.decision.approval
+    assert approval_id
+    approvals.approval_approve(
+        approval_id=approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+
+    refused: list[str] = []
+    for call in (other, asked):
+        try:
+            delete.with_approval(approval_id, call)
+        except AccessDenied as exc:
+            refused.append(exc.reason)
+    assert ran == [], f"an approval asked for {asked!r:.40} ran {ran!r:.60}"
+    assert Approval.objects.get(pk=approval_id).status == "approved"  # not consumed
+    assert not events("access.allowed") and not events("access.outcome")
+    # An exact `other` was asked, and refused by the server as a different call; an
+    # inexact one (another Rows), and `asked` again, were refused here, unsent.
+    inexact_other = isinstance(other, Rows)
+    assert refused == [
+        "invalid_request" if inexact_other else "approval_invalid",
+        "invalid_request",
+    ]
+    denied = [e.reason for e in events("access.denied")]
+    assert denied == ([] if inexact_other else ["approval_invalid"])
+    # The asked call itself: a denial naming its approval, not ApprovalRequired.
+    assert not isinstance(caught.value, ApprovalRequired)
+    assert caught.value.reason == "invalid_request"
+    assert "no approval can be used for these arguments" in caught.value.message
+    assert approval_id in caught.value.message
+    (asked_event,) = events("access.approval_required")
+    assert str(asked_event.approval_id) == approval_id
+    assert list(json.loads(asked_event.arguments)) == ["$inexact"]
+    assert audit.verify_chain().ok
+
+
+@pytest.mark.parametrize(("inexact", "exact"), SENT_ALIKE[:3])
+def test_an_approval_for_exact_arguments_never_runs_inexact_ones_sent_alike(
+    world, bob, inexact, exact
+):
+    """The other way round: approved for the text "inf" (or "report-\\udcff.csv", or
+    {"1": "x"}), the approval ran delete(math.inf) (the file with the undecodable
+    name, {1: "x"}). with_approval refuses arguments with no exact JSON form, unsent."""
+    delete, ran = destructive(world["client"])
+    with pytest.raises(ApprovalRequired) as caught:
+        delete(exact)
+    approval_id = caught.value.approval_id
+    approvals.approval_approve(
+        approval_id=approval_id, approver=bob, actor=Actor.user(bob), at=timezone.now()
+    )
+
+    with pytest.raises(AccessDenied) as refused:
+        delete.with_approval(approval_id, inexact)
+    assert refused.value.reason == "invalid_request" and refused.value.decision_id is None
+    assert "no approval can be used for these arguments" in refused.value.message
+    assert ran == [] and Approval.objects.get(pk=approval_id).status == "approved"
+    assert len(events("access.approval_required")) == 1  # nothing else was asked
+    assert not events("access.denied") and not events("access.allowed")
+
+    assert delete.with_approval(approval_id, exact) == "deleted" and ran == [exact]
+    assert Approval.objects.get(pk=approval_id).status == "consumed"
+    (allowed,) = events("access.allowed")
+    assert json.loads(allowed.arguments) == {"target": exact}
 
 
 def test_a_function_that_raises_is_reported_failed_and_the_error_propagates(world):
@@ -606,6 +714,78 @@ def test_arguments_nested_too_deep_to_send_are_a_denial_and_nothing_is_sent(stub
     with pytest.raises(AccessDenied) as caught:
         probe(deep)
     assert caught.value.reason == "invalid_request" and calls == [] and stub.requests == []
+
+
+class Level(enum.IntEnum):
+    HIGH = 1
+
+
+class Mode(enum.StrEnum):
+    FAST = "fast"
+
+
+@pytest.mark.parametrize(
+    ("value", "sent"),
+    [
+        (Level.HIGH, 1),  # json.dumps writes the int
+        (Mode.FAST, "fast"),
+        (collections.namedtuple("Pair", "a b")(1, 2), [1, 2]),
+        (collections.OrderedDict(a=1), {"a": 1}),
+        ({"k": [{2: "x"}]}, {"k": [{"2": "x"}]}),  # deep inside
+        ([1, float("-inf")], [1, "-inf"]),
+        ({"a", "b"} - {"b"}, "{'a'}"),
+    ],
+)
+def test_arguments_another_value_sends_alike_go_wrapped_and_never_with_an_approval(
+    stub, value, sent
+):
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    assert client.authorize("repo", "read", "repo:acme/x", arguments={"arg": value}).allowed
+    (asked,) = _asked(stub)
+    assert asked["arguments"] == {"$inexact": {"arg": sent}}
+    decision = client.authorize(
+        "repo", "delete", "repo:acme/x", arguments={"arg": value}, approval="a-1"
+    )
+    assert (decision.decision, decision.reason) == ("deny", "invalid_request")
+    assert "'arg' holds" in decision.message and len(stub.requests) == 1  # unsent
+
+
+def test_exact_arguments_go_as_they_are_and_one_named_like_the_wrapper_is_wrapped(stub):
+    stub.answer(200, ALLOW)
+    client = GovernanceClient(stub.url, "t")
+    exact = {"a": [1, 2.5, -0.0, True, None, "t\u00e9"], "b": (1, "x"), "c": {"d": {}}}
+    assert client.authorize("repo", "read", "repo:acme/x", arguments=exact).allowed
+    assert client.authorize("repo", "read", "repo:acme/x", arguments=exact, approval="a").allowed
+    for asked in _asked(stub):
+        assert asked["arguments"] == {**exact, "b": [1, "x"]}
+    assert math.copysign(1, _asked(stub)[0]["arguments"]["a"][2]) == -1  # -0.0, not 0
+    # Exact, but the wrapper's own form: wrapped again, so it cannot pass for the
+    # wrapped form of {"arg": math.inf}.
+    named = {"$inexact": {"arg": "inf"}}
+    assert client.authorize("repo", "read", "repo:acme/x", arguments=named).allowed
+    assert _asked(stub)[-1]["arguments"] == {"$inexact": named}
+    refused = client.authorize("repo", "read", "repo:acme/x", arguments=named, approval="a")
+    assert (refused.reason, len(stub.requests)) == ("invalid_request", 3)
+
+
+def test_an_approval_required_answer_for_inexact_arguments_is_a_denial(stub):
+    stub.answer(200, {**ALLOW, "decision": "approval_required", "approval": "ap-1"})
+    client = GovernanceClient(stub.url, "t")
+    delete, ran = destructive(client)
+    with pytest.raises(ApprovalRequired):
+        delete("plain.txt")
+    with pytest.raises(AccessDenied) as caught:
+        delete(math.nan)
+    assert not isinstance(caught.value, ApprovalRequired) and ran == []
+    decision = caught.value.decision
+    assert (decision.decision, decision.reason, decision.approval) == (
+        "deny",
+        "invalid_request",
+        "ap-1",
+    )
+    assert "Approval ap-1 was asked for, but no approval can be used" in decision.message
+    assert "'target' holds the float nan" in decision.message
 
 
 def test_an_outcome_answer_nested_too_deep_does_not_fail_the_call_that_ran(stub, caplog):
