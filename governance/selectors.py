@@ -47,7 +47,15 @@ def live_grants(at: datetime, then: dict[int, AccountThen] | None = None) -> Que
         .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
         .filter(Q(delegated_from__isnull=False) | Q(agent__parent__isnull=True))
         .exclude(Q(break_glass=True) & opener_inactive)
-        .select_related("agent", "tool", "task", "requested_by", "approved_by", "delegated_from")
+        .select_related(
+            "agent",
+            "tool",
+            "task",
+            "requested_by",
+            "requested_by_agent",
+            "approved_by",
+            "delegated_from",
+        )
     )
 
 

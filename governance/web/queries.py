@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
@@ -178,20 +178,33 @@ def matrix(
     return list(agents), tool_list, cells
 
 
+def delegation_chains(grants: Iterable[Grant]) -> dict[int, list[Grant]]:
+    """Each grant and every grant it was delegated from, nearest first, by the grant's
+    id: one query per level of delegation for all of them (a page listing a subagent's
+    delegated grants read each chain a link at a time, a query per link per grant)."""
+    grants = list(grants)
+    known = {g.pk: g for g in grants}
+    wanted = {g.delegated_from_id for g in grants} - set(known) - {None}
+    for _ in range(32):  # bounded, as the decision's ancestor walk is
+        if not wanted:
+            break
+        found = Grant.objects.select_related("agent", "approved_by").in_bulk(wanted)
+        known.update(found)
+        wanted = {g.delegated_from_id for g in found.values()} - set(known) - {None}
+    chains: dict[int, list[Grant]] = {}
+    for grant in grants:
+        chain: list[Grant] = []
+        cursor: Grant | None = grant
+        while cursor is not None and cursor not in chain and len(chain) < 32:
+            chain.append(cursor)
+            cursor = known.get(cursor.delegated_from_id) if cursor.delegated_from_id else None
+        chains[grant.pk] = chain
+    return chains
+
+
 def delegation_chain(grant: Grant) -> list[Grant]:
     """The grant and every grant it was delegated from, nearest first."""
-    chain, cursor, seen = [], grant, set()
-    while cursor is not None and cursor.pk not in seen and len(chain) < 32:
-        chain.append(cursor)
-        seen.add(cursor.pk)
-        cursor = (
-            Grant.objects.select_related("agent", "approved_by")
-            .filter(pk=cursor.delegated_from_id)
-            .first()
-            if cursor.delegated_from_id
-            else None
-        )
-    return chain
+    return delegation_chains([grant])[grant.pk]
 
 
 def subagent_tree(agent: Agent) -> list[tuple[int, Agent]]:

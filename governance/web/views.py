@@ -192,6 +192,17 @@ def matrix(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _with_chains(grants: Any) -> list[Grant]:
+    """The grants, each with `chain` (itself and what it was delegated from, nearest
+    first) read for all of them at once: _grant_rows.html shows it, and the model's
+    own chain() walked it a query per link per grant."""
+    listed = list(grants)
+    chains = queries.delegation_chains(listed)
+    for grant in listed:
+        grant.chain = chains[grant.pk]  # type: ignore[attr-defined]
+    return listed
+
+
 @require("read")
 @require_GET
 def matrix_cell(request: HttpRequest) -> HttpResponse:
@@ -199,8 +210,7 @@ def matrix_cell(request: HttpRequest) -> HttpResponse:
     tool = common.one(Tool.objects.all(), name=request.GET.get("tool", ""))
     now = timezone.now()
     live = list(selectors.live_grants(now).filter(agent=agent, tool=tool).order_by("pk"))
-    for grant in live:
-        grant.chain = queries.delegation_chain(grant)  # type: ignore[attr-defined]
+    _with_chains(live)
     return render(
         request, "ui/matrix_cell.html", {"agent": agent, "tool": tool, "grants": live, "now": now}
     )
@@ -459,7 +469,9 @@ def _agent_page(
                 (a for a in ancestors if a.status != Agent.Status.ACTIVE), None
             ),
             "tree": queries.subagent_tree(agent),
-            "grants": selectors.live_grants(now).filter(agent=agent).order_by("tool__name", "pk"),
+            "grants": _with_chains(
+                selectors.live_grants(now).filter(agent=agent).order_by("tool__name", "pk")
+            ),
             "decisions": AuditEvent.objects.filter(
                 agent=agent.name, event_type__in=DECISION_EVENTS
             ).order_by("-seq")[:25],
