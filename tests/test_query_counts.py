@@ -71,3 +71,35 @@ def test_listing_a_subagents_delegated_grants_costs_the_same_for_3_or_25(
     few = count()
     delegate(3, 25)
     assert count() == few
+
+
+def test_the_tool_and_agent_pages_read_the_newest_events_through_an_index(make_agent, make_tool):
+    """A tool's page lists its latest events that are not decisions, an agent's its
+    latest decisions: with an index only on agent, and none on tool, each walked the
+    whole log (a tool's few changes among millions of decisions). PostgreSQL, told not
+    to scan the table or sort, must find an index that serves each (the planner would
+    pick a scan for a test's few rows). SQLite cannot use a partial index for a query
+    with bound parameters: there, the tool page still scans."""
+    from governance.models import AuditEvent
+    from governance.services.outcomes import DECISION_EVENTS
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (set DATABASE_URL): its plans are asserted")
+    make_agent("bot")
+    make_tool("repo")
+    plans = {
+        "audit_tool_seq_not_decisions": AuditEvent.objects.filter(tool="repo")
+        .exclude(event_type__in=DECISION_EVENTS)
+        .order_by("-seq")[:20],
+        "audit_agent_seq": AuditEvent.objects.filter(
+            agent="bot", event_type__in=DECISION_EVENTS
+        ).order_by("-seq")[:25],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_sort = off")
+        for index, query in plans.items():
+            sql, params = query.query.sql_with_params()
+            cursor.execute(f"EXPLAIN {sql}", params)
+            plan = " ".join(str(row[0]) for row in cursor.fetchall())
+            assert index in plan and "Sort" not in plan, (index, plan)

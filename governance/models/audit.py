@@ -47,9 +47,20 @@ class AuditEvent(models.Model):
         # PostgreSQL db_index on a CharField adds a second, varchar_pattern_ops
         # index for LIKE, which nothing here runs, and every event would pay
         # for writing it).
+        # An agent's events and a tool's come newest first (the agent and tool pages'
+        # latest 20-25): (agent, seq) serves both the filter and the order, and the
+        # tool's index holds only events that are not decisions (a tool's changes,
+        # few, among millions of decisions that do not pay to write it).
         indexes = [
             models.Index(fields=["event_type"], name="audit_event_type"),
-            models.Index(fields=["agent"], name="audit_agent"),
+            models.Index(fields=["agent", "seq"], name="audit_agent_seq"),
+            models.Index(
+                fields=["tool", "seq"],
+                name="audit_tool_seq_not_decisions",
+                condition=~models.Q(
+                    event_type__in=["access.allowed", "access.denied", "access.approval_required"]
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
