@@ -357,6 +357,16 @@ def _grant_line(grant: Grant) -> str:
     )
 
 
+def _delegable_line(grant: Grant) -> str:
+    """Said to whoever decides: a delegable grant is handed on with no person asked."""
+    if grant.delegable:
+        return (
+            "Delegable: yes — the agent may hand this grant, narrowed, to its subagents "
+            "without asking anyone"
+        )
+    return "Delegable: no"
+
+
 def _grant_data(grant: Grant) -> dict[str, Any]:
     return {
         "grant_id": grant.pk,
@@ -364,6 +374,7 @@ def _grant_data(grant: Grant) -> dict[str, Any]:
         "tool": grant.tool.name,
         "actions": list(grant.actions),
         "scope": grant.scope,
+        "delegable": grant.delegable,
         "break_glass": grant.break_glass,
         "expires_at": grant.expires_at.isoformat() if grant.expires_at else None,
     }
@@ -374,7 +385,10 @@ def request_pending(*, grant: Grant, at: datetime) -> list[Notification]:
     return notify(
         NotificationEvent.REQUEST_PENDING,
         subject=f"Grant request #{grant.pk} awaits approval",
-        body=f"Requested: {_grant_line(grant)}.\nJustification: {grant.justification}",
+        body=(
+            f"Requested: {_grant_line(grant)}.\n{_delegable_line(grant)}.\n"
+            f"Justification: {grant.justification}"
+        ),
         users=_approvers([grant.requested_by_id, grant.agent.owner_id]),
         data=_grant_data(grant),
         at=at,

@@ -955,6 +955,61 @@ def test_an_approvers_reason_is_kept_with_the_grant_and_in_its_event(
     assert json.loads(event.data)["reason"] == "OK per CAB-4711"
 
 
+def test_an_approver_may_take_delegation_away_from_a_request_never_add_it(
+    many_grants, human_client, bob, world, agent_client
+):
+    """`delegable` in the approve body only narrows: false approves a delegable request
+    as a grant the agent cannot hand on (recorded as narrowed in grant.issued); true on
+    a request that did not ask is 400 invalid_narrowing, nothing written."""
+    approver = human_client(bob, "approvers")
+    bot = agent_client(world["bot"])
+
+    def ask(scope: str) -> int:
+        body = {"tool": "mail", "actions": ["read"], "scope": scope, "duration_seconds": 600,
+                "justification": "helpers read mail", "delegable": True}  # fmt: skip
+        response = bot.post(f"{API}/grant-requests", body, format="json")
+        assert response.status_code == 201 and response.json()["delegable"] is True
+        return int(response.json()["id"])
+
+    plain = many_grants["pending"].pk
+    for body, code in (({"delegable": True}, "invalid_narrowing"),
+                       ({"delegable": "false"}, "invalid_request")):  # fmt: skip
+        with _Unchanged(Grant):
+            error = _error(
+                approver.post(f"{API}/grant-requests/{plain}/approve", body, format="json"),
+                400, code,
+            )  # fmt: skip
+        assert _names_field(error, "delegable")
+    assert Grant.objects.get(pk=plain).status == "pending"
+
+    narrowed, as_asked = ask("mail:inbox/*"), ask("mail:sent/*")
+    response = approver.post(
+        f"{API}/grant-requests/{narrowed}/approve",
+        {"delegable": False, "reason": "no subagents"}, format="json",
+    )  # fmt: skip
+    assert response.status_code == 200, response.content
+    assert (response.json()["status"], response.json()["delegable"]) == ("active", False)
+    grant = Grant.objects.get(pk=narrowed)
+    assert (grant.status, grant.delegable, grant.approved_by) == ("active", False, bob)
+    event = last_event()
+    assert (event.event_type, event.actor, event.grant_id) == ("grant.issued", "user:bob", narrowed)
+    data = json.loads(event.data)
+    assert data["narrowed"] == {"delegable": False} and data["requested"]["delegable"] is True
+    handed = {"grant": narrowed, "agent": "helper", "actions": ["read"], "scope": "mail:inbox/*",
+              "justification": "sub-task",
+              "expires_at": (timezone.now() + timedelta(minutes=5)).isoformat()}  # fmt: skip
+    with _Unchanged(Grant):
+        _error(bot.post(f"{API}/delegations", handed, format="json"), 403, "not_delegable")
+
+    # true where the request asked for it is the request as it was: nothing narrowed.
+    response = approver.post(
+        f"{API}/grant-requests/{as_asked}/approve", {"delegable": True}, format="json"
+    )
+    assert response.status_code == 200 and response.json()["delegable"] is True
+    assert Grant.objects.get(pk=as_asked).delegable is True
+    assert "narrowed" not in json.loads(last_event().data)
+
+
 def test_a_subagent_asks_its_parent_not_for_a_grant_of_its_own(world, agent_client):
     """A subagent only ever holds a subset of its parent's grants: its own request is
     403 with a code that says how it gets one (a delegation), and writes nothing."""

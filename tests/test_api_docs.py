@@ -32,6 +32,24 @@ def test_the_openapi_schema_describes_the_api_and_its_auth(client, db):
     assert "agent_suspended" in issue["description"]
 
 
+def test_the_schema_says_an_approval_or_a_review_may_switch_delegation_off(client, db):
+    """The approve body takes `delegable` (the deny body does not); a review's narrow too."""
+    schema = client.get("/api/v1/schema/?format=json").json()
+
+    def body(path: str) -> dict:
+        ref = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        return schema["components"]["schemas"][ref["schema"]["$ref"].rsplit("/", 1)[1]]
+
+    approve = body("/api/v1/grant-requests/{grant_id}/approve")
+    assert approve["properties"]["delegable"]["type"] == "boolean"
+    assert "delegable" not in approve.get("required", [])
+    assert "invalid_narrowing" in approve["properties"]["delegable"]["description"]
+    assert "delegable" not in body("/api/v1/grant-requests/{grant_id}/deny")["properties"]
+    review = body("/api/v1/reviews/items/{item_id}/decide")
+    assert review["properties"]["delegable"]["type"] == "boolean"
+    assert "wider_delegation" in review["properties"]["delegable"]["description"]
+
+
 def test_the_docs_page_loads_its_assets_from_this_server(client, db):
     response = client.get("/api/v1/docs/")
     assert response.status_code == 200

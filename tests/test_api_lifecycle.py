@@ -13,7 +13,7 @@ from governance import roles
 from governance.audit import Actor
 from governance.codes import EventType
 from governance.models import AuditEvent, BreakGlass, Grant, ReviewItem
-from governance.services import reviews
+from governance.services import grants, reviews
 
 BODY = {
     "agent": "bot",
@@ -180,6 +180,62 @@ def test_a_review_item_is_decided_over_the_api(world, make_grant, human_client, 
     again = client.post(url, {"decision": "keep", "comment": "x"}, format="json")
     assert (again.status_code, again.json()["error"]["code"]) == (409, "already_decided")
     assert grant.expires_at - timezone.now() < timedelta(hours=2)
+
+
+def test_a_review_switches_delegation_off_over_the_api_and_never_on(
+    world, make_agent, make_grant, human_client, person
+):
+    """`delegable: false` in a narrow stops the agent handing the grant on and revokes
+    what it handed down; `true` on a grant that is not delegable is 403, nothing written."""
+    agent, tool = world
+    sub = make_agent("sub", parent=agent)
+    now = timezone.now()
+    grant = make_grant(agent, tool, scope="repo:acme/*", starts_at=now, delegable=True)
+    plain = make_grant(agent, tool, scope="repo:other/*", starts_at=now)
+    child = grants.grant_delegate(
+        parent_grant_id=grant.pk, child=sub, actions=["read"], scope="repo:acme/api/*",
+        expires_at=grant.expires_at, justification="sub-task", actor=Actor.system("t"), at=now,
+    )  # fmt: skip
+    erin = person("erin", "approvers")
+    campaign = reviews.review_campaign_open(
+        kind="on_demand", reason="api", actor=Actor.system("test"), at=timezone.now()
+    )
+    client = human_client(erin)
+    url = "/api/v1/reviews/items/{}/decide"
+    on = campaign.items.get(grant=plain)
+    before = AuditEvent.objects.count()
+    for body, status, code in (
+        ({"delegable": True}, 403, "wider_delegation"),
+        ({"delegable": "no"}, 400, "invalid_request"),
+    ):
+        wider = client.post(
+            url.format(on.pk), {"decision": "narrow", "comment": "x", **body}, format="json"
+        )
+        assert (wider.status_code, wider.json()["error"]["code"]) == (status, code)
+    assert Grant.objects.get(pk=plain.pk).delegable is False
+    assert ReviewItem.objects.get(pk=on.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+
+    item = campaign.items.get(grant=grant)
+    response = client.post(
+        url.format(item.pk),
+        {"decision": "narrow", "comment": "no subagents", "delegable": False},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    assert (response.json()["status"], response.json()["grant"]["delegable"]) == (
+        "narrowed", False,
+    )  # fmt: skip
+    assert Grant.objects.get(pk=grant.pk).delegable is False
+    assert (Grant.objects.get(pk=child.pk).status, ReviewItem.objects.get(pk=item.pk).status) == (
+        "revoked", "narrowed",
+    )  # fmt: skip
+    events = list(AuditEvent.objects.filter(seq__gt=0).order_by("-seq")[:3])[::-1]
+    assert [(e.event_type, e.grant_id, e.actor) for e in events] == [
+        (EventType.GRANT_REVOKED, child.pk, "user:erin"),
+        (EventType.GRANT_NARROWED, grant.pk, "user:erin"),
+        (EventType.REVIEW_ITEM_DECIDED, grant.pk, "user:erin"),
+    ]
 
 
 def test_the_owner_who_opened_break_glass_closes_it_early(world, human_client, alice, person):

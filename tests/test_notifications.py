@@ -74,6 +74,36 @@ def test_a_grant_request_emails_every_approver_after_the_commit(
     )
 
 
+def test_a_request_tells_the_approvers_whether_the_agent_may_hand_it_on(
+    ask, make_agent, make_tool, system, approvers, webhook, django_capture_on_commit_callbacks
+):
+    """A delegable grant goes to the agent's subagents with nobody asked: the message an
+    approver decides from says so, in its text and its data."""
+    lead = make_agent("lead")
+    with django_capture_on_commit_callbacks(execute=True):
+        plain = ask()
+        handed_on = grants.grant_request(
+            agent=lead, tool=make_tool("mail"), actions=["read"], scope="mail:inbox/*",
+            duration=timedelta(hours=1), justification="helpers read", requested_by_agent=lead,
+            delegable=True, actor=system, at=NOW,
+        )  # fmt: skip
+    assert Grant.objects.get(pk=handed_on.pk).delegable is True
+    requested = AuditEvent.objects.filter(
+        event_type=EventType.GRANT_REQUESTED, grant_id=handed_on.pk
+    ).get()
+    assert json.loads(requested.data)["delegable"] is True
+    yes = (
+        "Delegable: yes — the agent may hand this grant, narrowed, to its subagents without "
+        "asking anyone."
+    )
+    sent = {hit["body"]["data"]["grant_id"]: hit["body"] for hit in webhook.requests}
+    assert sent[handed_on.pk]["data"]["delegable"] is True and yes in sent[handed_on.pk]["text"]
+    assert sent[plain.pk]["data"]["delegable"] is False
+    assert "Delegable: no." in sent[plain.pk]["text"]
+    mails = [m for m in mail.outbox if f"#{handed_on.pk} " in m.subject]
+    assert len(mails) == len(approvers) and all(yes in m.body for m in mails)
+
+
 def test_the_requester_and_the_agents_owner_are_not_asked_to_approve(
     ask, person, django_capture_on_commit_callbacks
 ):

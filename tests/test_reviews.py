@@ -322,11 +322,78 @@ def test_narrowing_never_widens(world, change, code):
     assert events(EventType.GRANT_NARROWED) == []
 
 
+def test_narrowing_delegation_off_stops_it_and_revokes_what_was_handed_down(world):
+    """A reviewer who finds a grant should not be handed on switches `delegable` off:
+    its agent can delegate it no more, and the delegations it made (a subagent's
+    access the reviewer just said it should not have been given) are revoked with it,
+    each with its event, before the narrowed event and the item's."""
+    g1, child = world["grants"][0], world["child"]
+    item = open_campaign().items.get(grant=g1)
+    q = {"tool": "repo", "action": "read", "scope": "repo:acme/api/x", "at": NOW}
+    assert authorize(agent="sub", **q).allowed
+    decide(item, "narrow", delegable=False)
+
+    g1.refresh_from_db()
+    assert (g1.status, g1.delegable, g1.actions, g1.scope) == (
+        "active", False, ["read", "update"], "repo:acme/api/*",
+    )  # fmt: skip
+    child.refresh_from_db()
+    assert (child.status, child.revoked_by) == ("revoked", item.reviewer)
+    assert authorize(agent="bot", **q).allowed and not authorize(agent="sub", **q).allowed
+    assert ReviewItem.objects.get(pk=item.pk).status == "narrowed"
+    last_three = list(AuditEvent.objects.order_by("-seq")[:3])[::-1]
+    assert [(e.event_type, e.grant_id) for e in last_three] == [
+        (EventType.GRANT_REVOKED, child.pk),
+        (EventType.GRANT_NARROWED, g1.pk),
+        (EventType.REVIEW_ITEM_DECIDED, g1.pk),
+    ]
+    revoked, narrowed, _ = (json.loads(e.data) for e in last_three)
+    assert revoked["reason"] == f"parent grant #{g1.pk} narrowed: it may no longer be delegated"
+    assert (narrowed["before"]["delegable"], narrowed["delegable"]) == (True, False)
+    with pytest.raises(Forbidden) as refused:
+        grant_services.grant_delegate(
+            parent_grant_id=g1.pk, child=child.agent, actions=["read"], scope="repo:acme/api/*",
+            expires_at=g1.expires_at, justification="again", actor=Actor.system("t"), at=NOW,
+        )  # fmt: skip
+    assert refused.value.code == "not_delegable"
+
+
+def test_a_narrowing_never_makes_a_grant_delegable(world):
+    g2 = world["grants"][1]
+    item = open_campaign().items.get(grant=g2)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        decide(item, "narrow", delegable=True)
+    assert caught.value.code == "wider_delegation"
+    assert Grant.objects.get(pk=g2.pk).delegable is False
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_delegation_withdrawn_earlier_keeps_its_fitting_children_when_narrowed(world, system):
+    """Only a switch made now ends the delegations: a grant whose delegation a person
+    overruled before (delegable already false: _overruled) keeps, narrowed otherwise,
+    the children that still fit, as it did then."""
+    g1, wide = world["grants"][0], world["child"]
+    fits = grant_services.grant_delegate(
+        parent_grant_id=g1.pk, child=wide.agent, actions=["read"], scope="repo:acme/api/docs/*",
+        expires_at=NOW + timedelta(hours=1), justification="docs", actor=system, at=NOW,
+    )  # fmt: skip
+    Grant.objects.filter(pk=g1.pk).update(delegable=False)
+    grant_services.grant_narrow(
+        grant_id=g1.pk, actions=["read"], delegable=False, reason="read only", actor=system, at=NOW
+    )
+    assert Grant.objects.get(pk=fits.pk).status == "active"
+    assert Grant.objects.get(pk=wide.pk).status == "revoked"  # update: no longer fits
+    (narrowed,) = events(EventType.GRANT_NARROWED)
+    assert json.loads(narrowed.data)["before"]["delegable"] is False
+
+
 @pytest.mark.parametrize("decision", ["keep", "revoke"])
 @pytest.mark.parametrize(
     "narrowing",
     [{"scope": "repo:acme/api/docs/*"}, {"actions": ["read"]},
-     {"expires_at": NOW + timedelta(hours=1)}],
+     {"expires_at": NOW + timedelta(hours=1)}, {"delegable": False}],
 )  # fmt: skip
 def test_keep_or_revoke_with_narrowing_is_refused_not_half_obeyed(world, decision, narrowing):
     """A reviewer who sends a narrower scope with "keep" meant something "keep" would

@@ -3,6 +3,7 @@ change with its audit event; the banner on every page while any is active."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -11,8 +12,9 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from governance import roles
-from governance.models import AuditEvent, BreakGlass, Grant, ReviewCampaign, ReviewItem
-from governance.services import access
+from governance.audit import Actor
+from governance.models import Agent, AuditEvent, BreakGlass, Grant, ReviewCampaign, ReviewItem
+from governance.services import access, grants
 from tests import ui_world
 from tests.conftest import last_event
 
@@ -279,6 +281,78 @@ def test_a_review_narrows_a_grant_and_never_widens_it() -> None:
     world.grant.refresh_from_db()
     assert world.grant.actions == ["read"] and world.grant.status == "active"
     assert AuditEvent.objects.filter(event_type="grant.narrowed", grant_id=world.grant.pk).exists()
+
+
+DELEGABLE_YES = (
+    "yes</span> — the agent may hand this grant, narrowed, to its subagents without asking anyone"
+)
+
+
+def test_a_review_shows_a_delegable_grant_and_switching_it_off_ends_its_delegations() -> None:
+    """The review item and the second look said nothing of a grant being delegable, and
+    a review could not take it away: the agent went on handing it to its subagents.
+    Now both cards say so, and a narrow with the box unticked stops it and revokes what
+    was handed down (as a narrowing revokes delegations that no longer fit)."""
+    world = ui_world.build()
+    extra = ui_world.build_lifecycle(world)
+    child = grants.grant_delegate(
+        parent_grant_id=world.grant.pk, child=Agent.objects.get(name="bot-a.sub"),
+        actions=["read"], scope="repo:acme/api/*", justification="sub reads the api",
+        expires_at=world.grant.expires_at, actor=Actor.system("test"), at=timezone.now(),
+    )  # fmt: skip
+    client = ui_world.signed_in("admin")
+    mine = client.get("/ui/reviews/mine/").content.decode()
+    card = mine.split(f'id="item-{extra.item_id}"', 1)[1].split("</section>", 1)[0]
+    assert "<th>Delegable</th>" in card and DELEGABLE_YES in card
+    assert '<input type="checkbox" name="delegable" value="1" checked>' in card
+    looks = client.get("/ui/inbox/second-look/").content.decode()
+    look = looks.split(f'id="look-{extra.second_look_id}"', 1)[1].split("</section>", 1)[0]
+    assert DELEGABLE_YES in look
+
+    url = f"/ui/reviews/items/{extra.item_id}/decide"
+    as_is = {"actions_listed": "1", "actions": ["read", "delete"], "scope": "repo:acme/*"}
+    done = ui_world.post(
+        client, url,
+        {"decision": "narrow", "comment": "no subagents", "delegable_listed": "1", **as_is},
+    )  # fmt: skip
+    assert done.status_code == 302
+    world.grant.refresh_from_db()
+    assert (world.grant.status, world.grant.delegable, world.grant.actions) == (
+        "active", False, ["read", "delete"],
+    )  # fmt: skip
+    child.refresh_from_db()
+    assert (child.status, child.revoked_by.username) == ("revoked", "dave")
+    assert ReviewItem.objects.get(pk=extra.item_id).status == "narrowed"
+    revoked, narrowed, decided = AuditEvent.objects.order_by("-seq")[:3][::-1]
+    assert (revoked.event_type, revoked.grant_id, revoked.actor) == (
+        "grant.revoked", child.pk, "user:dave",
+    )  # fmt: skip
+    assert "may no longer be delegated" in revoked.data
+    assert (narrowed.event_type, narrowed.grant_id) == ("grant.narrowed", world.grant.pk)
+    data = json.loads(narrowed.data)
+    assert (data["before"]["delegable"], data["delegable"]) == (True, False)
+    assert (decided.event_type, decided.actor) == ("review.item_decided", "user:dave")
+    page = client.get(f"/ui/grants/{world.grant.pk}/").content.decode()
+    assert "<th>Delegable</th><td>no</td>" in page
+
+
+def test_a_review_never_makes_a_grant_delegable() -> None:
+    """The mailer grant was not approved delegable: a narrow that ticks the (disabled)
+    box is refused, and nothing is written."""
+    world = ui_world.build()
+    ui_world.build_lifecycle(world)
+    item = ReviewItem.objects.get(grant__tool=world.gate_tool)
+    client = ui_world.signed_in("admin")
+    card = client.get("/ui/reviews/mine/").content.decode().split(f'id="item-{item.pk}"', 1)[1]
+    assert "<th>Delegable</th><td>no</td>" in card.split("</section>", 1)[0]
+    before = AuditEvent.objects.count()
+    refused = ui_world.post(client, f"/ui/reviews/items/{item.pk}/decide", {
+        "decision": "narrow", "comment": "hand it on", "delegable_listed": "1", "delegable": "1",
+    })  # fmt: skip
+    assert refused.status_code == 403 and b"wider_delegation" in refused.content
+    assert Grant.objects.get(pk=item.grant_id).delegable is False
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
 
 
 def test_a_keep_with_the_narrowing_fields_changed_is_refused_not_read_as_keep_all() -> None:

@@ -18,6 +18,7 @@ from openpyxl import load_workbook
 
 from governance import audit, policy
 from governance.audit import Actor
+from governance.errors import GovernanceError
 from governance.models import Agent, AgentToken, Approval, AuditEvent, Grant, Task
 from governance.services import access, agents, grants, tools
 from governance.services import tasks as task_services
@@ -63,6 +64,8 @@ def test_an_approver_approves_a_request_narrowed_and_the_grant_is_what_was_appro
         ({"actions_listed": "1"}, "actions"),  # every box unticked: not "as requested"
         ({"scope": "repo:acme/*"}, "scope"),
         ({"duration_hours": "5"}, "duration"),
+        # The request did not ask to be handed down: a forged ticked box is refused.
+        ({"delegable_listed": "1", "delegable": "1"}, "delegable"),
     ],
 )
 def test_an_approval_cannot_widen_the_request(narrowing: dict[str, object], field: str) -> None:
@@ -75,6 +78,74 @@ def test_an_approval_cannot_widen_the_request(narrowing: dict[str, object], fiel
     world.request.refresh_from_db()
     assert world.request.status == "pending"
     assert AuditEvent.objects.count() == before
+
+
+DELEGABLE_YES = (
+    "yes</span> — the agent may hand this grant, narrowed, to its subagents without asking anyone"
+)
+
+
+def _card(page: str, anchor: str) -> str:
+    """One card of a page: from its id to the end of its section."""
+    return page.split(anchor, 1)[1].split("</section>", 1)[0]
+
+
+def test_the_approver_sees_a_delegable_request_and_may_approve_it_not_delegable() -> None:
+    """A delegable grant goes, narrowed, to the agent's subagents with no person asked:
+    the card said nothing of it and the form could not take it away, so an approver
+    let the agent hand it on unknowingly. Now the card and the grant page say so, the
+    box is ticked only for a request that asked, and unticking it is a narrowing."""
+    world = ui_world.build()
+
+    def ask(scope: str) -> Grant:
+        return grants.grant_request(
+            agent=world.agent, tool=world.tool, actions=["read"], scope=scope,
+            duration=timedelta(hours=1), justification="subagents read the wiki",
+            requested_by_agent=world.agent, delegable=True, actor=Actor.system("test"),
+            at=timezone.now(),
+        )  # fmt: skip
+
+    asked, kept = ask("repo:acme/wiki/*"), ask("repo:acme/blog/*")
+    client = ui_world.signed_in("approver")
+    inbox = client.get("/ui/inbox/requests/").content.decode()
+    card = _card(inbox, f'id="req-{asked.pk}"')
+    assert "<th>Delegable</th>" in card and DELEGABLE_YES in card
+    assert '<input type="checkbox" name="delegable" value="1" checked>' in card
+    plain = _card(inbox, f'id="req-{world.request.pk}"')
+    assert "<th>Delegable</th><td>no</td>" in plain and 'name="delegable"' not in plain
+    assert DELEGABLE_YES in client.get(f"/ui/grants/{asked.pk}/").content.decode()
+
+    url = f"/ui/inbox/requests/{asked.pk}/approve"
+    form = {"actions_listed": "1", "actions": ["read"], "scope": "repo:acme/wiki/*"}
+    response = ui_world.post(client, url, {**form, "delegable_listed": "1"})  # box unticked
+    assert response.status_code == 302
+    grant = Grant.objects.get(pk=asked.pk)
+    assert (grant.status, grant.delegable, grant.approved_by.username) == ("active", False, "bob")
+    event = last_event()
+    assert (event.event_type, event.grant_id, event.actor) == ("grant.issued", grant.pk, "user:bob")
+    data = json.loads(event.data)
+    assert data["narrowed"] == {"delegable": False} and data["requested"]["delegable"] is True
+    page = client.get(f"/ui/grants/{grant.pk}/").content.decode()
+    assert "<th>Delegable</th><td>no</td>" in page
+    with pytest.raises(GovernanceError) as refused:
+        grants.grant_delegate(
+            parent_grant_id=grant.pk, child=Agent.objects.get(name="bot-a.sub"),
+            actions=["read"], scope="repo:acme/wiki/*", justification="sub does it",
+            expires_at=grant.expires_at, actor=Actor.system("test"), at=timezone.now(),
+        )  # fmt: skip
+    assert refused.value.code == "not_delegable"
+
+    # The box left ticked approves the request as it asked: nothing narrowed.
+    form["scope"] = "repo:acme/blog/*"
+    done = ui_world.post(
+        client, f"/ui/inbox/requests/{kept.pk}/approve",
+        {**form, "delegable_listed": "1", "delegable": "1"},
+    )  # fmt: skip
+    assert done.status_code == 302
+    assert Grant.objects.get(pk=kept.pk).delegable is True
+    event = last_event()
+    assert (event.event_type, event.grant_id) == ("grant.issued", kept.pk)
+    assert "narrowed" not in json.loads(event.data)
 
 
 def test_nobody_approves_their_own_request_in_the_ui() -> None:

@@ -123,7 +123,13 @@ class ReviewItemDecideView(APIView):
         operation_id="review_item_decide",
         request=s.ReviewDecideIn,
         responses={200: s.ReviewItemOut, **CONFLICT, **ERRORS},
-        description="Keep, narrow or revoke the item's grant, with a comment, at once.",
+        description=(
+            "Keep, narrow or revoke the item's grant, with a comment, at once. A narrow "
+            "names fewer `actions`, a `scope` inside the grant's, an earlier `expires_at` "
+            "or `delegable: false` (the agent may no longer hand the grant to its "
+            "subagents; its live delegations are revoked). Never wider: 403 "
+            "`wider_actions`, `wider_scope`, `longer_expiry`, `wider_delegation`."
+        ),
     )
     def post(self, request: Request, item_id: int) -> Response:
         data = _parse(s.ReviewDecideIn, request.data)

@@ -508,6 +508,20 @@ class RequiredReasonIn(StrictSerializer):
     reason = _free_text(max_length=1000)
 
 
+class GrantApproveIn(ReasonIn):
+    # Only ever narrows (services.grants._narrowing): false takes away what the request
+    # asked for; true on a request that did not ask is 400 invalid_narrowing.
+    delegable = StrictBooleanField(
+        required=False,
+        help_text=(
+            "Left out: as requested. false: the agent may not hand the grant to its "
+            "subagents (POST /api/v1/delegations), though the request asked for it. true "
+            "only on a request that asked for it (else 400 invalid_narrowing): an "
+            "approval never widens a request."
+        ),
+    )
+
+
 class GrantOut(serializers.Serializer):
     id = serializers.IntegerField()
     agent = serializers.CharField(source="agent.name")
@@ -978,6 +992,14 @@ class ReviewDecideIn(StrictSerializer):
     actions = _actions(required=False)
     scope = exact_char(max_length=500, required=False, declared={"pattern": SCOPE_PATTERN})
     expires_at = serializers.DateTimeField(required=False)
+    delegable = StrictBooleanField(
+        required=False,
+        help_text=(
+            "false: the agent may no longer hand the grant to its subagents, and every "
+            "live delegation from it is revoked (with what hangs below). true on a grant "
+            "that is not delegable is 403 wider_delegation."
+        ),
+    )
 
 
 class ReviewItemOut(serializers.Serializer):

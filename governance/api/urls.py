@@ -32,12 +32,12 @@ urlpatterns = [
     ),
     path(
         "grant-requests/<int:grant_id>/approve",
-        views.GrantRequestDecideView.as_view(approve=True),
+        views.GrantRequestApproveView.as_view(),
         name="grant-request-approve",
     ),
     path(
         "grant-requests/<int:grant_id>/deny",
-        views.GrantRequestDecideView.as_view(approve=False),
+        views.GrantRequestDenyView.as_view(),
         name="grant-request-deny",
     ),
     path("delegations", views.DelegationView.as_view(), name="delegations"),

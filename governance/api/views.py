@@ -205,11 +205,14 @@ class DecideView(APIView):
         # Also the request schema: a denial must say why, an approval may.
         return s.ReasonIn if self.approve else s.RequiredReasonIn
 
-    def reason(self, request: Request) -> str:
+    def body(self, request: Request) -> dict[str, Any]:
         limit(request, "approval", fail_closed=True)
         body = self.get_serializer_class()(data=request.data)
         body.is_valid(raise_exception=True)
-        return body.validated_data["reason"]
+        return dict(body.validated_data)
+
+    def reason(self, request: Request) -> str:
+        return str(self.body(request)["reason"])
 
 
 class ApprovalDecideView(DecideView):
@@ -330,24 +333,52 @@ class GrantRequestDetailView(APIView):
         return Response(s.GrantOut(_get(_visible_requests(request), "request", pk=grant_id)).data)
 
 
-class GrantRequestDecideView(DecideView):
-    @extend_schema(responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS})
+class GrantRequestApproveView(DecideView):
+    def get_serializer_class(self) -> type[s.StrictSerializer]:
+        return s.GrantApproveIn
+
+    @extend_schema(
+        request=s.GrantApproveIn,
+        responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS},
+        description=(
+            "Approve a pending grant request: the clock starts now. An optional `reason` "
+            "is kept with the grant. `delegable: false` takes away the request's ask to "
+            "hand the grant to the agent's subagents (recorded as narrowed in the "
+            "grant.issued event); `delegable: true` on a request that did not ask is 400 "
+            "`invalid_narrowing`: an approval never widens. 403 `self_approval`; 409 "
+            "`not_pending`, `request_expired`, `agent_suspended`, `task_closed`."
+        ),
+    )
+    def post(self, request: Request, grant_id: int) -> Response:
+        body = self.body(request)
+        grant = _get(_visible_requests(request), "request", pk=grant_id)
+        grant = grants.grant_approve(
+            grant_id=grant.pk,
+            approver=request.user,
+            reason=body["reason"],
+            delegable=body.get("delegable"),
+            actor=actor_for(request),
+            at=timezone.now(),
+        )
+        return Response(s.GrantOut(grant).data)
+
+
+class GrantRequestDenyView(DecideView):
+    approve = False
+
+    @extend_schema(
+        request=s.RequiredReasonIn, responses={200: s.GrantOut, 409: ERRORS[400], **ERRORS}
+    )
     def post(self, request: Request, grant_id: int) -> Response:
         reason = self.reason(request)
         grant = _get(_visible_requests(request), "request", pk=grant_id)
-        now, actor = timezone.now(), actor_for(request)
-        if self.approve:
-            grant = grants.grant_approve(
-                grant_id=grant.pk, approver=request.user, reason=reason, actor=actor, at=now
-            )
-        else:
-            grant = grants.grant_deny(
-                grant_id=grant.pk,
-                approver=request.user,
-                reason=reason,
-                actor=actor,
-                at=now,
-            )
+        grant = grants.grant_deny(
+            grant_id=grant.pk,
+            approver=request.user,
+            reason=reason,
+            actor=actor_for(request),
+            at=timezone.now(),
+        )
         return Response(s.GrantOut(grant).data)
 
 

@@ -344,12 +344,13 @@ def _narrowing(
     scope: str | None,
     duration: timedelta | None,
     reason: str = "",
+    delegable: bool | None = None,
 ) -> dict[str, Any]:
     """What the approver cut from the request; never anything wider or longer.
 
     An approver may grant less than was asked (fewer actions, a scope inside
-    the requested one, a shorter window), never more: a wider grant is a new
-    request that someone else has to approve.
+    the requested one, a shorter window, no handing down to subagents), never
+    more: a wider grant is a new request that someone else has to approve.
     """
     narrowed: dict[str, Any] = {}
     errors: dict[str, str] = {}
@@ -371,6 +372,15 @@ def _narrowing(
             errors["duration"] = "The duration must be positive and no longer than requested."
         else:
             narrowed["duration_seconds"] = int(duration.total_seconds())
+    if delegable is not None and delegable != grant.delegable:
+        # A delegable grant is handed on by the agent with nobody asked: only the
+        # request can ask for that, and an approver may only take it away.
+        if delegable:
+            errors["delegable"] = (
+                "The request did not ask to be delegable: an approval cannot make it so."
+            )
+        else:
+            narrowed["delegable"] = False
     if errors:
         raise GovernanceError(
             "invalid_narrowing",
@@ -389,13 +399,16 @@ def grant_approve(
     actions: Sequence[str] | None = None,
     scope: str | None = None,
     duration: timedelta | None = None,
+    delegable: bool | None = None,
     reason: str = "",
 ) -> Grant:
     """Approval starts the clock: starts_at = now, expires_at = now + duration.
 
-    `actions`, `scope` and `duration` optionally narrow the request (see
-    _narrowing); what was cut is recorded in the grant.issued event, as is the
-    approver's `reason` (also kept in decision_reason, as a denial's is).
+    `actions`, `scope`, `duration` and `delegable` (False: the agent may not hand
+    the grant to its subagents, though the request asked for it; None: as
+    requested) optionally narrow the request (see _narrowing); what was cut is
+    recorded in the grant.issued event, as is the approver's `reason` (also kept in
+    decision_reason, as a denial's is).
     """
     with transaction.atomic():
         task_id, agent_id = Grant.objects.values_list("task_id", "agent_id").get(pk=grant_id)
@@ -405,7 +418,7 @@ def grant_approve(
         lock_agent(agent_id)
         require_open_task(task_id, at)
         grant = _lock_pending(grant_id, at)
-        extra = _approve_row(grant, approver, at, actions, scope, duration, reason)
+        extra = _approve_row(grant, approver, at, actions, scope, duration, reason, delegable)
         _event(
             grant, EventType.GRANT_ISSUED, actor, at, approved_by=approver.get_username(), **extra
         )
@@ -425,6 +438,7 @@ def _approve_row(
     scope: str | None,
     duration: timedelta | None,
     reason: str = "",
+    delegable: bool | None = None,
 ) -> dict[str, Any]:
     """Check and apply an approval to a locked pending request; returns what the
     grant.issued event adds (what was narrowed).
@@ -453,14 +467,16 @@ def _approve_row(
             "agent_suspended", f"{grant.agent.name} is suspended: no grant is issued to it."
         )
     assert grant.requested_duration is not None
-    narrowed = _narrowing(grant, actions, scope, duration)
+    narrowed = _narrowing(grant, actions, scope, duration, delegable=delegable)
     requested = {
         "actions": list(grant.actions),
         "scope": grant.scope,
         "duration_seconds": int(grant.requested_duration.total_seconds()),
+        "delegable": grant.delegable,
     }
     grant.actions = narrowed.get("actions", grant.actions)
     grant.scope = narrowed.get("scope", grant.scope)
+    grant.delegable = narrowed.get("delegable", grant.delegable)
     window = (
         timedelta(seconds=narrowed["duration_seconds"])
         if "duration_seconds" in narrowed
@@ -1022,14 +1038,20 @@ def grant_narrow(
     actions: Sequence[str] | None = None,
     scope: str | None = None,
     expires_at: datetime | None = None,
+    delegable: bool | None = None,
     narrowed_by: Any = None,
 ) -> Grant:
     """Shrink a live grant in place, at once: fewer actions, a scope inside the old one
-    (policy.pattern_within), an earlier expiry. Never wider: anything else is refused.
+    (policy.pattern_within), an earlier expiry, `delegable` False (its agent may no
+    longer hand it to subagents). Never wider: anything else is refused, a grant made
+    delegable (403 `wider_delegation`) included.
 
     Delegations that no longer fit inside the narrowed grant are revoked in the same
-    transaction, so a delegated grant never exceeds its parent. The `grant.narrowed`
-    event records before and after. Narrowing to what it already is changes nothing.
+    transaction, so a delegated grant never exceeds its parent; when delegation is
+    switched off, every live delegation from it is revoked (with what hangs below):
+    what the agent handed down is what the person just said it may not hand down. The
+    `grant.narrowed` event records before and after. Narrowing to what it already is
+    changes nothing.
     """
     if not reason.strip():
         raise GovernanceError("reason_required", "Say why the grant is narrowed.")
@@ -1054,20 +1076,37 @@ def grant_narrow(
             raise Forbidden("wider_scope", "The new scope must lie inside the current one.")
         if new_expiry > grant.expires_at:
             raise Forbidden("longer_expiry", "Narrowing cannot extend a grant.")
+        if delegable and not grant.delegable:
+            raise Forbidden(
+                "wider_delegation",
+                "Narrowing cannot make a grant delegable: that is a new grant for a person "
+                "to approve.",
+            )
+        new_delegable = grant.delegable if delegable is None else delegable
         if new_expiry <= at:
             raise GovernanceError(
                 "invalid_expiry", "The new expiry must be in the future (revoke instead)."
             )
         before = {"actions": list(grant.actions), "scope": grant.scope}
         before["expires_at"] = grant.expires_at.isoformat()
+        before["delegable"] = grant.delegable
         new_actions = [a for a in grant.actions if a in new_actions]  # the grant's order
-        if (new_actions, new_scope, new_expiry) == (grant.actions, grant.scope, grant.expires_at):
+        if (new_actions, new_scope, new_expiry, new_delegable) == (
+            grant.actions,
+            grant.scope,
+            grant.expires_at,
+            grant.delegable,
+        ):
             transaction.set_rollback(True)  # nothing changed: nothing is overruled either
             return grant
+        # Only a switch made now ends the delegations: a grant whose delegation was
+        # withdrawn earlier (_overruled) keeps the ones that still fit, as then.
+        delegation_ended = grant.delegable and not new_delegable
         grant.actions = new_actions
         grant.scope = new_scope
         grant.expires_at = new_expiry
-        grant.save(update_fields=["actions", "scope", "expires_at"])
+        grant.delegable = new_delegable
+        grant.save(update_fields=["actions", "scope", "expires_at", "delegable"])
         # A call asked (or approved) under the grant that it no longer covers can never
         # be allowed under it: voided, as a revoke voids them, not left for a person to
         # approve in vain.
@@ -1084,6 +1123,9 @@ def grant_narrow(
         # narrowed event comes last, after every row this transaction changes.
         misfits: list[int] = []
         frontier = [grant]
+        if delegation_ended:
+            misfits = [child.pk for child in _descendants_of(grant.pk)]
+            frontier = []
         while frontier:
             parent = frontier.pop()
             for child in _descendants_of(parent.pk):
@@ -1101,12 +1143,22 @@ def grant_narrow(
         if misfits:
             grants_revoke(
                 grant_ids=misfits,
-                reason=f"parent grant #{grant.pk} narrowed",
+                reason=f"parent grant #{grant.pk} narrowed"
+                + (": it may no longer be delegated" if delegation_ended else ""),
                 actor=actor,
                 at=at,
                 revoked_by=narrowed_by,
             )
-        _event(grant, EventType.GRANT_NARROWED, actor, at, reason=reason, before=before, **voided)
+        _event(
+            grant,
+            EventType.GRANT_NARROWED,
+            actor,
+            at,
+            reason=reason,
+            before=before,
+            delegable=grant.delegable,
+            **voided,
+        )
         _withdraw_delegation(overruled, grant.pk, actor, at)
     return grant
 

@@ -15,8 +15,10 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
     review_campaign_open_scheduled(*, actor, at) -> ReviewCampaign   (the job; one per
         period of REVIEW_EVERY_MONTHS, key "scheduled:<year>-P<n>")
     review_item_decide(*, item_id, reviewer, decision, comment, actor, at,
-                       actions=None, scope=None, expires_at=None) -> ReviewItem
-        decision: "keep" | "narrow" (any of actions/scope/expires_at, never wider) |
+                       actions=None, scope=None, expires_at=None,
+                       delegable=None) -> ReviewItem
+        decision: "keep" | "narrow" (any of actions/scope/expires_at, delegable False:
+        never wider; switching delegation off revokes the grant's live delegations) |
         "revoke"; effective at once. Raises GovernanceError `comment_required` /
         `invalid_decision`, Forbidden `self_review` (the grant's approver or requester,
         or, for a delegated grant, anyone who requested or approved a grant up its
@@ -289,22 +291,26 @@ def review_item_decide(
     actions: Sequence[str] | None = None,
     scope: str | None = None,
     expires_at: datetime | None = None,
+    delegable: bool | None = None,
 ) -> ReviewItem:
     """Keep, narrow or revoke one item's grant, with a comment, effective at once."""
     if decision not in DECISIONS:
         raise GovernanceError("invalid_decision", f"Decision must be one of {DECISIONS}.")
     if not (comment or "").strip():
         raise GovernanceError("comment_required", "A review decision needs a comment.")
-    narrowing = actions is not None or scope is not None or expires_at is not None
+    shape = (actions, scope, expires_at, delegable)
+    narrowing = any(value is not None for value in shape)
     if decision == "narrow" and not narrowing:
         raise GovernanceError(
-            "invalid_decision", "Narrowing names fewer actions, a narrower scope or an expiry."
+            "invalid_decision",
+            "Narrowing names fewer actions, a narrower scope, an expiry or delegable false.",
         )
     if decision != "narrow" and narrowing:
         # Refused, not ignored: the reviewer meant something the decision would not do.
         raise GovernanceError(
             "invalid_decision",
-            f"Only a narrow decision takes actions, scope or expires_at; {decision} ignores them.",
+            f"Only a narrow decision takes actions, scope, expires_at or delegable; "
+            f"{decision} ignores them.",
         )
     with transaction.atomic():
         item = (
@@ -343,7 +349,7 @@ def review_item_decide(
         )
         if not (late or ended):
             _record_decision(
-                item, reviewer, decision, comment, actor, at, actions, scope, expires_at
+                item, reviewer, decision, comment, actor, at, actions, scope, expires_at, delegable
             )
             return item
     # Refused: nothing of the reviewer's is written. What the job would do to this item
@@ -377,6 +383,7 @@ def _record_decision(
     actions: Sequence[str] | None,
     scope: str | None,
     expires_at: datetime | None,
+    delegable: bool | None,
 ) -> None:
     """The locked, pending, in-time item: its row, then the grant's, then its event."""
     grant = item.grant
@@ -391,19 +398,20 @@ def _record_decision(
     item.save(update_fields=["status", "decided_by", "decided_at", "comment"])
     # Then the grant (its own events), and this item's event last.
     if decision == "narrow":
-        shape = (list(grant.actions), grant.scope, grant.expires_at)
+        shape = (list(grant.actions), grant.scope, grant.expires_at, grant.delegable)
         grant_narrow(
             grant_id=grant.pk,
             actions=actions,
             scope=scope,
             expires_at=expires_at,
+            delegable=delegable,
             reason=f"review: {comment}",
             narrowed_by=reviewer,
             actor=actor,
             at=at,
         )
         grant.refresh_from_db()
-        if (list(grant.actions), grant.scope, grant.expires_at) == shape:
+        if (list(grant.actions), grant.scope, grant.expires_at, grant.delegable) == shape:
             # Recorded as narrowed, it would say the grant shrank: it is as wide as before.
             raise GovernanceError(
                 "invalid_decision", "This narrowing changes nothing: keep the grant instead."

@@ -75,7 +75,8 @@ class ToolApproveForm(StrictForm):
 
 
 class ApproveRequestForm(StrictForm):
-    """Approve, optionally narrowed: fewer actions, a narrower scope, a shorter window."""
+    """Approve, optionally narrowed: fewer actions, a narrower scope, a shorter window,
+    not delegable though the request asked."""
 
     actions = forms.MultipleChoiceField(choices=ACTION_CHOICES, required=False)
     # Set by the page's form, whose checkboxes list the requested actions: then
@@ -86,12 +87,18 @@ class ApproveRequestForm(StrictForm):
         min_value=0.01, max_digits=8, decimal_places=2, required=False
     )
     reason = forms.CharField(max_length=1000, required=False, strip=True)
+    delegable = forms.BooleanField(required=False)
+    # Set by the page beside its delegable checkbox: an unticked box sends nothing, and
+    # must read as "not delegable", not "as requested".
+    delegable_listed = forms.BooleanField(required=False)
 
     def narrowing(self) -> dict[str, Any]:
         data = self.cleaned_data
         out: dict[str, Any] = {}
         if data.get("actions") or data.get("actions_listed"):
             out["actions"] = list(data.get("actions") or [])
+        if data.get("delegable") or data.get("delegable_listed"):
+            out["delegable"] = bool(data.get("delegable"))
         if data.get("scope"):
             out["scope"] = data["scope"]
         if data.get("duration_hours"):
@@ -263,11 +270,18 @@ class ReviewDecideForm(StrictForm):
     actions_listed = forms.BooleanField(required=False)
     scope = forms.CharField(max_length=500, required=False, strip=True)
     expires_at = MomentField(required=False)
+    delegable = forms.BooleanField(required=False)
+    delegable_listed = forms.BooleanField(required=False)  # as ApproveRequestForm's
 
-    def narrowing(self, grant_scope: str, grant_actions: list[str]) -> dict[str, Any]:
+    def narrowing(
+        self, grant_scope: str, grant_actions: list[str], grant_delegable: bool
+    ) -> dict[str, Any]:
         """Only what differs from the grant as it is; the service refuses anything wider."""
         data = self.cleaned_data
         out: dict[str, Any] = {}
+        if data.get("delegable") or data.get("delegable_listed"):
+            if bool(data.get("delegable")) != grant_delegable:
+                out["delegable"] = bool(data.get("delegable"))
         if data.get("actions_listed") and sorted(data.get("actions") or []) != sorted(
             grant_actions
         ):

@@ -264,7 +264,9 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
     # refused by the service (400 invalid_decision), not read as "keep all": the
     # reviewer unticked something. A revoke ends the grant, less than any narrowing.
     narrowing = (
-        form.narrowing(item.grant.scope, list(item.grant.actions)) if decision != "revoke" else {}
+        form.narrowing(item.grant.scope, list(item.grant.actions), item.grant.delegable)
+        if decision != "revoke"
+        else {}
     )
     try:
         review_services.review_item_decide(
