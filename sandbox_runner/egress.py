@@ -26,6 +26,10 @@ _HOST = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,6
 # Metadata endpoints are link-local already; named here so the reason says so.
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+# IETF protocol assignments: Python 3.11 counts only some of the /24 as private (newer
+# ones all of it), and 192.0.0.192 has been a cloud's metadata address. Not public,
+# whichever Python runs the proxy.
+_IETF_PROTOCOL = ipaddress.ip_network("192.0.0.0/24")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ def internal_reason(address: Address) -> str | None:
             return name
     if isinstance(address, ipaddress.IPv4Address) and address in _CGNAT:
         return "cgnat"
+    if isinstance(address, ipaddress.IPv4Address) and address in _IETF_PROTOCOL:
+        return "reserved"
     return None
 
 

@@ -81,6 +81,7 @@ def test_bad_allowlist_entries_are_refused(entry):
      ("172.16.0.1", "private"), ("169.254.169.254", "metadata"), ("169.254.1.1", "link_local"),
      ("::1", "loopback"), ("fe80::1", "link_local"), ("fc00::1", "private"),
      ("224.0.0.1", "multicast"), ("0.0.0.0", "unspecified"), ("100.64.0.1", "cgnat"),
+     ("192.0.0.192", "reserved"), ("192.0.0.9", "reserved"),  # not private to Python 3.11
      ("8.8.8.8", None), ("2606:4700::1111", None),
      # IPv4 inside IPv6 is judged as the IPv4 it carries.
      ("2002:a9fe:a9fe::", "metadata"), ("2002:7f00:1::", "loopback"), ("2002:808:808::", None),
