@@ -107,6 +107,10 @@ class EventType(models.TextChoices):
     # A request left undecided past GRANT_REQUEST_TTL; the row is closed as denied.
     GRANT_REQUEST_EXPIRED = "grant.request_expired"
     GRANT_DELEGATED = "grant.delegated"
+    # A delegation refused (wider than the parent, not delegable, too deep, the parent
+    # not live, the subagent not the holder's or suspended): an agent reaching for
+    # more than it holds is on record, as a denied call is.
+    GRANT_DELEGATION_REFUSED = "grant.delegation_refused"
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_APPROVED = "approval.approved"
     APPROVAL_DENIED = "approval.denied"

@@ -998,8 +998,11 @@ def test_an_approver_may_take_delegation_away_from_a_request_never_add_it(
     handed = {"grant": narrowed, "agent": "helper", "actions": ["read"], "scope": "mail:inbox/*",
               "justification": "sub-task",
               "expires_at": (timezone.now() + timedelta(minutes=5)).isoformat()}  # fmt: skip
-    with _Unchanged(Grant):
-        _error(bot.post(f"{API}/delegations", handed, format="json"), 403, "not_delegable")
+    grants_before = Grant.objects.count()
+    _error(bot.post(f"{API}/delegations", handed, format="json"), 403, "not_delegable")
+    refused = AuditEvent.objects.order_by("-seq").first()
+    assert (refused.event_type, refused.reason) == ("grant.delegation_refused", "not_delegable")
+    assert Grant.objects.count() == grants_before
 
     # true where the request asked for it is the request as it was: nothing narrowed.
     response = approver.post(

@@ -562,7 +562,12 @@ def test_a_delegation_over_http_narrows_the_envelope_and_is_refused_when_wider(
         response = client.post("/api/v1/delegations", {**body, **extra}, format="json")
         assert response.status_code == 403, response.content
         assert response.json()["error"]["code"] == code
-    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+        refused = AuditEvent.objects.order_by("-seq").first()
+        assert (refused.event_type, refused.agent, refused.reason) == (
+            "grant.delegation_refused", "bot", code,
+        )  # fmt: skip
+    # No grant; the two refusals on record.
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == (before[0], before[1] + 2)
     response = client.post(
         "/api/v1/delegations",
         {**body, "egress": [], "limits": {"memory_mb": 64, "cpus": None}},

@@ -315,6 +315,13 @@ def test_a_delegation_can_never_widen(family, change, code):
     with pytest.raises(Forbidden) as err:
         delegate(parent, child, **change)
     assert err.value.code == code and Grant.objects.count() == before
+    # An agent reaching for more than it holds is on record, as a denied call is.
+    refused = last_event()
+    assert (refused.event_type, refused.decision, refused.reason) == (
+        "grant.delegation_refused", "deny", code,
+    )  # fmt: skip
+    assert (refused.agent, refused.grant_id, refused.tool) == (parent.agent.name, parent.pk, "repo")
+    assert json.loads(refused.data)["subagent"] == child.name
 
 
 def test_only_a_subagent_can_receive(family):
@@ -406,7 +413,9 @@ def test_a_delegation_narrows_the_envelope_but_never_widens_it(
     with pytest.raises(Forbidden) as err:
         delegate(wide, child, **change)
     assert err.value.code == code
-    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+    # No grant; the refusal alone on record.
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == (before[0], before[1] + 1)
+    assert (last_event().event_type, last_event().reason) == ("grant.delegation_refused", code)
     narrow = delegate(
         wide, child, fields=["title"], egress=[], limits={"memory_mb": 128, "pids": 16}
     )
@@ -517,7 +526,10 @@ def test_nothing_is_handed_down_to_a_suspended_subagent(family, system):
     with pytest.raises(Conflict) as err:
         delegate(parent, child)
     assert err.value.code == "agent_suspended"
-    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+    # No grant; one event: the refusal on record (grant.delegation_refused).
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == (before[0], before[1] + 1)
+    refused = last_event()
+    assert (refused.event_type, refused.reason) == ("grant.delegation_refused", "agent_suspended")
 
 
 def test_revoking_a_parent_ends_every_descendant_at_once(family, system, settings):
@@ -705,7 +717,10 @@ def test_a_grant_bound_to_an_ended_task_is_dead_before_any_job_closes_the_task(
     with pytest.raises(Forbidden) as refused:
         delegate(bound, child, scope="repo:acme/api/*", at=NOW)
     assert refused.value.code == "parent_not_live" and "task_closed" in str(refused.value)
-    assert last_event().event_type == "access.denied"  # nothing was delegated
+    # Nothing was delegated: the refusal is the one event after the denied call.
+    assert (last_event().event_type, last_event().reason) == (
+        "grant.delegation_refused", "parent_not_live",
+    )  # fmt: skip
     assert not Grant.objects.filter(delegated_from=bound).exists()
 
 
@@ -2034,7 +2049,8 @@ def test_a_grant_on_one_resource_cannot_be_delegated_below_it(make_agent, make_t
             actor=Actor.agent(parent_agent), at=NOW,
         )  # fmt: skip
     assert refused.value.code == "wider_scope"
-    assert AuditEvent.objects.count() == before
+    assert AuditEvent.objects.count() == before + 1  # the refusal, on record
+    assert last_event().event_type == "grant.delegation_refused"
     assert not Grant.objects.filter(agent=child).exists()
     denied = access.access_check(agent="child", tool="repo", action="read",
                                  scope="repo:acme/api/x/secrets", at=NOW)  # fmt: skip

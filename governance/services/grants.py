@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from governance import audit, notifications, roles
-from governance.codes import ACTION_VALUES, LIMIT_BOUNDS, EventType, limit_problem
+from governance.codes import ACTION_VALUES, LIMIT_BOUNDS, Decision, EventType, limit_problem
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within, scope_matches
@@ -791,7 +791,55 @@ def grant_delegate(
     `delegable`: the subagent may hand it down again, within DELEGATION_MAX_DEPTH.
     Asking again for the same delegation (parent, subagent, actions, scope, expiry,
     envelope) while it is active returns the grant made the first time, with no new
-    event."""
+    event. A refusal (Forbidden, Conflict) is on record: grant.delegation_refused,
+    written once the refused transaction is undone."""
+    try:
+        return _delegate(
+            parent_grant_id=parent_grant_id, child=child, actions=actions, scope=scope,
+            expires_at=expires_at, justification=justification, actor=actor, at=at,
+            fields=fields, egress=egress, limits=limits, delegable=delegable,
+        )  # fmt: skip
+    except (Forbidden, Conflict) as refused:
+        with transaction.atomic():
+            parent = Grant.objects.select_related("agent", "tool", "task").get(pk=parent_grant_id)
+            audit.append(
+                event_type=EventType.GRANT_DELEGATION_REFUSED,
+                actor=actor,
+                at=at,
+                agent=parent.agent.name,
+                task=parent.task.key if parent.task else "",
+                tool=parent.tool.name,
+                scope=scope,
+                decision=Decision.DENY,
+                reason=refused.code,
+                grant_id=parent.pk,
+                break_glass=parent.break_glass,
+                data={
+                    "subagent": child.name,
+                    "actions": list(actions),
+                    "expires_at": expires_at.isoformat(),
+                    "delegable": delegable,
+                    "message": refused.message,
+                },
+            )
+        raise
+
+
+def _delegate(
+    *,
+    parent_grant_id: int,
+    child: Agent,
+    actions: Sequence[str],
+    scope: str,
+    expires_at: datetime,
+    justification: str,
+    actor: audit.Actor,
+    at: datetime,
+    fields: Sequence[str] | None,
+    egress: Sequence[str] | None,
+    limits: dict[str, Any] | None,
+    delegable: bool,
+) -> Grant:
     with transaction.atomic():
         # The subagent as it is now, held: a suspension committing meanwhile is seen.
         # Agent before grant, the order break-glass takes (its campaign folds usage).
