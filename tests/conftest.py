@@ -296,3 +296,26 @@ def _events_last(monkeypatch: pytest.MonkeyPatch) -> Any:
     with connection.execute_wrapper(wrapper):
         yield
     assert not state["late"], f"rows locked or changed after the audit event: {state['late']}"
+
+
+@contextmanager
+def lookup_hangs(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[None]:
+    """socket.getaddrinfo hangs for `name` (any other name is looked up as 127.0.0.1)
+    until the block ends: a fake standing in for a resolver that does not answer, which
+    a test may not reach (no traffic beyond 127.0.0.1)."""
+    import socket
+    import threading
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == name:
+            release.wait(30)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    try:
+        yield
+    finally:
+        release.set()

@@ -1205,23 +1205,14 @@ def test_a_host_lookup_that_hangs_is_a_denial_within_the_timeout(stub, monkeypat
     """The timeout bounds the whole call, the name's lookup too: a resolver that does
     not answer held a 1 s call for 10 s. A fake getaddrinfo stands in for the silent
     DNS server (the tests may not reach any resolver but 127.0.0.1's)."""
+    from tests.conftest import lookup_hangs
+
     stub.answer(200, ALLOW)
-    release = threading.Event()
-    real = socket.getaddrinfo
-
-    def hanging(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if host == "localhost":
-            release.wait(30)
-        return real("127.0.0.1", *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", hanging)
     port = stub.server.server_address[1]
-    try:
+    with lookup_hangs(monkeypatch, "localhost"):
         started = time.monotonic()
         denied = assert_denied(GovernanceClient(f"http://localhost:{port}", "t", 1), "unreachable")
         took = time.monotonic() - started
-    finally:
-        release.set()
     assert took < 3 and "looked up" in denied.decision.message
     assert stub.requests == []
     # The same name, answered at once, is asked and allowed.

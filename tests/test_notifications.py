@@ -616,19 +616,10 @@ def test_a_host_lookup_that_hangs_is_cut_at_the_webhooks_deadline(ask, settings,
     """A resolver that does not answer (its own timeouts and retries add up to tens of
     seconds) held the delivery past its deadline. A fake getaddrinfo stands in for the
     hanging DNS server: the tests may not reach any resolver beyond 127.0.0.1."""
-    release = threading.Event()
-    real = socket.getaddrinfo
+    from tests.conftest import lookup_hangs
 
-    def hanging(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if host == "hook.invalid":
-            release.wait(30)
-        return real("127.0.0.1", *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", hanging)
-    try:
+    with lookup_hangs(monkeypatch, "hook.invalid"):
         outcome, took, row = _deliver_in_one_second(ask, settings, "http://hook.invalid:9/hook")
-    finally:
-        release.set()
     assert took < 3 and outcome == "retry"
     assert row.status == Notification.Status.PENDING and row.attempts == 1
     assert "looked up" in row.last_error

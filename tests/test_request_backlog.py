@@ -18,17 +18,11 @@ from governance.models import AuditEvent, Grant, Notification
 from governance.services import grants
 from tests.conftest import NOW
 from tests.test_lock_order import each_in_a_thread
+from tests.test_ratelimit import grant_request
 
 
 def ask(client: Any, scope: str) -> Any:
-    body = {
-        "tool": "repo",
-        "actions": ["read"],
-        "scope": scope,
-        "duration_seconds": 600,
-        "justification": "read the docs",
-    }
-    return client.post("/api/v1/grant-requests", body, format="json")
+    return grant_request(client, scope)
 
 
 @pytest.mark.django_db

@@ -794,11 +794,109 @@ def grant_delegate(
     event. A refusal (Forbidden, Conflict) is on record: grant.delegation_refused,
     written once the refused transaction is undone."""
     try:
-        return _delegate(
-            parent_grant_id=parent_grant_id, child=child, actions=actions, scope=scope,
-            expires_at=expires_at, justification=justification, actor=actor, at=at,
-            fields=fields, egress=egress, limits=limits, delegable=delegable,
-        )  # fmt: skip
+        with transaction.atomic():
+            # The subagent as it is now, held: a suspension committing meanwhile is seen.
+            # Agent before grant, the order break-glass takes (its campaign folds usage).
+            child = Agent.objects.select_for_update(no_key=True).get(pk=child.pk)
+            parent = (
+                Grant.objects.select_for_update(of=("self",), no_key=True)
+                .select_related("agent", "tool", "task")
+                .get(pk=parent_grant_id)
+            )
+            if child.parent_id != parent.agent_id:
+                raise Forbidden(
+                    "not_a_subagent", f"{child.name} is not a subagent of {parent.agent}."
+                )
+            if child.status != Agent.Status.ACTIVE:
+                raise Conflict(
+                    "agent_suspended", f"{child.name} is suspended: nothing is handed down."
+                )
+            if not parent.delegable:
+                raise Forbidden("not_delegable", "The parent grant does not allow delegation.")
+            depth = 0
+            cursor: Grant | None = parent
+            while cursor is not None and cursor.delegated_from_id is not None:
+                depth += 1
+                cursor = cursor.delegated_from
+            if depth + 1 > settings.DELEGATION_MAX_DEPTH:
+                raise Forbidden("depth_exceeded", "The delegation chain is already at its limit.")
+            if delegable and depth + 2 > settings.DELEGATION_MAX_DEPTH:
+                raise Forbidden(
+                    "depth_exceeded",
+                    "This delegation is at the chain's limit: it cannot be handed down again.",
+                )
+            # Live per the decision module: own window, every ancestor, agent, tool.
+            dead = grant_dead_reason(parent.pk, at)
+            if dead is not None:
+                raise Forbidden("parent_not_live", f"The parent grant is not live ({dead}).")
+            if not set(actions) <= set(parent.actions) or not actions:
+                raise Forbidden(
+                    "wider_actions", "A delegation can only carry the parent's actions."
+                )
+            if not pattern_within(scope, parent.scope):
+                raise Forbidden("wider_scope", "The scope must lie inside the parent's scope.")
+            assert parent.expires_at is not None
+            if expires_at > parent.expires_at:
+                raise Forbidden("longer_expiry", "A delegation cannot outlive its parent grant.")
+            if expires_at <= at:
+                raise GovernanceError("invalid_expiry", "The expiry must be in the future.")
+            fields, egress, ceiling = _narrowed_envelope(parent, fields, egress, limits)
+            validate_shape(
+                tool=parent.tool,
+                actions=actions,
+                scope=scope,
+                fields=fields,
+                egress=egress,
+                justification=justification,
+            )
+            # The parent's row lock serialises delegations from it: no twin can slip in.
+            for twin in Grant.objects.filter(
+                delegated_from=parent,
+                agent=child,
+                status=Grant.Status.ACTIVE,
+                revoked_at__isnull=True,
+                scope=scope,
+                expires_at=expires_at,
+                delegable=delegable,
+            ):
+                if (set(twin.actions), set(twin.fields), set(twin.egress), twin.limits()) == (
+                    set(actions),
+                    set(fields),
+                    set(egress),
+                    ceiling,
+                ):
+                    return twin
+            grant = Grant.objects.create(
+                created_at=at,
+                agent=child,
+                tool=parent.tool,
+                task=parent.task,
+                actions=list(actions),
+                scope=scope,
+                fields=fields,
+                egress=egress,
+                **{f"limit_{name}": value for name, value in ceiling.items()},
+                delegable=delegable,
+                justification=justification,
+                requested_by_agent=parent.agent,
+                status=Grant.Status.ACTIVE,
+                decided_at=at,
+                starts_at=at,
+                expires_at=expires_at,
+                delegated_from=parent,
+                break_glass=parent.break_glass,
+            )
+            _event(
+                grant,
+                EventType.GRANT_DELEGATED,
+                actor,
+                at,
+                delegated_from=parent.pk,
+                depth=depth + 1,
+                justification=justification,
+                **envelope_data(grant),
+            )
+        return grant
     except (Forbidden, Conflict) as refused:
         with transaction.atomic():
             parent = Grant.objects.select_related("agent", "tool", "task").get(pk=parent_grant_id)
@@ -823,120 +921,6 @@ def grant_delegate(
                 },
             )
         raise
-
-
-def _delegate(
-    *,
-    parent_grant_id: int,
-    child: Agent,
-    actions: Sequence[str],
-    scope: str,
-    expires_at: datetime,
-    justification: str,
-    actor: audit.Actor,
-    at: datetime,
-    fields: Sequence[str] | None,
-    egress: Sequence[str] | None,
-    limits: dict[str, Any] | None,
-    delegable: bool,
-) -> Grant:
-    with transaction.atomic():
-        # The subagent as it is now, held: a suspension committing meanwhile is seen.
-        # Agent before grant, the order break-glass takes (its campaign folds usage).
-        child = Agent.objects.select_for_update(no_key=True).get(pk=child.pk)
-        parent = (
-            Grant.objects.select_for_update(of=("self",), no_key=True)
-            .select_related("agent", "tool", "task")
-            .get(pk=parent_grant_id)
-        )
-        if child.parent_id != parent.agent_id:
-            raise Forbidden("not_a_subagent", f"{child.name} is not a subagent of {parent.agent}.")
-        if child.status != Agent.Status.ACTIVE:
-            raise Conflict("agent_suspended", f"{child.name} is suspended: nothing is handed down.")
-        if not parent.delegable:
-            raise Forbidden("not_delegable", "The parent grant does not allow delegation.")
-        depth = 0
-        cursor: Grant | None = parent
-        while cursor is not None and cursor.delegated_from_id is not None:
-            depth += 1
-            cursor = cursor.delegated_from
-        if depth + 1 > settings.DELEGATION_MAX_DEPTH:
-            raise Forbidden("depth_exceeded", "The delegation chain is already at its limit.")
-        if delegable and depth + 2 > settings.DELEGATION_MAX_DEPTH:
-            raise Forbidden(
-                "depth_exceeded",
-                "This delegation is at the chain's limit: it cannot be handed down again.",
-            )
-        # Live per the decision module: own window, every ancestor, agent, tool.
-        dead = grant_dead_reason(parent.pk, at)
-        if dead is not None:
-            raise Forbidden("parent_not_live", f"The parent grant is not live ({dead}).")
-        if not set(actions) <= set(parent.actions) or not actions:
-            raise Forbidden("wider_actions", "A delegation can only carry the parent's actions.")
-        if not pattern_within(scope, parent.scope):
-            raise Forbidden("wider_scope", "The scope must lie inside the parent's scope.")
-        assert parent.expires_at is not None
-        if expires_at > parent.expires_at:
-            raise Forbidden("longer_expiry", "A delegation cannot outlive its parent grant.")
-        if expires_at <= at:
-            raise GovernanceError("invalid_expiry", "The expiry must be in the future.")
-        fields, egress, ceiling = _narrowed_envelope(parent, fields, egress, limits)
-        validate_shape(
-            tool=parent.tool,
-            actions=actions,
-            scope=scope,
-            fields=fields,
-            egress=egress,
-            justification=justification,
-        )
-        # The parent's row lock serialises delegations from it: no twin can slip in.
-        for twin in Grant.objects.filter(
-            delegated_from=parent,
-            agent=child,
-            status=Grant.Status.ACTIVE,
-            revoked_at__isnull=True,
-            scope=scope,
-            expires_at=expires_at,
-            delegable=delegable,
-        ):
-            if (set(twin.actions), set(twin.fields), set(twin.egress), twin.limits()) == (
-                set(actions),
-                set(fields),
-                set(egress),
-                ceiling,
-            ):
-                return twin
-        grant = Grant.objects.create(
-            created_at=at,
-            agent=child,
-            tool=parent.tool,
-            task=parent.task,
-            actions=list(actions),
-            scope=scope,
-            fields=fields,
-            egress=egress,
-            **{f"limit_{name}": value for name, value in ceiling.items()},
-            delegable=delegable,
-            justification=justification,
-            requested_by_agent=parent.agent,
-            status=Grant.Status.ACTIVE,
-            decided_at=at,
-            starts_at=at,
-            expires_at=expires_at,
-            delegated_from=parent,
-            break_glass=parent.break_glass,
-        )
-        _event(
-            grant,
-            EventType.GRANT_DELEGATED,
-            actor,
-            at,
-            delegated_from=parent.pk,
-            depth=depth + 1,
-            justification=justification,
-            **envelope_data(grant),
-        )
-    return grant
 
 
 def _requested_event(grant: Grant, actor: audit.Actor, at: datetime) -> None:
