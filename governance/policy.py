@@ -602,14 +602,16 @@ def _grant_dead(
     rows = _grant_rows([grant_id])
     if not rows:
         return Reason.NO_GRANT, None
-    named = _named_task_reason(task, at) if task is not None else None
-    return _row_dead(rows[0], at, past, task, named), rows[0]
+    # The named task matters only to a grant bound to no task (row[7]: its task).
+    named = _named_task_reason(task, at) if task is not None and rows[0][7] is None else None
+    return _row_dead(rows[0], at, past, named), rows[0]
 
 
 def _row_dead(
-    row: tuple[Any, ...], at: datetime, past: PastState | None, task: str | None, named: Any
+    row: tuple[Any, ...], at: datetime, past: PastState | None, named: Reason | None
 ) -> Reason | None:
-    """_grant_dead() for a grant's row; `named`: _named_task_reason(task, at)."""
+    """_grant_dead() for a grant's row; `named`: _named_task_reason() of the task the
+    question is about, None if there is none or it is open."""
     status, starts, expires, revoked, parent_id, agent_status, approved = row[:7]
     task_id, task_starts, task_ends, task_closed, agent_id, tool_id = row[7:13]
     if parent_id is None and row[16] is not None:
@@ -624,10 +626,10 @@ def _row_dead(
     if task_id is not None:
         if not _task_open_at(task_starts, task_ends, task_closed, at):
             return Reason.TASK_CLOSED
-    elif task is not None and named is not None:
+    elif named is not None:
         # A grant bound to no task serves calls under any task, each only while that
         # task is open (authorize step 4, before the grant's window is looked at).
-        return named  # type: ignore[no-any-return]
+        return named
     at_us = db.to_us(at)
     reason = _window_reason(status, starts, expires, revoked, at_us, row[15])
     if reason is None and past is None and not row[17]:
@@ -655,7 +657,7 @@ def grant_dead_reasons(
     found: dict[int, Reason | None] = dict.fromkeys(ids, Reason.NO_GRANT)
     for start in range(0, len(ids), _BATCH):
         for row in _grant_rows(ids[start : start + _BATCH]):
-            found[row[18]] = _row_dead(row, at, past, task, named)
+            found[row[18]] = _row_dead(row, at, past, named)
     return found
 
 

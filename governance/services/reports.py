@@ -9,7 +9,6 @@ that a spreadsheet would run as a formula is prefixed with a single quote.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import re
 from bisect import bisect_right
@@ -415,12 +414,7 @@ def csv_cell(value: Any) -> str:
 def csv_text(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     """CSV with a header, every cell quoted (a quoted cell stays whole whatever the
     reader's separator) and none a formula (csv_cell)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([csv_cell(row[column]) for column in columns])
-    return out.getvalue()
+    return "".join(csv_lines(rows, columns))
 
 
 class _Echo:
