@@ -33,13 +33,11 @@ EMBEDDED_BROKER_DIR = Path(__file__).resolve().parent.parent / "var" / "celery"
 
 
 def expiry_interval() -> timedelta:
-    """Seconds between expiry runs: 60, or GOVERNANCE_EXPIRY_INTERVAL_SECONDS (strict
-    integer; the integration test sets 1 so it need not wait a minute)."""
-    from governance.settings import env_int
+    """Seconds between expiry runs: 60, or GOVERNANCE_EXPIRY_INTERVAL_SECONDS (read by
+    the settings; the integration test sets 1 so it need not wait a minute)."""
+    from django.conf import settings
 
-    return timedelta(
-        seconds=env_int("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", 60, minimum=1, maximum=3600)
-    )
+    return settings.GOVERNANCE_EXPIRY_INTERVAL
 
 
 def beat_schedule() -> dict[str, dict[str, Any]]:

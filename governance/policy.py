@@ -202,7 +202,9 @@ class Decision:
     # The confirmation policy that answered the gate (approve or deny), if one did.
     policy_id: int | None = None
     # A denial because the grant that covers the call is not live: which grant (never
-    # grant_id, which names only a grant a call was allowed under).
+    # grant_id, which names only a live grant covering the call: the one an allow was
+    # under, or the one the confirmation gate was asked under; the API shows it only
+    # with an allow).
     dead_grant_id: int | None = None
     # The newest audit event the decision's read could see: every state change writes
     # one, so access_check's append can tell whether the state changed since (a revoke

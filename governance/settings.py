@@ -122,7 +122,7 @@ def database_from_url(url: str) -> dict[str, object]:
         "HOST": host,
         "PORT": str(port),
         # Persistent connections: a decision should not pay a TCP + auth handshake.
-        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60, maximum=86_400),
+        "CONN_MAX_AGE": CONN_MAX_AGE,
         "CONN_HEALTH_CHECKS": True,
         "TEST": {"NAME": env_str("DATABASE_TEST_NAME", f"test_{name}")},
     }
@@ -152,7 +152,8 @@ AUDIT_CHECKPOINT_MAX_AGE = timedelta(
 # (audit.compact_checkpoints says what that gives up). 0 keeps every one for ever.
 AUDIT_CHECKPOINT_KEEP_DAYS = env_int("AUDIT_CHECKPOINT_KEEP_DAYS", 2, minimum=0, maximum=3660)
 
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+# Django's test setup adds its own "testserver"; nothing else should answer to that name.
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
 # --- Governance policy knobs -------------------------------------------------
 # Every duration below has a maximum: no permanent grants by a huge number, and no
@@ -179,6 +180,11 @@ APPROVAL_PENDING_MAX = env_int("APPROVAL_PENDING_MAX", 20, minimum=1, maximum=10
 # 72 h of requests was 129,600). Requests people file for an agent are not counted.
 GRANT_REQUEST_PENDING_MAX = env_int("GRANT_REQUEST_PENDING_MAX", 20, minimum=1, maximum=10_000)
 DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0, maximum=10)
+# Read here, not in governance.celery, so a bad value stops the web process and every
+# management command too, not only the worker and beat that schedule from it.
+GOVERNANCE_EXPIRY_INTERVAL = timedelta(
+    seconds=env_int("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", 60, minimum=1, maximum=3600)
+)
 AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1, maximum=365)
 
 
@@ -242,6 +248,8 @@ TEMPLATES = [
     },
 ]
 
+# PostgreSQL's persistent connections (seconds); read, and checked, on SQLite too.
+CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, maximum=86_400)
 _database_url = os.environ.get("DATABASE_URL")
 if _database_url is not None:
     DATABASES = {"default": database_from_url(_database_url)}

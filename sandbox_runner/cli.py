@@ -140,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--tool", default=DEFAULT_TOOL, type=_text("tool"))
     run.add_argument(
         "--backend",
-        default=os.environ.get("SANDBOX_BACKEND") or "docker",
+        default=None,  # SANDBOX_BACKEND, checked in main() (argparse checks no default)
         choices=list(REGISTRY),
         help="default: SANDBOX_BACKEND, else docker (governance's SANDBOX_BACKENDS may refuse it)",
     )
@@ -170,6 +170,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "reap":
         return _reap()
+    if args.backend is None:
+        # As strict as --backend: set but empty, or a misspelt name, is a usage error,
+        # not docker by default nor a refusal that reads like the deployment's.
+        args.backend = os.environ.get("SANDBOX_BACKEND", "docker")
+        if args.backend not in REGISTRY:
+            print(
+                f"sandbox_runner: SANDBOX_BACKEND={args.backend!r} is not one of "
+                f"{', '.join(REGISTRY)}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]

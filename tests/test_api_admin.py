@@ -1422,6 +1422,25 @@ def test_the_csv_report_neutralises_formulas(admin, make_agent, make_tool, make_
 def test_every_formula_prefix_is_neutralised(value):
     assert reports.csv_cell(value) == "'" + value
     assert reports.csv_cell("a" + value) == "a" + value
+    assert reports.xlsx_cell(value) == "'" + value
+
+
+@pytest.mark.parametrize("space", [" ", "  ", "\xa0", "\u2003", " \t"])
+def test_leading_spaces_do_not_hide_a_formula(space):
+    """An agent's tool, task or scope text went out as ` =HYPERLINK(...)`: a reader
+    that trims spaces on import would run it."""
+    for formula in ('=HYPERLINK("http://127.0.0.1/","x")', "-2+3", "+1", "@SUM(A1)"):
+        assert reports.csv_cell(space + formula) == "'" + space + formula
+        assert reports.xlsx_cell(space + formula) == "'" + space + formula
+        assert reports.csv_cell("x;" + space + formula) == "x;'" + space + formula
+    assert reports.csv_cell(space + "plain") == space + "plain"
+
+
+def test_an_xlsx_cell_keeps_a_semicolon_as_it_was():
+    """XLSX has no separator to split a cell at: `rm a;-rf b` is exported as logged,
+    not as `rm a;'-rf b` (a quote the auditor could not tell from the agent's own)."""
+    assert reports.xlsx_cell('{"cmd":"rm a;-rf b"}') == '{"cmd":"rm a;-rf b"}'
+    assert reports.csv_cell('{"cmd":"rm a;-rf b"}') == '{"cmd":"rm a;\'-rf b"}'
 
 
 @pytest.mark.parametrize(

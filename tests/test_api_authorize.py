@@ -283,6 +283,10 @@ def test_a_destructive_call_returns_an_approval_to_poll(setup, human_client, bob
     response = setup["client"].post(URL, body(action="delete"), format="json")
     data = response.json()
     assert (data["decision"], data["reason"]) == ("approval_required", "approval_required")
+    # `grant` and `expires_at` say what a call was allowed under: not leave to act.
+    # The audit event names the grant the gate was asked under.
+    assert (data["grant"], data["expires_at"]) == (None, None)
+    assert last_event().grant_id == setup["grant"].pk
     approval_url = f"/api/v1/approvals/{data['approval']}"
     polled = setup["client"].get(approval_url)
     assert polled.status_code == 200 and polled.json()["status"] == "pending"
@@ -303,10 +307,13 @@ def test_a_destructive_call_returns_an_approval_to_poll(setup, human_client, bob
         URL, body(action="delete", approval=data["approval"]), format="json"
     )
     assert used.json()["decision"] == "allow"
+    assert used.json()["grant"] == setup["grant"].pk and used.json()["expires_at"]
     again = setup["client"].post(
         URL, body(action="delete", approval=data["approval"]), format="json"
     )
     assert again.json()["reason"] == "approval_invalid"
+    assert (again.json()["grant"], again.json()["expires_at"]) == (None, None)
+    assert (last_event().reason, last_event().grant_id) == ("approval_invalid", setup["grant"].pk)
 
 
 def test_an_internal_failure_is_503_deny(setup):
@@ -587,6 +594,30 @@ def test_a_delegation_over_http_narrows_the_envelope_and_is_refused_when_wider(
     )
     assert (again.status_code, again.json()["id"]) == (200, child.pk)
     assert last_event().seq == event.seq
+
+
+def test_a_delegation_names_fields_as_a_request_must(
+    make_agent, make_tool, make_grant, agent_client
+):
+    """A parent with no field list covers any list, so a delegation could pick field
+    names no request may carry (a comma, a bidi control): 400, nothing written."""
+    bot = make_agent("bot")
+    make_agent("bot-sub", parent=bot)
+    grant = make_grant(bot, make_tool("repo"), ("read",), "repo:acme/*", delegable=True,
+                       starts_at=timezone.now() - timedelta(minutes=5))  # fmt: skip
+    body = {"grant": grant.pk, "agent": "bot-sub", "actions": ["read"], "scope": "repo:acme/x/*",
+            "expires_at": grant.expires_at.isoformat(), "justification": "sub-task"}  # fmt: skip
+    client = agent_client(bot)
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+    for fields in (["email,name"], ["x\u202edaer"], ["a b"]):
+        response = client.post("/api/v1/delegations", {**body, "fields": fields}, format="json")
+        assert response.status_code == 400, response.content
+        assert "fields" in response.json()["error"]["fields"]
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+    made = client.post("/api/v1/delegations", {**body, "fields": ["user.email"]}, format="json")
+    assert made.status_code == 201, made.content
+    assert Grant.objects.get(pk=made.json()["id"]).fields == ["user.email"]
+    assert last_event().event_type == "grant.delegated"
 
 
 def test_the_bearer_scheme_is_case_insensitive(agent_client, make_agent):

@@ -364,7 +364,7 @@ def test_b_cannot_see_as_approval_nor_use_it(bot_b, world, make_grant, bob, clie
     assert used.status_code == 200
     body = used.json()
     assert (body["decision"], body["reason"]) == ("deny", "approval_invalid")
-    assert (body["grant"], body["approval"]) == (b_grant.pk, None)
+    assert (body["grant"], body["approval"]) == (None, None)  # a grant only with an allow
     event = last_event()
     assert AuditEvent.objects.count() == before[0] + 1
     assert str(event.uid) == body["decision_id"]
@@ -398,10 +398,13 @@ def test_b_cannot_request_a_grant_in_as_name(bot_b, world):
     assert Grant.objects.count() == before
 
 
-def test_an_auditor_files_no_request_even_for_an_agent_they_own(world, human_client, carol):
+@pytest.mark.parametrize("owns", [True, False])
+def test_an_auditor_files_no_request_whoever_owns_the_agent(world, human_client, carol, owns):
     """Auditors are read-only: owning an agent does not let carol ask for its grants
-    (the service refuses, so the UI and commands agree)."""
-    Agent.objects.filter(name="bot-b").update(owner=carol)  # test setup: carol owns it
+    (the service refuses, so the UI and commands agree), and for an agent she does not
+    own the refusal says so too, not `not_agent_owner` (as if owning it would do)."""
+    if owns:
+        Agent.objects.filter(name="bot-b").update(owner=carol)  # test setup: carol owns it
     auditor = human_client(carol, roles.AUDITORS)
     before = (Grant.objects.count(), AuditEvent.objects.count())
     response = auditor.post(f"{API}grant-requests", REQUEST | {"agent": "bot-b"}, format="json")

@@ -610,7 +610,7 @@ TOOL = "tools:\n- {name: t2, kind: api, actions: [read],\n"
         (GRANT + '   duration: 1h, fields: ["a\\0"]}\n',
          "matrix.yaml:3: grants[0].fields[0]: must be text: no NUL byte, no lone surrogate"),
         (GRANT + "   duration: 1h, fields: [" + "f" * 101 + "]}\n",
-         "at most 100 names of 1-100 characters"),
+         "at most 100 names of 1-100 printable ASCII"),
         (GRANT.replace("justification: j", 'justification: "a\\ud800b"') + "   duration: 1h}\n",
          "matrix.yaml:2: grants[0].justification: must be text: no NUL byte"),
         (GRANT + '   duration: "\u0661h"}\n',

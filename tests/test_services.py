@@ -205,6 +205,15 @@ def test_a_duration_over_the_maximum_is_rejected_not_clamped(bot, repo, alice, s
         ("egress", ["example.org:443\n"]),
         ("egress", ["example.org:४४३"]),
         ("duration", timedelta(0)),
+        # Exports join a grant's fields with commas; a printed report shows them as
+        # they are: a comma, a space, a bidi control or a line break made two grants
+        # read alike, or a row read backwards.
+        ("fields", ["email,name"]),
+        ("fields", ["email name"]),
+        ("fields", ["x\u202edaer"]),
+        ("fields", ["line1\nline2"]),
+        ("fields", ["ls\u2028sep"]),
+        ("fields", [""]),
     ],
 )
 def test_a_malformed_request_is_refused_whole(bot, repo, alice, field, value):

@@ -79,6 +79,12 @@ def test_a_plain_integer_still_parses(monkeypatch, value, number):
         # A mail server may hold a delivery no longer than a webhook may.
         ("EMAIL_TIMEOUT", "61"),
         ("EMAIL_TIMEOUT", "0"),
+        # Read by the settings: before, only the worker and beat died of it, while the
+        # web process served on with nothing expiring or checkpointing the chain.
+        ("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", "3601"),
+        ("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", "0"),
+        # A connection age is checked on SQLite too, where it is not used (yet).
+        ("DATABASE_CONN_MAX_AGE", "86401"),
     ],
 )
 def test_a_duration_past_its_maximum_stops_start_up(name, value):
@@ -163,6 +169,27 @@ PRODUCTION = {
 def test_production_settings_start_with_a_key_a_redis_url_and_a_secret():
     proc = start("governance.settings_production", **PRODUCTION)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_production_refuses_an_hsts_age_past_two_years():
+    proc = start(
+        "governance.settings_production", **{**PRODUCTION, "SECURE_HSTS_SECONDS": "9" * 20}
+    )
+    assert_refused(proc, "SECURE_HSTS_SECONDS", "outside")
+
+
+def test_only_this_machines_names_are_allowed_hosts_by_default():
+    """`testserver` was in the default list, so a production run that set no
+    ALLOWED_HOSTS answered `Host: testserver` (Django's test setup adds its own)."""
+    proc = subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-c", "from governance import settings; print(settings.ALLOWED_HOSTS)"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "ALLOWED_HOSTS"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "['127.0.0.1', 'localhost']", proc.stderr
 
 
 @pytest.mark.parametrize("key", ["a", "x" * 31, " " * 20 + "y" * 31])

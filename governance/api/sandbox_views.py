@@ -353,7 +353,7 @@ def _run_body(run_id: str, auth: Any) -> dict[str, Any]:
         "reason": auth.reason,
         "message": auth.message,
         "decision_id": auth.decision_id,
-        "grant": auth.grant_id,
+        "grant": auth.grant_id if auth.outcome == "allow" else None,  # as /authorize
         "approval": auth.approval_id,
         "limits": {n: getattr(limits, n) for n in LIMIT_NAMES} if limits else None,
         "egress": [str(d) for d in auth.egress],

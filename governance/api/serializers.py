@@ -66,6 +66,8 @@ _IPV6 = (
     rf"|{_H16}:(?::{_H16}){{1,6}}|:(?:(?::{_H16}){{1,7}}|:))"
 )
 EGRESS_PATTERN = rf"^(?:\[{_IPV6}\]|{_LABEL}(?:\.{_LABEL})*):{_PORT}$"
+# A grant's field name (services.grants.FIELD_NAME): printable ASCII, no space or comma.
+FIELD_PATTERN = r"^[!-+\--~]+$"
 # What Python's str.strip() removes, spelled out: regex engines disagree about `\s`
 # (ECMA's has U+FEFF but not U+001C-U+001F), and the services strip with Python.
 _SPACE = (
@@ -611,8 +613,12 @@ class GrantRequestIn(StrictSerializer):
         declared={"maximum": int(settings.GRANT_MAX_TTL.total_seconds())},
     )
     justification = _free_text(max_length=2000)
-    fields = ListField(
-        child=exact_char(max_length=100), required=False, default=list, max_length=100
+    fields = DeclaredListField(
+        child=exact_char(max_length=100),
+        required=False,
+        default=list,
+        max_length=100,
+        declared={"items": {"pattern": FIELD_PATTERN}},
     )
     egress = DeclaredListField(
         child=exact_char(max_length=300),
@@ -636,10 +642,11 @@ class DelegationIn(StrictSerializer):
     justification = _free_text(max_length=2000)
     # Left out: the parent grant's own. Given: narrower, or 403 (wider_fields,
     # wider_egress, wider_limits).
-    fields = ListField(
+    fields = DeclaredListField(
         child=exact_char(max_length=100),
         required=False,
         max_length=100,
+        declared={"items": {"pattern": FIELD_PATTERN}},
         help_text="Inside the parent's field list (any list if the parent has none)",
     )
     egress = DeclaredListField(

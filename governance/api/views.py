@@ -65,14 +65,19 @@ def limit(request: Request, bucket: str, *, fail_closed: bool) -> None:
 
 
 def _decision_body(decision: Any) -> dict[str, Any]:
+    # `grant` and `expires_at` say what a call was allowed under, and until when: only an
+    # allow carries them. An `approval_required` answer or a gate's denial found a live
+    # grant too, but a client reading "grant 4 until 11:35" off a non-allow must not
+    # take it for leave to act (the audit event names the grant either way).
+    allowed = decision.allowed
     return {
         "decision": decision.decision,
         "reason": decision.reason,
         "message": decision.message,
         "decision_id": decision.decision_id,
-        "grant": decision.grant_id,
+        "grant": decision.grant_id if allowed else None,
         "approval": decision.approval_id,
-        "expires_at": decision.expires_at,
+        "expires_at": decision.expires_at if allowed else None,
         "break_glass": decision.break_glass,
     }
 
@@ -299,9 +304,10 @@ class GrantRequestListView(APIView):
                 raise GovernanceError(
                     "agent_required", "Name the agent.", fields={"agent": "required"}
                 )
+            # Auditors are read-only, whoever the agent: that, not whose agent it is, is
+            # why they are refused. A person asks for their own agents; admins for any.
+            grants.refuse_read_only(request.user)
             agent = selectors.agent_named_by(request.user, data["agent"])
-            # A person asks for their own agents; admins for any. Auditors are
-            # read-only, and nobody files requests for someone else's agent.
             if agent.owner_id != request.user.pk and not roles.is_admin(request.user):
                 raise Forbidden(
                     "not_agent_owner", "Only the agent's owner or an admin can request its grants."

@@ -451,7 +451,7 @@ def _xlsx_value(value: Any) -> Any:
     # characters XLSX cannot hold shown as `\x01` / `\ufffe`, as the audit log
     # stores control characters, instead of failing the whole file.
     if isinstance(value, bool) or value is None or not isinstance(value, int | float):
-        return _XLSX_ILLEGAL.sub(_escaped, reports.csv_cell(value))
+        return _XLSX_ILLEGAL.sub(_escaped, reports.xlsx_cell(value))
     return value
 
 

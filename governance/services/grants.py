@@ -8,6 +8,7 @@ already refuse expired grants on their own).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -30,6 +31,10 @@ from sandbox_runner.spec import DEFAULT_LIMITS
 # As the API schema declares (GrantRequestIn), for every door: a matrix file too.
 MAX_FIELDS = 100
 MAX_FIELD_NAME = 100
+# A field name is printable ASCII with no comma: exports join a grant's fields with
+# commas, so `["email", "name"]` and `["email,name"]` would read the same, and a bidi
+# control or line break in one would turn a printed report's row around.
+FIELD_NAME = re.compile(r"[!-+\--~]+")
 MAX_EGRESS = 100
 MAX_EGRESS_ENTRY = 300
 MAX_JUSTIFICATION = 2000
@@ -66,10 +71,12 @@ def validate_shape(
             "segment; no '..', '%', '\\', empty segments or non-ASCII)."
         )
     if len(fields) > MAX_FIELDS or any(
-        not isinstance(f, str) or not 0 < len(f) <= MAX_FIELD_NAME for f in fields
+        not isinstance(f, str) or len(f) > MAX_FIELD_NAME or not FIELD_NAME.fullmatch(f)
+        for f in fields
     ):
         errors["fields"] = (
-            f"Fields must be at most {MAX_FIELDS} names of 1-{MAX_FIELD_NAME} characters."
+            f"Fields must be at most {MAX_FIELDS} names of 1-{MAX_FIELD_NAME} printable "
+            "ASCII characters, with no space or comma."
         )
     if len(egress) > MAX_EGRESS or any(
         not isinstance(e, str) or len(e) > MAX_EGRESS_ENTRY for e in egress
@@ -142,6 +149,12 @@ def _event(grant: Grant, event_type: str, actor: audit.Actor, at: datetime, **da
             **data,
         },
     )
+
+
+def refuse_read_only(person: Any) -> None:
+    """An auditor files no grant request, for any agent (403 `auditor_read_only`)."""
+    if person is not None and roles.is_read_only(person):
+        raise Forbidden("auditor_read_only", "Auditors are read-only: they cannot request grants.")
 
 
 def grant_request(
@@ -223,8 +236,7 @@ def _request_row(
         raise GovernanceError("justification_required", "Say why the grant is needed.")
     if requested_by is None and requested_by_agent is None:
         raise GovernanceError("requester_required", "A grant request needs a requester.")
-    if requested_by is not None and roles.is_read_only(requested_by):
-        raise Forbidden("auditor_read_only", "Auditors are read-only: they cannot request grants.")
+    refuse_read_only(requested_by)
     if requested_by_agent is not None:
         # Counted under the requesting agent's lock: two requests at once see each other.
         lock_agent(requested_by_agent.pk)

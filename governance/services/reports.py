@@ -57,7 +57,7 @@ ACCESS_COLUMNS = (
 FORMATS = ("json", "csv")
 # OWASP's list: =, +, -, @ start a formula; tab and carriage return can smuggle one in.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_AFTER_SEMICOLON = re.compile(r";(?=[=+\-@\t\r])")
+_AFTER_SEMICOLON = re.compile(r";(?=\s*[=+\-@\t\r])")
 
 
 def _requester(grant: Grant) -> str | None:
@@ -392,23 +392,38 @@ def access_report_export(
 
 
 def csv_cell(value: Any) -> str:
-    """Text for one cell, never a formula."""
-    if value is None:
-        text = ""
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, datetime):
-        text = value.isoformat()
-    elif isinstance(value, list | tuple):
-        text = ",".join(str(item) for item in value)
-    elif isinstance(value, dict):  # a grant's limits: `cpus=0.5,memory_mb=256`
-        text = ",".join(f"{key}={item}" for key, item in value.items())
-    else:
-        text = str(value)
+    """Text for one CSV cell, never a formula."""
     # A spreadsheet set to `;` as its separator splits a cell at a `;` inside it: what
     # follows one must not start a formula either (`repo:acme/x;=WEBSERVICE(...)`).
-    text = _AFTER_SEMICOLON.sub(";'", text)
-    return "'" + text if text.startswith(_FORMULA_START) else text
+    return _not_a_formula(_AFTER_SEMICOLON.sub(";'", cell_text(value)))
+
+
+def xlsx_cell(value: Any) -> str:
+    """Text for one XLSX cell, never a formula. A cell has no separator to split it,
+    so a `;` inside stays as it was (csv_cell's `;'` would alter a logged command)."""
+    return _not_a_formula(cell_text(value))
+
+
+def _not_a_formula(text: str) -> str:
+    # Leading spaces (NBSP and the other Unicode ones too) do not hide a formula from
+    # a reader that trims them on import.
+    formula = text.startswith(_FORMULA_START) or text.lstrip().startswith(_FORMULA_START[:4])
+    return "'" + text if formula else text
+
+
+def cell_text(value: Any) -> str:
+    """One value as a cell's text: lists and limits comma-joined, times ISO 8601."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return ",".join(str(item) for item in value)
+    if isinstance(value, dict):  # a grant's limits: `cpus=0.5,memory_mb=256`
+        return ",".join(f"{key}={item}" for key, item in value.items())
+    return str(value)
 
 
 def csv_text(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:

@@ -264,6 +264,21 @@ def test_a_bad_value_is_a_one_line_usage_error_and_governance_is_not_asked(
     assert asked == []
 
 
+@pytest.mark.parametrize("value", ["", "bubblewarp", " bubblewrap", "Docker"])
+def test_a_bad_sandbox_backend_variable_is_a_usage_error(
+    value, governance_stub, monkeypatch, capfd
+):
+    """SANDBOX_BACKEND set but empty ran docker; a misspelt one got past argparse (which
+    checks no default) and ended as 71 "no backend is called ...". Now it is what the
+    same value given as --backend is: 64, one line naming it, nothing asked."""
+    url, asked = governance_stub
+    monkeypatch.setenv("SANDBOX_BACKEND", value)
+    code, err = _exit_of(["run", "--agent", "coder", "--api", url, "--", "true"], capfd)
+    assert code == EXIT_USAGE, err
+    assert err.startswith("sandbox_runner: SANDBOX_BACKEND=") and err.count("\n") == 1, err
+    assert asked == []
+
+
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
