@@ -1397,31 +1397,47 @@ def _checkpoint_stale(
     return None
 
 
-def verify_and_record(*, actor: Actor, at: datetime) -> Verdict:
+def verify_and_record(
+    *, actor: Actor, at: datetime, once_within: timedelta | None = None
+) -> Verdict:
     """Verify; a failure is logged and recorded as an event in the chain itself
     (appended after the damage, so the next verify still reports the damage).
-    Used by the nightly job and by `manage.py audit_verify` alike."""
+    Used by the nightly job and by `manage.py audit_verify` alike. With `once_within`
+    (the job), a failure already recorded in that window before `at` is not recorded
+    or alerted again: a redelivered message, a run on top of the nightly one, or a
+    message anyone with the broker can send, each added an event and an admin alert."""
     verdict = verify_chain(at)
-    if not verdict.ok:
-        log.error("audit chain verification failed: %s", verdict.render())
-        with transaction.atomic():
-            append(
-                event_type=EventType.AUDIT_VERIFY_FAILED,
-                actor=actor,
-                at=at,
-                reason="verify_failed",
-                data={"bad_seq": verdict.bad_seq, "problem": verdict.problem},
-            )
-            from governance import notifications  # local: notifications imports models
-
-            try:
-                with transaction.atomic():  # a savepoint: the alert never undoes the event
-                    notifications.audit_verify_failed(
-                        bad_seq=verdict.bad_seq, problem=verdict.problem, at=at
-                    )
-            except Exception:
-                log.exception("could not queue the audit verification alert")
+    if verdict.ok:
+        return verdict
+    log.error("audit chain verification failed: %s", verdict.render())
+    if once_within is None:
+        _record_failure(verdict, actor=actor, at=at)
+        return verdict
+    with _refusal_lock():
+        if not refusal_recorded_within(at, once_within):
+            _record_failure(verdict, actor=actor, at=at)
     return verdict
+
+
+def _record_failure(verdict: Verdict, *, actor: Actor, at: datetime) -> None:
+    """One `audit.verify_failed` event, and with it the admins' alert."""
+    with transaction.atomic():
+        append(
+            event_type=EventType.AUDIT_VERIFY_FAILED,
+            actor=actor,
+            at=at,
+            reason="verify_failed",
+            data={"bad_seq": verdict.bad_seq, "problem": verdict.problem},
+        )
+        from governance import notifications  # local: notifications imports models
+
+        try:
+            with transaction.atomic():  # a savepoint: the alert never undoes the event
+                notifications.audit_verify_failed(
+                    bad_seq=verdict.bad_seq, problem=verdict.problem, at=at
+                )
+        except Exception:
+            log.exception("could not queue the audit verification alert")
 
 
 def _hash_at(seq: int) -> str | None:
@@ -1779,19 +1795,27 @@ def record_refusal_once(*, actor: Actor, at: datetime, window: timedelta) -> boo
     lock in AUDIT_CHECKPOINT_DIR: two refused checkpoint jobs at once (a backlog, two
     beats) both saw none recorded while the first was still walking the log, and the
     damage was recorded and alerted twice. True if this call recorded it."""
-    directory = _checkpoint_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".refusal.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _refusal_lock():
         if refusal_recorded_within(at, window):
             return False
         return not verify_and_record(actor=actor, at=at).ok
 
 
+@contextlib.contextmanager
+def _refusal_lock() -> Iterator[None]:
+    """Held while deciding whether to record a failed verification, and recording it."""
+    directory = _checkpoint_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".refusal.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def refusal_recorded_within(at: datetime, window: timedelta) -> bool:
     """Was a failed verification recorded in the `window` before `at`? The minutely
     checkpoint job, refused over a damaged log, records and alerts at most once per
-    window instead of every minute (the nightly verify records its own)."""
+    window instead of every minute (the nightly verify, too, records none already
+    recorded in the window)."""
     from governance.models import AuditEvent
 
     return AuditEvent.objects.filter(

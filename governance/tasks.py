@@ -23,6 +23,10 @@ def expire_due() -> dict[str, int]:
     return expire(actor=audit.Actor.system("celery:expire_due"), at=timezone.now())
 
 
+# A damaged log is recorded and alerted at most once in this long, by either job.
+RECORD_FAILURE_EVERY = timedelta(hours=1)
+
+
 @app.task(name="governance.tasks.audit_checkpoint")
 def audit_checkpoint() -> dict[str, Any]:
     """Sign the head; refused over a damaged log, which is then verified and recorded
@@ -35,7 +39,7 @@ def audit_checkpoint() -> dict[str, Any]:
         # Every minute while the damage stays: recorded and alerted once an hour, not
         # sixty times (each record is itself an event, and a mail to every admin).
         actor = audit.Actor.system("celery:audit_checkpoint")
-        audit.record_refusal_once(actor=actor, at=now, window=timedelta(hours=1))
+        audit.record_refusal_once(actor=actor, at=now, window=RECORD_FAILURE_EVERY)
         return {"refused": True, "bad_seq": exc.problem[0], "problem": exc.problem[1]}
     return {"file": body["file"], "seq": body["seq"]}
 
@@ -43,10 +47,12 @@ def audit_checkpoint() -> dict[str, Any]:
 @app.task(name="governance.tasks.audit_verify")
 def audit_verify() -> dict[str, Any]:
     """The nightly full verify; only when it passes, old checkpoints are compacted
-    (audit.compact_checkpoints): a damaged series keeps every file as evidence."""
+    (audit.compact_checkpoints): a damaged series keeps every file as evidence. Its
+    message may come twice (or from anyone who can write to the broker): a failure is
+    recorded and alerted once in RECORD_FAILURE_EVERY, not once per message."""
     now = timezone.now()
     actor = audit.Actor.system("celery:audit_verify")
-    verdict = audit.verify_and_record(actor=actor, at=now)
+    verdict = audit.verify_and_record(actor=actor, at=now, once_within=RECORD_FAILURE_EVERY)
     result: dict[str, Any] = {"ok": verdict.ok, "count": verdict.count, "bad_seq": verdict.bad_seq}
     if verdict.ok:
         try:
@@ -75,6 +81,11 @@ def notification_deliver(self: Any, notification_id: int) -> dict[str, Any]:
     """One delivery attempt; a failure is recorded on the row and retried after its
     backoff (notifications.deliver gives up after NOTIFY_MAX_ATTEMPTS)."""
     from governance import notifications
+
+    # A message is JSON anyone with the broker could write: "1", 1.9 and true each
+    # named notification 1. Only a row id is one.
+    if type(notification_id) is not int or notification_id < 1:
+        return {"id": None, "outcome": "refused"}
 
     outcome, wait = notifications.deliver(notification_id=notification_id, at=timezone.now())
     if outcome == "retry" and wait is not None:

@@ -17,14 +17,15 @@ from urllib.parse import quote
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from governance import audit, tasks
+from governance import audit, roles, tasks
 from governance.celery import app, beat_schedule, expiry_interval
 from governance.codes import EventType, Reason
-from governance.models import Approval, AuditEvent, Grant
+from governance.models import Approval, AuditEvent, Grant, Notification
 from governance.policy import authorize
 from governance.services import access
 from governance.services.approvals import approval_approve, approval_deny, approvals_expire
@@ -229,8 +230,10 @@ def test_the_checkpoint_task_writes_a_checkpoint_even_with_nothing_new(db):
     assert len(audit.load_checkpoints()) == 2
 
 
-def test_the_verify_task_records_a_failure_as_an_event(make_agent, caplog):
+def test_the_verify_task_records_a_failure_as_an_event(make_agent, caplog, django_user_model):
     make_agent()
+    heidi = django_user_model.objects.create_user("heidi", email="heidi@example.test")
+    heidi.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
     assert tasks.audit_verify()["ok"] is True
     assert events(EventType.AUDIT_VERIFY_FAILED) == []
 
@@ -246,6 +249,27 @@ def test_the_verify_task_records_a_failure_as_an_event(make_agent, caplog):
     assert "bad signature" in json.loads(event.data)["problem"]
     assert event.actor == "system:celery:audit_verify"
     assert "audit chain verification failed" in caplog.text
+    alerts = Notification.objects.filter(event="audit_verify_failed").count()
+    assert alerts == 1  # heidi, the admin
+
+    # The same message again (redelivered, a second beat, or sent by anyone who can
+    # write to the broker): still a failure, but not a second event nor alert.
+    assert tasks.audit_verify()["ok"] is False
+    assert events(EventType.AUDIT_VERIFY_FAILED) == [event]
+    assert Notification.objects.filter(event="audit_verify_failed").count() == alerts
+    # An hour on, the damage still there: recorded again, a reminder once an hour.
+    later = timezone.now() + tasks.RECORD_FAILURE_EVERY + timedelta(seconds=1)
+    actor = audit.Actor.system("celery:audit_verify")
+    again = audit.verify_and_record(actor=actor, at=later, once_within=tasks.RECORD_FAILURE_EVERY)
+    assert again.ok is False and len(events(EventType.AUDIT_VERIFY_FAILED)) == 2
+
+
+def test_a_notification_message_names_a_row_id_or_nothing(db):
+    """A forged message's "1", 1.9 or true each acted on notification 1."""
+    for forged in ("1", 1.9, True, 0, -1, None, [1], {"id": 1}):
+        assert tasks.notification_deliver.apply(args=[forged]).get() == {
+            "id": None, "outcome": "refused",
+        }  # fmt: skip
 
 
 def test_the_nightly_verify_compacts_old_checkpoints_after_it_passes(db, settings):
