@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from governance import audit
 from governance.audit import Actor
 from governance.models import AgentToken, AuditEvent, DecisionOutcome, Grant
 from governance.services import agents
@@ -66,7 +67,13 @@ def test_a_body_naming_another_agent_is_refused_not_obeyed(setup):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "invalid_request" and "agent" in error["fields"]
-    assert AuditEvent.objects.count() == before
+    # Nothing decided; the attempt on record under the agent that made it.
+    assert AuditEvent.objects.count() == before + 1
+    event = last_event()
+    assert (event.event_type, event.agent, event.reason) == (
+        "access.denied", "other", "invalid_request",
+    )  # fmt: skip
+    assert "agent" in json.loads(event.data)["problems"]
 
 
 @pytest.mark.parametrize(
@@ -80,11 +87,37 @@ def test_a_body_naming_another_agent_is_refused_not_obeyed(setup):
         ["not", "an", "object"],
     ],
 )
-def test_malformed_bodies_are_400_with_fields(setup, bad):
+def test_malformed_bodies_are_400_with_fields_and_on_record(setup, bad):
+    """Refused, never decided (no grant is read, nothing but the record is written),
+    and on record: an agent probing with tools or actions outside the schema left no
+    trace, where one naming an unknown tool does."""
+    before = AuditEvent.objects.count()
     response = setup["client"].post(URL, bad, format="json")
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "invalid_request" and error["message"] and error["fields"]
+    assert AuditEvent.objects.count() == before + 1
+    event = last_event()
+    assert (event.event_type, event.agent, event.decision, event.reason) == (
+        "access.denied", "bot", "deny", "invalid_request",
+    )  # fmt: skip
+    sent = bad if isinstance(bad, dict) else {}
+    assert event.tool == (sent.get("tool") if isinstance(sent.get("tool"), str) else "")
+    assert event.actor == "agent:bot" and event.grant_id is None
+    assert set(json.loads(event.data)["problems"]) == set(error["fields"])
+
+
+def test_a_malformed_body_is_recorded_cut_and_escaped(setup):
+    """What is recorded of a malformed body is what every event's columns hold: an
+    overlong tool name cut, a NUL escaped, other text as sent (the pages reveal it)."""
+    sent = {"tool": "t\x00" + "x" * 300, "action": "wipe\u202e", "scope": "x:y"}
+    response = setup["client"].post(URL, json.dumps(sent), content_type="application/json")
+    assert response.status_code == 400
+    event = last_event()
+    assert (event.event_type, event.reason) == ("access.denied", "invalid_request")
+    assert "\x00" not in event.tool and event.tool.startswith("t\\x00x")
+    assert event.action == "wipe\u202e" and len(event.tool) == 100
+    assert audit.verify_chain(timezone.now()).ok
 
 
 @pytest.mark.parametrize(

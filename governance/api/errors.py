@@ -54,6 +54,12 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     return django_bad_request(request, exception)  # type: ignore[arg-type]
 
 
+def field_errors(detail: Any) -> dict[str, str]:
+    """A validation error's fields as a 400 names them: `a.b` paths, at most
+    MAX_FIELD_ERRORS of them."""
+    return dict(list(_flatten(detail).items())[:MAX_FIELD_ERRORS])
+
+
 def _flatten(detail: Any) -> dict[str, str]:
     if isinstance(detail, dict):
         out = {}
@@ -104,7 +110,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         return Response(error_body("invalid_request", "The request is malformed."), status=400)
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
-        shown = dict(list(fields.items())[:MAX_FIELD_ERRORS])
+        shown = field_errors(exc.detail)
         message = "The request is not valid: " + "; ".join(f"{k}: {v}" for k, v in shown.items())
         if len(fields) > len(shown):
             message += f"; and {len(fields) - len(shown)} more"

@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import Throttled
+from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 from governance import ratelimit, roles, selectors
 from governance.api import serializers as s
 from governance.api.auth import AgentPrincipal, IsAgent, IsApprover, agent_of
+from governance.api.errors import field_errors
 from governance.audit import Actor
 from governance.codes import Reason
 from governance.errors import Forbidden, GovernanceError, NotFound, Unavailable
@@ -117,7 +118,16 @@ class AuthorizeView(APIView):
         data = s.authorize_body(request.data)
         if data is None:  # not plainly well formed: AuthorizeIn decides, and words the error
             body = s.AuthorizeIn(data=request.data)
-            body.is_valid(raise_exception=True)
+            if not body.is_valid():
+                # Refused 400, and on record: an agent probing with tool names or
+                # actions outside the schema leaves a trace, as an unknown tool does.
+                access.record_malformed(
+                    agent=request.user.agent.name,
+                    body=request.data,
+                    problems=field_errors(body.errors),
+                    at=timezone.now(),
+                )
+                raise ValidationError(body.errors)
             data = body.validated_data
         decision = access.access_check(
             agent=request.user.agent.name,

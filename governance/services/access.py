@@ -32,6 +32,7 @@ from governance.codes import Decision as Verdict
 from governance.codes import EventType, Reason
 from governance.models import Approval
 from governance.policy import Decision, authorize
+from governance.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +372,39 @@ def _event_data(decision: Decision) -> dict[str, Any] | None:
     if decision.dead_grant_id:
         data["grant_not_live"] = decision.dead_grant_id
     return data or None
+
+
+def record_malformed(*, agent: str, body: Any, problems: Mapping[str, str], at: datetime) -> None:
+    """A body that is not a question (an action outside the five, an empty or
+    overlong tool name, a list for arguments) is answered 400 and never decided: no
+    grant read, no approval touched. It is still on record, as a denial with reason
+    `invalid_request` naming what was sent where it was text (cut and escaped as
+    every event's columns are) and what was wrong with it. The arguments are not
+    read: they could not be masked as the schema's arguments are. A record that
+    cannot be written is logged; the answer is the 400 either way."""
+    sent = body if isinstance(body, Mapping) else {}
+
+    def said(key: str) -> str:
+        value = sent.get(key)
+        return value if isinstance(value, str) else ""
+
+    try:
+        with transaction.atomic():
+            audit.append(
+                event_type=EventType.ACCESS_DENIED,
+                actor=audit.Actor("agent", f"agent:{agent}"),
+                at=at,
+                agent=agent,
+                task=said("task"),
+                tool=said("tool"),
+                action=said("action"),
+                scope=said("scope"),
+                decision=Verdict.DENY,
+                reason=Reason.INVALID_REQUEST,
+                data={"problems": {printable(k): printable(v[:200]) for k, v in problems.items()}},
+            )
+    except Exception:
+        log.exception("could not record a malformed authorize request")
 
 
 def access_check(
