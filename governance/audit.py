@@ -904,7 +904,7 @@ def append(
         "agent": _text(agent, 100),
         "task": _text(task, 100),
         "tool": _text(tool, 100),
-        "action": _text(action, 10),
+        "action": _text(action, 64),
         "scope": _text(scope, 500),
         "arguments": arguments_json,
         "arguments_hash": arguments_hash,

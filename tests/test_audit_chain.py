@@ -219,6 +219,84 @@ def test_the_application_refuses_update_and_delete(chain):
         AuditEvent.objects.filter(seq=2).delete()
 
 
+def _audit_table_guards() -> list[tuple[str, ...]]:
+    """The audit table's triggers and indexes, as the database holds them."""
+    if connection.vendor == "postgresql":
+        query = (
+            "SELECT 'trigger', tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+            "WHERE tgrelid = 'governance_auditevent'::regclass AND NOT tgisinternal "
+            "UNION ALL SELECT 'index', indexname, indexdef FROM pg_indexes "
+            "WHERE tablename = 'governance_auditevent'"
+        )
+    else:
+        query = (
+            "SELECT type, name, coalesce(sql, '') FROM sqlite_master "
+            "WHERE tbl_name = 'governance_auditevent' AND type IN ('trigger', 'index')"
+        )
+    with connection.cursor() as cur:
+        cur.execute(query)
+        return sorted(cur.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0026_widens_the_action_column_of_a_log_that_holds_events(capsys):
+    """Migration 0026 on a live log: the events written before it (a grant's actions
+    cut to 10 characters among them) still verify, the database still refuses UPDATE,
+    DELETE (and on SQLite REPLACE) with the same triggers and indexes as before, and a
+    grant's whole action list fits. An AlterField would have rebuilt the table on
+    SQLite and dropped the triggers with the old one."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = ("governance", "0025_audit_agent_and_tool_indexes")
+    widened = ("governance", "0026_audit_action_whole")
+    every = "read,create,update,delete,execute"
+    guards = _audit_table_guards()
+    system = Actor.system("test")
+
+    def append(action: str) -> int:
+        with transaction.atomic():
+            return audit.append(
+                event_type="grant.revoked", actor=system, at=NOW, tool="db", action=action
+            ).seq
+
+    MigrationExecutor(connection).migrate([before])
+    try:
+        append("read")
+        cut = append("read,dele…")  # as the 10-character column held a grant's list
+        if connection.vendor == "postgresql":  # SQLite never held a varchar to its width
+            import psycopg
+
+            with pytest.raises(psycopg.DataError, match=r"too long .* varying\(10\)"):
+                append(every)
+        call_command("audit_checkpoint")  # verify holds the log to it after the migration
+        capsys.readouterr()
+        written = AuditEvent.objects.count()
+    finally:
+        MigrationExecutor(connection).migrate([widened])
+    assert _audit_table_guards() == guards
+    head = AuditEvent.objects.get(seq=written).hash
+    code, text = verify_output(capsys)
+    assert (code, text.strip()) == (0, f"ok: {written} events, head {head}")
+    for statement in (
+        "UPDATE governance_auditevent SET action = 'read,delete' WHERE seq = %s",
+        "DELETE FROM governance_auditevent WHERE seq = %s",
+    ):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            sql(statement, [cut])
+    if connection.vendor == "sqlite":
+        with pytest.raises(DatabaseError, match=r"append-only \(REPLACE refused\)"):
+            with transaction.atomic():
+                _insert(_stored_row(cut), "REPLACE")
+    assert AuditEvent.objects.get(seq=cut).action == "read,dele…"
+    whole = append(every)
+    assert AuditEvent.objects.get(seq=whole).action == every
+    assert verify_output(capsys)[0] == 0
+    if connection.vendor == "postgresql":  # narrowing back would cut it: refused
+        with pytest.raises(RuntimeError, match=f"the event at seq {whole} "):
+            MigrationExecutor(connection).migrate([before])
+        assert AuditEvent.objects.get(seq=whole).action == every
+
+
 def test_append_outside_a_transaction_is_refused(db):
     # pytest-django wraps every test in atomic; pretend it does not.
     with pytest.raises(RuntimeError, match="inside transaction.atomic"):

@@ -772,17 +772,32 @@ def test_the_expiry_job_closes_ended_tasks_and_revokes_their_grants_once(
     assert last_event().seq == new[-1].seq
 
 
-def test_a_grant_event_carries_the_whole_action_list(bot, make_tool, make_grant, system):
-    """The event's action column holds 10 characters; a grant's actions can be longer."""
-    tool = make_tool("db", actions=["read", "create", "update", "delete"])
-    grant = make_grant(bot, tool, ("read", "create", "update", "delete"), "db:acme/*")
-    issued = AuditEvent.objects.get(grant_id=grant.pk, event_type="grant.issued")
-    assert json.loads(issued.data)["actions"] == ["read", "create", "update", "delete"]
-    assert issued.action == "read,crea…"  # the column, cut
-    grants.grant_revoke(grant_id=grant.pk, reason="done", actor=system, at=NOW)
-    revoked = last_event()
-    assert revoked.event_type == "grant.revoked" and revoked.grant_id == grant.pk
-    assert json.loads(revoked.data)["actions"] == ["read", "create", "update", "delete"]
+def test_a_grant_event_carries_the_whole_action_list_in_its_action_column(
+    bot, make_tool, make_grant, system, settings
+):
+    """The column an auditor scans (the audit-log page, its exports) names every action
+    the grant held: with a 10-character column, `read,create,update,delete,execute`
+    read `read,crea…`, and a search of it for `delete` missed the grant (migration 0026)."""
+    from governance.services import exports, hygiene
+
+    every = ("read", "create", "update", "delete", "execute")
+    tool = make_tool("db", actions=every)
+    grant = make_grant(bot, tool, every, "db:acme/*", duration=timedelta(days=1))
+    settings.UNUSED_GRANT_HOURS = 1
+    assert hygiene.grants_flag_unused(actor=system, at=NOW + timedelta(hours=2)) == 1
+    grants.grant_revoke(grant_id=grant.pk, reason="done", actor=system, at=NOW + timedelta(hours=3))
+    events = AuditEvent.objects.filter(grant_id=grant.pk).order_by("seq")
+    assert [e.event_type for e in events] == [
+        "grant.requested",
+        "grant.issued",
+        "grant.unused_flagged",
+        "grant.revoked",
+    ]
+    for event in events:
+        assert event.action == "read,create,update,delete,execute"
+        assert json.loads(event.data)["actions"] == list(every)
+    rows = [r for r in exports.audit_rows() if r["grant"] == grant.pk]
+    assert len(rows) == 4 and all("delete" in r["action"].split(",") for r in rows)
 
 
 def test_nobody_behind_a_delegation_confirms_the_subagents_destructive_call(

@@ -26,7 +26,9 @@ class AuditEvent(models.Model):
     agent = models.CharField(max_length=100, blank=True)
     task = models.CharField(max_length=100, blank=True)
     tool = models.CharField(max_length=100, blank=True)
-    action = models.CharField(max_length=10, blank=True)
+    # A grant's events hold its whole action list, comma-joined: all five classes are
+    # 34 characters (migration 0026; it was 10, which cut `read,delete` short).
+    action = models.CharField(max_length=64, blank=True)
     scope = models.CharField(max_length=500, blank=True)
     # Canonical JSON text, not a JSON column: the bytes hashed are the bytes
     # stored (jsonb would re-normalise numbers and key order under the HMAC).

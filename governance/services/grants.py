@@ -118,9 +118,9 @@ def grant_event(
 ) -> None:
     """The one shape of an audit event about a grant: its subject fields, then `data`.
     Every service that changes a grant (issue, revoke, narrow, break-glass, reviews,
-    unused flags) writes through here. The `action` column holds at most 10
-    characters (a decision's one action), so the grant's whole action list is in
-    data.actions: the log alone says what the grant allowed."""
+    unused flags) writes through here. The `action` column holds the grant's whole
+    action list, comma-joined (so a scan of the column for `delete` finds it), and
+    data.actions holds it as a list: the log alone says what the grant allowed."""
     audit.append(
         event_type=event_type,
         actor=actor,

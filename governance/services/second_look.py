@@ -66,7 +66,7 @@ def _event(
         at=at,
         agent=subject.agent.name,
         tool=subject.tool.name,
-        action=",".join(actions),  # cut at 10 characters; data.actions is the whole list
+        action=",".join(actions),  # the whole list, as data.actions
         scope=subject.scope,
         grant_id=look.grant_id,
         approval_id=str(look.approval_id or ""),
