@@ -381,15 +381,18 @@ def breakglass_active(at: datetime) -> QuerySet[Any]:
     )
 
 
-def breakglass_reviews_pending(at: datetime) -> list[Any]:
+def breakglass_reviews_pending(at: datetime, *, overdue_only: bool = False) -> list[Any]:
     """Post-incident reviews still open, oldest due first, each with `.is_overdue`
-    decided from the due time itself (not from whether the overdue job has run)."""
+    decided from the due time itself (not from whether the overdue job has run).
+    `overdue_only`: just those past due, for the banner on every page; the database
+    picks them (the partial index breakglass_review_due), not a loop over the rest."""
     from governance.models import BreakGlass
 
+    pending = BreakGlass.objects.filter(review_status=BreakGlass.Review.PENDING)
+    if overdue_only:
+        pending = pending.filter(review_due_at__lte=at)
     found = list(
-        BreakGlass.objects.filter(review_status=BreakGlass.Review.PENDING)
-        .select_related("grant__agent", "grant__tool", "opened_by")
-        .order_by("review_due_at")
+        pending.select_related("grant__agent", "grant__tool", "opened_by").order_by("review_due_at")
     )
     for bg in found:
         bg.is_overdue = bg.review_due_at <= at

@@ -16,6 +16,8 @@ urlpatterns = [
     path("ui/", include("governance.web.urls")),
 ]
 
-# Unmatched URLs under /api/ answer in the API's error shape (JSON), not an HTML page.
+# Under /api/ the API's error shape (JSON); elsewhere the UI's pages, which carry the
+# navigation and the break-glass banners (Django's bare defaults carried neither).
 handler404 = "governance.api.errors.not_found"
+handler403 = "governance.api.errors.permission_denied"
 handler400 = "governance.api.errors.bad_request"

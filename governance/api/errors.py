@@ -16,12 +16,12 @@ from django.core.exceptions import (
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import bad_request as django_bad_request
-from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from governance.errors import GovernanceError
 from governance.text import printable
+from governance.web import errors as web_errors
 
 log = logging.getLogger(__name__)
 # A 400 names at most this many fields (a body with a million bad items is one mistake).
@@ -40,10 +40,21 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 404 for a URL that no route matches (`/api/v1/grants/abc`, where the
-    route wants digits): under /api/ in the API's one error shape, not an HTML page."""
+    route wants digits): under /api/ in the API's one error shape, elsewhere the UI's
+    page (with its navigation and break-glass banners), not Django's bare one."""
     if request.path.startswith("/api/"):
         return JsonResponse(error_body("not_found", "No such endpoint or object."), status=404)
-    return page_not_found(request, exception)  # type: ignore[arg-type]
+    return web_errors.not_found(request)
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 403 for a PermissionDenied raised outside a DRF view (a UI page without
+    the right, the admin): under /api/ in the API's one error shape, the one DRF gives
+    its own PermissionDenied; elsewhere the UI's page, as for a 404."""
+    if request.path.startswith("/api/"):
+        denied = exceptions.PermissionDenied()
+        return JsonResponse(error_body(denied.default_code, str(denied.detail)), status=403)
+    return web_errors.permission_denied(request, exception)
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -40,6 +40,13 @@ def active_break_glass(now: datetime) -> list[Any]:
     return list(selectors.breakglass_active(now))
 
 
+def overdue_break_glass(now: datetime) -> list[Any]:
+    """For the other banner on every page: post-incident reviews past due. The elevation
+    has normally ended by then, so the active banner is gone and only this one says a
+    second person still owes a ratification."""
+    return selectors.breakglass_reviews_pending(now, overdue_only=True)
+
+
 def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
     reviews_pending = selectors.breakglass_reviews_pending(now)
     overdue_items = (
