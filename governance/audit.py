@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 
 from governance import db
 from governance.codes import ActorType, EventType
@@ -1168,6 +1168,12 @@ def _walk(after: int, prev_hash: str) -> Verdict:
     while True:
         try:
             row = next(rows, None)
+        except (OperationalError, InterfaceError):
+            # The database, not the log: a cancelled statement or a lost connection is
+            # no finding. Recorded as one, it went into the chain for good as
+            # "edited outside the application", alerted every admin, and hid a real
+            # edit found within the hour behind it.
+            raise
         except Exception as exc:  # a value no reader can decode was written past the app
             return Verdict(
                 False,
@@ -1414,9 +1420,30 @@ def verify_and_record(
         _record_failure(verdict, actor=actor, at=at)
         return verdict
     with _refusal_lock():
-        if not refusal_recorded_within(at, once_within):
+        if not _finding_recorded_within(verdict, at, once_within):
             _record_failure(verdict, actor=actor, at=at)
     return verdict
+
+
+def _finding_recorded_within(verdict: Verdict, at: datetime, window: timedelta) -> bool:
+    """Was this very finding (seq and problem) recorded in the `window` before `at`?
+    Another finding is recorded whatever came before it: one damage must not hide the
+    next behind it."""
+    from governance.models import AuditEvent
+
+    recent = AuditEvent.objects.filter(
+        event_type=EventType.AUDIT_VERIFY_FAILED, seq__gt=0, created_at__gt=at - window
+    ).values_list("data", flat=True)
+    finding = {"bad_seq": verdict.bad_seq, "problem": verdict.problem}
+    # Compared as written; a finding stored otherwise (cut, masked) is recorded again.
+    return any(_json_object(data) == finding for data in recent)
+
+
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return None
 
 
 def _record_failure(verdict: Verdict, *, actor: Actor, at: datetime) -> None:

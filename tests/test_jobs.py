@@ -264,6 +264,41 @@ def test_the_verify_task_records_a_failure_as_an_event(make_agent, caplog, djang
     assert again.ok is False and len(events(EventType.AUDIT_VERIFY_FAILED)) == 2
 
 
+def test_a_new_finding_within_the_hour_is_recorded_and_an_outage_is_none(make_agent, monkeypatch):
+    """One damage must not hide the next: only the same finding is held back for the
+    hour. And a database that fails mid-walk (a cancelled statement, a lost connection)
+    is not tampering: it went into the chain for good as "edited outside the
+    application", and then hid the real edit found within the hour."""
+    from django.db import OperationalError
+
+    from tests.test_audit_chain import sql, triggers_bypassed
+
+    make_agent()
+    make_agent("bot-2")
+    walk = audit._rows
+
+    def cancelled(after: int = 0):
+        raise OperationalError("canceling statement due to statement timeout")
+        yield  # a generator, as _rows is
+
+    monkeypatch.setattr(audit, "_rows", cancelled)
+    with pytest.raises(OperationalError):
+        tasks.audit_verify()
+    assert events(EventType.AUDIT_VERIFY_FAILED) == []
+    monkeypatch.setattr(audit, "_rows", walk)
+
+    with triggers_bypassed():
+        sql("UPDATE governance_auditevent SET scope = 'x' WHERE seq = 2")
+    assert tasks.audit_verify()["bad_seq"] == 2
+    assert tasks.audit_verify()["bad_seq"] == 2  # the same finding: held back
+    (first,) = events(EventType.AUDIT_VERIFY_FAILED)
+    with triggers_bypassed():  # a second edit, before the first: a new finding
+        sql("UPDATE governance_auditevent SET scope = 'y' WHERE seq = 1")
+    assert tasks.audit_verify()["bad_seq"] == 1
+    found = [json.loads(e.data)["bad_seq"] for e in events(EventType.AUDIT_VERIFY_FAILED)]
+    assert found == [2, 1] and events(EventType.AUDIT_VERIFY_FAILED)[0] == first
+
+
 def test_a_notification_message_names_a_row_id_or_nothing(db):
     """A forged message's "1", 1.9 or true each acted on notification 1."""
     for forged in ("1", 1.9, True, 0, -1, None, [1], {"id": 1}):
