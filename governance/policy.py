@@ -23,7 +23,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -275,8 +275,8 @@ _MAIN_QUERY = {
 # Every ancestor of a delegated grant, nearest first, with its holder's status: a
 # parent agent's suspension (the kill switch) ends what it handed down. Depth-capped
 # so a corrupted cycle cannot loop forever. With what each holds (tool, task, actions,
-# scope) and its holder's parent: a row wider than the one above it is refused
-# (_ancestors_reason).
+# scope), its holder's parent and its id: a row wider than the one above it is refused
+# (_ancestors_reason), as it held them at a past moment when the question is about one.
 _ANCESTORS_COLUMNS = """
 WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, revoked_at,
                      depth) AS (
@@ -290,7 +290,7 @@ WITH RECURSIVE chain(id, parent_id, agent_id, status, starts_at, expires_at, rev
     WHERE chain.depth < 32
 )
 SELECT chain.status, chain.starts_at, chain.expires_at, chain.revoked_at, a.status, a.id,
-       {review_due}, g.tool_id, g.task_id, {actions}, g.scope, a.parent_id
+       {review_due}, g.tool_id, g.task_id, {actions}, g.scope, a.parent_id, chain.id
 FROM chain JOIN governance_agent a ON a.id = chain.agent_id
 JOIN governance_grant g ON g.id = chain.id
 ORDER BY chain.depth
@@ -468,19 +468,32 @@ _DEAD_PRECEDENCE = (
 
 @dataclass(frozen=True)
 class PastState:
-    """Which agents were suspended and which tools quarantined at a past moment. The rows
-    say only how they are now; a report about that moment builds this from the audit log
-    (services.reports.state_at) and hands it to grant_dead_reason()."""
+    """Which agents were suspended and which tools quarantined at a past moment, and what
+    the grants narrowed since held then. The rows say only how they are now; a report
+    about that moment builds this from the audit log (services.reports.state_at) and
+    hands it to grant_dead_reason()."""
 
     suspended_agents: frozenset[int] = frozenset()
     quarantined_tools: frozenset[int] = frozenset()
+    # (actions, scope) at the moment, by grant id, of each grant narrowed after it (its
+    # first grant.narrowed event's `before`); any other grant holds what its row says.
+    # A delegation is checked against its ancestors' shapes then: narrowing a parent
+    # later (and revoking what no longer fits, then) does not make it outside its parent
+    # before the narrowing.
+    shapes: Mapping[int, tuple[frozenset[str], str]] = field(default_factory=dict, hash=False)
+
+    def shape(
+        self, grant_id: int, actions: frozenset[str], scope: str
+    ) -> tuple[frozenset[str], str]:
+        """What the grant held at the moment; `actions` and `scope`: what its row says."""
+        return self.shapes.get(grant_id, (actions, scope))
 
 
 def _ancestor_rows(parent_id: int) -> list[tuple[Any, ...]]:
     """Each grant up a delegation chain from `parent_id`, nearest first: its window,
-    its holder's status and id, its review due date, what it holds and its holder's
-    parent (_ANCESTORS_QUERY)."""
-    kinds = "sttts" + "it" + "iissi"
+    its holder's status and id, its review due date, what it holds, its holder's
+    parent and its id (_ANCESTORS_QUERY)."""
+    kinds = "sttts" + "it" + "iissi" + "i"
     return db.query(_ANCESTORS_QUERY[db.connection.vendor], [parent_id], kinds)
 
 
@@ -530,11 +543,14 @@ def _ancestors_reason(
     grant under the chain holds): held by that grant's holder's parent, on its tool and
     task, with its actions and within its scope. grant_delegate and grant_narrow keep
     it so; a row written around them (an UPDATE, a repointed delegated_from) that is
-    wider is `delegation_outside_parent`, whatever the database let through."""
+    wider is `delegation_outside_parent`, whatever the database let through. `past`:
+    `at` is a past moment; each link holds what it held then (PastState.shapes)."""
     for row in rows:
         status, starts, expires, revoked, agent_status, agent_id, review_due = row[:7]
-        tool_id, task_id, actions, scope, holder_parent = row[7:]
+        tool_id, task_id, actions, scope, holder_parent, grant_id = row[7:]
         held = frozenset(_json_list(actions))
+        if past is not None:
+            held, scope = past.shape(grant_id, held, scope)
         if (
             agent_id != below.holder_parent
             or (tool_id, task_id) != (below.tool_id, below.task_id)
@@ -640,7 +656,10 @@ def _row_dead(
         # reads accounts as they were (their person.* events).
         reason = Reason.GRANT_REVOKED
     if reason is None and parent_id is not None:
-        held = _Held(row[16], tool_id, task_id, frozenset(_json_list(row[14])), row[13])
+        actions, scope = frozenset(_json_list(row[14])), row[13]
+        if past is not None:
+            actions, scope = past.shape(row[18], actions, scope)
+        held = _Held(row[16], tool_id, task_id, actions, scope)
         reason = _ancestors_reason(_ancestor_rows(parent_id), at_us, held, past)
     return reason
 
@@ -672,9 +691,10 @@ def grant_dead_reason(
     access reports): the same window, task and ancestor rules as authorize(), in the
     same module. A grant bound to a task is dead once the task is not open (closed, or
     past its ends_at even before the job closes it); its delegations carry the same task.
-    `past`: `at` is a past moment, and agent and tool state are as they were then.
-    `task`: the question is about calls under this task (a report narrowed to it): a
-    grant bound to no task serves them only while it exists and is open.
+    `past`: `at` is a past moment, and agent and tool state, and what a delegation and
+    the grants above it held, are as they were then. `task`: the question is about
+    calls under this task (a report narrowed to it): a grant bound to no task serves
+    them only while it exists and is open.
     """
     return _grant_dead(grant_id, at, past, task)[0]
 

@@ -1282,6 +1282,67 @@ def test_a_report_for_a_past_moment_shows_a_grant_as_it_was_before_it_was_narrow
     assert (row["actions"], row["scope"]) == (["read"], "repo:acme/api/*")
 
 
+def test_a_grant_narrowed_later_still_held_its_delegations_in_the_report_of_before(
+    auditor, auditor_session, make_agent, make_tool, make_grant, system, bob
+):
+    """lead's grant was handed down two levels, and at t the last subagent's update was
+    allowed. Narrowed later to read on another scope (the delegations no longer inside
+    it revoked then), the report of t said both were `delegation_outside_parent` at t,
+    in the report of a moment and over a period: each link was compared with what the
+    grant above it holds now, only the row's own shape read as it was. Every link is
+    read as it was at the moment (its grant.narrowed event), as authorize() answered."""
+    from governance.services import access
+
+    repo = make_tool("repo")
+    lead = make_agent("lead")
+    helper = make_agent("helper", parent=lead)
+    sub = make_agent("sub", parent=helper)
+    top = make_grant(
+        lead, repo, ("read", "update"), "repo:acme/*", starts_at=NOW - timedelta(minutes=30),
+        duration=timedelta(hours=2), delegable=True,
+    )  # fmt: skip
+    handed = {"actions": ["read", "update"], "expires_at": NOW + timedelta(hours=1)}
+    middle = grant_service.grant_delegate(
+        parent_grant_id=top.pk, child=helper, scope="repo:acme/api/*", justification="split",
+        actor=system, at=NOW - timedelta(minutes=25), delegable=True, **handed,
+    )  # fmt: skip
+    below = grant_service.grant_delegate(
+        parent_grant_id=middle.pk, child=sub, scope="repo:acme/api/v1/*", justification="part",
+        actor=system, at=NOW - timedelta(minutes=20), **handed,
+    )  # fmt: skip
+    t = NOW - timedelta(minutes=10)
+    update = {"agent": "sub", "tool": "repo", "action": "update", "scope": "repo:acme/api/v1/x"}
+    decision = access.access_check(**update, at=t)
+    assert (decision.decision, decision.grant_id) == ("allow", below.pk)
+    assert last_event().event_type == "access.allowed"
+
+    def blocked_at(at):
+        response = auditor.get(f"{API}/reports/access", {"at": at.isoformat()})
+        assert response.status_code == 200, response.content
+        assert last_event().event_type == "report.exported"
+        return {row["grant"]: row["blocked_by"] for row in response.json()["rows"]}
+
+    def blocked_over(start, end):
+        rows = _period(auditor_session, start, end)
+        assert last_event().event_type == "report.exported"
+        return {grant: row["blocked_by"] for grant, row in rows.items()}
+
+    held = {top.pk: None, middle.pk: None, below.pk: None}
+    assert blocked_at(t) == held
+    grant_service.grant_narrow(
+        grant_id=top.pk, actions=["read"], scope="repo:acme/web/*", reason="least privilege",
+        actor=system, at=NOW, narrowed_by=bob,
+    )  # fmt: skip
+    ended = Grant.objects.filter(pk__in=[middle.pk, below.pk]).values_list("status", flat=True)
+    assert set(ended) == {"revoked"}
+    assert blocked_at(t) == held  # it was: the narrowing does not reach back
+    assert blocked_over(t - timedelta(minutes=5), t + timedelta(minutes=5)) == held
+    # The moment itself, and after it: the delegations are revoked, the grant narrowed.
+    assert blocked_at(NOW) == {top.pk: None}
+    assert access.access_check(**update, at=NOW).reason == "grant_revoked"
+    assert last_event().event_type == "access.denied"
+
+
 def _period(client: Any, start: Any, end: Any, fmt: str = "json", **narrow: str) -> Any:
     query = {"format": fmt, "start": start.isoformat(), "end": end.isoformat(), **narrow}
     response = client.get("/ui/exports/access", query)

@@ -80,18 +80,27 @@ def shapes_at(grants: Iterable[Grant], at: datetime) -> dict[int, dict[str, Any]
         g.pk: {"actions": list(g.actions), "scope": g.scope, "expires_at": g.expires_at}
         for g in grants
     }
-    narrowed = AuditEvent.objects.filter(
-        event_type=EventType.GRANT_NARROWED, created_at__gt=at, seq__gt=0
-    ).order_by("-seq")  # latest first: the earliest after `at` is written last
-    for grant_id, data in narrowed.values_list("grant_id", "data").iterator():
+    for _, grant_id, before in reversed(narrowings(at)):  # the earliest after `at` last
         if grant_id in shapes:
-            before = json.loads(data)["before"]
             shapes[grant_id] = {
                 "actions": list(before["actions"]),
                 "scope": before["scope"],
                 "expires_at": parse_datetime(before["expires_at"]),
             }
     return shapes
+
+
+def narrowings(since: datetime) -> list[tuple[datetime, int, dict[str, Any]]]:
+    """Every grant.narrowed event after `since`, oldest first: when, the grant, and the
+    shape it held before (actions, scope, expiry). Events outside the chain (seq below
+    1) are not evidence."""
+    found = AuditEvent.objects.filter(
+        event_type=EventType.GRANT_NARROWED, created_at__gt=since, seq__gt=0
+    ).order_by("created_at", "seq")
+    return [
+        (when, grant_id, json.loads(data)["before"])
+        for when, grant_id, data in found.values_list("created_at", "grant_id", "data").iterator()
+    ]
 
 
 MAX_ROWS = 100_000
@@ -284,10 +293,12 @@ class StateLog:
     """Agents' and tools' state events up to `until`, from the audit log, to say which
     agents were suspended and which tools quarantined at any moment up to it: the last
     state event of each at or before that moment (an agent or tool with none was as
-    created, active and approved). Events outside the chain (seq below 1) are not
-    evidence. Read once, so a report over a period asks it about many moments."""
+    created, active and approved); and the grants narrowed after `since` (default:
+    `until`), to say what each held at a moment from `since` on (shapes_at's rule).
+    Events outside the chain (seq below 1) are not evidence. Read once, so a report
+    over a period asks it about many moments."""
 
-    def __init__(self, until: datetime) -> None:
+    def __init__(self, until: datetime, *, since: datetime | None = None) -> None:
         self.events = list(
             AuditEvent.objects.filter(
                 event_type__in=_STATE_EVENTS, created_at__lte=until, seq__gt=0
@@ -298,20 +309,29 @@ class StateLog:
         self._times = [event[0] for event in self.events]
         self._agents = dict(Agent.objects.values_list("name", "pk"))
         self._tools = dict(Tool.objects.values_list("name", "pk"))
-        self._states: dict[int, PastState] = {}
+        self.since = until if since is None else since
+        self._narrowings = narrowings(self.since)
+        self._narrowed_times = [when for when, _, _ in self._narrowings]
+        self._states: dict[tuple[int, int], PastState] = {}
 
     def revivals(self) -> list[datetime]:
         """When a suspension or quarantine was lifted (a moment access may come back)."""
         return [when for when, event_type, _, _ in self.events if event_type in _REVIVING]
 
     def at(self, moment: datetime) -> PastState:
+        assert moment >= self.since, "narrowings before `since` were not read"
         count = bisect_right(self._times, moment)
-        if count not in self._states:
+        later = bisect_right(self._narrowed_times, moment)
+        if (count, later) not in self._states:
             last: dict[tuple[str, str], bool] = {}
             for _, event_type, agent, tool in self.events[:count]:
                 kind, down = _STATE_EVENTS[event_type]
                 last[(kind, agent if kind == "agent" else tool)] = down
-            self._states[count] = PastState(
+            shapes = {  # the first narrowing after the moment holds the shape then
+                grant_id: (frozenset(before["actions"]), before["scope"])
+                for _, grant_id, before in reversed(self._narrowings[later:])
+            }
+            self._states[(count, later)] = PastState(
                 suspended_agents=frozenset(
                     self._agents[name]
                     for (kind, name), down in last.items()
@@ -322,8 +342,9 @@ class StateLog:
                     for (kind, name), down in last.items()
                     if down and kind == "tool" and name in self._tools
                 ),
+                shapes=shapes,
             )
-        return self._states[count]
+        return self._states[(count, later)]
 
 
 def state_at(at: datetime) -> PastState:
@@ -337,13 +358,14 @@ def blocked_over(
     """Each grant's `blocked_by` over [start, end): None when it could allow something
     at some moment of the period, else why not when its window in the period opened.
 
-    The point-in-time report's answer (grant_dead_reason, with agent and tool state as
-    they were then, and `task`: the task the report is narrowed to), asked at the
-    moments access can begin: the first of the grant's window in the period, and any
-    later one at which a suspension or quarantine was lifted or a task (the grant's,
-    the named one) or an ancestor grant started. Between two of those nothing that
-    was refused becomes allowed, so none of them answering None means none did."""
-    log = StateLog(end)
+    The point-in-time report's answer (grant_dead_reason, with agent and tool state,
+    and what the grant and those above it held, as they were then, and `task`: the
+    task the report is narrowed to), asked at the moments access can begin: the first
+    of the grant's window in the period, and any later one at which a suspension or
+    quarantine was lifted or a task (the grant's, the named one) or an ancestor grant
+    started. Between two of those nothing that was refused becomes allowed, so none of
+    them answering None means none did."""
+    log = StateLog(end, since=start)
     revivals = log.revivals()
     named = (
         Task.objects.filter(key=task).values_list("starts_at", flat=True).first() if task else None
