@@ -349,39 +349,44 @@ WITH RECURSIVE {_TREE_UP}, chain(id, parent_id, requested_by_id, agent_id, depth
 ), stake_agents(id) AS (
     SELECT id FROM tree UNION SELECT agent_id FROM chain
 )
-SELECT t.created_by_id, t.expires_at, t.revoked_at FROM governance_agenttoken t
+SELECT t.created_by_id, t.expires_at, t.revoked_at, t.created_at FROM governance_agenttoken t
 WHERE t.agent_id IN (SELECT id FROM stake_agents) AND t.created_by_id IS NOT NULL
 UNION ALL
-SELECT a.owner_id, NULL, NULL FROM governance_agent a
+SELECT a.owner_id, NULL, NULL, NULL FROM governance_agent a
 WHERE a.id IN (SELECT id FROM stake_agents)
 UNION ALL
-SELECT requested_by_id, NULL, NULL FROM chain WHERE requested_by_id IS NOT NULL
+SELECT requested_by_id, NULL, NULL, NULL FROM chain WHERE requested_by_id IS NOT NULL
 UNION ALL
-SELECT b.opened_by_id, NULL, NULL FROM governance_breakglass b
+SELECT b.opened_by_id, NULL, NULL, NULL FROM governance_breakglass b
 WHERE b.grant_id IN (SELECT id FROM chain) OR b.ratified_request_id IN (SELECT id FROM chain)
 """
 # (Tokens first: PostgreSQL types a UNION's columns from its first branch on, and two
 # bare NULLs first would be typed text.)
 
 
-def stake_check(agent_id: int, grant_id: int) -> Callable[[int, datetime], bool]:
-    """has_stake(author, since): does this person have a stake in a call by this agent
-    under this grant? They own the agent (or one above it), asked for the grant (or one
-    it was delegated from), or held a token for any of those agents at some moment
-    since `since` (when they wrote a policy). As the rows are now: the owners and
-    tokens of today, also when the question is about a past moment (a report)."""
+def stake_check(agent_id: int, grant_id: int) -> Callable[[int, datetime, datetime], bool]:
+    """has_stake(author, since, as_of): did this person have a stake in a call by this
+    agent under this grant as of `as_of`? They own the agent (or one above it), asked
+    for the grant (or one it was delegated from), or held a token for any of those
+    agents at some moment from `since` (when they wrote a policy, or the call was
+    asked) to `as_of` (the moment the question is about): a token created after it is
+    no stake then, so a report about an earlier moment answers as the gate did. The
+    owners are as the rows are now, also when the question is about a past moment."""
     owners: set[int] = set()
-    tokens: list[tuple[int, Any, Any]] = []  # (creator, expires_at, revoked_at or None)
-    for user_id, expires, revoked in db.execute(_STAKE_QUERY, [agent_id, grant_id]):
+    tokens: list[tuple[int, Any, Any, Any]] = []  # (creator, expires, revoked or None, created)
+    for user_id, expires, revoked, created in db.execute(_STAKE_QUERY, [agent_id, grant_id]):
         if expires is None:  # an owner's or a requester's row
             owners.add(user_id)
         else:
-            tokens.append((user_id, db.read_dt(expires), db.read_dt(revoked)))
+            tokens.append((user_id, db.read_dt(expires), db.read_dt(revoked), db.read_dt(created)))
 
-    def has_stake(author: int, since: datetime) -> bool:
+    def has_stake(author: int, since: datetime, as_of: datetime) -> bool:
         return author in owners or any(
-            user == author and expires > since and (revoked is None or revoked > since)
-            for user, expires, revoked in tokens
+            user == author
+            and created <= as_of
+            and expires > since
+            and (revoked is None or revoked > since)
+            for user, expires, revoked, created in tokens
         )
 
     return has_stake
@@ -422,7 +427,7 @@ def _policy_verdicts(
     return [
         (pid, verdict)
         for pid, verdict, author, since in found
-        if verdict == "deny" or not has_stake(author, since)
+        if verdict == "deny" or not has_stake(author, since, at)
     ]
 
 
@@ -989,7 +994,7 @@ def _authorize(
     # revoked again) would let them make the call they confirmed: a new look is needed.
     # The rule approve policies follow (stake_check), from when the call was asked.
     if ap_decider is not None and stake_check(agent_id, ctx["grant_id"])(
-        ap_decider, db.read_dt(ap_requested)
+        ap_decider, db.read_dt(ap_requested), at
     ):
         return _deny(
             Reason.APPROVAL_INVALID,

@@ -87,7 +87,10 @@ def write(world: Any, verdict: str = "approve", **kw: Any) -> ConfirmationPolicy
     )
 
 
-def ask(at: datetime = NOW, scope: str = "repo:acme/tmp/build-1", **kw: Any) -> Any:
+SCRATCH = "repo:acme/tmp/build-1"  # under the scope write() gives a policy
+
+
+def ask(at: datetime = NOW, scope: str = SCRATCH, **kw: Any) -> Any:
     kw.setdefault("action", "delete")
     return access_check(agent="cleaner", tool="repo", scope=scope, at=at, **kw)
 
@@ -347,6 +350,40 @@ def test_a_policy_whose_author_comes_to_act_as_the_agent_stops_answering(world):
     assert decision.decision == "approval_required" and decision.policy_id is None
     assert event_of(decision).event_type == "access.approval_required"
     assert ConfirmationPolicy.objects.get(pk=policy.pk).live_at(NOW + MS)  # still on record
+
+
+def test_the_report_of_a_moment_before_the_author_took_a_stake_still_names_the_policy(
+    world, human_client, carol
+):
+    """bob's approve policy answered cleaner's deletes at t; at NOW he issued himself a
+    token for cleaner. The report of t then left the policy out, as if the gate had
+    ignored it at t: the stake counted tokens issued after the moment. A token is a
+    stake from its issue on: the report of t names the policy, as the gate answered
+    then; the report and the gate from NOW on leave it out."""
+    policy = write(world)
+    t = NOW - timedelta(minutes=5)
+    then = ask(at=t)
+    assert (then.decision, then.policy_id) == ("allow", policy.pk)
+    assert event_of(then).event_type == "access.allowed"
+    token, _ = agents.token_issue(
+        created_by=world.bob, agent=world.agent, actor=Actor.user(world.bob), at=NOW
+    )
+    auditor = human_client(carol, "auditors")
+
+    def named(at: datetime) -> list[str]:
+        response = auditor.get("/api/v1/reports/access", {"at": at.isoformat()})
+        assert response.status_code == 200, response.content
+        event = AuditEvent.objects.order_by("-seq").first()
+        assert (event.event_type, event.actor) == ("report.exported", "user:carol")
+        return {row["grant"]: row["policies"] for row in response.json()["rows"]}[world.grant.pk]
+
+    assert named(t) == [f"approve#{policy.pk}"]
+    assert token.created_at == NOW  # the issue's moment, as its event says
+    assert authorize(agent="cleaner", tool="repo", action="delete", scope=SCRATCH, at=t).allowed
+    assert named(NOW) == []
+    later = ask(at=NOW + MS)
+    assert (later.decision, later.policy_id) == ("approval_required", None)
+    assert event_of(later).event_type == "access.approval_required"
 
 
 @pytest.mark.parametrize(

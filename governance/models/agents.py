@@ -7,6 +7,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 
 class Agent(models.Model):
@@ -74,7 +75,10 @@ class AgentToken(models.Model):
     )
     prefix = models.CharField(max_length=TOKEN_PREFIX_LEN, unique=True)
     digest = models.CharField(max_length=64)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # The `at` of its issue (services.agents.token_issue), as expires_at is counted from
+    # it: a report about a moment before then does not count its holder's stake in the
+    # agent (policy.stake_check), which a wall-clock stamp taken apart from `at` broke.
+    created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )

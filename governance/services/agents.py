@@ -255,6 +255,7 @@ def token_issue(
                         prefix=prefix,
                         digest=digest,
                         created_by=created_by,
+                        created_at=at,
                         expires_at=at + timedelta(days=days),
                     )
                 break

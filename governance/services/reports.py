@@ -245,9 +245,9 @@ def _answering(
     tool marked irreversible: the tool as it is now), under the calls' task (`call_task`:
     the grant's, or the one the report is narrowed to) or none (a task-bound policy
     only while its task is open), on a scope overlapping the
-    grant's; an approve policy only when its author has no stake in the grant's calls
-    (policy.stake_check) and may approve (as of `at`: `then`, selectors.accounts_at),
-    since the gate ignores it otherwise."""
+    grant's; an approve policy only when its author had no stake in the grant's calls
+    by `at` (policy.stake_check: a token issued later is none then) and may approve (as
+    of `at`: `then`, selectors.accounts_at), since the gate ignores it otherwise."""
     candidates = [
         p
         for p in policies
@@ -267,7 +267,7 @@ def _answering(
             or (
                 selectors.may_approve_at(p.created_by, then)
                 and p.for_current_definition()
-                and not has_stake(p.created_by_id, p.created_at)
+                and not has_stake(p.created_by_id, p.created_at, at)
             )
         ]
     return [f"{p.verdict}#{p.pk}" for p in candidates]
