@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -98,6 +99,42 @@ def accounts_at(at: datetime) -> dict[int, AccountThen]:
                 roles = (roles - {renamed["to"]}) | {renamed["from"]}
             found["roles"] = frozenset(roles)
     return {pk: AccountThen(**found) for pk, found in then.items() if found}
+
+
+@dataclass(frozen=True)
+class ActiveChange:
+    """An account deactivated or activated again: when, and is_active before and after."""
+
+    when: datetime
+    before: bool
+    after: bool
+
+
+def activity_since(since: datetime, people: Collection[int]) -> dict[int, list[ActiveChange]]:
+    """These people's is_active changes after `since`, by id, in the order they were
+    made (their person.changed events), to say whether each was active at any moment
+    from `since` on (was_active), as accounts_at says it for one moment."""
+    found: dict[int, list[ActiveChange]] = {}
+    changes = AuditEvent.objects.filter(
+        event_type=EventType.PERSON_CHANGED, created_at__gt=since, seq__gt=0
+    ).order_by("seq")
+    for when, raw in changes.values_list("created_at", "data"):
+        data = json.loads(raw)
+        change = data["changed"].get("is_active")
+        if data["person_id"] in people and isinstance(change, dict):
+            found.setdefault(data["person_id"], []).append(
+                ActiveChange(when, bool(change["before"]), bool(change["after"]))
+            )
+    return found
+
+
+def was_active(changes: list[ActiveChange], now: bool, moment: datetime) -> bool:
+    """Whether an account was active at `moment` (from activity_since's `since` on): the
+    first change after it says what it was then; with none, it was as it is now."""
+    for change in changes:
+        if change.when > moment:
+            return change.before
+    return now
 
 
 def may_approve_at(user: Any, then: dict[int, AccountThen]) -> bool:

@@ -174,6 +174,46 @@ def test_break_glass_ends_when_its_openers_account_is_deactivated(setup, open_bg
     assert access_check(**ask(timezone.now())).allowed
 
 
+def test_the_period_report_says_break_glass_allowed_nothing_while_its_opener_was_inactive(
+    setup, open_bg, auditor_session
+):
+    """erin's break-glass was refused at every moment her account was deactivated
+    (grant_revoked), yet the period export said it could allow something then: it asked
+    the point-in-time rule, which leaves the opener to the report's list of grants live
+    then. The opener's account is read as it was at each moment of the period, and its
+    reactivation is a moment access comes back."""
+    from tests.conftest import accounts_changed_at
+
+    def period(start, end):
+        query = {"format": "json", "start": start.isoformat(), "end": end.isoformat()}
+        response = auditor_session.get("/ui/exports/access", query)
+        assert response.status_code == 200, response.content[:300]
+        event = events(EventType.REPORT_EXPORTED)[-1]
+        assert (event.actor, json.loads(event.data)["report"]) == ("user:carol", "access_period")
+        return {row["grant"]: row["blocked_by"] for row in json.loads(response.content)["rows"]}
+
+    minutes = lambda n: NOW + timedelta(minutes=n)  # noqa: E731
+    bg = open_bg(at=minutes(-30))  # for an hour
+    assert access_check(**ask(minutes(-25))).allowed
+    erin = setup["erin"]
+    with accounts_changed_at(minutes(-20)):
+        erin.is_active = False
+        erin.save()
+    refused = access_check(**ask(minutes(-15)))
+    assert (refused.allowed, refused.reason) == (False, Reason.GRANT_REVOKED)
+    assert events(EventType.ACCESS_DENIED)[-1].reason == "grant_revoked"
+    assert period(minutes(-15), minutes(-5)) == {bg.grant_id: "grant_revoked"}
+    assert period(minutes(-25), minutes(-15)) == {bg.grant_id: None}  # active at -25
+    with accounts_changed_at(minutes(10)):
+        erin.is_active = True
+        erin.save()
+    assert access_check(**ask(minutes(10))).allowed
+    assert events(EventType.ACCESS_ALLOWED)[-1].break_glass
+    assert period(minutes(-15), minutes(-5)) == {bg.grant_id: "grant_revoked"}  # as it was
+    assert period(minutes(-15), minutes(15)) == {bg.grant_id: None}  # back from +10
+    assert Grant.objects.get(pk=bg.grant_id).status == "active"  # the report ends nothing
+
+
 def test_an_agent_never_opens_break_glass(setup, open_bg, alice):
     from governance.models import AgentToken
 

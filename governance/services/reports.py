@@ -21,7 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
 from governance import audit, selectors
-from governance.codes import ActionClass, EventType
+from governance.codes import ActionClass, EventType, Reason
 from governance.errors import GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Task, Tool
 from governance.policy import (
@@ -362,14 +362,23 @@ def blocked_over(
     and what the grant and those above it held, as they were then, and `task`: the
     task the report is narrowed to), asked at the moments access can begin: the first
     of the grant's window in the period, and any later one at which a suspension or
-    quarantine was lifted or a task (the grant's, the named one) or an ancestor grant
-    started. Between two of those nothing that was refused becomes allowed, so none of
-    them answering None means none did."""
+    quarantine was lifted, a task (the grant's, the named one) or an ancestor grant
+    started, or a break-glass grant's opener was made active again. Between two of
+    those nothing that was refused becomes allowed, so none of them answering None
+    means none did.
+
+    A break-glass grant rides on its opener's account (authorize: `grant_revoked`
+    while it is inactive). The point-in-time report leaves such a grant out
+    (selectors.live_grants); a period lists every grant whose window overlaps it, so
+    here the opener's account is read as it was at each moment (activity_since)."""
+    grants = list(grants)
     log = StateLog(end, since=start)
     revivals = log.revivals()
     named = (
         Task.objects.filter(key=task).values_list("starts_at", flat=True).first() if task else None
     )
+    openers = {g.requested_by_id for g in grants if g.break_glass and g.requested_by_id}
+    activity = selectors.activity_since(start, openers) if openers else {}
     found: dict[int, str | None] = {}
     for g in grants:
         assert g.starts_at is not None and g.expires_at is not None  # live in the period
@@ -377,14 +386,30 @@ def blocked_over(
         last = min(t for t in (end, g.expires_at, g.revoked_at) if t is not None)
         # A delegation carries its parent's task: the grant's own task stands for all.
         starts = [a.starts_at for a in g.chain()] + [g.task.starts_at if g.task else None]
-        later = {t for t in [*revivals, *starts, named] if t is not None and first < t < last}
-        reasons = []
+        opener = activity.get(g.requested_by_id or 0, []) if g.break_glass else []
+        reactivated = [change.when for change in opener if change.after]
+        later = {
+            t
+            for t in [*revivals, *starts, named, *reactivated]
+            if t is not None and first < t < last
+        }
+        reasons: list[str | None] = []
         for moment in sorted({first, *later}):
-            reasons.append(grant_dead_reason(g.pk, moment, log.at(moment), task=task or None))
-            if reasons[-1] is None:
+            reason = grant_dead_reason(g.pk, moment, log.at(moment), task=task or None)
+            if reason is None and g.break_glass and not _opener_active(g, opener, moment):
+                reason = Reason.GRANT_REVOKED
+            reasons.append(reason)
+            if reason is None:
                 break
         found[g.pk] = None if reasons[-1] is None else reasons[0]
     return found
+
+
+def _opener_active(grant: Grant, changes: list[selectors.ActiveChange], moment: datetime) -> bool:
+    """Whether a break-glass grant's opener was active at `moment` (none on record: no)."""
+    if grant.requested_by is None:
+        return False
+    return selectors.was_active(changes, grant.requested_by.is_active, moment)
 
 
 def access_report_export(
