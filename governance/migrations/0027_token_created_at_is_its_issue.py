@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("governance", "0025_audit_agent_and_tool_indexes"),
+        ("governance", "0026_audit_action_whole"),
     ]
 
     operations = [
