@@ -160,6 +160,12 @@ def _config() -> dict[str, Any]:
     }
     if settings.REDIS_URL:
         config["broker_url"] = settings.REDIS_URL
+        # Bounded waits on the broker: a web request hands its notifications over after
+        # its change has committed, and a Redis that accepts connections but never
+        # answers (stopped, paused, black-holed) held that request for ever. Longer
+        # than the worker's 1 s BRPOP poll, which the socket timeout must not cut.
+        config["broker_transport_options"] = {"socket_timeout": 5, "socket_connect_timeout": 2}
+        config["broker_connection_timeout"] = 2
     else:
         EMBEDDED_BROKER_DIR.mkdir(parents=True, exist_ok=True)
         folder = str(EMBEDDED_BROKER_DIR)

@@ -122,11 +122,17 @@ def dispatch(ids: Sequence[int]) -> None:
     for notifications_sweep, and the change they announce is already committed."""
     from governance.tasks import notification_deliver
 
-    for pk in ids:
+    for n, pk in enumerate(ids):
         try:
-            notification_deliver.apply_async(args=[pk])
+            # One try: a broker that is down is the sweep's to catch up with, not a
+            # reason to hold the request that made the change (each try may wait out
+            # the broker's socket timeout, so the first failure leaves the rest too).
+            notification_deliver.apply_async(args=[pk], retry=False)
         except Exception:  # noqa: BLE001 - the sweep retries; the change must stand
-            log.warning("could not queue notification %s; the sweep will retry it", pk)
+            log.warning(
+                "could not queue notifications %s; the sweep will retry them", list(ids[n:])
+            )
+            return
 
 
 # --- Delivering --------------------------------------------------------------------------

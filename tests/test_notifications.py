@@ -623,3 +623,43 @@ def test_a_host_lookup_that_hangs_is_cut_at_the_webhooks_deadline(ask, settings,
     assert took < 3 and outcome == "retry"
     assert row.status == Notification.Status.PENDING and row.attempts == 1
     assert "looked up" in row.last_error
+
+
+def test_a_broker_that_never_answers_does_not_hold_the_request():
+    """A Redis that accepts connections but never answers (stopped, paused, black-holed:
+    here a listening socket nobody reads) held the request handing over its
+    notifications for ever, after its change had committed. Now one bounded try (the
+    broker's socket timeout), and what was not queued is left to the sweep. In a fresh
+    interpreter, as a web process configures Celery from REDIS_URL at start."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(16)
+    port = black_hole.getsockname()[1]
+    code = (
+        "import django; django.setup()\n"
+        "from governance import notifications\n"
+        "notifications.dispatch([1, 2, 3])\n"
+        "print('handed over')\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "governance.settings"}
+    env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+    try:
+        done = subprocess.run(  # noqa: S603 - our own interpreter
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,  # a hang, not a speed: one try waits at most ~7 s
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("dispatch() still waited on the broker after 90 s")
+    finally:
+        black_hole.close()
+    assert done.returncode == 0 and "handed over" in done.stdout, done.stderr[-2000:]
+    assert "could not queue notifications [1, 2, 3]; the sweep will retry them" in done.stderr
