@@ -1,0 +1,282 @@
+"""The web UI's listings at a customer's size (100,000 live grants over 1,000 agents,
+3,000 pending requests, 2,000 pending approvals, 3,000 pending second looks) cost what
+their page shows, not what is pending. The dashboard built every idle grant to show 20
+(12.5 s); each inbox asked approvals.stakeholders() item by item, and an admin who
+issued the agents' tokens has a stake in every one (6,000 queries, 7-10 s, for an
+empty inbox); the second-look inbox put all 3,000 on one page (3.2 MB)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from governance import roles
+from governance.audit import Actor
+from governance.models import Agent, Approval, Grant
+from governance.services import access, agents, breakglass, grants
+from governance.services.approvals import stakeholders
+from governance.web import queries
+from tests.conftest import NOW
+
+pytestmark = pytest.mark.django_db
+
+SYSTEM = Actor.system("test")
+
+
+def person(name: str, *groups: str) -> User:
+    user = User.objects.create_user(name, password=f"pw-{name}-123")
+    for group in groups:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+def signed_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def queries_for(client: Client, path: str) -> tuple[int, str]:
+    client.get(path)  # warm: sessions, rate-limit keys
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(path)
+    assert response.status_code == 200, (path, response.content[:300])
+    return len(captured.captured_queries), response.content.decode()
+
+
+# --- Stakes: the batch answer is stakeholders()'s ---------------------------------------
+
+
+@pytest.fixture
+def stakes_world(make_agent, make_tool, alice, bob, settings) -> dict[str, Any]:
+    """Every way to hold a stake, and near misses of each.
+
+    root (alice) > mid (carol) > leaf (erin); lone (frank). pete asked for root's
+    delete grant, handed down root > mid > leaf; leaf asks to delete under it. Tokens,
+    each against the moments the items are asked at (2 h and 1 h ago, now): tom's on
+    root is live throughout; tim's on leaf expired 6 h ago; tara's on mid was revoked
+    2 days ago, rex's on mid 90 minutes ago; uma's on leaf expires 90 minutes ago; tess's
+    on lone was issued half an hour ago, after most of the requests (it counts: she
+    could act as lone from then on). olga opened break-glass for lone; its grant makes
+    a destructive call, and its ratification is a pending request. dave, an admin, and
+    bob, who approved, have no stake."""
+    settings.BREAKGLASS_OPENS_CAMPAIGN = False
+    people = {
+        name: person(name)
+        for name in ("carol", "erin", "frank", "pete", "tom", "tim", "tara", "rex", "uma", "tess")
+    }
+    people["olga"] = person("olga", roles.APPROVERS)
+    people["dave"] = person("dave", roles.ADMINS)
+    bob.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    people.update(alice=alice, bob=bob)
+    root = make_agent("root")
+    mid = make_agent("mid", parent=root, owner=people["carol"])
+    leaf = make_agent("leaf", parent=mid, owner=people["erin"])
+    lone = make_agent("lone", owner=people["frank"])
+    repo = make_tool("repo")
+
+    def token(who: str, agent: Agent, at: Any, days: int = 30, revoked_at: Any = None) -> None:
+        made, _ = agents.token_issue(
+            created_by=people[who], agent=agent, actor=SYSTEM, at=at, days=days
+        )
+        if revoked_at is not None:
+            agents.token_revoke(token=made, actor=SYSTEM, at=revoked_at)
+
+    token("tom", root, NOW - timedelta(hours=20))
+    token("tim", leaf, NOW - timedelta(hours=30), days=1)
+    token("tara", mid, NOW - timedelta(hours=20), revoked_at=NOW - timedelta(hours=10))
+    token("rex", mid, NOW - timedelta(hours=20), revoked_at=NOW - timedelta(minutes=90))
+    token("uma", leaf, NOW - timedelta(hours=25, minutes=30), days=1)
+    token("tess", lone, NOW - timedelta(minutes=30))
+
+    top = grants.grant_issue(
+        agent=root, tool=repo, actions=["read", "delete"], scope="repo:acme/*",
+        duration=timedelta(hours=8), justification="cleanup", requested_by=people["pete"],
+        approved_by=bob, actor=SYSTEM, at=NOW - timedelta(hours=3), delegable=True,
+    )  # fmt: skip
+    middle = grants.grant_delegate(
+        parent_grant_id=top.pk, child=mid, actions=["read", "delete"], scope="repo:acme/*",
+        expires_at=top.expires_at, justification="split", actor=SYSTEM,
+        at=NOW - timedelta(hours=2, minutes=30), delegable=True,
+    )  # fmt: skip
+    bottom = grants.grant_delegate(
+        parent_grant_id=middle.pk, child=leaf, actions=["delete"], scope="repo:acme/old/*",
+        expires_at=top.expires_at, justification="split", actor=SYSTEM,
+        at=NOW - timedelta(hours=2, minutes=30),
+    )  # fmt: skip
+    glass = breakglass.breakglass_open(
+        opener=people["olga"], agent=lone, tool=repo, actions=["read", "delete"],
+        scope="repo:ops/*", ticket="INC-1", reason="outage", actor=SYSTEM,
+        at=NOW - timedelta(minutes=20),
+    )  # fmt: skip
+
+    def ask(
+        agent: Agent, moment: Any, by: str | None = None, scope: str = "repo:acme/x/*"
+    ) -> Grant:
+        return grants.grant_request(
+            agent=agent, tool=repo, actions=["read"], scope=scope,
+            duration=timedelta(hours=1), justification="work",
+            requested_by=people[by] if by else None, requested_by_agent=None if by else agent,
+            actor=SYSTEM, at=moment,
+        )  # fmt: skip
+
+    for i, moment in enumerate((NOW - timedelta(hours=2), NOW - timedelta(hours=1), NOW)):
+        ask(root, moment, scope=f"repo:acme/a{i}/*")
+        ask(root, moment, by="pete", scope=f"repo:acme/p{i}/*")
+        ask(lone, moment, scope=f"repo:ops/a{i}/*")
+        ask(lone, moment, by="carol", scope=f"repo:ops/c{i}/*")
+    breakglass.breakglass_ratify(
+        breakglass_id=glass.pk, reviewer=people["dave"], comment="was needed", actor=SYSTEM,
+        at=NOW - timedelta(minutes=10),
+    )  # fmt: skip
+    for agent, scope in ((leaf, "repo:acme/old/1"), (root, "repo:acme/2"), (lone, "repo:ops/3")):
+        asked = access.access_check(
+            agent=agent.name, tool="repo", action="delete", scope=scope, at=NOW
+        )
+        assert asked.approval_id, asked
+    return {
+        "people": people,
+        "agents": [root, mid, leaf, lone],
+        "grants": [top, middle, bottom, glass.grant, *Grant.objects.filter(status="pending")],
+        "moments": [NOW + timedelta(minutes=m) for m in (-180, -120, -91, -60, -30, 0, 60)],
+    }
+
+
+def test_the_batch_stake_answer_is_stakeholders_for_every_person_agent_grant_and_moment(
+    stakes_world,
+):
+    """Every person, every agent (owners up the tree), every grant (a delegation chain
+    with its requester; a break-glass grant and the request that ratifies it; none),
+    at moments before and after each token's end: staked() answers as stakeholders()."""
+    calls = [
+        queries.Call(
+            (agent.pk, grant.pk if grant else None, at), agent.pk, grant.pk if grant else None, at
+        )
+        for agent in stakes_world["agents"]
+        for grant in [None, *stakes_world["grants"]]
+        for at in stakes_world["moments"]
+    ]
+    every = {}
+    for call in calls:
+        agent = Agent.objects.get(pk=call.agent_id)
+        grant = Grant.objects.get(pk=call.grant_id) if call.grant_id else None
+        every[call.key] = stakeholders(agent, grant, at=call.at)
+    seen_both = set()
+    for user in User.objects.all():
+        expected = {key for key, people in every.items() if user.pk in people}
+        assert queries.staked(user.pk, calls, {}, {}) == expected, user.username
+        seen_both.add((bool(expected), len(expected) < len(calls)))
+    # The world is varied enough: people with some stakes and people with none.
+    assert (True, True) in seen_both and (False, True) in seen_both
+    # Each kind of stake shows somewhere (named, so a world that lost one fails here).
+    holders = set().union(*every.values())
+    names = {u.username for u in User.objects.filter(pk__in=holders)}
+    assert {"alice", "carol", "erin", "frank", "pete", "tom", "rex", "uma", "tess", "olga"} <= names
+    assert not {"tim", "tara"} & names  # their tokens had ended before every moment
+
+
+def test_the_inboxes_offer_each_person_exactly_what_they_may_decide(stakes_world):
+    """The requests and approvals each person is offered are the ones the old per-item
+    walk offered: the SQL's plain exclusions, then no stake as stakeholders() says."""
+    pending = Grant.objects.filter(status="pending").order_by("created_at", "pk")
+    approvals = Approval.objects.filter(status="pending", expires_at__gt=NOW).order_by(
+        "expires_at", "pk"
+    )
+    assert pending.count() == 13 and approvals.count() == 3
+    offered_any = set()
+    for user in User.objects.all():
+        requests_before = [
+            g.pk
+            for g in pending
+            if g.requested_by_id != user.pk
+            and not (g.requested_by_agent_id and g.agent.owner_id == user.pk)
+            and user.pk not in stakeholders(g.agent, g, at=g.created_at)
+        ]
+        approvals_before = [
+            a.pk
+            for a in approvals
+            if a.agent.owner_id != user.pk
+            and a.grant.requested_by_id != user.pk
+            and user.pk not in stakeholders(a.agent, a.grant, at=a.requested_at)
+        ]
+        requests_now = [g.pk for g in queries.pending_requests_for(user, 200)]
+        approvals_now = [a.pk for a in queries.pending_approvals_for(user, NOW, 200)]
+        assert requests_now == requests_before, user.username
+        assert approvals_now == approvals_before, user.username
+        assert [g.pk for g in queries.pending_requests_for(user, 2)] == requests_before[:2]
+        offered_any.add((len(requests_now), len(approvals_now)))
+    assert len(offered_any) > 3  # different people are offered different things
+
+
+@pytest.fixture
+def busy_inboxes(make_agent, make_tool, alice, settings) -> Any:
+    """add(n): n more pending requests and n more destructive calls awaiting approval,
+    spread over five agents whose tokens dave (an admin) issued: he has a stake in
+    every one, bob (an approver) in none."""
+    settings.GRANT_REQUEST_PENDING_MAX = settings.APPROVAL_PENDING_MAX = 100
+    settings.GRANT_MAX_TTL = timedelta(days=30)
+    dave, bob = person("dave", roles.ADMINS), person("bob", roles.APPROVERS)
+    repo = make_tool("repo")
+    now = timezone.now()
+    bots = [make_agent(f"bot{i}") for i in range(5)]
+    for bot in bots:
+        agents.token_issue(created_by=dave, agent=bot, actor=SYSTEM, at=now - timedelta(hours=1))
+        grants.grant_issue(
+            agent=bot, tool=repo, actions=["read", "delete"], scope="repo:*",
+            duration=timedelta(days=3), justification="work", requested_by=alice,
+            approved_by=bob, actor=SYSTEM, at=now - timedelta(hours=1),
+        )  # fmt: skip
+    made = [0]
+
+    def add(n: int) -> None:
+        for i in range(made[0], made[0] + n):
+            bot = bots[i % len(bots)]
+            grants.grant_request(
+                agent=bot, tool=repo, actions=["read"], scope=f"repo:r{i}/*",
+                duration=timedelta(hours=1), justification="more", requested_by_agent=bot,
+                actor=SYSTEM, at=now,
+            )  # fmt: skip
+            asked = access.access_check(
+                agent=bot.name, tool="repo", action="delete", scope=f"repo:d{i}", at=now
+            )
+            assert asked.approval_id, asked
+        made[0] += n
+
+    return dave, bob, add
+
+
+INBOXES = ("/ui/", "/ui/inbox/requests/", "/ui/inbox/approvals/")
+
+
+def test_an_inbox_costs_the_same_queries_for_5_or_60_pending_whoever_reads_it(busy_inboxes):
+    """dave has a stake in every pending item: the inbox walked all of them asking
+    stakeholders() two or three queries each (6,000 at a customer's size). bob has a
+    stake in none and is offered them all. Either way the count is the page's own."""
+    dave, bob, add = busy_inboxes
+    readers = {"dave": signed_in(dave), "bob": signed_in(bob)}
+
+    def count() -> dict[tuple[str, str], int]:
+        return {
+            (who, path): queries_for(client, path)[0]
+            for who, client in readers.items()
+            for path in INBOXES
+        }
+
+    add(5)
+    few = count()
+    add(55)
+    assert count() == few
+    # What each was offered: dave nothing, bob all 60 of each (the page's limit is 200).
+    _, page = queries_for(readers["dave"], "/ui/inbox/requests/")
+    assert 'id="req-' not in page
+    _, page = queries_for(readers["bob"], "/ui/inbox/requests/")
+    assert page.count('id="req-') == 60
+    assert len(queries.pending_approvals_for(bob, timezone.now(), 200)) == 60
+    assert queries.pending_approvals_for(dave, timezone.now(), 200) == []
