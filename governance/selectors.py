@@ -360,25 +360,62 @@ def unused_proposal(grant: Grant) -> str:
     return "remove"
 
 
-def unused_grants(at: datetime) -> list[Grant]:
+def unused_grants(at: datetime, limit: int | None = None) -> list[Grant]:
     """Live grants not used for UNUSED_GRANT_HOURS, each with `.proposal`
     ("remove" or "narrow_to_read") and `.idle_since`: for the dashboard and the
-    next campaign. Never-used grants count from their start."""
+    next campaign. Never-used grants count from their start. `limit`: the first so
+    many in the same order (by agent name, then id), read a page at a time; the
+    dashboard built every idle grant with its relations to show 20 (50,430 of them
+    at a customer's size: 12.5 s)."""
     if not settings.UNUSED_GRANT_HOURS:
         return []  # the scan is off
     cutoff = at - timedelta(hours=settings.UNUSED_GRANT_HOURS)
-    busy = _used_through_delegations(cutoff)
-    found = [
-        grant
-        for grant in live_grants(at)
+    idle = (
+        live_grants(at)
         .filter(Q(last_used_at__lte=cutoff) | Q(last_used_at__isnull=True, starts_at__lte=cutoff))
         .order_by("agent__name", "id")
-        if grant.pk not in busy
-    ]
+    )
+    if limit is None:
+        busy = _used_through_delegations(cutoff)
+        found = [grant for grant in idle if grant.pk not in busy]
+    else:
+        found, start, size = [], 0, max(limit, 1)
+        while len(found) < limit:
+            page = list(idle[start : start + size])
+            busy = _used_below(page, cutoff)
+            found += [grant for grant in page if grant.pk not in busy][: limit - len(found)]
+            if len(page) < size:
+                break  # no more idle grants
+            # Doubling: a run of busy grants costs a few pages, never one page per row.
+            start, size = start + size, size * 2
     for grant in found:
         grant.proposal = unused_proposal(grant)  # type: ignore[attr-defined]
         grant.idle_since = grant.last_used_at or grant.starts_at  # type: ignore[attr-defined]
     return found
+
+
+def _used_below(grants: list[Grant], since: datetime) -> set[int]:
+    """Which of `grants` a delegation below them (at most 32 levels down) was used
+    under since `since`: _used_through_delegations read from the other end, for a
+    page of grants (one query per level of delegation below them, not every
+    delegation used since `since`)."""
+    root_of = {grant.pk: grant.pk for grant in grants}
+    busy: set[int] = set()
+    for _ in range(32):  # bounded as every delegation walk is
+        if not root_of:
+            break
+        below = Grant.objects.filter(delegated_from_id__in=list(root_of)).values_list(
+            "pk", "delegated_from_id", "last_used_at"
+        )
+        next_level: dict[int, int] = {}
+        for pk, parent, used in below:
+            root = root_of[parent]
+            if used is not None and used > since:
+                busy.add(root)
+            elif root not in busy:
+                next_level[pk] = root
+        root_of = {pk: root for pk, root in next_level.items() if root not in busy}
+    return busy
 
 
 def _used_through_delegations(since: datetime) -> set[int]:

@@ -148,7 +148,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "requests": queries.pending_requests_for(request.user, 20),
         "approvals": queries.pending_approvals_for(request.user, now, 20),
         "expiring": queries.expiring_soon(now)[:50],
-        "unused": selectors.unused_grants(now)[:20],
+        "unused": selectors.unused_grants(now, limit=20),
         "summary": selectors.matrix_summary(),
         "unused_hours": settings.UNUSED_GRANT_HOURS,
         "grants_chart": charts.line_chart(labels, series, "Live grants per day"),
