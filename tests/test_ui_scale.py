@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from governance import roles, selectors
 from governance.audit import Actor
-from governance.models import Agent, Approval, Grant
-from governance.services import access, agents, breakglass, grants
+from governance.models import Agent, Approval, Grant, SecondLook
+from governance.services import access, agents, breakglass, grants, second_look
 from governance.services.approvals import stakeholders
-from governance.web import queries
+from governance.web import lifecycle, queries
 from tests.conftest import NOW
 
 pytestmark = pytest.mark.django_db
@@ -362,3 +362,44 @@ def test_the_first_unused_grants_are_the_full_scans_first_with_used_delegations_
         assert all(g.proposal and g.idle_since for g in first)
         # A page, a level below it at a time, and the accounts: never a query per grant.
         assert len(captured.captured_queries) <= 12, k
+
+
+# --- Second look: the oldest, capped, with the count --------------------------------------
+
+
+def test_the_second_look_inbox_shows_the_oldest_capped_with_how_many_wait(
+    make_agent, make_tool, make_grant, bob, monkeypatch
+):
+    """Every pending second look was on the page (3,000 at a customer's size: 3.2 MB).
+    Now the oldest SECOND_LOOKS_SHOWN (200; 5 here), the reader's own first, the total
+    said, and the page costs no more queries however many wait."""
+    monkeypatch.setattr(lifecycle, "SECOND_LOOKS_SHOWN", 5, raising=False)
+    bob.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    dave = person("dave", roles.ADMINS)
+    person("heidi", roles.APPROVERS)  # a third approver: looks fall to each in turn
+    bot, repo = make_agent("bot"), make_tool("repo")
+
+    def sample(n: int, hours_ago: int) -> None:
+        at = timezone.now() - timedelta(hours=hours_ago)
+        for i in range(n):
+            make_grant(bot, repo, scope=f"repo:s{hours_ago}-{i}/*", starts_at=at)
+        assert second_look.second_looks_sample(actor=SYSTEM, at=at, fraction=1.0) == n
+
+    sample(3, hours_ago=30)
+    reader = signed_in(dave)
+    few, page = queries_for(reader, "/ui/inbox/second-look/")
+    assert page.count('class="card second-look"') == 3 and "Showing the oldest" not in page
+    sample(9, hours_ago=3)
+    many, page = queries_for(reader, "/ui/inbox/second-look/")
+
+    assert many <= few  # (fewer when the reader's own fill the page: no others read)
+    assert page.count('class="card second-look"') == 5
+    assert "Showing the oldest 5 of 12 pending" in page
+    pending = SecondLook.objects.filter(status="pending")
+    mine = list(pending.filter(reviewer=dave).order_by("sampled_at", "pk"))
+    others = list(pending.exclude(reviewer=dave).order_by("sampled_at", "pk"))
+    assert f"{len(mine)} mine, {len(others)} other pending" in page
+    # The reader's own first, then the others, each oldest first.
+    shown = [look.pk for look in (mine + others)[:5]]
+    assert [int(p.split('"')[0]) for p in page.split('id="look-')[1:]] == shown
+    assert len(mine) > 1 and len(mine) + len(others) == 12

@@ -293,25 +293,39 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
 
 # --- Second look -------------------------------------------------------------------------
 
+# As the requests inbox's "show all" (200): a page a person reads through, not the backlog.
+SECOND_LOOKS_SHOWN = 200
+
 
 @require("read")
 @require_GET
 def second_look_inbox(request: HttpRequest) -> HttpResponse:
     """Sampled approvals waiting for a different approver's second look: mine first,
-    then the unassigned ones (admins decide those), then everyone's for readers."""
-    pending = SecondLook.objects.filter(status=SecondLook.Status.PENDING).select_related(
-        "grant__agent",
-        "grant__tool",
-        "grant__task",
-        "grant__requested_by",
-        "approval__agent",
-        "approval__tool",
-        "approval__task",
-        "original_approver",
-        "reviewer",
+    then the unassigned ones (admins decide those), then everyone's for readers; the
+    oldest SECOND_LOOKS_SHOWN in all, with how many wait. Every pending one was on
+    the page (3,000 at a customer's size: 3.2 MB, 3 s)."""
+    pending = (
+        SecondLook.objects.filter(status=SecondLook.Status.PENDING)
+        .select_related(
+            "grant__agent",
+            "grant__tool",
+            "grant__task",
+            "grant__requested_by",
+            "approval__agent",
+            "approval__tool",
+            "approval__task",
+            "original_approver",
+            "reviewer",
+        )
+        .order_by("sampled_at", "pk")
     )
-    mine = [look for look in pending if look.reviewer_id == request.user.pk]
-    others = [look for look in pending if look.reviewer_id != request.user.pk]
+    waiting = pending.filter(reviewer=request.user)
+    elsewhere = pending.exclude(reviewer=request.user)
+    mine = list(waiting[:SECOND_LOOKS_SHOWN])
+    others = (
+        list(elsewhere[: SECOND_LOOKS_SHOWN - len(mine)]) if len(mine) < SECOND_LOOKS_SHOWN else []
+    )
+    mine_total, others_total = waiting.count(), elsewhere.count()
     recent = (
         SecondLook.objects.exclude(status=SecondLook.Status.PENDING)
         .select_related(
@@ -322,7 +336,18 @@ def second_look_inbox(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "ui/inbox_second_look.html",
-        {"mine": mine, "others": others, "recent": recent, "now": timezone.now()},
+        {
+            "mine": mine,
+            "others": others,
+            "mine_total": mine_total,
+            "others_total": others_total,
+            # Said on the page, as the backlog is not all there.
+            "capped": len(mine) + len(others) < mine_total + others_total,
+            "shown": len(mine) + len(others),
+            "total": mine_total + others_total,
+            "recent": recent,
+            "now": timezone.now(),
+        },
     )
 
 
