@@ -123,6 +123,11 @@ def database_from_url(url: str) -> dict[str, object]:
         "PORT": str(port),
         # Persistent connections: a decision should not pay a TCP + auth handshake.
         "CONN_MAX_AGE": CONN_MAX_AGE,
+        # No lock is waited on for ever: a session holding the audit chain's lock (or a
+        # row every change needs) made every decision and change wait without end,
+        # then die with the web worker. Past this, the wait fails: a decision is a
+        # deny (503), a change is refused and undone whole.
+        "OPTIONS": {"options": f"-c lock_timeout={LOCK_TIMEOUT_SECONDS}s"},
         "CONN_HEALTH_CHECKS": True,
         "TEST": {"NAME": env_str("DATABASE_TEST_NAME", f"test_{name}")},
     }
@@ -250,6 +255,8 @@ TEMPLATES = [
 
 # PostgreSQL's persistent connections (seconds); read, and checked, on SQLite too.
 CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, maximum=86_400)
+# PostgreSQL: the longest any statement waits for a lock (0: no limit).
+LOCK_TIMEOUT_SECONDS = env_int("DATABASE_LOCK_TIMEOUT_SECONDS", 10, maximum=300)
 _database_url = os.environ.get("DATABASE_URL")
 if _database_url is not None:
     DATABASES = {"default": database_from_url(_database_url)}

@@ -21,3 +21,4 @@ urlpatterns = [
 handler404 = "governance.api.errors.not_found"
 handler403 = "governance.api.errors.permission_denied"
 handler400 = "governance.api.errors.bad_request"
+handler500 = "governance.api.errors.server_error"

@@ -349,6 +349,79 @@ def test_a_destructive_call_returns_an_approval_to_poll(setup, human_client, bob
     assert (last_event().reason, last_event().grant_id) == ("approval_invalid", setup["grant"].pk)
 
 
+def test_a_database_failing_before_the_view_is_503_deny_too(setup, monkeypatch):
+    """The token's lookup meeting a database outage answered the generic error shape:
+    a client reading `decision` off the promised "503 + deny" got a KeyError. Other
+    endpoints keep the error shape."""
+    from django.db import OperationalError
+
+    from governance.api import auth
+
+    def down(prefix):
+        raise OperationalError("the database is down")
+
+    monkeypatch.setattr(auth, "_token_by_prefix", down)
+    before = AuditEvent.objects.count()
+    response = setup["client"].post(URL, body(), format="json")
+    assert response.status_code == 503
+    answer = response.json()
+    assert (answer["decision"], answer["reason"]) == ("deny", "error")
+    assert answer["decision_id"] is None and answer["grant"] is None and answer["message"]
+    assert AuditEvent.objects.count() == before  # nothing could be recorded, nor was
+    other = setup["client"].get("/api/v1/me")
+    assert other.status_code == 503 and other.json()["error"]["code"] == "unavailable"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_chain_lock_is_waited_on_only_so_long(setup, postgres_only):
+    """A session holding the audit chain's lock (a stuck transaction, a long export)
+    made every decision wait for it without end, then die with the web worker. The
+    connection's lock_timeout (DATABASE_LOCK_TIMEOUT_SECONDS, here 1 s) ends the wait:
+    503 deny, nothing written, and the next call after the lock is let go is decided."""
+    import threading
+
+    import psycopg
+    from django.db import connection
+
+    from governance import settings as app_settings
+
+    url = app_settings.database_from_url("postgresql://u@127.0.0.1/x")
+    assert url["OPTIONS"] == {"options": "-c lock_timeout=10s"}  # the default's wiring
+    connection.close()
+    options = connection.settings_dict["OPTIONS"]
+    assert options == {"options": "-c lock_timeout=10s"}  # the test database's own
+    connection.settings_dict["OPTIONS"] = {"options": "-c lock_timeout=1s"}
+    held, release = threading.Event(), threading.Event()
+    db = connection.settings_dict
+
+    def hold() -> None:
+        with psycopg.connect(
+            dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"]
+        ) as other:
+            other.execute("SELECT pg_advisory_lock(%s)", [audit.CHAIN_LOCK_KEY])
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        before = AuditEvent.objects.count()
+        response = setup["client"].post(URL, body(), format="json")
+        assert response.status_code == 503, response.content
+        assert (response.json()["decision"], response.json()["reason"]) == ("deny", "error")
+        assert AuditEvent.objects.count() == before
+    finally:
+        release.set()
+        holder.join(30)
+        connection.close()
+        connection.settings_dict["OPTIONS"] = options
+    after = setup["client"].post(URL, body(), format="json").json()
+    assert after["decision"] == "allow" and last_event().uid.hex == after["decision_id"].replace(
+        "-", ""
+    )
+
+
 def test_an_internal_failure_is_503_deny(setup):
     from tests.test_fail_closed import refusing
 

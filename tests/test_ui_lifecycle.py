@@ -619,3 +619,31 @@ def test_a_form_naming_something_that_does_not_exist_is_a_400_that_says_what(url
         response = ui_world.post(client, url, {**policy, **body})
     assert response.status_code == 400 and code in response.content
     assert last_event().seq == before
+
+
+def test_a_failure_no_view_handled_is_a_page_that_says_what_to_do(monkeypatch) -> None:
+    """A database fault inside a UI page was Django's bare "Server Error (500)": no
+    navigation, no word on whether the change was made. The 500 page is drawn without
+    the request's context (the banners ask the database, which may be what failed);
+    under /api/ it is the API's error shape."""
+    from django.db import OperationalError
+    from django.test import RequestFactory
+
+    from governance.api import errors
+    from governance.web import queries
+
+    ui_world.build()
+    approver = ui_world.signed_in("approver")
+    approver.raise_request_exception = False
+
+    def down(*args, **kwargs):
+        raise OperationalError("the database is down")
+
+    monkeypatch.setattr(queries, "matrix", down)
+    response = approver.get("/ui/matrix/")
+    body = response.content.decode()
+    assert response.status_code == 500
+    assert "Something failed inside the service" in body and "reload the page" in body
+    assert "Traceback" not in body and "OperationalError" not in body
+    api = errors.server_error(RequestFactory().get("/api/v1/me"))
+    assert api.status_code == 500 and json.loads(api.content)["error"]["code"] == "internal_error"

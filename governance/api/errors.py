@@ -57,6 +57,16 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
     return web_errors.permission_denied(request, exception)
 
 
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500, for a failure no view handled (the UI's views catch only the
+    services' refusals; a database fault was Django's bare "Server Error (500)"): under
+    /api/ in the API's one error shape, elsewhere a UI page that says what to do."""
+    if request.path.startswith("/api/"):
+        body = error_body("internal_error", "The request failed inside the service; try again.")
+        return JsonResponse(body, status=500)
+    return web_errors.server_error(request)
+
+
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 400 for a request refused before any view (a Host header not in
     ALLOWED_HOSTS): under /api/ in the API's one error shape, not an HTML page."""
@@ -91,6 +101,30 @@ def _flatten(detail: Any) -> dict[str, str]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    response = _error_response(exc)
+    if response.status_code == 503 and getattr(context.get("view"), "failure_is_a_deny", False):
+        # /authorize promises "503 + deny" on any internal failure, also one before its
+        # view ran (the token's lookup, when the database is down): a client reading
+        # `decision` finds one, not a KeyError.
+        return Response(failure_deny(response.data["error"]["message"]), status=503)
+    return response
+
+
+def failure_deny(message: str) -> dict[str, Any]:
+    """The answer of a decision that could not be made: deny, reason `error`."""
+    return {
+        "decision": "deny",
+        "reason": "error",
+        "message": message,
+        "decision_id": None,
+        "grant": None,
+        "approval": None,
+        "expires_at": None,
+        "break_glass": False,
+    }
+
+
+def _error_response(exc: Exception) -> Response:
     if isinstance(exc, GovernanceError):
         retry = getattr(exc, "retry_after", None)
         return Response(

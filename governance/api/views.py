@@ -85,6 +85,7 @@ def _decision_body(decision: Any) -> dict[str, Any]:
 
 class AuthorizeView(APIView):
     permission_classes = [IsAgent]
+    failure_is_a_deny = True  # errors.exception_handler: a 503 is a DecisionOut deny
 
     @extend_schema(
         operation_id="authorize",

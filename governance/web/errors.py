@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 
 
 def _page(request: HttpRequest, status: int, title: str, message: str) -> HttpResponse:
@@ -25,3 +26,9 @@ def permission_denied(request: HttpRequest, exception: Exception | None) -> Http
     said = exception.args[0] if exception is not None and exception.args else None
     message = said if isinstance(said, str) else "You do not have the right to see this page."
     return _page(request, 403, "Not allowed", message)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    # No request context: the failure may be the database's, which the banners and the
+    # navigation ask (a second failure here would leave Django's bare page after all).
+    return HttpResponse(render_to_string("ui/server_error.html"), status=500)
