@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.paginator import Page
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -33,6 +34,23 @@ def older_query(request: HttpRequest, before: Any) -> str:
     params = request.GET.copy()
     params["before"] = str(before)
     return params.urlencode()
+
+
+def page_links(request: HttpRequest, page: Page) -> dict[str, str]:
+    """The query strings of the first, previous, next and last pages around `page`, each
+    keeping this page's filters (only the ones that exist)."""
+
+    def to(number: int) -> str:
+        params = request.GET.copy()
+        params["page"] = str(number)
+        return params.urlencode()
+
+    links = {}
+    if page.has_previous():
+        links["first"], links["previous"] = to(1), to(page.previous_page_number())
+    if page.has_next():
+        links["next"], links["last"] = to(page.next_page_number()), to(page.paginator.num_pages)
+    return links
 
 
 def invalid(request: HttpRequest, form: Any) -> HttpResponse:

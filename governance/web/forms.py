@@ -116,6 +116,10 @@ class TokenForm(StrictForm):
         return days
 
 
+# A page number past the last page shows the last; past this one it is malformed.
+PAGE_MAX = 1_000_000
+
+
 def _choices(values: list[str]) -> list[tuple[str, str]]:
     return [("", "any"), *[(v, v) for v in values]]
 
@@ -124,6 +128,8 @@ class MatrixFilterForm(StrictForm):
     task = forms.CharField(max_length=100, required=False)
     owner = forms.CharField(max_length=150, required=False)
     kind = forms.ChoiceField(choices=_choices(list(Tool.Kind.values)), required=False)
+    agent = forms.CharField(max_length=100, required=False, label="agent name contains")
+    page = forms.IntegerField(min_value=1, max_value=PAGE_MAX, required=False)
 
 
 class AuditFilterForm(StrictForm):

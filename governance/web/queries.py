@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
+from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncDate
 
@@ -260,31 +261,46 @@ def decisions_per_day(at: datetime, days: int = 14) -> tuple[list[str], dict[str
     return [d.strftime("%m-%d") for d in day_list], out
 
 
+MATRIX_PAGE = 100  # agents per page: 100 rows x 50 tools is a page a browser draws at once
+
+
 def matrix(
-    at: datetime, *, task: str = "", owner: str = "", kind: str = ""
-) -> tuple[list[Agent], list[Tool], dict[tuple[int, int], list[dict[str, Any]]]]:
-    """Agents x tools; each cell the live action classes, destructive ones marked."""
+    at: datetime,
+    *,
+    task: str = "",
+    owner: str = "",
+    kind: str = "",
+    agent: str = "",
+    page: int | None = None,
+    size: int = MATRIX_PAGE,
+) -> tuple[Page[Agent], list[Tool], dict[tuple[int, int], list[dict[str, Any]]]]:
+    """Agents x tools, a page of agents at a time (by name); each cell the live action
+    classes, destructive ones marked. Only the grants of the page's agents are read: the
+    whole matrix (100,000 live grants over 1,000 agents x 50 tools) was one page of
+    8.8 MB that took 15-32 s. `agent` keeps the agents whose name contains it."""
     grants = selectors.live_grants(at)
-    agents = Agent.objects.select_related("owner").order_by("name")
+    agents = Agent.objects.select_related("owner").order_by("name", "pk")
     tools = Tool.objects.order_by("name")
     if task:
         grants = grants.filter(task__key=task)
     if owner:
-        grants = grants.filter(agent__owner__username=owner)
         agents = agents.filter(owner__username=owner)
+    if agent:
+        agents = agents.filter(name__icontains=agent)
     if kind:
         grants = grants.filter(tool__kind=kind)
         tools = tools.filter(kind=kind)
-    found: dict[tuple[int, int], set[str]] = defaultdict(set)
-    tool_by_id = {}
-    for g in grants:
-        found[(g.agent_id, g.tool_id)].update(g.actions)
-        tool_by_id[g.tool_id] = g.tool
     if task:
-        agent_ids = {a for a, _ in found}
-        tool_ids = {t for _, t in found}
-        agents = agents.filter(pk__in=agent_ids)
-        tools = tools.filter(pk__in=tool_ids)
+        # The rows and columns the task has live grants in, over every page (so the
+        # columns stay the same from one page to the next).
+        agents = agents.filter(pk__in=grants.values("agent_id"))
+        tools = tools.filter(pk__in=grants.values("tool_id"))
+    shown = Paginator(agents, size).get_page(page)
+    shown.object_list = list(shown.object_list)
+    found: dict[tuple[int, int], set[str]] = defaultdict(set)
+    on_page = grants.filter(agent_id__in=[a.pk for a in shown.object_list])
+    for agent_id, tool_id, actions in on_page.values_list("agent_id", "tool_id", "actions"):
+        found[(agent_id, tool_id)].update(actions)
     tool_list = list(tools)
     tool_map = {t.pk: t for t in tool_list}
     cells = {
@@ -296,7 +312,7 @@ def matrix(
         for key, actions in found.items()
         if key[1] in tool_map
     }
-    return list(agents), tool_list, cells
+    return shown, tool_list, cells
 
 
 def delegation_chains(grants: Iterable[Grant]) -> dict[int, list[Grant]]:

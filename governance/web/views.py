@@ -176,9 +176,10 @@ def matrix(request: HttpRequest) -> HttpResponse:
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
     if form.is_bound and not form.is_valid():
         return common.invalid(request, form)
-    agents, tools, cells = queries.matrix(timezone.now(), **filters)
+    page, tools, cells = queries.matrix(timezone.now(), **filters)
     rows = [
-        (agent, [(tool, cells.get((agent.pk, tool.pk), [])) for tool in tools]) for agent in agents
+        (agent, [(tool, cells.get((agent.pk, tool.pk), [])) for tool in tools])
+        for agent in page.object_list
     ]
     return render(
         request,
@@ -187,6 +188,8 @@ def matrix(request: HttpRequest) -> HttpResponse:
             "form": form,
             "tools": tools,
             "rows": rows,
+            "page": page,
+            "page_links": common.page_links(request, page),
             "tasks": Task.objects.filter(status=Task.Status.OPEN).order_by("key"),
         },
     )
