@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Case, Q, QuerySet, When
 from django.utils import timezone
 
 from governance import roles
@@ -473,26 +473,56 @@ def breakglass_reviews_pending(at: datetime, *, overdue_only: bool = False) -> l
     return found
 
 
-def review_items_for(user: Any, at: datetime) -> list[Any]:
-    """A person's open items, soonest due first, each with `.is_overdue`: those assigned
-    to them, and for an admin also those that fall to the admins (unassigned, or whose
-    reviewer may no longer decide: services.reviews._reviewers). They were decided by
-    nobody and fell to the default rule: the admins were told, but no page listed them."""
+# Pending items before decided ones, each group soonest due first (a campaign's items
+# share a due date: then in the order they were made). By status alone, "ended" and
+# "kept" came before "pending".
+PENDING_FIRST = (Case(When(status="pending", then=0), default=1), "due_at", "pk")
+
+
+def review_items_query(user: Any, *, decided: bool = False) -> QuerySet[Any]:
+    """A person's open items: those assigned to them, and for an admin also those that
+    fall to the admins (unassigned, or whose reviewer may no longer decide:
+    services.reviews._reviewers; decided by nobody, they fell to the default rule with
+    no page listing them); with `decided`, then the items assigned to them or decided
+    by them that are closed. PENDING_FIRST. A query that pages slice and count: a
+    reviewer with 4,250 items was sent all of them, a form each, in one page of 7.5 MB."""
+    from governance.models import ReviewItem
+
+    pending = Q(status=ReviewItem.Status.PENDING)
+    open_to_them = Q(reviewer=user)
+    if roles.is_admin(user):
+        deciders = [person.pk for person in approver_users()]
+        open_to_them |= Q(reviewer__isnull=True) | ~Q(reviewer_id__in=deciders)
+    wanted = pending & open_to_them
+    if decided:
+        wanted |= ~pending & (Q(reviewer=user) | Q(decided_by=user))
+    return (
+        ReviewItem.objects.filter(wanted)
+        .select_related("campaign", "reviewer", "decided_by", "grant__agent", "grant__tool")
+        .select_related("grant__task")
+        .order_by(*PENDING_FIRST)
+    )
+
+
+def review_items_marked(user: Any, items: Any, at: datetime) -> list[Any]:
+    """`items` (a page of review_items_query) each with `.is_overdue` and `.may_decide`:
+    an item that fell to the admins is theirs to decide unless this one is barred from
+    the grant and another is not (_reviewers, the rule the service applies); worked out
+    for the page's items only, so its queries are bounded by the page, not the backlog."""
     from governance.models import ReviewItem
     from governance.services.reviews import _reviewers
 
-    pending = ReviewItem.objects.filter(status=ReviewItem.Status.PENDING).select_related(
-        "campaign", "reviewer", "grant__agent", "grant__tool", "grant__task"
-    )
-    found = list(pending.filter(reviewer=user))
-    if roles.is_admin(user):
-        deciders = {person.pk for person in approver_users()}
-        fallen = pending.exclude(reviewer_id__in=deciders)
-        found += [item for item in fallen if user in _reviewers(item)]
-    found.sort(key=lambda item: (item.due_at, item.pk))
+    found = list(items)
     for item in found:
-        item.is_overdue = item.due_at <= at
+        pending = item.status == ReviewItem.Status.PENDING
+        item.is_overdue = pending and item.due_at <= at
+        item.may_decide = pending and (item.reviewer_id == user.pk or user in _reviewers(item))
     return found
+
+
+def review_items_for(user: Any, at: datetime, *, limit: int = 50) -> list[Any]:
+    """The first `limit` of a person's open items (review_items_query), marked."""
+    return review_items_marked(user, review_items_query(user)[:limit], at)
 
 
 def grant_trend(*, days: int = 30) -> dict[str, Any]:

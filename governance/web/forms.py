@@ -13,7 +13,7 @@ from django import forms
 from django.conf import settings
 
 from governance.codes import ActionClass, Decision, EventType, Reason
-from governance.models import SandboxRun, Tool
+from governance.models import ReviewItem, SandboxRun, Tool
 from governance.services import exports
 
 ACTION_CHOICES = ActionClass.choices
@@ -118,6 +118,7 @@ class TokenForm(StrictForm):
 
 # A page number past the last page shows the last; past this one it is malformed.
 PAGE_MAX = 1_000_000
+ID_MAX = 2**63 - 1  # a larger id would overflow the database's bigint: a 500, not a 400
 
 
 def _choices(values: list[str]) -> list[tuple[str, str]]:
@@ -278,6 +279,9 @@ class ReviewDecideForm(StrictForm):
     expires_at = MomentField(required=False)
     delegable = forms.BooleanField(required=False)
     delegable_listed = forms.BooleanField(required=False)  # as ApproveRequestForm's
+    # The page of "my items" the form was on, to go back to it once decided.
+    back_page = forms.IntegerField(min_value=1, max_value=PAGE_MAX, required=False)
+    back_campaign = forms.IntegerField(min_value=1, max_value=ID_MAX, required=False)
 
     def narrowing(
         self, grant_scope: str, grant_actions: list[str], grant_delegable: bool
@@ -297,6 +301,20 @@ class ReviewDecideForm(StrictForm):
         if data.get("expires_at"):
             out["expires_at"] = data["expires_at"]
         return out
+
+
+class ReviewItemsFilterForm(StrictForm):
+    """A campaign's items: one status, a page."""
+
+    status = forms.ChoiceField(choices=_choices(list(ReviewItem.Status.values)), required=False)
+    page = forms.IntegerField(min_value=1, max_value=PAGE_MAX, required=False)
+
+
+class ReviewMineFilterForm(StrictForm):
+    """A reviewer's items: one campaign's, a page."""
+
+    campaign = forms.IntegerField(min_value=1, max_value=ID_MAX, required=False)
+    page = forms.IntegerField(min_value=1, max_value=PAGE_MAX, required=False)
 
 
 class SecondLookForm(StrictForm):

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
@@ -58,7 +62,7 @@ def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
         "bg_active": active_break_glass(now),
         "bg_overdue": [bg for bg in reviews_pending if bg.is_overdue],
         "bg_reviews_pending": len(reviews_pending),
-        "my_review_items": selectors.review_items_for(user, now),
+        "my_review_count": selectors.review_items_query(user).count(),
         "overdue_items": overdue_items[:20],
         "overdue_items_count": overdue_items.count(),
         "trend": selectors.grant_trend(days=14),
@@ -200,7 +204,7 @@ def review_campaigns(request: HttpRequest) -> HttpResponse:
         c.overdue = c.status == "open" and c.due_at <= now and c.pending  # type: ignore[attr-defined]
     context = {
         "campaigns": rows,
-        "mine": len(selectors.review_items_for(request.user, now)),
+        "mine": selectors.review_items_query(request.user).count(),
         "agent_names": Agent.objects.order_by("name").values_list("name", flat=True),
         "default_due_days": settings.REVIEW_DUE.days,
     }
@@ -235,28 +239,80 @@ def review_campaign_open(request: HttpRequest) -> HttpResponse:
     return redirect("ui:review-campaign", campaign.pk)
 
 
+# Rows per page: a campaign has an item per live grant (40,000 items were one page of
+# 10 MB), and each of my items carries a decide form (about 1.8 kB).
+CAMPAIGN_PAGE = 100
+MINE_PAGE = 50
+
+
 @require("read")
 @require_GET
 def review_campaign(request: HttpRequest, pk: int) -> HttpResponse:
+    """A campaign's items a page at a time, pending first, with the count of each status
+    over the whole campaign; `status` shows one."""
     campaign = common.one(ReviewCampaign.objects.select_related("agent", "opened_by"), pk=pk)
+    form = forms.ReviewItemsFilterForm(request.GET or None)
+    if form.is_bound and not form.is_valid():
+        return common.invalid(request, form)
+    wanted = form.cleaned_data if form.is_bound else {}
+    now = timezone.now()
+    counted = dict(campaign.items.order_by().values_list("status").annotate(n=Count("id")))
     items = campaign.items.select_related(
         "grant__agent", "grant__tool", "grant__task", "reviewer", "decided_by"
-    ).order_by("status", "due_at", "pk")
-    context = {"campaign": campaign, "items": items, "now": timezone.now()}
+    ).order_by(*selectors.PENDING_FIRST)
+    if wanted.get("status"):
+        items = items.filter(status=wanted["status"])
+    page = Paginator(items, CAMPAIGN_PAGE).get_page(wanted.get("page"))
+    context = {
+        "campaign": campaign,
+        "form": form,
+        "status": wanted.get("status") or "",
+        "counts": [(s, counted.get(s, 0)) for s in ReviewItem.Status.values],
+        "total": sum(counted.values()),
+        "overdue": campaign.items.filter(status=ReviewItem.Status.PENDING, due_at__lte=now).count(),
+        "items": page.object_list,
+        "page": page,
+        "page_links": common.page_links(request, page),
+        "now": now,
+    }
     return render(request, "ui/review_campaign.html", context)
 
 
 @require("read")
 @require_GET
 def review_mine(request: HttpRequest) -> HttpResponse:
-    """The reviewer's items, one form each: keep, narrow or revoke, each with a comment.
-    There is deliberately no "keep all": every item is decided on its own."""
+    """The reviewer's items a page at a time, open ones first (one form each: keep,
+    narrow or revoke, each with a comment), then those closed; `campaign` shows one
+    campaign's. There is deliberately no "keep all": every item is decided on its own."""
+    form = forms.ReviewMineFilterForm(request.GET or None)
+    if form.is_bound and not form.is_valid():
+        return common.invalid(request, form)
+    wanted = form.cleaned_data if form.is_bound else {}
     now = timezone.now()
-    return render(
-        request,
-        "ui/review_mine.html",
-        {"items": selectors.review_items_for(request.user, now), "now": now},
+    items = selectors.review_items_query(request.user, decided=True)
+    if wanted.get("campaign"):
+        items = items.filter(campaign_id=wanted["campaign"])
+    pending = Q(status=ReviewItem.Status.PENDING)
+    counts = items.aggregate(
+        open=Count("id", filter=pending),
+        assigned=Count("id", filter=pending & Q(reviewer=request.user)),
+        overdue=Count("id", filter=pending & Q(due_at__lte=now)),
+        closed=Count("id", filter=~pending),
     )
+    counts["fallen"] = counts["open"] - counts["assigned"]  # an admin's: the admins' to decide
+    page = Paginator(items, MINE_PAGE).get_page(wanted.get("page"))
+    page.object_list = selectors.review_items_marked(request.user, page.object_list, now)
+    context = {
+        "form": form,
+        "campaign": wanted.get("campaign"),
+        "campaigns": ReviewCampaign.objects.order_by("-opened_at", "-id")[:50],
+        "counts": counts,
+        "items": page.object_list,
+        "page": page,
+        "page_links": common.page_links(request, page),
+        "now": now,
+    }
+    return render(request, "ui/review_mine.html", context)
 
 
 @require("decide")
@@ -288,7 +344,13 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
     except GovernanceError as exc:
         return common.failed(request, exc)
     messages.success(request, f"Grant #{item.grant_id}: {decision}.")
-    return redirect("ui:reviews-mine")
+    # Back to the page and campaign the form was on (numbers only: no open redirect).
+    back = {
+        name: form.cleaned_data[f"back_{name}"]
+        for name in ("campaign", "page")
+        if form.cleaned_data.get(f"back_{name}")
+    }
+    return redirect(reverse("ui:reviews-mine") + (f"?{urlencode(back)}" if back else ""))
 
 
 # --- Second look -------------------------------------------------------------------------
