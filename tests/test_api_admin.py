@@ -1121,6 +1121,47 @@ def test_the_access_report_narrows_to_an_agent_task_or_tool(auditor, many_grants
     _error(auditor.get(f"{API}/reports/access", {"agent": "x" * 101}), 400, "invalid_request")
 
 
+def test_an_access_report_past_the_cap_is_refused_on_a_count_before_any_grant_is_read(
+    auditor, carol, world, make_grant, monkeypatch
+):
+    """At 100,000 live grants the report read 100,001 of them, with their joins, only
+    to refuse them (23-48 s; the count took 0.09 s). Six live grants, a cap of five:
+    each access report (the API's, the export, the printable one) is refused with the
+    same error, nothing recorded, in a few queries, none of which reads a grant row."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    for i in range(5):
+        make_grant(
+            world["bot"], world["mail"], scope=f"repo:acme/{i}/*", starts_at=world["started"]
+        )
+    monkeypatch.setattr(reports, "MAX_ROWS", 5)
+    ui = Client()
+    ui.force_login(carol)
+    before = AuditEvent.objects.count()
+    for client, path in [
+        (auditor, f"{API}/reports/access?format=json"),
+        (auditor, f"{API}/reports/access?format=csv"),
+        (ui, "/ui/exports/access?format=csv"),
+        (ui, "/ui/reports/print"),
+    ]:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.get(path)
+        assert response.status_code == 400, (path, response.content)
+        assert b"too_many_rows" in response.content and b"narrow" in response.content
+        # (A page's break-glass banner joins grants to its own table: not a read of them.)
+        grant_reads = [q["sql"] for q in captured if ' FROM "governance_grant"' in q["sql"]]
+        assert len(grant_reads) == 1 and "COUNT(" in grant_reads[0].upper(), grant_reads
+        assert '"governance_grant"."scope"' not in grant_reads[0], grant_reads[0]
+        # Sign-in, the accounts at the moment, the count; the printable one also checks
+        # the audit chain's tail (queries.chain_status) for the report's provenance.
+        assert len(captured) <= 16, [q["sql"] for q in captured]
+    assert AuditEvent.objects.count() == before  # nothing handed out, nothing recorded
+    monkeypatch.setattr(reports, "MAX_ROWS", 6)  # at the cap: every row, read once
+    assert len(_report(auditor)) == 6
+
+
 def _report(client: Any, **query: str) -> dict[str, Any]:
     response = client.get(f"{API}/reports/access", query)
     assert response.status_code == 200, response.content
