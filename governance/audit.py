@@ -1223,7 +1223,8 @@ def _walk(after: int, prev_hash: str) -> Verdict:
 
 def verify_since(seq: int, head: str) -> Verdict | None:
     """The events after `seq`, linked onto `head` (a link this process verified
-    itself), and the checkpoints written over them held against the log: work in
+    itself, or a signed checkpoint's: verify_tail), and the checkpoints written over
+    them held against the log: work in
     proportion to the new events only. None when the log no longer has `head` at
     `seq` (a different database, or the row changed): only a full walk can say more."""
     if seq and _hash_at(seq) != head:
@@ -1247,6 +1248,55 @@ def verify_since(seq: int, head: str) -> Verdict | None:
     if problem:
         return Verdict(False, verdict.count, verdict.head, problem[0], problem[1])
     return verdict
+
+
+def verify_tail(
+    checkpoint: dict[str, Any] | None, at: datetime, limit: int
+) -> tuple[int, Verdict | None]:
+    """A page's own check, bounded: the events after the newest checkpoint
+    (`checkpoint`: latest_checkpoint(); from genesis if there is none), linked onto its
+    signed head (verify_since), the checkpoint itself readable, signed and recent
+    (AUDIT_CHECKPOINT_MAX_AGE, as verify demands). Returns the seq it checked from and
+    the verdict; None when more than `limit` events would be walked (the checkpoint
+    job is behind): then nothing is walked."""
+    count = head_seq()
+    problem = _unsigned(checkpoint, 0) if checkpoint is not None else None
+    problem = problem or _checkpoint_stale([checkpoint] if checkpoint else [], count, at)
+    since, head = (checkpoint["seq"], checkpoint["head"]) if checkpoint else (0, GENESIS)
+    if problem:
+        return since, Verdict(False, count, "", problem[0], problem[1])
+    if count - since > limit:
+        return since, None
+    verdict = verify_since(since, head)
+    if verdict is None:  # the log no longer holds what the checkpoint signed
+        problem = (_against_checkpoints([checkpoint], count) if checkpoint else None) or (
+            since,
+            "the log no longer holds the head the newest checkpoint signed",
+        )
+        return since, Verdict(False, min(count, since), "", problem[0], problem[1])
+    return since, verdict
+
+
+def holds(seq: int, head: str) -> bool:
+    """Does the log still hold `head` at `seq` (the head a full walk verified)?"""
+    return not seq or _hash_at(seq) == head
+
+
+def recorded_failure() -> dict[str, Any] | None:
+    """The newest `audit.verify_failed` event in the chain: its seq, time and what it
+    found (one indexed read)."""
+    from governance.models import AuditEvent
+
+    found = AuditEvent.objects.filter(event_type=EventType.AUDIT_VERIFY_FAILED, seq__gt=0)
+    row = found.order_by("-seq").values_list("seq", "created_at", "data").first()
+    if row is None:
+        return None
+    try:  # written by verify_and_record; anything else there is not worth a 500
+        data = json.loads(row[2] or "{}")
+    except ValueError:
+        data = {}
+    found_then = {k: data.get(k) for k in ("bad_seq", "problem")} if isinstance(data, dict) else {}
+    return {"seq": row[0], "time": db.read_dt(row[1]), **found_then}
 
 
 def _unchained() -> tuple[int, str] | None:
@@ -1413,6 +1463,7 @@ def verify_and_record(
     or alerted again: a redelivered message, a run on top of the nightly one, or a
     message anyone with the broker can send, each added an event and an admin alert."""
     verdict = verify_chain(at)
+    _record_full_verify(verdict, actor=actor, at=at)
     if verdict.ok:
         return verdict
     log.error("audit chain verification failed: %s", verdict.render())
@@ -1465,6 +1516,79 @@ def _record_failure(verdict: Verdict, *, actor: Actor, at: datetime) -> None:
                 )
         except Exception:
             log.exception("could not queue the audit verification alert")
+
+
+# --- The record of the last full verify ------------------------------------------------
+#
+# A walk from genesis costs time in proportion to the log (33 s at 500,000 events), so
+# pages never make one: they show what the last one found, kept here by whoever walked
+# (the nightly job, `manage.py audit_verify`, the checkpoint job over damage). A failure
+# is also an `audit.verify_failed` event; a pass needs a record of its own. It is kept
+# beside the checkpoints, outside the database, and signed with a key of its own derived
+# from AUDIT_HMAC_KEY (it can pass for no checkpoint or bridge, nor they for it): who
+# can write only the database can neither forge nor remove it. Who can write the
+# directory can delete it (the page then says no walk is on record) or put an older
+# signed one back (the page shows its older time, and a failure recorded after it in
+# the log still shows): hiding a known failure takes both the directory and deleting
+# the failure's event from the log, which itself breaks the chain.
+
+_VERIFIED = "verified.json"
+_VERIFIED_SIGNED = ("time", "ok", "count", "head", "bad_seq", "problem", "by")
+
+
+def _sign_verified(body: Mapping[str, Any]) -> str:
+    fields = {k: body[k] for k in _VERIFIED_SIGNED}
+    return hmac.digest(
+        _derived_key(b"full-verify"), canonical_json(fields).encode(), "sha256"
+    ).hex()
+
+
+def _record_full_verify(verdict: Verdict, *, actor: Actor, at: datetime) -> None:
+    """Keep what a full walk found (pass or fail), replacing the record before it at
+    once (readers see the old one or the new one). A record that cannot be written
+    is logged, never a failure of the verify itself: its exit code and its event
+    stay what they were."""
+    body: dict[str, Any] = {
+        "time": _iso(at),
+        "ok": verdict.ok,
+        "count": verdict.count,
+        "head": verdict.head,
+        "bad_seq": verdict.bad_seq,
+        "problem": verdict.problem,
+        "by": actor.label,
+    }
+    body["signature"] = _sign_verified(body)
+    directory = _checkpoint_dir()
+    tmp = directory / f".{_VERIFIED}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(canonical_json(body))
+        os.replace(tmp, directory / _VERIFIED)
+    except OSError as exc:
+        log.warning("the record of the full verify was not written (%s)", exc)
+        tmp.unlink(missing_ok=True)
+
+
+def last_full_verify() -> dict[str, Any] | None:
+    """What the last recorded full walk found: time, ok, count, head, bad_seq,
+    problem, by (who walked). None: none on record. A record that cannot be read or
+    whose signature is wrong comes back with `unreadable` (someone wrote it who does
+    not hold the key): a finding, never a crash and never a pass."""
+    path = _checkpoint_dir() / _VERIFIED
+    try:
+        body = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        return {"unreadable": printable(str(exc))[:200]}
+    try:
+        good = isinstance(body, dict) and _same(_sign_verified(body), body.get("signature", ""))
+        good = good and isinstance(body["ok"], bool) and isinstance(body["count"], int)
+        if good:
+            body["time"] = datetime.fromisoformat(body["time"])
+    except (KeyError, TypeError, ValueError):
+        good = False
+    return body if good else {"unreadable": "its signature does not match its content"}
 
 
 def _hash_at(seq: int) -> str | None:

@@ -24,6 +24,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from hypothesis import given
 from hypothesis import settings as settings_hypothesis
 from hypothesis import strategies as st
@@ -731,9 +732,7 @@ def test_the_quick_check_finds_the_newest_events_deleted_after_its_mark(chain, m
         f"checkpoint {signed['file']} covers seq {signed['seq']} but the log ends at seq "
         f"{mark.count + 1}: the newest 3 event(s) were deleted"
     )
-    # The page: its last walk is fresh, so it asks the quick check, which fails.
-    monkeypatch.setattr(queries, "_FULL_WALK", {})
-    queries._remember(mark, datetime.now(UTC))
+    # The page checks from the newest checkpoint, which says the log is short.
     status = queries.chain_status(datetime.now(UTC))
     assert (status["ok"], status["bad_seq"]) == (False, mark.count + 2)
     assert "were deleted" in status["problem"]
@@ -742,9 +741,13 @@ def test_the_quick_check_finds_the_newest_events_deleted_after_its_mark(chain, m
     assert AuditEvent.objects.order_by("-seq").first().seq == mark.count + 1
 
 
-def test_the_quick_check_whose_mark_was_deleted_hands_over_to_a_full_walk(chain, monkeypatch):
-    """Deleted back past the quick check's mark: it cannot link onto a head that is
-    gone, so it says nothing (None) and the page walks from genesis, which fails."""
+def test_the_quick_check_whose_mark_was_deleted_fails_on_the_checkpoint_not_a_full_walk(
+    chain, monkeypatch
+):
+    """Deleted back past the quick check's mark (the newest checkpoint's head): it
+    cannot link onto a head that is gone, so it says nothing (None); the page then
+    holds the checkpoint against the log, which is short, without a walk from genesis
+    (it used to hand over to one)."""
     from governance.web import queries
 
     audit.write_checkpoint(NOW)
@@ -752,8 +755,7 @@ def test_the_quick_check_whose_mark_was_deleted_hands_over_to_a_full_walk(chain,
     with triggers_bypassed():
         sql("DELETE FROM governance_auditevent WHERE seq > %s", [mark.count - 2])
     assert audit.verify_since(mark.count, mark.head) is None
-    monkeypatch.setattr(queries, "_FULL_WALK", {})
-    queries._remember(mark, datetime.now(UTC))
+    monkeypatch.setattr(audit, "verify_chain", None)  # a page that called it would crash
     status = queries.chain_status(datetime.now(UTC))
     assert (status["ok"], status["bad_seq"]) == (False, mark.count - 1)
     assert "the newest 2 event(s) were deleted" in status["problem"]
@@ -1021,9 +1023,8 @@ def test_an_unreadable_checkpoint_is_a_finding_not_a_crash(
     with pytest.raises(audit.ChainBroken):
         audit.write_checkpoint(NOW + timedelta(minutes=1))
     # A page names the newest checkpoint the job wrote (the pointer's), not a file put
-    # there since; its walk from genesis (every 10 minutes, or asked for) names that.
-    monkeypatch.setattr(queries, "_FULL_WALK", {})
-    status = queries.chain_status(datetime.now(UTC), full=True)
+    # there since; the last full walk (the verify above, recorded) names that.
+    status = queries.chain_status(datetime.now(UTC))
     assert not status["ok"] and "checkpoint-999999999-x.json is unreadable" in status["problem"]
     (settings.AUDIT_CHECKPOINT_DIR / status["checkpoint"]["file"]).write_text(garbage)
     assert audit.latest_checkpoint()["unreadable"]  # a page shows it, never a 500
@@ -1098,14 +1099,11 @@ def test_the_audit_page_reads_a_few_checkpoints_however_many_the_directory_holds
     it names, and lists nothing."""
     from django.test import Client
 
-    from governance.web import queries
-
     audit.write_checkpoint(NOW)
     newest = _minutely(3000, NOW)
-    mark = audit.verify_chain(NOW + timedelta(days=3))  # the page's last walk
+    # The nightly walk, recorded: the page shows it.
+    mark = audit.verify_and_record(actor=audit.Actor.system("test"), at=NOW + timedelta(days=3))
     assert mark.ok, mark.render()
-    monkeypatch.setattr(queries, "_FULL_WALK", {})
-    queries._remember(mark, datetime.now(UTC))
     ui = Client()
     ui.force_login(person("carol", "auditors"))
 
@@ -1114,7 +1112,140 @@ def test_the_audit_page_reads_a_few_checkpoints_however_many_the_directory_holds
     assert page.status_code == 200 and newest["file"] in page.content.decode()
     assert audit.latest_checkpoint()["file"] == newest["file"]
     assert reads.listed == []
-    assert len(reads.read) <= 8, reads.read  # the pointer, twice, and the newest files
+    # The last full walk's record, the pointer three times, the newest and first files.
+    assert len(reads.read) <= 9, reads.read
+
+
+def _more_events(n: int) -> None:
+    with transaction.atomic():
+        for i in range(n):
+            audit.append(event_type="audit.viewed", actor=Actor.system("test"), at=NOW,
+                         data={"view": "log", "n": i})  # fmt: skip
+
+
+def _walked(monkeypatch) -> list[int]:
+    """The seq of every event any walk of the chain reads from here on."""
+    walked: list[int] = []
+    rows = audit._rows
+
+    def counted(after: int = 0) -> Iterator[dict]:
+        for row in rows(after):
+            walked.append(row["seq"])
+            yield row
+
+    monkeypatch.setattr(audit, "_rows", counted)
+    return walked
+
+
+def _auditor(person):
+    from django.test import Client
+
+    ui = Client()
+    ui.force_login(person("carol", "auditors"))
+    return ui
+
+
+def test_the_audit_page_walks_only_the_events_after_the_newest_checkpoint(
+    chain, person, monkeypatch
+):
+    """Each web process walked the whole chain on its first view and every 10 minutes
+    after (33 s at 500,000 events, past gunicorn's worker timeout). A view now shows
+    the last full walk's record and walks only the events after the newest checkpoint:
+    the same events and queries with 30 or 330 events in the log."""
+    ui = _auditor(person)
+    walked = _walked(monkeypatch)
+    costs = []
+    for more in (20, 300):
+        _more_events(more)
+        audit.verify_and_record(actor=Actor.system("nightly"), at=NOW)  # the nightly walk
+        signed = audit.write_checkpoint(NOW)
+        _more_events(3)  # after the newest checkpoint: the view's own look is a fourth
+        walked.clear()
+        with CaptureQueriesContext(connection) as captured:
+            body = ui.get("/ui/audit/").content.decode()
+        assert walked == list(range(signed["seq"] + 1, signed["seq"] + 5))
+        assert "verified</strong>" in body and "by system:nightly: ok" in body
+        assert f"the newest checkpoint (seq {signed['seq']})" in body
+        costs.append(len(captured))
+    assert costs[0] == costs[1], costs
+
+
+def test_without_a_checkpoint_the_page_says_failed_without_walking(
+    chain, person, monkeypatch, settings
+):
+    """Before any checkpoint existed, every view walked the whole chain (14-48 s): a
+    chain that is not OK was walked again each time. Verify fails a log with no
+    checkpoint (its newest events could be deleted unseen), and so does the page,
+    from the directory alone."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=15)
+    ui = _auditor(person)
+    walked = _walked(monkeypatch)
+    for _ in range(2):
+        body = ui.get("/ui/audit/").content.decode()
+        assert "FAILED</strong>" in body and "no checkpoint outside the database" in body
+    assert walked == []
+
+
+def test_the_page_leaves_a_tail_longer_than_it_checks_unverified_and_unwalked(
+    chain, person, monkeypatch
+):
+    """The checkpoint job behind (and AUDIT_CHECKPOINT_MAX_AGE 0, so not stale): the
+    events after the newest checkpoint are more than a page walks. It says so, and
+    walks none of them."""
+    from governance.web import queries
+
+    audit.write_checkpoint(NOW)
+    audit.verify_and_record(actor=Actor.system("nightly"), at=NOW)
+    _more_events(10)
+    monkeypatch.setattr(queries, "TAIL_LIMIT", 5)
+    walked = _walked(monkeypatch)
+    body = _auditor(person).get("/ui/audit/").content.decode()
+    assert "not verified</strong>: more than 5 events since the newest checkpoint" in body
+    assert "FAILED" not in body and walked == []
+
+
+def test_a_known_failure_shows_failed_on_the_page_whatever_its_own_check_finds(
+    chain, person, capsys, settings
+):
+    """An edit under the newest checkpoint is found only by a full walk. Once one has
+    found it, every view says FAILED: from the walk's signed record, and from its
+    audit.verify_failed event when the record is deleted, put back from an older pass,
+    or forged (who can write the checkpoint directory would need to delete the event
+    from the log too, which breaks the chain)."""
+    from governance.web import queries
+
+    call_command("audit_checkpoint")
+    assert verify_output(capsys)[0] == 0
+    record = settings.AUDIT_CHECKPOINT_DIR / "verified.json"
+    passed = record.read_text()
+    assert json.loads(passed)["ok"] is True
+    assert json.loads(passed)["by"] == "system:manage.py audit_verify"
+    with triggers_bypassed():
+        sql("UPDATE governance_auditevent SET scope = 'x' WHERE seq = 2")
+    ui = _auditor(person)
+    assert "verified</strong>" in ui.get("/ui/audit/").content.decode()  # not walked yet
+    code, text = verify_output(capsys)
+    assert code == 1 and "FAILED at seq 2" in text
+    failed = AuditEvent.objects.get(event_type="audit.verify_failed")
+
+    def page_says_failed(source: str) -> None:
+        status = queries.chain_status(datetime.now(UTC))
+        assert (status["state"], status["ok"]) == ("failed", False)
+        assert any(f["bad_seq"] == 2 and f["source"] == source for f in status["findings"])
+        body = ui.get("/ui/audit/").content.decode()
+        assert "FAILED</strong> at seq 2" in body and "verified</strong>" not in body
+
+    page_says_failed("the last full walk")
+    assert json.loads(record.read_text())["ok"] is False
+    record.unlink()
+    page_says_failed(f"audit.verify_failed #{failed.seq}")
+    record.write_text(passed)  # an older pass put back: the failure came after it
+    page_says_failed(f"audit.verify_failed #{failed.seq}")
+    forged = json.loads(passed) | {"count": failed.seq}  # "passed after the failure"
+    record.write_text(json.dumps(forged))
+    page_says_failed(f"audit.verify_failed #{failed.seq}")
+    status = queries.chain_status(datetime.now(UTC))
+    assert "the record of the last full walk is unreadable" in status["problem"]
 
 
 def test_the_pages_checkpoint_reads_cost_the_same_at_5000_checkpoints_as_at_500(chain):

@@ -564,43 +564,46 @@ def test_reading_the_audit_log_is_itself_an_audit_event_and_shows_the_chain() ->
 
 
 def test_the_chain_status_names_the_latest_checkpoint_and_a_break() -> None:
-    from governance import audit
-    from governance.web import queries
+    from django.core.management import call_command
 
-    queries._FULL_WALK.clear()
     ui_world.build()
     written = audit.write_checkpoint(timezone.now())
+    call_command("audit_verify", stdout=io.StringIO())  # the nightly job's walk, recorded
     client = ui_world.signed_in("auditor")
     body = client.get("/ui/audit/").content.decode()
     assert written["file"] in body and "verified</strong>" in body
+    assert "Last full walk from genesis" in body and "system:manage.py audit_verify: ok" in body
     # Tamper underneath the application, the way test_audit_chain's probes do.
     from tests.test_audit_chain import sql, triggers_bypassed
 
     with triggers_bypassed():
         sql("UPDATE governance_auditevent SET scope = 'x' WHERE seq = 2")
-    # An old event, walked minutes ago: only a walk from genesis sees it. The
-    # page says when that was, and an auditor can ask for one now.
+    # An old event, under the newest checkpoint: only a walk from genesis sees it. The
+    # page says when the last one was, and an auditor can have one made now.
     body = client.get("/ui/audit/").content.decode()
-    assert "verified</strong>" in body and "Last walk from genesis" in body
+    assert "verified</strong>" in body and "Last full walk from genesis" in body
     assert 'id="chain-verify"' in body
     assert ui_world.post(client, "/ui/audit/verify").status_code == 302
+    # The job ran (eagerly here; a worker's in production) and recorded what it found.
     recorded = list(AuditEvent.objects.order_by("-seq")[:2])[::-1]
     assert [e.event_type for e in recorded] == ["audit.verify_failed", "audit.viewed"]
-    assert json.loads(recorded[1].data) == {"view": "verify", "ok": False, "count": 1,
-                                            "bad_seq": 2}  # fmt: skip
+    assert recorded[0].actor == "system:celery:audit_verify"
+    assert json.loads(recorded[1].data) == {"view": "verify", "queued": True}
+    assert recorded[1].actor == "user:carol"
     body = client.get("/ui/audit/").content.decode()
     assert "FAILED" in body and "at seq 2" in body
 
 
-def test_an_edited_new_event_shows_on_the_next_view_without_a_full_walk() -> None:
-    from governance.web import queries
-
-    queries._FULL_WALK.clear()
+def test_an_edited_new_event_shows_on_the_next_view_without_a_full_walk(monkeypatch) -> None:
     ui_world.build()
+    audit.write_checkpoint(timezone.now())
     client = ui_world.signed_in("auditor")
-    client.get("/ui/audit/")  # the walk from genesis, remembered
-    walked = queries._FULL_WALK["last"]["at"]
-    access.access_check(  # written after the walk: checked on every view
+
+    def no_full_walk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a page walked the chain from genesis")
+
+    monkeypatch.setattr(audit, "verify_chain", no_full_walk)
+    access.access_check(  # written after the newest checkpoint: checked on every view
         agent="bot-a", tool="repo", action="read", scope="repo:acme/z", at=timezone.now()
     )
     newest = last_event().seq
@@ -610,7 +613,6 @@ def test_an_edited_new_event_shows_on_the_next_view_without_a_full_walk() -> Non
         sql(f"UPDATE governance_auditevent SET agent = 'someone-else' WHERE seq = {newest}")
     body = client.get("/ui/audit/").content.decode()
     assert "FAILED" in body and f"at seq {newest}" in body
-    assert queries._FULL_WALK["last"]["at"] == walked, "no second walk from genesis"
 
 
 def test_explain_lists_the_checks_and_which_one_decided() -> None:
@@ -905,6 +907,56 @@ def test_the_printable_report_says_which_rows_are_break_glass() -> None:
     assert len(rows) == 1 and "<b>break-glass</b>" in rows[0]
     ordinary = [r for r in page.split("<tr>") if "repo:acme/docs/*" in r]
     assert ordinary and "<b>break-glass</b>" not in ordinary[0]
+
+
+def test_the_printable_report_narrows_to_an_agent_task_or_tool_and_records_it() -> None:
+    """It took only a moment: an organisation past the rows' cap could never print it.
+    It takes the API report's agent, task and tool now (the same filtering code),
+    says on the page which it was narrowed to, and its report.exported event records
+    them as the other reports' events do."""
+    import re
+
+    world = ui_world.build()
+    system, now = Actor.system("test"), timezone.now()
+    other = agents.agent_create(
+        name="bot-b", owner=world.alice, actor=system, at=now - timedelta(hours=1)
+    )
+    grants.grant_issue(
+        agent=other, tool=world.tool, actions=["read"], scope="repo:beta/*",
+        duration=timedelta(hours=1), justification="x", requested_by=world.alice,
+        approved_by=world.users["approver"], actor=system, at=now - timedelta(minutes=1),
+    )  # fmt: skip
+    client = ui_world.signed_in("auditor")
+
+    def scopes(query: str) -> list[str]:
+        page = client.get(f"/ui/reports/print?{query}")
+        assert page.status_code == 200, page.content
+        return sorted(re.findall(r"<td><code>([^<]*)</code></td>", page.content.decode()))
+
+    everything = ["mail:customers/*", "repo:acme/*", "repo:acme/docs/*", "repo:beta/*"]
+    assert scopes("") == everything
+    for query, kept, recorded, said in [
+        ("agent=bot-b", ["repo:beta/*"], {"agent": "bot-b"}, "only agent <b>bot-b</b>"),
+        ("tool=mailer", ["mail:customers/*"], {"tool": "mailer"}, "only tool <b>mailer</b>"),
+        # A task's report holds the grants bound to no task too (they serve its calls).
+        ("task=TICKET-9", everything, {"task": "TICKET-9"}, "task <b>TICKET-9</b> (and"),
+        ("agent=bot-a&tool=repo", ["repo:acme/*", "repo:acme/docs/*"],
+         {"agent": "bot-a", "tool": "repo"}, "only agent <b>bot-a</b>, tool <b>repo</b>"),
+        ("agent=nobody", [], {"agent": "nobody"}, "only agent <b>nobody</b>"),
+    ]:  # fmt: skip
+        assert scopes(query) == kept, query
+        event = last_event()
+        data = json.loads(event.data)
+        assert (event.event_type, event.actor, data["format"]) == (
+            "report.exported", "user:carol", "print"
+        )  # fmt: skip
+        assert {k: data.get(k) for k in ("agent", "task", "tool")} == {
+            "agent": None, "task": None, "tool": None, **recorded
+        }  # fmt: skip
+        assert data["rows"] == len(kept)
+        assert said in client.get(f"/ui/reports/print?{query}").content.decode()
+    refused = client.get("/ui/reports/print?agent=" + "x" * 101)
+    assert refused.status_code == 400
 
 
 def test_the_printable_report_shows_each_grants_fields_egress_and_limits() -> None:

@@ -216,7 +216,14 @@ class DecisionExportForm(StrictForm):
 
 
 class ReportForm(StrictForm):
+    """The printable access report: a moment, optionally one agent, task or tool (as
+    the access export and the API's report are narrowed), so an organisation past the
+    rows' cap can still print it a part at a time."""
+
     at = MomentField(required=False)
+    agent = forms.CharField(max_length=100, required=False)
+    task = forms.CharField(max_length=100, required=False)
+    tool = forms.CharField(max_length=100, required=False)
 
 
 # --- Break-glass and reviews ------------------------------------------------------------

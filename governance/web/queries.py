@@ -369,54 +369,83 @@ def ancestors(agent: Agent) -> list[Agent]:
     return list(reversed(out))
 
 
-# The last full walk this process made: {"at", "verdict"}. Process memory, not the
-# database, so nobody who can write the database can vouch for the chain here.
-_FULL_WALK: dict[str, Any] = {}
-FULL_WALK_EVERY = timedelta(minutes=10)
+# The most events a page walks itself: those after the newest checkpoint, a minute's
+# worth while the checkpoint job runs (about 0.7 s at this many). More, and the page
+# says they are unchecked rather than take longer.
+TAIL_LIMIT = 10_000
 
 
-def chain_status(now: datetime, *, full: bool = False) -> dict[str, Any]:
-    """The audit chain's state for a page, in bounded work.
+def chain_status(now: datetime) -> dict[str, Any]:
+    """The audit chain's state for a page, in bounded work: never a walk from genesis.
 
-    A full walk from genesis costs time in proportion to the log (seconds at a
-    hundred thousand events), so a page does one at most every FULL_WALK_EVERY
-    per process (or when asked: full=True). Between them only the events after
-    the last walked head are checked, linked onto it, plus the latest
-    checkpoint: any change to those events, any deleted newest event and any
-    change at the checkpoint's seq shows at once; an edit of an older event
-    shows at the next full walk (this page's button, the nightly job, or
-    `manage.py audit_verify`), and the page says when the last one was.
+    One cost 33 s at 500,000 events, made by each web process every 10 minutes (past
+    gunicorn's worker timeout), and on every view while the chain was not OK. Now a
+    page shows what the last full walk found (audit.last_full_verify: the nightly job,
+    `manage.py audit_verify`, the button, the checkpoint job over damage) and any
+    `audit.verify_failed` recorded since, and checks itself only the events after the
+    newest checkpoint (audit.verify_tail, at most TAIL_LIMIT): a deleted or edited
+    newest event shows at once; an edited older one at the next full walk, and the
+    page says when the last one was and what it found.
+
+    `state`: "ok" (the last full walk passed, or this view's check covered the whole
+    log, and nothing since says otherwise), "failed" (damage is known: `findings`),
+    or "unknown" (no full walk on record, or too many events since the newest
+    checkpoint to check here: `pending` says which).
     """
-    last = _FULL_WALK.get("last")
-    fresh = not full and last is not None and now - last["at"] < FULL_WALK_EVERY
-    verdict = None
-    if fresh and last["verdict"].ok:  # a break is walked again every time: an incident
-        verdict = audit.verify_since(last["verdict"].count, last["verdict"].head)
-    walked_at = last["at"] if verdict is not None and last is not None else now
-    if verdict is None:  # due, asked for, or the walked head is no longer there
-        verdict = _remember(audit.verify_chain(now), now)
-    elif verdict.ok:
-        _remember(verdict, walked_at)  # extended onto the new head, same walk time
+    walked = audit.last_full_verify()
+    checkpoint = audit.latest_checkpoint()
+    since, tail = audit.verify_tail(checkpoint, now, TAIL_LIMIT)
+    failure = audit.recorded_failure()
+    findings: list[dict[str, Any]] = []
+
+    def finding(bad_seq: int | None, problem: str, source: str) -> None:
+        if not any((f["bad_seq"], f["problem"]) == (bad_seq, problem) for f in findings):
+            findings.append({"bad_seq": bad_seq, "problem": problem, "source": source})
+
+    if tail is not None and not tail.ok:
+        finding(tail.bad_seq, tail.problem, "this view's check")
+    if walked is not None and "unreadable" in walked:
+        unreadable = f"the record of the last full walk is unreadable ({walked['unreadable']})"
+        finding(None, unreadable, "the record of the last full walk")
+        walked = None
+    elif walked is not None and not walked["ok"]:
+        finding(walked["bad_seq"], walked["problem"], "the last full walk")
+    elif walked is not None and not audit.holds(walked["count"], walked["head"]):
+        gone = "the log no longer holds the head the last full walk verified there: events "
+        finding(walked["count"], gone + "were deleted or rewritten since", "this view's check")
+    # A failure recorded after the last full walk (the checkpoint job refused; or the
+    # record of a later pass is gone): damage is known until a full walk passes again.
+    if failure is not None and (walked is None or failure["seq"] > walked["count"]):
+        source = f"audit.verify_failed #{failure['seq']}"
+        finding(failure.get("bad_seq"), str(failure.get("problem") or ""), source)
+    pending = ""
+    if tail is None:
+        pending = (
+            f"more than {TAIL_LIMIT:,} events since the newest checkpoint (seq {since}): "
+            "too many to check on a page; is the checkpoint job running?"
+        )
+    elif walked is None and since:
+        pending = (
+            "no full walk from genesis is on record yet (the nightly job, manage.py "
+            "audit_verify or the button below make one)"
+        )
+    state = "failed" if findings else "unknown" if pending else "ok"
+    first = findings[0] if findings else {"bad_seq": None, "problem": pending}
     return {
-        "ok": verdict.ok,
-        "count": verdict.count,
-        "head_hash": verdict.head,
-        "bad_seq": verdict.bad_seq,
-        "problem": verdict.problem,
+        "ok": state == "ok",
+        "state": state,
+        "count": tail.count if tail is not None else audit.head_seq(),
+        "head_hash": tail.head if tail is not None else "",
+        "bad_seq": first["bad_seq"],
+        "problem": first["problem"],
+        "findings": findings,
+        "pending": pending,
         "at": now,
-        "full_walk_at": walked_at,
-        "checkpoint": audit.latest_checkpoint(),
+        "full_walk": walked,
+        "full_walk_at": walked["time"] if walked else None,
+        "tail_from": since,
+        "checkpoint": checkpoint,
     }
-
-
-def _remember(verdict: audit.Verdict, at: datetime) -> audit.Verdict:
-    _FULL_WALK["last"] = {"at": at, "verdict": verdict}
-    return verdict
-
-
-def chain_full_walk(*, actor: audit.Actor, at: datetime) -> audit.Verdict:
-    """A full walk now, recorded as the nightly job's is; pages then show it."""
-    return _remember(audit.verify_and_record(actor=actor, at=at), at)
 
 
 def event_counts_by_type(qs: QuerySet[AuditEvent]) -> Counter[str]:
