@@ -166,21 +166,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_backend(given: str | None) -> str:
+    """--backend, else SANDBOX_BACKEND, else docker. The variable is as strict as the
+    option (main() refuses a name no backend has: set but empty, or misspelt, is a
+    usage error, not docker by default nor a refusal that reads like the deployment's);
+    argparse checks no default, so it is read here."""
+    return given if given is not None else os.environ.get("SANDBOX_BACKEND", "docker")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "reap":
         return _reap()
-    if args.backend is None:
-        # As strict as --backend: set but empty, or a misspelt name, is a usage error,
-        # not docker by default nor a refusal that reads like the deployment's.
-        args.backend = os.environ.get("SANDBOX_BACKEND", "docker")
-        if args.backend not in REGISTRY:
-            print(
-                f"sandbox_runner: SANDBOX_BACKEND={args.backend!r} is not one of "
-                f"{', '.join(REGISTRY)}",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+    args.backend = chosen_backend(args.backend)
+    if args.backend not in REGISTRY:
+        print(
+            f"sandbox_runner: SANDBOX_BACKEND={args.backend!r} is not one of "
+            f"{', '.join(REGISTRY)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
