@@ -2213,11 +2213,12 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
 def _create(path: Path, body: Mapping[str, Any]) -> None:
     """Write a file whole, under a name nobody has yet (FileExistsError otherwise)."""
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    tmp.write_text(canonical_json(body))
     try:
+        # A full disk fails the write with the file half made: it goes too.
+        tmp.write_text(canonical_json(body))
         os.link(tmp, path)  # atomic and exclusive: never half a file, never two Ns
     finally:
-        tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 # --- Compaction ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ sequence number.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import importlib
@@ -19,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -932,6 +934,37 @@ def test_an_emptied_checkpoint_directory_is_a_finding_not_a_fresh_start(
     assert code == 0 and text.startswith("ok: ")
     restarted = AuditEvent.objects.get(event_type="audit.checkpoints_restarted")
     assert json.loads(restarted.data)["files"] == 0  # nothing was there to keep aside
+
+
+@contextmanager
+def disk_full() -> Iterator[None]:
+    """Writing a checkpoint fails as on a full disk: its temporary file is made, the
+    rest of the text does not fit (ENOSPC). Other files are written as usual."""
+    real = Path.write_text
+
+    def full(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        if self.name.startswith(".checkpoint-"):
+            real(self, data[:16])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Path, "write_text", full)
+        yield
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(chain, settings):
+    """The temporary file was removed only when linking it failed: a write that failed
+    part-way left `.checkpoint-...tmp` behind, one per failed minute."""
+    first = audit.write_checkpoint(NOW)
+    with disk_full():
+        for minute in (1, 2):
+            with pytest.raises(OSError, match="No space left"):
+                audit.write_checkpoint(NOW + timedelta(minutes=minute))
+    assert [p.name for p in settings.AUDIT_CHECKPOINT_DIR.glob("*.tmp")] == []
+    second = audit.write_checkpoint(NOW + timedelta(minutes=3))
+    assert [c["file"] for c in audit.load_checkpoints()] == [first["file"], second["file"]]
+    assert audit.verify_chain(NOW + timedelta(minutes=3)).ok
 
 
 def test_an_older_checkpoint_series_put_back_is_not_the_current_one(
