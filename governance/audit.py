@@ -2012,6 +2012,7 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
         # read-only after a restore) left the series archived with no record, and a
         # retry recorded an empty folder instead of the one holding the evidence.
         moved: list[Path] = []
+        first: dict[str, Any] = {}
         try:
             with transaction.atomic():
                 append(
@@ -2031,13 +2032,20 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                 for path in (*old, *bridges):  # the bridges belong to the old series
                     path.rename(aside / path.name)
                     moved.append(path)
+                # The new series' first checkpoint in the same transaction: one that
+                # could not be written (a full disk) left the restart on record over
+                # an empty directory, which the job then took for one emptied.
+                first = _write_locked(directory, at, new_series=True)
         except BaseException:
+            if first:  # written, but its events did not commit: it signs nothing
+                (directory / first["file"]).unlink(missing_ok=True)
+                (directory / _POINTER).unlink(missing_ok=True)
             for path in reversed(moved):
                 (aside / path.name).rename(path)
             with contextlib.suppress(OSError):
                 aside.rmdir()
             raise
-        return _write_locked(directory, at, new_series=True)
+        return first
 
 
 def _record_gap(previous: dict[str, Any] | None, at: datetime) -> bool:
@@ -2097,7 +2105,8 @@ def _series_start() -> tuple[int, str | None] | None:
 
 def _begin_series(restarted: bool, series: tuple[int, str | None] | None, at: datetime) -> bool:
     """The directory holds no checkpoint. The first series of a log's life begins here,
-    on record (`audit.checkpoints_started`, signed by the checkpoint being written: True).
+    on record (`audit.checkpoints_started`, signed by the checkpoint being written, and
+    committed only with its file: _write_locked; True).
     A restart has put its own event on record (False). Otherwise the log says a series
     began and its checkpoints are gone: the directory was emptied (or the setting points
     elsewhere), and the newest events may have gone with them. Signing a new first
@@ -2177,30 +2186,49 @@ def _write_locked(directory: Path, at: datetime, *, new_series: bool) -> dict[st
         if problem:
             log.error("audit checkpoint refused at seq %s: %s", *problem)
             raise ChainBroken(problem)
-    # Only a checkpoint that will be written says there was a gap (a refused one,
-    # every minute while damage stays, would repeat it), and it signs that event.
-    recorded = _record_gap(previous, at)
-    if previous is None:
-        recorded = _begin_series(new_series, series, at) or recorded
-    else:
-        recorded = _adopt_series(directory / existing[0], series, at) or recorded
-    if recorded:
-        with transaction.atomic():
-            seq, head = _lock_and_read_head()
-    body: dict[str, Any] = {
-        "seq": seq,
-        "head": head,
-        "count": seq,
-        "time": _iso(at),
-        "prev_signature": previous["signature"] if previous else "",
-    }
-    body["signature"] = _sign_checkpoint(body)
     # The previous one's number, plus one: compaction leaves fewer files than that.
     number = _INDEX.match(existing[-1]) if existing else None
     index = int(number.group(1)) + 1 if number else len(existing) + 1
     path = directory / f"checkpoint-{index:09d}-{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-    _create(path, body)
-    body["file"] = path.name
+    # Only a checkpoint that will be written says there was a gap (a refused one,
+    # every minute while damage stays, would repeat it), and it signs that event.
+    recorded = _record_gap(previous, at)
+    body: dict[str, Any] = {}
+    try:
+        # A series' start commits only once its first checkpoint is written. On record
+        # with no checkpoint of it, it is at every later run a directory emptied to
+        # hide deleted events (verify fails, the job refuses and alerts, until an admin
+        # restarts the series): a first checkpoint that could not be written (a full
+        # disk) must leave no start behind, and the next run begins the series afresh.
+        # This does not excuse an emptied directory: a start that committed had its
+        # checkpoint written, so one found missing was removed. (On PostgreSQL the
+        # chain lock is held over that one small file write, once in a log's life.)
+        # The minute's plain checkpoint records nothing here and opens no transaction.
+        records = previous is None or series is None  # a start, or an adoption
+        with transaction.atomic() if records else contextlib.nullcontext():
+            if previous is None:
+                recorded = _begin_series(new_series, series, at) or recorded
+            else:
+                recorded = _adopt_series(directory / existing[0], series, at) or recorded
+            if recorded:
+                with transaction.atomic():
+                    seq, head = _lock_and_read_head()
+            body.update(
+                seq=seq,
+                head=head,
+                count=seq,
+                time=_iso(at),
+                prev_signature=previous["signature"] if previous else "",
+            )
+            body["signature"] = _sign_checkpoint(body)
+            _create(path, body)
+            body["file"] = path.name
+    except BaseException:
+        # Not committed (or not known to be): no file may sign events the log does
+        # not hold, which would read as the newest events deleted.
+        if "file" in body:
+            path.unlink(missing_ok=True)
+        raise
     # Then the pointer: a crash in between leaves it a minute behind, never ahead.
     pointer = _pointer()
     recent = [previous["file"]] if previous else []

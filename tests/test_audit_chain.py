@@ -953,6 +953,40 @@ def disk_full() -> Iterator[None]:
         yield
 
 
+def test_a_first_checkpoint_that_cannot_be_written_leaves_no_series_start_behind(
+    chain, settings, capsys
+):
+    """The log's first checkpoint recorded audit.checkpoints_started, then failed to
+    write its file (the disk full): every later run took the directory for one emptied
+    to hide deleted events, recorded audit.verify_failed with an alert, and signed
+    nothing until an admin restarted the series. The start now commits only with its
+    file, and no half-written temporary file is left either."""
+    from governance import tasks
+
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    with disk_full():
+        with pytest.raises(CommandError, match="the checkpoint cannot be written"):
+            call_command("audit_checkpoint")
+        with pytest.raises(OSError, match="No space left"):
+            tasks.audit_checkpoint.run()  # the job, a minute later
+    assert AuditEvent.objects.count() == chain  # no start on record
+    assert sorted(p.name for p in directory.iterdir() if p.name.endswith((".json", ".tmp"))) == []
+
+    result = tasks.audit_checkpoint.run()  # the disk has room again
+    assert "refused" not in result
+    started = AuditEvent.objects.get(event_type="audit.checkpoints_started")
+    assert result["seq"] == started.seq == chain + 1  # the first checkpoint signs it
+    assert not AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+    assert [c["file"] for c in audit.load_checkpoints()] == [result["file"]]
+    capsys.readouterr()
+    code, text = verify_output(capsys)
+    assert code == 0 and text.strip() == f"ok: {chain + 1} events, head {started.hash}"
+    # A start that committed had its checkpoint written: emptied now, it is a finding.
+    (directory / result["file"]).unlink()
+    assert tasks.audit_checkpoint.run()["bad_seq"] == started.seq
+    assert AuditEvent.objects.filter(event_type="audit.verify_failed").count() == 1
+
+
 def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(chain, settings):
     """The temporary file was removed only when linking it failed: a write that failed
     part-way left `.checkpoint-...tmp` behind, one per failed minute."""
@@ -965,6 +999,33 @@ def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(chain, set
     second = audit.write_checkpoint(NOW + timedelta(minutes=3))
     assert [c["file"] for c in audit.load_checkpoints()] == [first["file"], second["file"]]
     assert audit.verify_chain(NOW + timedelta(minutes=3)).ok
+
+
+def test_a_restart_whose_first_checkpoint_cannot_be_written_moves_nothing(
+    chain, person, settings, capsys
+):
+    """The restart committed its event and moved the old series aside, then failed to
+    write the new series' first checkpoint (the disk full): the directory sat empty
+    under a restart on record, which the job took for one emptied (audit.verify_failed
+    and an alert every hour). The event, the move and that checkpoint now stand or fall
+    together: the old series stays in place and goes on."""
+    from governance import tasks
+
+    person("heidi", "admins")
+    first = audit.write_checkpoint(NOW)
+    args = ["--start-new-series", "--as", "heidi", "--reason", "restored (INC-7)"]
+    with disk_full(), pytest.raises(CommandError, match="the checkpoint cannot be written"):
+        call_command("audit_checkpoint", *args)
+    directory = settings.AUDIT_CHECKPOINT_DIR
+    assert [c["file"] for c in audit.load_checkpoints()] == [first["file"]]
+    assert not list(directory.glob("archived-*")) and not list(directory.glob("*.tmp"))
+    assert not AuditEvent.objects.filter(event_type="audit.checkpoints_restarted").exists()
+
+    result = tasks.audit_checkpoint.run()
+    assert "refused" not in result
+    assert [c["file"] for c in audit.load_checkpoints()] == [first["file"], result["file"]]
+    assert not AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+    assert verify_output(capsys)[0] == 0
 
 
 def test_an_older_checkpoint_series_put_back_is_not_the_current_one(
