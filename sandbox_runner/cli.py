@@ -181,8 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.backend = chosen_backend(args.backend)
     if args.backend not in REGISTRY:
         print(
-            f"sandbox_runner: SANDBOX_BACKEND={args.backend!r} is not one of "
-            f"{', '.join(REGISTRY)}",
+            f"sandbox_runner: SANDBOX_BACKEND={args.backend!r} is not one of {', '.join(REGISTRY)}",
             file=sys.stderr,
         )
         return EXIT_USAGE
