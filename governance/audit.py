@@ -1477,24 +1477,30 @@ def verify_and_record(
 
 
 def _finding_recorded_within(verdict: Verdict, at: datetime, window: timedelta) -> bool:
-    """Was this very finding (seq and problem) recorded in the `window` before `at`?
-    Another finding is recorded whatever came before it: one damage must not hide the
-    next behind it."""
+    """Was a finding of this kind recorded in the `window` before `at`? Another kind is
+    recorded whatever came before it: one damage must not hide the next behind it. The
+    kind is the problem with its numbers left out: a missing or stale checkpoint's
+    finding names the head's seq and the checkpoint's age, which move with every event
+    and every minute, so comparing them whole recorded (and alerted) once per message."""
     from governance.models import AuditEvent
 
     recent = AuditEvent.objects.filter(
         event_type=EventType.AUDIT_VERIFY_FAILED, seq__gt=0, created_at__gt=at - window
     ).values_list("data", flat=True)
-    finding = {"bad_seq": verdict.bad_seq, "problem": verdict.problem}
-    # Compared as written; a finding stored otherwise (cut, masked) is recorded again.
-    return any(_json_object(data) == finding for data in recent)
+    kind = _finding_kind(verdict.problem)
+    return any(_finding_kind(_recorded_problem(data)) == kind for data in recent)
 
 
-def _json_object(text: str) -> Any:
+def _finding_kind(problem: str | None) -> str:
+    return re.sub(r"[0-9]+", "#", problem or "")
+
+
+def _recorded_problem(data: str) -> str | None:
     try:
-        return json.loads(text or "{}")
+        body = json.loads(data or "{}")
     except ValueError:
-        return None
+        return None  # unreadable: no match, so the finding is recorded again
+    return body.get("problem") if isinstance(body, dict) else None
 
 
 def _record_failure(verdict: Verdict, *, actor: Actor, at: datetime) -> None:

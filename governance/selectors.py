@@ -504,6 +504,18 @@ def review_items_query(user: Any, *, decided: bool = False) -> QuerySet[Any]:
     )
 
 
+def review_items_counts(user: Any) -> tuple[int, int]:
+    """(open items assigned to this person, open items fallen to the admins, for an
+    admin). Counted apart: whether an admin may decide a fallen item is worked out per
+    page (review_items_marked), so a count of them all cannot say "waiting on me" (an
+    admin who approved the grants saw every fallen item as theirs, and could decide none)."""
+    from governance.models import ReviewItem
+
+    open_items = review_items_query(user)
+    assigned = open_items.filter(reviewer=user, status=ReviewItem.Status.PENDING).count()
+    return assigned, (open_items.count() - assigned) if roles.is_admin(user) else 0
+
+
 def review_items_marked(user: Any, items: Any, at: datetime) -> list[Any]:
     """`items` (a page of review_items_query) each with `.is_overdue` and `.may_decide`:
     an item that fell to the admins is theirs to decide unless this one is barred from

@@ -107,6 +107,20 @@ def test_malformed_bodies_are_400_with_fields_and_on_record(setup, bad):
     assert set(json.loads(event.data)["problems"]) == set(error["fields"])
 
 
+def test_a_malformed_body_is_recorded_bounded_whatever_its_keys(setup):
+    """Keys the schema does not take are named in the 400's problems: the agent's own
+    text. 20 of 100,000 characters each made a 2 MB event, in a log nothing deletes."""
+    sent = {"tool": "repo", "action": "read", "scope": "repo:x"}
+    for i in range(20):
+        sent[f"k{i:02d}" + "A" * 100_000] = 1
+    response = setup["client"].post(URL, json.dumps(sent), content_type="application/json")
+    assert response.status_code == 400
+    event = last_event()
+    assert (event.event_type, event.reason) == ("access.denied", "invalid_request")
+    assert len(event.data) < 10_000
+    assert all(len(key) <= 100 for key in json.loads(event.data)["problems"])
+
+
 def test_a_malformed_body_is_recorded_cut_and_escaped(setup):
     """What is recorded of a malformed body is what every event's columns hold: an
     overlong tool name cut, a NUL escaped, other text as sent (the pages reveal it)."""

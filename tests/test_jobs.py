@@ -292,11 +292,33 @@ def test_a_new_finding_within_the_hour_is_recorded_and_an_outage_is_none(make_ag
     assert tasks.audit_verify()["bad_seq"] == 2
     assert tasks.audit_verify()["bad_seq"] == 2  # the same finding: held back
     (first,) = events(EventType.AUDIT_VERIFY_FAILED)
-    with triggers_bypassed():  # a second edit, before the first: a new finding
-        sql("UPDATE governance_auditevent SET scope = 'y' WHERE seq = 1")
+    with triggers_bypassed():  # another kind of damage, before the first: a new finding
+        sql("UPDATE governance_auditevent SET prev_hash = 'x' WHERE seq = 1")
     assert tasks.audit_verify()["bad_seq"] == 1
     found = [json.loads(e.data)["bad_seq"] for e in events(EventType.AUDIT_VERIFY_FAILED)]
     assert found == [2, 1] and events(EventType.AUDIT_VERIFY_FAILED)[0] == first
+
+
+def test_a_missing_or_stale_checkpoint_is_recorded_once_an_hour_not_once_a_message(
+    make_agent, settings
+):
+    """Its finding names the head's seq (which each recorded event moves) or the
+    checkpoint's age in minutes: compared whole, every audit_verify message while the
+    checkpoint job was down recorded one more event and alerted every admin again."""
+    settings.AUDIT_CHECKPOINT_MAX_AGE = timedelta(minutes=5)
+    make_agent()
+    for _ in range(3):
+        assert tasks.audit_verify()["ok"] is False  # no checkpoint at all
+    assert len(events(EventType.AUDIT_VERIFY_FAILED)) == 1
+
+    audit.write_checkpoint(timezone.now() - timedelta(minutes=30))
+    actor, now = audit.Actor.system("celery:audit_verify"), timezone.now()
+    for minute in range(3):  # stale, and a minute staler each time
+        verdict = audit.verify_and_record(
+            actor=actor, at=now + timedelta(minutes=minute), once_within=tasks.RECORD_FAILURE_EVERY
+        )
+        assert not verdict.ok and "old" in verdict.problem
+    assert len(events(EventType.AUDIT_VERIFY_FAILED)) == 2  # one for each kind
 
 
 def test_a_notification_message_names_a_row_id_or_nothing(db):

@@ -277,3 +277,36 @@ def test_a_decision_on_a_later_page_of_one_campaign_returns_to_that_page() -> No
         "decision": "keep", "comment": "x", "back_page": "0",
     })  # fmt: skip
     assert refused.status_code == 400  # a malformed page is refused, nothing decided
+
+
+def test_fallen_items_are_counted_as_the_admins_not_as_waiting_on_an_admin_barred_from_them(
+    make_agent, make_tool, make_grant, alice, bob, django_user_model
+) -> None:
+    """Whether an admin may decide an item fallen to the admins is worked out per page,
+    so the dashboard's count of them all said "waiting on me" to alice, who asked for
+    the grant and may not review it. Now such items are counted apart, as the admins'."""
+    from datetime import timedelta
+
+    from django.contrib.auth.models import Group
+
+    from governance import roles
+    from governance.services import reviews
+
+    admins = Group.objects.get_or_create(name=roles.ADMINS)[0]
+    ivan = django_user_model.objects.create_user("ivan", email="ivan@example.test")
+    for person in (alice, bob, ivan):
+        person.groups.add(admins)
+    grant = make_grant(make_agent("bot"), make_tool("repo"), starts_at=timezone.now(),
+                       duration=timedelta(days=5))  # fmt: skip  # alice asked, bob approved
+    campaign = ReviewCampaign.objects.create(
+        kind="on_demand", reason="incident", opened_at=timezone.now(),
+        due_at=timezone.now() + timedelta(days=7),
+    )  # fmt: skip
+    item = ReviewItem.objects.create(
+        campaign=campaign, grant=grant, reviewer=None, due_at=campaign.due_at
+    )
+    assert [u.username for u in reviews._reviewers(item)] == ["ivan"]
+    for person in (alice, bob, ivan):
+        dashboard = signed_in_as(person).get("/ui/").content.decode()
+        assert "item waiting on me" not in dashboard, person.username
+        assert "1 item fallen to the admins" in dashboard, person.username

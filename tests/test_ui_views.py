@@ -1457,3 +1457,19 @@ def test_pages_that_show_audit_events_record_the_look() -> None:
         (look,) = AuditEvent.objects.filter(seq__gt=before)
         assert (look.event_type, look.actor) == ("audit.viewed", "user:carol")
         assert json.loads(look.data) == {"view": view, **params}
+
+
+def test_an_action_an_agent_made_up_shows_its_hidden_characters_in_the_audit_list() -> None:
+    """Access events held one of the five action classes until a malformed /authorize
+    was put on record with what it sent: `\\u202edaer` read as "read" in the list."""
+    from governance.services import access
+
+    ui_world.build()
+    access.record_malformed(
+        agent="bot-a", body={"tool": "repo", "action": "\u202edaer", "scope": "repo:x"},
+        problems={"action": "not a valid choice"}, at=timezone.now(),
+    )  # fmt: skip
+    assert last_event().action == "\u202edaer"
+    page = ui_world.signed_in("auditor").get("/ui/audit/").content.decode()
+    row = next(line for line in page.split("<tr>") if "daer" in line)
+    assert "[U+202E bidi]" in row and "\u202e" not in page

@@ -401,7 +401,15 @@ def record_malformed(*, agent: str, body: Any, problems: Mapping[str, str], at: 
                 scope=said("scope"),
                 decision=Verdict.DENY,
                 reason=Reason.INVALID_REQUEST,
-                data={"problems": {printable(k): printable(v[:200]) for k, v in problems.items()}},
+                # Bounded as every event is: a key is a field's name, which for a key
+                # the schema does not take is the agent's own text (20 of 100,000
+                # characters each made a 2 MB event no one can delete).
+                data={
+                    "problems": {
+                        printable(key[:100]): printable(problem[:200])
+                        for key, problem in problems.items()
+                    }
+                },
             )
     except Exception:
         log.exception("could not record a malformed authorize request")

@@ -58,11 +58,13 @@ def dashboard_context(user: Any, now: datetime) -> dict[str, Any]:
         .select_related("grant__agent", "grant__tool", "reviewer", "campaign")
         .order_by("due_at")
     )
+    assigned, fallen = selectors.review_items_counts(user)
     return {
         "bg_active": active_break_glass(now),
         "bg_overdue": [bg for bg in reviews_pending if bg.is_overdue],
         "bg_reviews_pending": len(reviews_pending),
-        "my_review_count": selectors.review_items_query(user).count(),
+        "my_review_count": assigned,
+        "fallen_review_count": fallen,
         "overdue_items": overdue_items[:20],
         "overdue_items_count": overdue_items.count(),
         "trend": selectors.grant_trend(days=14),
@@ -204,7 +206,7 @@ def review_campaigns(request: HttpRequest) -> HttpResponse:
         c.overdue = c.status == "open" and c.due_at <= now and c.pending  # type: ignore[attr-defined]
     context = {
         "campaigns": rows,
-        "mine": selectors.review_items_query(request.user).count(),
+        "mine": selectors.review_items_counts(request.user),
         "agent_names": Agent.objects.order_by("name").values_list("name", flat=True),
         "default_due_days": settings.REVIEW_DUE.days,
     }
