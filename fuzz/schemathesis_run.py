@@ -706,7 +706,8 @@ def cross_agent_check(url: str, owner: AgentWorld, peer: AgentWorld) -> tuple[in
 
 
 # Bodies schemathesis is told not to generate (it draws valid UTF-8 without NUL) or
-# cannot (raw bytes), each of which must be a 400 in the error shape and write nothing.
+# cannot (raw bytes), each of which must be a 400 in the error shape and write nothing
+# but, for an /authorize body that parses, its record: access.denied / invalid_request.
 _OK = b'"tool": "repo", "action": "read", "scope": "repo:acme/api/x"'
 MALFORMED: list[tuple[str, bytes]] = [
     ("/authorize", b"{" + _OK + b', "arguments": {"a": "\\u0000"}}'),
@@ -747,20 +748,28 @@ def malformed_input_check(url: str, agent: AgentWorld) -> tuple[int, list[str]]:
     from governance.models import AuditEvent, Grant
 
     def counts() -> tuple[int, int]:
-        found = AuditEvent.objects.count(), Grant.objects.count()
+        found = (AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first() or 0,
+                 Grant.objects.count())  # fmt: skip
         connections.close_all()
         return found
 
-    before = counts()
-    problems = []
+    (last_seq, grants), problems = counts(), []
     for path, raw in MALFORMED:
         status, answer = _request(f"{url}/api/v1{path}", agent.token, "POST", raw_body=raw)
         error = answer.get("error") if isinstance(answer, dict) else None
         if status != 400 or not isinstance(error, dict) or set(error) != ERROR_KEYS:
             problems.append(f"POST {path} {raw[:80]!r}...: {status} {str(answer)[:200]}")
-    after = counts()
-    if after != before:
-        problems.append(f"malformed requests wrote rows: (events, grants) {before} -> {after}")
+    written = list(
+        AuditEvent.objects.filter(seq__gt=last_seq).values_list("event_type", "reason", "agent")
+    )
+    connections.close_all()
+    records = len([path for path, _ in MALFORMED if path == "/authorize"])
+    refused = ("access.denied", "invalid_request", agent.name)
+    if counts()[1] != grants or len(written) > records or set(written) - {refused}:
+        problems.append(
+            f"malformed requests wrote more than their records: grants {grants} -> "
+            f"{counts()[1]}, events {written[:5]} ({len(written)} in all)"
+        )
     return len(MALFORMED), problems
 
 
