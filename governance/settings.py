@@ -515,6 +515,15 @@ BREAKGLASS_MAX_TTL = timedelta(
 )
 if BREAKGLASS_DEFAULT_TTL > BREAKGLASS_MAX_TTL:
     raise ImproperlyConfigured("BREAKGLASS_DEFAULT_TTL_MINUTES exceeds BREAKGLASS_MAX_TTL_MINUTES")
+# No grant lives longer than GRANT_MAX_TTL, break-glass's neither: the service refuses a
+# lifetime past it, so a default past it would refuse every break-glass opened without
+# one. The maximum may stay above it (the service holds requests to the shorter one).
+if BREAKGLASS_DEFAULT_TTL > GRANT_MAX_TTL:
+    raise ImproperlyConfigured(
+        f"BREAKGLASS_DEFAULT_TTL_MINUTES={int(BREAKGLASS_DEFAULT_TTL.total_seconds() // 60)} "
+        f"exceeds GRANT_MAX_TTL_HOURS={int(GRANT_MAX_TTL.total_seconds() // 3600)}: no grant "
+        "lives longer than GRANT_MAX_TTL, a break-glass grant neither; lower the default"
+    )
 BREAKGLASS_MAX_PER_HOUR = env_int("BREAKGLASS_MAX_PER_HOUR", 3, minimum=1)
 # DESIGN: break-glass is "ratified by a review within 24 h": sooner may be asked, later not.
 BREAKGLASS_REVIEW_WITHIN = timedelta(

@@ -90,6 +90,42 @@ def test_bad_break_glass_input_is_a_clear_4xx_and_writes_nothing(
     assert BreakGlass.objects.count() == 0 and Grant.objects.count() == 0
 
 
+def test_break_glass_over_the_api_never_outlives_the_longest_grant(
+    world, human_client, person, settings
+):
+    """GRANT_MAX_TTL_HOURS=1 under the break-glass defaults: a 4 h break-glass was a 201,
+    and its ratification (no duration over the API) could never be filed. Now past
+    the longest grant it is a 400 that writes nothing, and one opened before the
+    maximum was lowered is ratified into a request for that maximum."""
+    erin = human_client(person("erin"), "approvers")
+    frank = human_client(person("frank"), "approvers")
+    long_ago = erin.post("/api/v1/breakglass", {**BODY, "ttl_minutes": 240}, format="json")
+    assert long_ago.status_code == 201, long_ago.json()
+    settings.GRANT_MAX_TTL = timedelta(hours=1)
+    before = (BreakGlass.objects.count(), Grant.objects.count(), AuditEvent.objects.count())
+    refused = erin.post(
+        "/api/v1/breakglass",
+        {**BODY, "ticket": "INC-2", "ttl_minutes": 240},
+        format="json",
+    )
+    assert refused.status_code == 400, refused.json()
+    error = refused.json()["error"]
+    assert error["code"] == "breakglass_ttl_too_long" and "GRANT_MAX_TTL_HOURS" in error["message"]
+    assert (BreakGlass.objects.count(), Grant.objects.count(), AuditEvent.objects.count()) == before
+
+    bg_id = long_ago.json()["id"]
+    done = frank.post(f"/api/v1/breakglass/{bg_id}/ratify", {"comment": "needed"}, format="json")
+    assert done.status_code == 200, done.json()
+    assert done.json()["review_status"] == "ratified"
+    request = Grant.objects.get(pk=done.json()["ratified_request"])
+    assert (request.status, request.requested_duration) == ("pending", timedelta(hours=1))
+    assert AuditEvent.objects.filter(
+        event_type=EventType.GRANT_REQUESTED, grant_id=request.pk
+    ).exists()
+    (ratified,) = AuditEvent.objects.filter(event_type=EventType.BREAKGLASS_RATIFIED)
+    assert ratified.actor == "user:frank"
+
+
 def test_the_hourly_limit_is_a_429(world, make_tool, human_client, person, settings):
     settings.BREAKGLASS_MAX_PER_HOUR = 1
     make_tool("deploy")  # one live break-glass per agent and tool: the second is elsewhere

@@ -272,6 +272,51 @@ def test_longer_than_the_hard_maximum_is_refused_not_clamped(open_bg, settings):
     assert open_bg(ttl=timedelta(hours=2)).expires_at == NOW + timedelta(hours=2)
 
 
+def test_break_glass_never_outlives_the_longest_grant(open_bg, settings):
+    """GRANT_MAX_TTL_HOURS=1 with the break-glass defaults (60 and 240 minutes): a 4 h
+    break-glass opened, a grant longer than "no grant lives longer", whose ratification
+    (a request for the same window) was refused `invalid_grant`. The lifetime is held
+    to the shorter of the two maxima, refused past it, never shortened."""
+    settings.GRANT_MAX_TTL = timedelta(hours=1)
+    for ttl in (timedelta(hours=4), timedelta(hours=1, seconds=1)):
+        with pytest.raises(GovernanceError) as caught:
+            open_bg(ttl=ttl)
+        assert caught.value.code == "breakglass_ttl_too_long" and caught.value.status == 400
+        assert "at most 60 minutes" in caught.value.message
+        assert "GRANT_MAX_TTL_HOURS" in caught.value.message
+        assert caught.value.fields == {"ttl": "at most 60 minutes"}
+    assert Grant.objects.count() == 0 and BreakGlass.objects.count() == 0
+    assert events(EventType.BREAKGLASS_OPENED) == []
+    # The longest grant there is, and the default (60 minutes), are opened as ever.
+    bg = open_bg(ttl=timedelta(hours=1))
+    assert bg.grant.expires_at - bg.grant.starts_at == timedelta(hours=1)
+    (opened,) = events(EventType.BREAKGLASS_OPENED)
+    assert json.loads(opened.data)["expires_at"] == (NOW + timedelta(hours=1)).isoformat()
+
+
+def test_a_break_glass_longer_than_the_grant_maximum_now_is_still_ratified(
+    open_bg, setup, settings
+):
+    """Opened for 4 h, then GRANT_MAX_TTL lowered to 1 h: its ratification asked for a
+    4 h grant, refused `invalid_grant`, and the UI and API pass no duration, so it could
+    never be ratified. The request is for the longest grant now allowed."""
+    bg = open_bg(ttl=timedelta(hours=4))
+    settings.GRANT_MAX_TTL = timedelta(hours=1)
+    frank = setup["frank"]
+    at = NOW + timedelta(hours=5)
+    bg = bgs.breakglass_ratify(
+        breakglass_id=bg.pk, reviewer=frank, comment="needed", actor=Actor.user(frank), at=at
+    )
+    bg.refresh_from_db()
+    assert (bg.review_status, bg.reviewed_by) == ("ratified", frank)
+    request = bg.ratified_request
+    assert (request.status, request.requested_duration) == ("pending", timedelta(hours=1))
+    (requested,) = events(EventType.GRANT_REQUESTED, grant_id=request.pk)
+    (ratified,) = events(EventType.BREAKGLASS_RATIFIED)
+    assert json.loads(ratified.data)["ratified_request"] == request.pk
+    assert requested.seq < ratified.seq
+
+
 def test_more_than_the_hourly_limit_per_person_is_refused(open_bg, setup, make_tool, settings):
     settings.BREAKGLASS_MAX_PER_HOUR = 2
     # One break-glass per agent and tool at a time: each of these is for another tool.

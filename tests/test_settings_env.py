@@ -101,6 +101,20 @@ def test_the_largest_allowed_durations_start():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_break_glass_default_longer_than_any_grant_stops_start_up():
+    """README: "GRANT_MAX_TTL_HOURS: no grant lives longer", break-glass's grant too. A
+    default lifetime past it would refuse every break-glass opened without one; the
+    maximum may stay above it (a request past the grant maximum is refused)."""
+    assert_refused(
+        start("governance.settings", GRANT_MAX_TTL_HOURS="1", BREAKGLASS_DEFAULT_TTL_MINUTES="61"),
+        "BREAKGLASS_DEFAULT_TTL_MINUTES=61",
+        "GRANT_MAX_TTL_HOURS=1",
+    )
+    # The defaults (60 and 240 minutes) start with 1-hour grants, as they always did.
+    ok = start("governance.settings", GRANT_MAX_TTL_HOURS="1")
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_an_unused_threshold_no_grant_lives_to_reach_stops_start_up():
     """UNUSED_GRANT_DAYS=30 against 7-day grants flagged nothing, ever. The threshold is
     in hours now and must be below the longest grant; the old name is refused, not

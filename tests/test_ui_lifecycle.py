@@ -88,6 +88,20 @@ def test_the_ttl_picker_stops_at_the_maximum_and_a_longer_ttl_is_refused() -> No
     assert not BreakGlass.objects.exists()
 
 
+def test_the_ttl_picker_stops_at_the_longest_grant_too(settings: object) -> None:
+    """With 1-hour grants (GRANT_MAX_TTL_HOURS=1) and the break-glass defaults (60 and
+    240 minutes) the picker offered 2 h and 4 h: no grant lives longer than an hour."""
+    ui_world.build()
+    settings.GRANT_MAX_TTL = timedelta(hours=1)  # type: ignore[attr-defined]
+    client = ui_world.signed_in("approver")
+    page = client.get("/ui/break-glass/").content.decode()
+    offered = [int(v) for v in __import__("re").findall(r'option value="(\d+)"', page)]
+    assert max(offered) == 60 and 60 in offered
+    response = _open(client, ttl_minutes="61")
+    assert response.status_code == 400 and b"breakglass_ttl_too_long" in response.content
+    assert not BreakGlass.objects.exists()
+
+
 @pytest.mark.parametrize("missing", ["ticket", "reason"])
 def test_break_glass_needs_a_ticket_and_a_reason(missing: str) -> None:
     ui_world.build()

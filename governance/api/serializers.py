@@ -958,12 +958,17 @@ class BreakGlassIn(StrictSerializer):
         max_length=100, declared={"pattern": f"^(?:{settings.BREAKGLASS_TICKET_PATTERN})$"}
     )
     reason = _free_text(max_length=2000)
-    # Longer than BREAKGLASS_MAX_TTL is refused by the service (breakglass_ttl_too_long).
+    # Longer than BREAKGLASS_MAX_TTL or GRANT_MAX_TTL (no grant outlives it), whichever
+    # is shorter, is refused by the service (breakglass_ttl_too_long).
     ttl_minutes = StrictIntegerField(
         min_value=1,
         max_value=7 * 24 * 60,
         required=False,
-        declared={"maximum": int(settings.BREAKGLASS_MAX_TTL.total_seconds() // 60)},
+        declared={
+            "maximum": int(
+                min(settings.BREAKGLASS_MAX_TTL, settings.GRANT_MAX_TTL).total_seconds() // 60
+            )
+        },
     )
     task = exact_char(max_length=100, required=False, allow_null=True)
 

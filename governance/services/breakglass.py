@@ -9,7 +9,9 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
         `human_only` (not a person) / `auditor_read_only` (an auditor and nothing
         more, even the agent's owner) / `not_allowed` (neither approver, admin nor the
         agent's owner), GovernanceError `invalid_ticket` / `reason_required` /
-        `breakglass_ttl_too_long` / `invalid_ttl` / `invalid_grant`, RateLimited
+        `breakglass_ttl_too_long` (longer than BREAKGLASS_MAX_TTL or GRANT_MAX_TTL,
+        whichever is shorter: refused, never shortened) / `invalid_ttl` /
+        `invalid_grant`, RateLimited
         `breakglass_rate_limited` (with `retry_after`, the seconds until an open
         leaves the hour), Conflict `breakglass_active` (a break-glass for this agent
         and tool is live: at most one at a time, whoever opened it) /
@@ -28,7 +30,8 @@ Signatures (all keyword-only; `actor` is who is recorded in the audit log, `at` 
         -> BreakGlass
         Closes the review by turning the access into a normal grant request (pending,
         requested by the reviewer, needs a different approver, never the opener:
-        grants._approve_row). `ratified_request`.
+        grants._approve_row). `ratified_request`. Without a duration it asks for the
+        break-glass window, cut to GRANT_MAX_TTL (the maximum may have been lowered).
     breakglass_confirm_closed(*, breakglass_id, reviewer, comment, actor, at) -> BreakGlass
         Closes the review: the incident is over; a still-live grant is revoked now.
     breakglass_reviews_mark_overdue(*, actor, at) -> int      (the job)
@@ -99,15 +102,28 @@ def _check_opener(opener: Any, agent: Agent) -> None:
         )
 
 
+def ttl_cap() -> timedelta:
+    """The longest break-glass there is: BREAKGLASS_MAX_TTL, and never longer than any
+    grant may live (GRANT_MAX_TTL: "no grant lives longer", break-glass's grant too,
+    and its ratification files a request for the same window, which could not be)."""
+    return min(settings.BREAKGLASS_MAX_TTL, settings.GRANT_MAX_TTL)
+
+
 def _check_ttl(ttl: timedelta) -> None:
     if ttl <= timedelta(0):
         raise GovernanceError("invalid_ttl", "The break-glass lifetime must be positive.")
-    if ttl > settings.BREAKGLASS_MAX_TTL:
-        limit = settings.BREAKGLASS_MAX_TTL.total_seconds() / 60
+    cap = ttl_cap()
+    if ttl > cap:
+        limit = cap.total_seconds() / 60
+        why = ""
+        if settings.GRANT_MAX_TTL < settings.BREAKGLASS_MAX_TTL:
+            hours = settings.GRANT_MAX_TTL.total_seconds() / 3600
+            why = f" (no grant lives longer than GRANT_MAX_TTL_HOURS={hours:g})"
         raise GovernanceError(
             "breakglass_ttl_too_long",
-            f"Break-glass lasts at most {limit:g} minutes; {ttl.total_seconds() / 60:g} "
-            "were asked for. Ask for less (it is refused, not shortened).",
+            f"Break-glass lasts at most {limit:g} minutes{why}; "
+            f"{ttl.total_seconds() / 60:g} were asked for. Ask for less (it is refused, "
+            "not shortened).",
             fields={"ttl": f"at most {limit:g} minutes"},
         )
 
@@ -393,6 +409,15 @@ def _start_review(breakglass_id: int, reviewer: Any, comment: str, at: datetime)
     return bg
 
 
+def _ratified_duration(grant: Grant) -> timedelta:
+    """The request a ratification files asks for the break-glass window, but never
+    longer than a grant may now live: one opened before GRANT_MAX_TTL was lowered
+    could otherwise never be ratified (the UI and API pass no duration; the request
+    would be refused `invalid_grant`). Its approver may narrow it further."""
+    window = whole_seconds(grant.expires_at - grant.starts_at)  # type: ignore[operator]
+    return min(window, settings.GRANT_MAX_TTL)
+
+
 def breakglass_ratify(
     *,
     breakglass_id: int,
@@ -421,7 +446,7 @@ def breakglass_ratify(
             task=grant.task,
             actions=list(grant.actions),
             scope=grant.scope,
-            duration=duration or whole_seconds(grant.expires_at - grant.starts_at),  # type: ignore[operator]
+            duration=duration or _ratified_duration(grant),
             justification=f"ratifies break-glass {bg.ticket}: {comment}",
             requested_by=reviewer,
             actor=actor,

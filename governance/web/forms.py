@@ -230,8 +230,11 @@ class ReportForm(StrictForm):
 
 
 def breakglass_ttl_choices() -> list[tuple[int, str]]:
-    """The TTL picker: common lifetimes up to the configured maximum, never beyond."""
-    cap = int(settings.BREAKGLASS_MAX_TTL.total_seconds() // 60)
+    """The TTL picker: common lifetimes up to the configured maximum, never beyond
+    (nor beyond GRANT_MAX_TTL, which no grant outlives: the service's ttl_cap)."""
+    from governance.services.breakglass import ttl_cap
+
+    cap = int(ttl_cap().total_seconds() // 60)
     default = int(settings.BREAKGLASS_DEFAULT_TTL.total_seconds() // 60)
     minutes = sorted({m for m in (15, 30, 60, 120, 240, 480) if m <= cap} | {cap, default})
     return [(m, f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min") for m in minutes]
@@ -246,7 +249,8 @@ class BreakGlassOpenForm(StrictForm):
     ticket = forms.CharField(max_length=100)
     reason = forms.CharField(max_length=2000)
     # Any whole number of minutes parses; the service refuses more than the maximum
-    # (breakglass_ttl_too_long), so a forged value gets the service's own answer.
+    # (breakglass_ttl_too_long: BREAKGLASS_MAX_TTL or GRANT_MAX_TTL, the shorter), so a
+    # forged value gets the service's own answer.
     ttl_minutes = forms.IntegerField(min_value=1, max_value=100_000)
 
 

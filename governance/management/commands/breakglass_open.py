@@ -11,8 +11,9 @@ from governance.management import arguments
 from governance.models import Agent, Task, Tool
 from governance.services.breakglass import breakglass_open
 
-# As the API's bound; the service holds the lifetime to BREAKGLASS_MAX_TTL_MINUTES. Far
-# past it, the lifetime could not even be computed (OverflowError, a traceback).
+# As the API's bound; the service holds the lifetime to BREAKGLASS_MAX_TTL_MINUTES (and
+# GRANT_MAX_TTL_HOURS). Far past it, the lifetime could not even be computed
+# (OverflowError, a traceback).
 MAX_TTL_MINUTES = 7 * 24 * 60
 
 
