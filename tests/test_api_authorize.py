@@ -363,6 +363,46 @@ def test_a_destructive_call_returns_an_approval_to_poll(setup, human_client, bob
     assert (last_event().reason, last_event().grant_id) == ("approval_invalid", setup["grant"].pk)
 
 
+def test_a_call_approval_under_a_closed_task_is_voided_and_not_approved(
+    setup, make_task, human_client, bob, dave
+):
+    """A call made with a task under a grant bound to no task: closing the task left
+    its approval pending, and approving it was a 200 for a call that could never be
+    made. The close voids it (409 `not_pending` after); one whose task ran out before
+    any job closed it is a 409 `task_closed`. Neither writes anything."""
+    from governance.models import Approval, Task
+
+    started = timezone.now() - timedelta(minutes=5)
+    make_task("T-1", at=started)
+    running_out = make_task("T-2", at=started, ends_at=timezone.now() + timedelta(hours=1))
+    closed = setup["client"].post(URL, body(action="delete", task="T-1"), format="json").json()
+    ended = setup["client"].post(URL, body(action="delete", task="T-2"), format="json").json()
+    assert closed["decision"] == ended["decision"] == "approval_required"
+
+    admin = human_client(dave, "admins")
+    assert admin.post("/api/v1/tasks/T-1/close").status_code == 200
+    assert Approval.objects.get(pk=closed["approval"]).status == "expired"
+    event = last_event()
+    assert (event.event_type, event.task, event.actor) == ("task.closed", "T-1", "user:dave")
+    assert json.loads(event.data)["approvals_voided"] == 1
+
+    # T-2 runs out; no job has closed it yet.
+    Task.objects.filter(pk=running_out.pk).update(ends_at=timezone.now())
+    approver = human_client(bob, "approvers")
+    before = AuditEvent.objects.count()
+    for approval, status, code in (
+        (closed["approval"], 409, "not_pending"),
+        (ended["approval"], 409, "task_closed"),
+    ):
+        answer = approver.post(
+            f"/api/v1/approvals/{approval}/approve", {"reason": "ok"}, format="json"
+        )
+        assert answer.status_code == status, answer.content
+        assert answer.json()["error"]["code"] == code and answer.json()["error"]["message"]
+    assert Approval.objects.get(pk=ended["approval"]).status == "pending"
+    assert AuditEvent.objects.count() == before
+
+
 def test_a_database_failing_before_the_view_is_503_deny_too(setup, monkeypatch):
     """The token's lookup meeting a database outage answered the generic error shape:
     a client reading `decision` off the promised "503 + deny" got a KeyError. Other

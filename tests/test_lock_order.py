@@ -9,6 +9,7 @@ Real threads, real locks, real deadlock detector; no mocks.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -200,6 +201,58 @@ def test_closing_a_task_while_its_grant_is_revoked(
         tasks.task_close(task=task, actor=audit.Actor.system("a"), at=NOW + LATER)
 
     _assert_both_done(_both(monkeypatch, close, _revoke(granted.pk)), granted.pk)
+
+
+def test_closing_a_task_while_an_approval_of_a_call_under_it_is_decided(
+    postgres_only, monkeypatch, make_agent, make_tool, make_grant, make_task, bob
+):
+    """B approves a call made under T-1 (a grant bound to no task): it holds the
+    approval's row a second, then appends. A closes T-1 meanwhile, which voids that
+    approval and revokes the task's own grant. Had A voided after its revokes' events
+    (the chain lock), A would wait for B's row and B for A's chain lock: a deadlock.
+    A waits for B instead, then voids what B approved."""
+    from governance.models import Approval, AuditEvent
+    from governance.services import access, approvals, tasks
+
+    bot, repo = make_agent("bot"), make_tool("repo")
+    task = make_task("T-1")
+    make_grant(bot, repo, ("delete",), "repo:acme/*", duration=timedelta(hours=5))
+    bound = make_grant(bot, make_tool("db"), ("read",), "db:acme/*", task=task)
+    asked = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/x", task="T-1", at=NOW
+    )
+    gated = Approval.objects.get(pk=asked.approval_id).grant_id
+    held = threading.Event()
+    real = approvals.stakeholders  # called with the approval's row locked
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        if threading.current_thread().name == "B":
+            held.set()
+            time.sleep(1.0)
+        return found
+
+    monkeypatch.setattr(approvals, "stakeholders", slow)
+    at = NOW + timedelta(seconds=1)
+
+    def close() -> None:
+        assert held.wait(10)
+        tasks.task_close(task=task, actor=audit.Actor.system("a"), at=at)
+
+    def approve() -> None:
+        approvals.approval_approve(
+            approval_id=asked.approval_id, approver=bob, actor=audit.Actor.user(bob), at=at
+        )
+
+    out = _threads(close, approve)
+    assert out == {"A": None, "B": None}, out
+    assert Approval.objects.get(pk=asked.approval_id).status == "expired"
+    newest = list(AuditEvent.objects.order_by("-seq")[:3])
+    assert [(e.event_type, e.grant_id) for e in newest] == [
+        ("task.closed", None), ("grant.revoked", bound.pk), ("approval.approved", gated),
+    ]  # fmt: skip
+    assert json.loads(newest[0].data)["approvals_voided"] == 1
+    assert audit.verify_chain().ok
 
 
 def test_confirming_break_glass_closed_while_its_grant_is_revoked(

@@ -1814,6 +1814,101 @@ def test_an_approval_whose_grant_died_can_no_longer_be_decided(bot, repo, make_g
     assert approved.status == "approved" and last_event().event_type == "approval.approved"
 
 
+def test_closing_a_task_voids_the_approvals_of_calls_made_under_it(
+    bot, repo, make_tool, make_grant, make_task, alice, bob, system
+):
+    """A call made with task=T-1 under a grant bound to no task asks for an approval.
+    Closing T-1 left it pending: an approver could still approve it (its use then
+    refused `task_closed`) and it held a place under APPROVAL_PENDING_MAX until it
+    expired. The close voids it, and an approved one not yet used, as a revoke voids
+    a grant's; the same calls under another task or none are left as they are."""
+    from governance.models import Approval
+
+    task, other = make_task("T-1"), make_task("T-2")
+    grant = make_grant(bot, repo, ("delete",), "repo:acme/*", duration=timedelta(hours=5))
+    ask = {"agent": "bot", "tool": "repo", "action": "delete", "at": NOW}
+    pending = access.access_check(scope="repo:acme/x", task="T-1", **ask).approval_id
+    approved = access.access_check(scope="repo:acme/y", task="T-1", **ask).approval_id
+    elsewhere = access.access_check(scope="repo:acme/x", task="T-2", **ask).approval_id
+    untasked = access.access_check(scope="repo:acme/x", **ask).approval_id
+    approvals.approval_approve(approval_id=approved, approver=bob, actor=Actor.user(bob), at=NOW)
+    # A grant bound to the task: its revoke voids (and counts) its own call's approval.
+    db = make_tool("db", actions=("read", "delete"))
+    bound = make_grant(bot, db, ("delete",), "db:acme/*", task=task, duration=timedelta(hours=5))
+    on_bound = access.access_check(
+        **{**ask, "tool": "db"}, scope="db:acme/x", task="T-1"
+    ).approval_id
+    before = last_event().seq
+
+    tasks.task_close(task=task, actor=system, at=NOW + MS, closed_by=alice)
+    status = {str(pk): s for pk, s in Approval.objects.values_list("pk", "status")}
+    assert (status[pending], status[approved], status[on_bound]) == ("expired",) * 3
+    assert (status[elsewhere], status[untasked]) == ("pending", "pending")
+    assert Grant.objects.get(pk=grant.pk).status == "active"  # bound to no task
+    assert Grant.objects.get(pk=bound.pk).status == "revoked"
+    other.refresh_from_db()
+    assert other.status == "open"
+    # The task's event counts what it voided itself, as grant.revoked counts its own.
+    new = list(AuditEvent.objects.filter(seq__gt=before).order_by("seq"))
+    assert [(e.event_type, e.task, e.grant_id) for e in new] == [
+        ("grant.revoked", "T-1", bound.pk),
+        ("task.closed", "T-1", None),
+    ]
+    assert all(e.actor == "system:test" for e in new)
+    assert json.loads(new[0].data)["approvals_voided"] == 1
+    assert json.loads(new[1].data) == {"why": "closed", "approvals_voided": 2}
+    # Nothing is left to decide or to use.
+    with pytest.raises(Conflict) as refused:
+        approvals.approval_approve(
+            approval_id=pending, approver=bob, actor=Actor.user(bob), at=NOW + 2 * MS
+        )
+    assert refused.value.code == "not_pending"
+    used = access.access_check(
+        scope="repo:acme/y", task="T-1", approval=approved, **{**ask, "at": NOW + 2 * MS}
+    )
+    assert not used.allowed and Approval.objects.get(pk=approved).status == "expired"
+    # The expiry job finds nothing more to say about them.
+    assert approvals.approvals_expire(actor=system, at=NOW + timedelta(hours=5)) == 2
+    assert not AuditEvent.objects.filter(
+        event_type="approval.expired", approval_id__in=[str(pending), str(approved)]
+    ).exists()
+
+
+def test_an_approval_whose_task_is_not_open_can_no_longer_be_decided(
+    bot, repo, make_grant, make_task, bob, system
+):
+    """The task ran out (its ends_at passed) before any job closed it: authorize()
+    refuses the call `task_closed`, so approving it would only be a confirmation that
+    can never be used. Refused 409 `task_closed`, nothing written; a millisecond
+    earlier it is decided as ever."""
+    from governance.models import Approval
+
+    task = make_task("T-END", ends_at=NOW + timedelta(minutes=1))
+    make_grant(bot, repo, ("delete",), "repo:acme/*", duration=timedelta(hours=5))
+    asked = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/x", task="T-END", at=NOW
+    )
+    assert asked.decision == "approval_required"
+    before = AuditEvent.objects.count()
+    for decide in (approvals.approval_approve, approvals.approval_deny):
+        with pytest.raises(Conflict) as caught:
+            decide(
+                approval_id=asked.approval_id,
+                approver=bob,
+                actor=Actor.user(bob),
+                at=task.ends_at,
+                reason="x",
+            )
+        assert caught.value.code == "task_closed" and caught.value.status == 409
+        assert "T-END" in caught.value.message
+    assert Approval.objects.get(pk=asked.approval_id).status == "pending"
+    assert AuditEvent.objects.count() == before
+    approved = approvals.approval_approve(
+        approval_id=asked.approval_id, approver=bob, actor=Actor.user(bob), at=task.ends_at - MS
+    )
+    assert approved.status == "approved" and last_event().event_type == "approval.approved"
+
+
 def test_an_agent_cannot_bury_a_request_among_many_awaiting_a_person(
     bot, repo, make_grant, bob, settings, django_capture_on_commit_callbacks
 ):

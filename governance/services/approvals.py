@@ -1,8 +1,9 @@
 """The confirmation gate's human side: approve or deny one pending call.
 
 Deciding refuses an approval that is not pending (Conflict `not_pending`), whose
-grant is no longer live (Conflict `grant_not_live`), or that someone with a stake
-in the call would confirm (Forbidden `self_approval`). A denial also answers the
+grant is no longer live (Conflict `grant_not_live`), whose call's task is no longer
+open (Conflict `task_closed`), or that someone with a stake in the call would confirm
+(Forbidden `self_approval`). A denial also answers the
 same call asked again within APPROVAL_TTL (services.access: `approval_denied`).
 """
 
@@ -114,6 +115,17 @@ def _decide(
             raise Conflict(
                 "grant_not_live",
                 f"The grant this approval is for is no longer live ({dead}); nothing to decide.",
+            )
+        # Nor under a task that is no longer open (closed, or past its end before the job
+        # closed it): authorize() refuses the call `task_closed`, whichever grant it is
+        # under, one bound to no task included. The task's close voids its approvals;
+        # one approved just before the close committed is voided by it too (it voids
+        # approved ones as well), so no lock on the task is taken here.
+        if approval.task is not None and not approval.task.is_open_at(at):
+            raise Conflict(
+                "task_closed",
+                f"The task {approval.task.key} this call was made under is not open; "
+                "nothing to decide.",
             )
         approval.status = Approval.Status.APPROVED if approve else Approval.Status.DENIED
         approval.decided_by = approver

@@ -1,5 +1,6 @@
-"""Tasks: open, and close (which ends every grant bound to the task), by hand or,
-once a task's window has ended, by the expiry job (tasks_end)."""
+"""Tasks: open, and close (which ends every grant bound to the task and voids every
+open approval of a call made under it), by hand or, once a task's window has ended,
+by the expiry job (tasks_end)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, Value, When
 
 from governance import audit
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
-from governance.models import Grant, Task
+from governance.models import Approval, Grant, Task
 from governance.services.claims import claim_each
 from governance.services.grants import grants_revoke
 from governance.text import is_line
@@ -105,6 +106,27 @@ def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any
     key, ends_at = Task.objects.values_list("key", "ends_at").get(pk=pk)
     bound = Grant.objects.filter(task_id=pk, status__in=[Grant.Status.ACTIVE, Grant.Status.PENDING])
     grant_ids = list(bound.values_list("pk", flat=True))
+    # A task that ran out ended its grants at its end (authorize() refused them from then
+    # on), however late the job, or a person closing it, records it.
+    effective_at = ends_at if ends_at is not None and ends_at <= at else None
+    # Calls made under the task whatever their grant (one bound to no task serves every
+    # task's calls): none can be allowed any more (authorize(): task_closed), so their
+    # open approvals are voided, as a revoke voids a grant's, not left for a person to
+    # approve in vain nor counted against APPROVAL_PENDING_MAX until they expire. Those
+    # of the grants revoked below are the revoke's to void and count (grant.revoked);
+    # it leaves a grant already past its end, so this takes that one's. Done before the
+    # revokes append their events: an approval being decided right now holds its row,
+    # then takes the chain lock, so this waits for it (and voids what it approved)
+    # without holding the chain lock itself.
+    ended_at = at if effective_at is None else effective_at
+    revoked_below = bound.filter(Q(status=Grant.Status.PENDING) | Q(expires_at__gt=ended_at))
+    voided = (
+        Approval.objects.filter(
+            task_id=pk, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
+        )
+        .exclude(grant__in=revoked_below)
+        .update(status=Approval.Status.EXPIRED)
+    )
     if grant_ids:
         grants_revoke(
             grant_ids=grant_ids,
@@ -112,12 +134,12 @@ def _announce_close(pk: int, *, actor: audit.Actor, at: datetime, closed_by: Any
             actor=actor,
             at=at,
             revoked_by=closed_by,
-            # A task that ran out ended its grants at its end (authorize() refused them
-            # from then on), however late the job, or a person closing it, records it.
-            effective_at=ends_at if ends_at is not None and ends_at <= at else None,
+            effective_at=effective_at,
         )
     data: dict[str, Any] = {"why": why}
     if ends_at is not None and ends_at < at:
         data["effective_at"] = ends_at.isoformat()
+    if voided:
+        data["approvals_voided"] = voided
     # Last: the chain lock is the last lock this transaction takes.
     audit.append(event_type=EventType.TASK_CLOSED, actor=actor, at=at, task=key, data=data)
