@@ -20,6 +20,16 @@ class GovernanceError(Exception):
         self.fields = fields or {}
 
 
+class Unauthenticated(GovernanceError):
+    """The request's bearer token no longer holds (revoked while the request was on its
+    way to its write): the API answers as it answers at the door, the same 401."""
+
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("unauthenticated", "A valid bearer token is required.")
+
+
 class NotFound(GovernanceError):
     status = 404
 

@@ -321,6 +321,167 @@ def test_a_revoke_committing_between_the_tokens_check_and_the_event_is_seen(
     assert kinds == ["access.denied", "agent_token.revoked"]
 
 
+def _revoked_once_let_in(monkeypatch):
+    """Each request's token is checked at the door, then revoked (committed) before the
+    view runs: a revoke landing while the request is on its way to its write."""
+    from governance.api import auth
+
+    real = auth.BearerAuthentication.authenticate
+
+    def let_in_then_revoked(self, request):
+        principal, token = real(self, request)
+        agents.token_revoke(token=token, actor=Actor.system("incident"), at=timezone.now())
+        return principal, token
+
+    monkeypatch.setattr(auth.BearerAuthentication, "authenticate", let_in_then_revoked)
+
+
+def _events_since(seq):
+    return list(
+        AuditEvent.objects.filter(seq__gt=seq)
+        .order_by("seq")
+        .values_list("event_type", "decision", "reason")
+    )
+
+
+def _seq():
+    return AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first() or 0
+
+
+def test_a_sandbox_run_asked_with_a_token_revoked_after_it_was_let_in_is_denied(
+    make_agent, make_tool, make_grant, agent_client, monkeypatch
+):
+    """A sandbox run is a decision like /authorize's, but it never asked about the token:
+    one revoked after the request was let in was still allowed, and the run recorded
+    allowed after `agent_token.revoked`. Denied `token_revoked` now, as /authorize is."""
+    from governance.models import SandboxRun
+
+    bot = make_agent("bot")
+    tool = make_tool("code-exec", actions=("execute",), kind="code_exec")
+    grant = make_grant(
+        bot, tool, ("execute",), "sandbox:*", starts_at=timezone.now() - timedelta(minutes=1)
+    )
+    client = agent_client(bot)
+    _revoked_once_let_in(monkeypatch)
+    before = _seq()
+    ask = {**SANDBOX_RUN, "backend": "docker", "tool": "code-exec", "command": ["true"],
+           "image_id": "sha256:" + "5" * 64}  # fmt: skip
+    response = client.post("/api/v1/sandbox/runs", ask, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert (data["decision"], data["reason"]) == ("deny", "token_revoked")
+    run = SandboxRun.objects.get(run_id=SANDBOX_RUN["run_id"])
+    assert (run.status, run.decision, run.reason, run.grant_id) == (
+        "denied", "deny", "token_revoked", grant.pk,
+    )  # fmt: skip
+    assert not run.limits and run.decision_id == data["decision_id"]
+    assert _events_since(before) == [
+        ("agent_token.revoked", "", ""),
+        ("access.denied", "deny", "token_revoked"),
+        ("sandbox.run.requested", "", ""),
+        ("sandbox.run.denied", "deny", "token_revoked"),
+    ]
+
+
+def test_a_delegation_asked_with_a_token_revoked_after_it_was_let_in_is_a_401(
+    make_agent, make_tool, make_grant, agent_client, monkeypatch
+):
+    """A delegation under a token revoked after the request was let in was made (201),
+    `grant.delegated` recorded after `agent_token.revoked`. Now it is the 401 the token
+    gets at the door: no grant, no event (a refusal is for a live token's request)."""
+    boss = make_agent("boss")
+    make_agent("helper", parent=boss)
+    grant = make_grant(
+        boss, make_tool("repo"), ("read",), "repo:acme/*", delegable=True,
+        starts_at=timezone.now() - timedelta(minutes=1), duration=timedelta(hours=2),
+    )  # fmt: skip
+    client = agent_client(boss)
+    _revoked_once_let_in(monkeypatch)
+    before, grants = _seq(), Grant.objects.count()
+    sent = {"grant": grant.pk, "agent": "helper", "actions": ["read"], "scope": "repo:acme/a/*",
+            "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
+            "justification": "sub-task"}  # fmt: skip
+    response = client.post("/api/v1/delegations", sent, format="json")
+    assert response.status_code == 401, response.content
+    assert response.json()["error"]["code"] == "unauthenticated"
+    assert response["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert Grant.objects.count() == grants
+    assert _events_since(before) == [("agent_token.revoked", "", "")]
+
+
+@pytest.mark.parametrize("holder", ["agent", "person"])
+def test_a_grant_request_with_a_token_revoked_after_it_was_let_in_is_a_401(
+    make_agent, make_tool, agent_client, human_client, alice, monkeypatch, holder
+):
+    """The same for a grant request, whether an agent asks for itself or its owner asks
+    with a personal token: no request is filed under a token after its revoke."""
+    bot = make_agent("bot")
+    make_tool("tickets")
+    client = agent_client(bot) if holder == "agent" else human_client(alice)
+    _revoked_once_let_in(monkeypatch)
+    before, grants = _seq(), Grant.objects.count()
+    sent = {"tool": "tickets", "actions": ["read"], "scope": "tickets:queue/*",
+            "duration_seconds": 3600, "justification": "triage"}  # fmt: skip
+    if holder == "person":
+        sent["agent"] = "bot"
+    response = client.post("/api/v1/grant-requests", sent, format="json")
+    assert response.status_code == 401, response.content
+    assert response.json()["error"]["code"] == "unauthenticated"
+    assert Grant.objects.count() == grants
+    assert _events_since(before) == [("agent_token.revoked", "", "")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revoke_committing_while_a_delegation_is_made_waits_for_it(
+    postgres_only, make_agent, make_tool, make_grant, agent_client, monkeypatch
+):
+    """The token is checked in the delegation's transaction and its row held to the
+    commit: a revoke committing meanwhile (another connection) waits, and is recorded
+    after `grant.delegated`, never before it."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from governance.services import access
+
+    boss = make_agent("boss")
+    make_agent("helper", parent=boss)
+    grant = make_grant(
+        boss, make_tool("repo"), ("read",), "repo:acme/*", delegable=True,
+        starts_at=timezone.now() - timedelta(minutes=1), duration=timedelta(hours=2),
+    )  # fmt: skip
+    client = agent_client(boss)
+    real, elsewhere = access.require_live_token, []
+
+    def revoke_right_after_the_check(token_id):
+        real(token_id)
+        token = AgentToken.objects.get(pk=token_id)
+
+        def revoke():
+            try:
+                agents.token_revoke(token=token, actor=Actor.system("x"), at=timezone.now())
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=revoke)  # its own connection
+        thread.start()
+        elsewhere.append(thread)
+        time.sleep(0.5)  # time enough for the revoke to commit, if nothing held it
+
+    monkeypatch.setattr(access, "require_live_token", revoke_right_after_the_check)
+    sent = {"grant": grant.pk, "agent": "helper", "actions": ["read"], "scope": "repo:acme/a/*",
+            "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
+            "justification": "sub-task"}  # fmt: skip
+    response = client.post("/api/v1/delegations", sent, format="json")
+    elsewhere[0].join(10)
+    assert not elsewhere[0].is_alive()
+    assert response.status_code == 201, response.content
+    kinds = list(AuditEvent.objects.order_by("-seq").values_list("event_type", flat=True)[:2])
+    assert kinds == ["agent_token.revoked", "grant.delegated"]
+    assert AgentToken.objects.get(agent=boss).revoked_at is not None
+
+
 def test_tool_names_are_not_trimmed(setup):
     response = setup["client"].post(URL, body(tool=" repo"), format="json")
     assert response.json()["reason"] == "unknown_tool"

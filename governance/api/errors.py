@@ -127,10 +127,13 @@ def failure_deny(message: str) -> dict[str, Any]:
 def _error_response(exc: Exception) -> Response:
     if isinstance(exc, GovernanceError):
         retry = getattr(exc, "retry_after", None)
+        headers = {"Retry-After": str(retry)} if retry else {}
+        if exc.status == 401:  # as at the door: the same body and challenge
+            headers["WWW-Authenticate"] = 'Bearer realm="api"'
         return Response(
             error_body(exc.code, exc.message, exc.fields),
             status=exc.status,
-            headers={"Retry-After": str(retry)} if retry else None,
+            headers=headers or None,
         )
     if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()

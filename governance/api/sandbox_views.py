@@ -418,7 +418,7 @@ class SandboxRunView(APIView):
             approval=data.get("approval"),
         )
         try:
-            auth = sandbox.run_request(spec=spec, at=timezone.now())
+            auth = sandbox.run_request(spec=spec, at=timezone.now(), token_id=request.auth.pk)
         except (IntegrityError, psycopg.errors.UniqueViolation):  # one run_id, twice at once
             raise Conflict("run_exists", "A run with this run_id is already recorded.") from None
         return Response(SandboxRunOut(_run_body(run_id, auth)).data, status=201)

@@ -338,6 +338,7 @@ class GrantRequestListView(APIView):
             justification=data["justification"],
             actor=actor_for(request),
             at=timezone.now(),
+            token_id=request.auth.pk,
             **requester,
         )
         return Response(s.GrantOut(grant).data, status=status.HTTP_201_CREATED)
@@ -447,6 +448,7 @@ class DelegationView(APIView):
             delegable=data["delegable"],
             actor=actor_for(request),
             at=at,
+            token_id=request.auth.pk,
         )
         # The same delegation asked again returns the grant made then (made at `at`: new).
         made = grant.created_at == at

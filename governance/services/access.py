@@ -30,6 +30,7 @@ from django.db import connection, transaction
 from governance import audit, db, notifications
 from governance.codes import Decision as Verdict
 from governance.codes import EventType, Reason
+from governance.errors import Unauthenticated
 from governance.models import Approval
 from governance.policy import Decision, authorize
 from governance.text import printable
@@ -285,6 +286,22 @@ Refusal = Callable[[Decision], tuple[str, str] | None]
 _TOKEN_REVOKED = "SELECT revoked_at IS NOT NULL FROM governance_agenttoken WHERE id = %s"
 
 
+def token_revoked(token_id: int, *, hold: bool = False) -> bool:
+    """Whether the bearer token a request was let in with has been revoked since (or is
+    gone): the one rule for a token in flight, asked by a decision (token_refusal) and
+    by a write made under the token (require_live_token).
+
+    hold=True (inside the write's transaction): on PostgreSQL the token's row is
+    share-locked until the commit, so a revoke (an UPDATE of the row) either committed
+    first and is seen here, or waits for this transaction and is recorded after its
+    events. SQLite's writers are serialised already (BEGIN IMMEDIATE)."""
+    sql = _TOKEN_REVOKED
+    if hold and connection.vendor == "postgresql":
+        sql += " FOR SHARE"
+    revoked = db.query(sql, [token_id], "b")
+    return not revoked or bool(revoked[0][0])
+
+
 def token_refusal(token_id: int) -> Refusal:
     """A refusal for a call whose bearer token has been revoked since the request was let
     in. Asked after the decision's read: a revoke committing after it is a change the
@@ -292,12 +309,22 @@ def token_refusal(token_id: int) -> Refusal:
     decision under a token is recorded after its revoke."""
 
     def refuse(decision: Decision) -> tuple[str, str] | None:
-        revoked = db.query(_TOKEN_REVOKED, [token_id], "b")
-        if not revoked or revoked[0][0]:
+        if token_revoked(token_id):
             return Reason.TOKEN_REVOKED, "The token this request was made with was revoked."
         return None
 
     return refuse
+
+
+def require_live_token(token_id: int | None) -> None:
+    """For a change made under a bearer token that is not a decision (a grant request, a
+    delegation): inside the change's transaction, before its events, refuse it
+    (Unauthenticated: the 401 the token would get at the door, nothing written) when
+    the token was revoked after the request was let in. Taken after the change's other
+    row locks (agent_resume locks an agent before its tokens). None: no token (the UI,
+    a command, an in-process caller)."""
+    if token_id is not None and token_revoked(token_id, hold=True):
+        raise Unauthenticated()
 
 
 def _decide_and_record(

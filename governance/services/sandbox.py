@@ -32,6 +32,7 @@ from governance.codes import Decision as Verdict
 from governance.errors import Conflict
 from governance.models import Grant, SandboxRun, Tool
 from governance.policy import call_dead_reason
+from governance.services import access
 from governance.services.access import ATTEMPTS, access_check
 from sandbox_runner.backends import IMAGE_BACKENDS, IMAGE_UNRESOLVED
 from sandbox_runner.egress import EgressDecision, destination_of, parse_destination
@@ -113,12 +114,17 @@ def review_attachments(spec: RunSpec) -> dict[str, Any]:
     return shown
 
 
-def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
+def run_request(*, spec: RunSpec, at: datetime, token_id: int | None = None) -> Authorization:
     """Ask governance whether this run may start; record the run either way.
 
     One transaction: the decision's event (access_check), the run record and
     its events commit together. Raises only if nothing could be recorded; the
     runner treats that as a denial.
+
+    `token_id`: the bearer token the request came with (the API; None in-process). A
+    token revoked after the request was let in gets deny `token_revoked`, as
+    /authorize does (access.token_refusal, asked after the run's own limits): no run
+    is allowed under a token after its revoke.
     """
     arguments = spec.arguments()
     # NaN and the infinities are not JSON: jsonb refused the run record, the whole
@@ -151,9 +157,9 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
         )
         ceiling: dict[str, Any] = {}
 
-        def refuse(decision: Any) -> tuple[str, str] | None:
-            """The run's own limits, asked before the confirmation gate, so a run that
-            would be refused anyway neither asks a person nor uses an approval up."""
+        def limits_refusal(decision: Any) -> tuple[str, str] | None:
+            """The run's own limits: a code-execution tool, an allowed backend, a
+            resolved image, the grant's ceiling."""
             if not Tool.objects.filter(name=spec.tool, kind=Tool.Kind.CODE_EXEC).exists():
                 # An execute grant on a pipeline trigger or a mailer is not a licence to
                 # run arbitrary code: only a code-execution tool's grant starts a sandbox.
@@ -180,6 +186,17 @@ def run_request(*, spec: RunSpec, at: datetime) -> Authorization:
             except (OverCeiling, ValueError) as exc:
                 return LIMIT_EXCEEDED, str(exc)
             return None
+
+        token_refusal = access.token_refusal(token_id) if token_id is not None else None
+
+        def refuse(decision: Any) -> tuple[str, str] | None:
+            """The run's own limits, then the request's token, asked before the
+            confirmation gate, so a run that would be refused anyway neither asks a
+            person nor uses an approval up."""
+            refused = limits_refusal(decision)
+            if refused is None and token_refusal is not None:
+                refused = token_refusal(decision)
+            return refused
 
         # The decision first: its gate may consume or open an approval (a row change),
         # and every row change comes before this transaction's first event, which takes
