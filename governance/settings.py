@@ -388,10 +388,14 @@ MIDDLEWARE += [
 ]
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("governance.web.context.ui")  # type: ignore[index]
 X_FRAME_OPTIONS = "DENY"
+# Sessions are rows in the database (Django's default, named): a person's deactivation
+# deletes theirs in its own transaction (services.people), so reactivating the account
+# does not bring an old session back.
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
-# A UI session ends after this long (and at once when the user is deactivated).
+# A UI session ends after this long (and at once, for good, when the user is deactivated).
 SESSION_COOKIE_AGE = env_int("UI_SESSION_HOURS", 12, minimum=1, maximum=24 * 30) * 3600
 # Sign-in attempts per minute: per account (whatever address) and per address.
 RATE_LIMITS["login_account"] = env_int("RATE_LIMIT_LOGIN_ACCOUNT_PER_MINUTE", 5, minimum=1)

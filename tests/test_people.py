@@ -359,3 +359,95 @@ def test_notices_skip_people_who_left_and_reviewers_who_may_no_longer_decide(
     # frank may no longer decide it: those who may (heidi, an admin with no stake) hear
     # instead; not erin (barred: she approved it) nor gina (not assigned).
     assert targets == {"heidi@example.test"}
+
+
+def test_a_reactivated_account_starts_with_no_session_and_no_live_token(
+    make_agent, alice, bob, system
+):
+    """Deactivating a person only paused them: switched back on, the very same session
+    cookie and personal token worked again (an agent's resume revokes every token it
+    had). The deactivation now ends the sessions and revokes the live personal tokens,
+    in its transaction, on record; nobody else's session or token is touched."""
+    from django.contrib.sessions.models import Session
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    alice.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    ui, other_ui = Client(), Client()
+    ui.force_login(bob)
+    other_ui.force_login(alice)
+    at = timezone.now()
+    token, plaintext = agents.token_issue(created_by=bob, user=bob, actor=system, at=at)
+    spent, _ = agents.token_issue(
+        created_by=bob, user=bob, actor=system, at=at - timedelta(days=2), days=1
+    )
+    agents_own, _ = agents.token_issue(created_by=bob, agent=make_agent(), actor=system, at=at)
+    alices, _ = agents.token_issue(created_by=alice, user=alice, actor=system, at=at)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert ui.get("/ui/").status_code == 200 and api.get("/api/v1/agents").status_code == 200
+    seq = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first()
+
+    bob.is_active = False  # a stolen laptop: the account switched off
+    bob.save()
+    assert Session.objects.count() == 1  # alice's
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    untouched = AgentToken.objects.filter(pk__in=[spent.pk, agents_own.pk, alices.pk])
+    assert not untouched.filter(revoked_at__isnull=False).exists()
+    events = AuditEvent.objects.filter(seq__gt=seq).order_by("seq")
+    assert [(e.event_type, json.loads(e.data).get("prefix")) for e in events] == [
+        ("agent_token.revoked", token.prefix),
+        ("person.changed", None),
+    ]
+    changed = json.loads(events.last().data)
+    assert changed["changed"] == {"is_active": {"before": True, "after": False}}
+    assert (changed["tokens_revoked"], changed["sessions_ended"]) == ([token.prefix], 1)
+
+    bob.is_active = True  # back, with a new laptop
+    bob.save()
+    assert ui.get("/ui/").status_code == 302  # to the sign-in page
+    assert api.get("/api/v1/agents").status_code == 401
+    assert other_ui.get("/ui/").status_code == 200
+    reactivated = json.loads(AuditEvent.objects.order_by("-seq").first().data)
+    assert "tokens_revoked" not in reactivated  # switching on ends nothing
+
+
+def test_an_account_deactivated_in_the_django_admin_loses_its_session_and_tokens(client, bob):
+    """The Django admin saves the account through the same model save: its deactivation
+    ends the person's sessions and personal tokens too, named after the admin."""
+    from django.contrib.sessions.models import Session
+    from django.test import Client
+
+    boss = User.objects.create_superuser("boss", password="boss-pass-123")
+    boss.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    bobs = Client()
+    bobs.force_login(bob)
+    token, _ = agents.token_issue(created_by=bob, user=bob, actor=audit_system(), at=timezone.now())
+    client.force_login(boss)
+    page = f"/admin/auth/user/{bob.pk}/change/"
+    form = {
+        "username": bob.username, "first_name": "", "last_name": "", "email": "",
+        "is_staff": "", "is_active": "", "groups": [g.pk for g in bob.groups.all()],
+        "date_joined_0": bob.date_joined.strftime("%Y-%m-%d"),
+        "date_joined_1": bob.date_joined.strftime("%H:%M:%S"),
+    }  # fmt: skip
+    response = client.post(page, form)
+    assert response.status_code == 302, response.content[:3000]
+    bob.refresh_from_db()
+    assert not bob.is_active
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert [s.get_decoded().get("_auth_user_id") for s in Session.objects.all()] == [str(boss.pk)]
+    revoked, changed = AuditEvent.objects.order_by("-seq")[:2][::-1]
+    assert (revoked.event_type, revoked.actor) == ("agent_token.revoked", "user:boss")
+    assert (changed.event_type, changed.actor) == ("person.changed", "user:boss")
+    assert json.loads(changed.data)["tokens_revoked"] == [token.prefix]
+
+
+def audit_system():
+    from governance.audit import Actor
+
+    return Actor.system("test")

@@ -188,15 +188,7 @@ def agent_resume(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime)
                 "it cannot be resumed at an earlier moment.",
             )
         Agent.objects.filter(pk=locked.pk).update(status=Agent.Status.ACTIVE, suspended_at=None)
-        stale = list(
-            AgentToken.objects.select_for_update(no_key=True)
-            .filter(agent_id=locked.pk, revoked_at__isnull=True, expires_at__gt=at)
-            .order_by("pk")
-            .values_list("pk", "prefix")
-        )
-        AgentToken.objects.filter(pk__in=[pk for pk, _ in stale]).update(revoked_at=at)
-        for _, prefix in stale:
-            _token_revoked_event(prefix=prefix, agent=locked.name, actor=actor, at=at)
+        stale = tokens_revoke_live(agent=locked, actor=actor, at=at)
         audit.append(
             event_type=EventType.AGENT_REACTIVATED,
             actor=actor,
@@ -205,7 +197,7 @@ def agent_resume(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime)
             data={
                 "reason": reason,
                 "suspended_at": suspended_at.isoformat() if suspended_at else None,
-                "tokens_revoked": [prefix for _, prefix in stale],
+                "tokens_revoked": stale,
             },
         )
     agent.refresh_from_db()
@@ -290,6 +282,28 @@ def token_revoke(*, token: AgentToken, actor: audit.Actor, at: datetime) -> Agen
             )
     token.refresh_from_db()
     return token
+
+
+def tokens_revoke_live(
+    *, actor: audit.Actor, at: datetime, agent: Agent | None = None, user: Any = None
+) -> list[str]:
+    """Revoke every token of one holder (an agent, or a person's personal tokens) still
+    live at `at`, in the caller's transaction: the rows locked and changed, then one
+    `agent_token.revoked` event each (as token_revoke writes it). Called where the holder
+    may have been compromised: agent_resume, and a person's deactivation
+    (services.people). The revoked tokens' prefixes, oldest first. Every other row
+    change of the caller's comes before this: its events take the chain lock."""
+    holder = {"agent_id": agent.pk} if agent is not None else {"user_id": user.pk}
+    stale = list(
+        AgentToken.objects.select_for_update(no_key=True)
+        .filter(**holder, revoked_at__isnull=True, expires_at__gt=at)
+        .order_by("pk")
+        .values_list("pk", "prefix")
+    )
+    AgentToken.objects.filter(pk__in=[pk for pk, _ in stale]).update(revoked_at=at)
+    for _, prefix in stale:
+        _token_revoked_event(prefix=prefix, agent=agent.name if agent else "", actor=actor, at=at)
+    return [prefix for _, prefix in stale]
 
 
 def _token_revoked_event(*, prefix: str, agent: str, actor: audit.Actor, at: datetime) -> None:

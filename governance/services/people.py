@@ -10,7 +10,12 @@ commits right after the change):
 
     person.created        username, active, superuser, staff
     person.changed        which of those changed (before and after), and
-                          "password": "changed" (never the hash)
+                          "password": "changed" (never the hash); a deactivation
+                          (is_active true -> false) also ends the person's web
+                          sessions and revokes their live personal tokens, in the
+                          same transaction (`agent_token.revoked` each, before it;
+                          `sessions_ended`, `tokens_revoked` in it), so switching
+                          the account back on brings neither back
     person.roles_changed  groups added / removed and the roles that result
     person.permissions_changed
                           Django permissions ("app.codename") added / removed, the
@@ -35,16 +40,19 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from django.contrib.auth import get_user_model
+from django.contrib.auth import SESSION_KEY, get_user_model
 from django.contrib.auth.models import Group
+from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 from django.utils import timezone
 
 from governance import audit
 from governance.codes import EventType
+from governance.services import agents
 
 TRACKED = ("username", "is_active", "is_superuser", "is_staff")
 _request: contextvars.ContextVar[Any] = contextvars.ContextVar("governance_request", default=None)
@@ -71,14 +79,42 @@ def _roles(user: Any) -> list[str]:
     return sorted(user.groups.values_list("name", flat=True))
 
 
-def _append(event_type: str, user: Any, **data: Any) -> None:
+def _append(event_type: str, user: Any, at: datetime | None = None, **data: Any) -> None:
     with transaction.atomic():
         audit.append(
             event_type=event_type,
             actor=_actor(),
-            at=timezone.now(),
+            at=at or timezone.now(),
             data={"person": user.get_username(), "person_id": user.pk, **data},
         )
+
+
+def _sessions_end(user: Any, at: datetime) -> int:
+    """Delete the person's web sessions (SESSION_ENGINE is the database's, so this is
+    part of the caller's transaction); how many. A session names its user only inside
+    its signed data, so each unexpired one is read: deactivations are rare and the
+    sessions few (SESSION_COOKIE_AGE). A request of theirs in flight cannot save its
+    session back (Django's database session refuses to update a deleted row)."""
+    key = str(user.pk)
+    ended = [
+        session.session_key
+        for session in Session.objects.filter(expire_date__gt=at).iterator()
+        if session.get_decoded().get(SESSION_KEY) == key
+    ]
+    Session.objects.filter(session_key__in=ended).delete()
+    return len(ended)
+
+
+def _deactivated(user: Any, at: datetime) -> dict[str, Any]:
+    """A person switched off (is_active True -> False; a stolen laptop, someone who left):
+    what they signed in with is ended, not paused, so switching the account back on
+    never brings it back. Their web sessions end, and each personal token still live is
+    revoked (`agent_token.revoked` each, as agent_resume revokes a resumed agent's
+    tokens: it may have been compromised). The row changes come before the token events
+    (the chain lock is the last lock taken). What the person.changed event adds."""
+    sessions = _sessions_end(user, at)
+    tokens = agents.tokens_revoke_live(user=user, actor=_actor(), at=at)
+    return {"sessions_ended": sessions, "tokens_revoked": tokens}
 
 
 def _before_save(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -129,11 +165,20 @@ def _saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     }
     if before["password"] != instance.password:
         changed["password"] = "changed"
+    fields = kwargs.get("update_fields")
+    deactivated = (
+        before["is_active"]
+        and not now["is_active"]
+        and (fields is None or "is_active" in fields)  # written, not a stale instance's
+    )
+
+    def write() -> None:
+        at = timezone.now()
+        ended = _deactivated(instance, at) if deactivated else {}
+        _append(EventType.PERSON_CHANGED, instance, at=at, changed=changed, **ended)
+
     if changed:
-        _or_undo(
-            lambda: _append(EventType.PERSON_CHANGED, instance, changed=changed),
-            lambda: rows.update(**before),
-        )
+        _or_undo(write, lambda: rows.update(**before))
 
 
 def _relation_changed(

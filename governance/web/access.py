@@ -7,8 +7,9 @@
 
 Not signed in: redirect to the sign-in page. Signed in without the right:
 403, whatever the method, so a forged POST changes nothing. A deactivated
-user has no session any more: Django's ModelBackend refuses to load an
-inactive user, so the next request is anonymous.
+user has no session any more: the deactivation deletes their sessions (and
+revokes their personal tokens, services.people), so the next request is
+anonymous, and stays so if the account is switched on again.
 """
 
 from __future__ import annotations
