@@ -9,17 +9,30 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Case, Q, QuerySet, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    Exists,
+    F,
+    Func,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from governance import roles
-from governance.codes import EventType
+from governance.codes import ActionClass, EventType
 from governance.models import (
     Agent,
     Approval,
     AuditEvent,
     ConfirmationPolicy,
     Grant,
+    GrantActionUse,
     ReviewItem,
     Tool,
 )
@@ -208,7 +221,9 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
 
     What `matrix_export` writes: every agent and tool, the tasks open at `at`, and
     the grants and confirmation policies in force at `at` (a grant or policy bound to a
-    task that is no longer open is not: the file imports back as it was exported). Ordered by
+    task that is no longer open is not: the file imports back as it was exported), each
+    grant with its review date (`review_due_at`: when its pending re-certification falls
+    due, null when none is pending). Ordered by
     name/key (grants by agent, tool, task, scope, id) so two exports of the
     same state are byte-identical and diff cleanly under version control.
     """
@@ -216,8 +231,19 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
 
     # Sorted in Python, not SQL: SQLite and PostgreSQL disagree on where NULL
     # task keys go and on collation ("bot-a" vs "bota"), and the file must not.
+    # A grant's review date: its earliest pending review item due after `at` (one due
+    # by then has ended it under REVIEW_DEFAULT_RULE revoke, or kept it under keep).
+    review_due = (
+        ReviewItem.objects.filter(
+            grant_id=OuterRef("pk"), status=ReviewItem.Status.PENDING, due_at__gt=at
+        )
+        .order_by("due_at")
+        .values("due_at")[:1]
+    )
     grants = sorted(
-        grants_in_force(at).select_related("requested_by_agent"),
+        grants_in_force(at)
+        .select_related("requested_by_agent")
+        .annotate(review_due=Subquery(review_due)),
         key=lambda g: (g.agent.name, g.tool.name, g.task.key if g.task else "", g.scope, g.pk),
     )
     # A policy bound to a task that is not open answers no call: not in force.
@@ -300,7 +326,7 @@ def matrix_snapshot(at: datetime) -> dict[str, Any]:
                 "approver": g.approved_by.get_username() if g.approved_by else None,
                 "starts_at": g.starts_at,
                 "expires_at": g.expires_at,
-                "review_due_at": g.review_due_at,
+                "review_due_at": g.review_due,  # type: ignore[attr-defined]
                 "delegated_from": g.delegated_from_id,
                 "delegable": g.delegable,
                 "break_glass": g.break_glass,
@@ -349,95 +375,213 @@ def approver_users(*, exclude: Any = ()) -> list[Any]:
     return [u for u in found if u.pk not in excluded]
 
 
-def unused_proposal(grant: Grant) -> str:
-    """What an unused grant is proposed for: narrowing to read when it also holds read
-    besides write/destructive actions (a subset it can shrink to), else removal."""
-    writes = [a for a in grant.actions if a != "read"] or (
-        ["irreversible"] if grant.tool.irreversible else []
-    )
-    if writes and "read" in grant.actions and not grant.tool.irreversible:
-        return "narrow_to_read"
-    return "remove"
+# The action classes whose idleness makes a grant "unused" while it is still read
+# through: read, the least a grant holds, is not proposed away from a grant whose other
+# rights are used (a wholly idle grant is proposed for removal, read and all).
+WRITE_ACTIONS = tuple(a for a in ActionClass.values if a != ActionClass.READ)
+_CHUNK = 500  # grant ids per IN list
+
+
+class HoldsAction(Func):
+    """Whether a grant's JSON action list holds one action, in SQL (policy's main query
+    says it the same way): jsonb containment on PostgreSQL, json_each on SQLite."""
+
+    output_field = BooleanField()
+
+    def __init__(self, action: str) -> None:
+        super().__init__(F("actions"), Value(action))
+
+    def _parts(self, compiler: Any, connection: Any) -> tuple[str, str, list[Any]]:
+        column, column_params = compiler.compile(self.source_expressions[0])
+        value, value_params = compiler.compile(self.source_expressions[1])
+        return column, value, [*column_params, *value_params]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, value, params = self._parts(compiler, connection)
+        return f"EXISTS (SELECT 1 FROM json_each({column}) AS j WHERE j.value = {value})", params
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, value, params = self._parts(compiler, connection)
+        return f"({column} @> jsonb_build_array(({value})::text))", params
+
+
+def unused_proposal(actions: Collection[str], idle: Collection[str]) -> str:
+    """What a grant holding `actions`, of which `idle` went unused, is proposed for:
+    removal when none was used; narrowing to read when read alone was; else narrowing
+    to the actions used (dropping the idle ones)."""
+    used = [a for a in actions if a not in idle]
+    if not used:
+        return ReviewItem.Proposal.REMOVE.value
+    if used == [ActionClass.READ]:
+        return ReviewItem.Proposal.NARROW_TO_READ.value
+    return ReviewItem.Proposal.NARROW_TO_USED.value
 
 
 def unused_grants(at: datetime, limit: int | None = None) -> list[Grant]:
-    """Live grants not used for UNUSED_GRANT_HOURS, each with `.proposal`
-    ("remove" or "narrow_to_read") and `.idle_since`: for the dashboard and the
-    next campaign. Never-used grants count from their start. `limit`: the first so
-    many in the same order (by agent name, then id), read a page at a time; the
-    dashboard built every idle grant with its relations to show 20 (50,430 of them
-    at a customer's size: 12.5 s)."""
+    """Live grants with rights not used for UNUSED_GRANT_HOURS, for the dashboard, the
+    flag job and the next campaign: wholly idle ones, and those whose create, update,
+    delete or execute went unused while the grant was used for something else (per
+    action: GrantActionUse). Each with `.idle_actions` (in the grant's order),
+    `.keep_actions` (the used ones), `.proposal` (unused_proposal), `.idle_since` (the
+    last use of an idle action, or the start) and `.action_last_used` ({action: its
+    own last use}). An action used through a delegation below the grant (its subagents,
+    at most 32 levels down) was used. Never-used grants and actions count from the start.
+
+    `limit`: the first so many in the same order (by agent name, then id), read a page
+    at a time; the dashboard built every idle grant with its relations to show 20
+    (50,430 of them at a customer's size: 12.5 s)."""
     if not settings.UNUSED_GRANT_HOURS:
         return []  # the scan is off
     cutoff = at - timedelta(hours=settings.UNUSED_GRANT_HOURS)
-    idle = (
-        live_grants(at)
-        .filter(Q(last_used_at__lte=cutoff) | Q(last_used_at__isnull=True, starts_at__lte=cutoff))
-        .order_by("agent__name", "id")
-    )
+    whole = Q(last_used_at__lte=cutoff) | Q(last_used_at__isnull=True, starts_at__lte=cutoff)
+    part = Q()
+    for action in WRITE_ACTIONS:
+        fresh = GrantActionUse.objects.filter(
+            grant_id=OuterRef("pk"), action=action, last_used_at__gt=cutoff
+        )
+        part |= Q(HoldsAction(action)) & ~Exists(fresh)
+    idle = live_grants(at).filter(whole | (Q(starts_at__lte=cutoff) & part))
+    idle = idle.order_by("agent__name", "id")
+    found: list[Grant] = []
     if limit is None:
-        busy = _used_through_delegations(cutoff)
-        found = [grant for grant in idle if grant.pk not in busy]
-    else:
-        found, start, size = [], 0, max(limit, 1)
-        while len(found) < limit:
-            page = list(idle[start : start + size])
-            busy = _used_below(page, cutoff)
-            found += [grant for grant in page if grant.pk not in busy][: limit - len(found)]
-            if len(page) < size:
-                break  # no more idle grants
-            # Doubling: a run of busy grants costs a few pages, never one page per row.
-            start, size = start + size, size * 2
-    for grant in found:
-        grant.proposal = unused_proposal(grant)  # type: ignore[attr-defined]
-        grant.idle_since = grant.last_used_at or grant.starts_at  # type: ignore[attr-defined]
+        own, below = _fresh_uses(cutoff)  # which is idle: from the uses since the cutoff
+        candidates = [
+            grant
+            for grant in idle
+            if _idle_actions(grant, cutoff, own.get(grant.pk, {}), below.get(grant.pk, set()))
+        ]
+        uses = _action_uses([g.pk for g in candidates])  # then their last uses, for show
+        for grant in candidates:
+            _mark_idle(grant, cutoff, uses.get(grant.pk, {}), below.get(grant.pk, set()))
+            found.append(grant)
+        return found
+    start, size = 0, max(limit, 1)
+    while len(found) < limit:
+        page = list(idle[start : start + size])
+        uses, below = _uses_and_below(page, cutoff)
+        for grant in page:
+            if len(found) < limit and _mark_idle(
+                grant, cutoff, uses.get(grant.pk, {}), below.get(grant.pk, set())
+            ):
+                found.append(grant)
+        if len(page) < size:
+            break  # no more idle grants
+        # Doubling: a run of busy grants costs a few pages, never one page per row.
+        start, size = start + size, size * 2
     return found
 
 
-def _used_below(grants: list[Grant], since: datetime) -> set[int]:
-    """Which of `grants` a delegation below them (at most 32 levels down) was used
-    under since `since`: _used_through_delegations read from the other end, for a
-    page of grants (one query per level of delegation below them, not every
-    delegation used since `since`)."""
-    root_of = {grant.pk: grant.pk for grant in grants}
-    busy: set[int] = set()
-    for _ in range(32):  # bounded as every delegation walk is
-        if not root_of:
-            break
-        below = Grant.objects.filter(delegated_from_id__in=list(root_of)).values_list(
-            "pk", "delegated_from_id", "last_used_at"
-        )
-        next_level: dict[int, int] = {}
-        for pk, parent, used in below:
-            root = root_of[parent]
-            if used is not None and used > since:
-                busy.add(root)
-            elif root not in busy:
-                next_level[pk] = root
-        root_of = {pk: root for pk, root in next_level.items() if root not in busy}
-    return busy
+def _idle_actions(
+    grant: Grant, cutoff: datetime, own: dict[str, datetime], below: set[str]
+) -> list[str] | None:
+    """The grant's idle actions when it is to be proposed (None: it is not): all of
+    them when nothing was used (by it or below it), else those idle when one of them
+    is not read. A grant used since the cutoff with no use of any action on record
+    (usage recorded before uses were kept per action) is left alone: what it was used
+    for is not known."""
+    used = below | {a for a, when in own.items() if when > cutoff}
+    held = list(grant.actions)
+    idle = [a for a in held if a not in used]
+    if not idle:
+        return None
+    if len(idle) == len(held):
+        recent = grant.last_used_at is not None and grant.last_used_at > cutoff
+        return None if recent or below else idle
+    return idle if any(a != ActionClass.READ for a in idle) else None
 
 
-def _used_through_delegations(since: datetime) -> set[int]:
-    """Grants a delegation below them was used under since `since`: a parent grant
-    its subagents use is not idle (removing it would end theirs too)."""
-    busy: set[int] = set()
-    frontier = set(
-        Grant.objects.filter(delegated_from__isnull=False, last_used_at__gt=since).values_list(
-            "delegated_from_id", flat=True
-        )
+def _mark_idle(grant: Grant, cutoff: datetime, own: dict[str, datetime], below: set[str]) -> bool:
+    """Set the unused_grants attributes on `grant`; False if it is not idle."""
+    idle = _idle_actions(grant, cutoff, own, below)
+    if idle is None:
+        return False
+    lasts = [own[a] for a in idle if a in own]
+    if len(idle) == len(grant.actions) and grant.last_used_at is not None:
+        lasts.append(grant.last_used_at)
+    grant.idle_actions = idle  # type: ignore[attr-defined]
+    grant.keep_actions = [a for a in grant.actions if a not in idle]  # type: ignore[attr-defined]
+    grant.proposal = unused_proposal(grant.actions, idle)  # type: ignore[attr-defined]
+    grant.idle_since = max([grant.starts_at, *lasts])  # type: ignore[attr-defined]
+    grant.action_last_used = own  # type: ignore[attr-defined]
+    return True
+
+
+def _action_uses(pks: list[int]) -> dict[int, dict[str, datetime]]:
+    """Each grant's own last use per action, by grant id."""
+    found: dict[int, dict[str, datetime]] = {}
+    for i in range(0, len(pks), _CHUNK):
+        rows = GrantActionUse.objects.filter(grant_id__in=pks[i : i + _CHUNK])
+        for pk, action, when in rows.values_list("grant_id", "action", "last_used_at"):
+            found.setdefault(pk, {})[action] = when
+    return found
+
+
+def _fresh_uses(since: datetime) -> tuple[dict[int, dict[str, datetime]], dict[int, set[str]]]:
+    """Every use since `since`: each grant's own ({grant: {action: last use}}), and the
+    actions each grant was used for through the delegations below it (at most 32
+    levels up from the delegation used): a parent grant its subagents use for an
+    action has not left that action idle (removing it would end theirs too)."""
+    own: dict[int, dict[str, datetime]] = {}
+    up: dict[int, set[str]] = {}
+    rows = GrantActionUse.objects.filter(last_used_at__gt=since).values_list(
+        "grant_id", "grant__delegated_from_id", "action", "last_used_at"
     )
+    for pk, parent, action, when in rows:
+        own.setdefault(pk, {})[action] = when
+        if parent is not None:
+            up.setdefault(parent, set()).add(action)
+    below: dict[int, set[str]] = {}
     for _ in range(32):  # bounded as every delegation walk is
-        frontier -= busy
+        frontier = {pk: acts - below.get(pk, set()) for pk, acts in up.items()}
+        frontier = {pk: acts for pk, acts in frontier.items() if acts}
         if not frontier:
             break
-        busy |= frontier
-        frontier = set(
-            Grant.objects.filter(pk__in=frontier, delegated_from__isnull=False).values_list(
-                "delegated_from_id", flat=True
-            )
-        )
-    return busy
+        for pk, acts in frontier.items():
+            below.setdefault(pk, set()).update(acts)
+        up = {}
+        parents = Grant.objects.filter(pk__in=list(frontier), delegated_from__isnull=False)
+        for pk, parent in parents.values_list("pk", "delegated_from_id"):
+            up.setdefault(parent, set()).update(frontier[pk])
+    return own, below
+
+
+def _uses_and_below(
+    grants: list[Grant], since: datetime
+) -> tuple[dict[int, dict[str, datetime]], dict[int, set[str]]]:
+    """For a page of grants: each one's own last use per action, and the actions each
+    was used for since `since` through the delegations below it (_fresh_uses read from
+    the other end: one query for the page and its first level of delegations, then one
+    per level below, not every use since `since`)."""
+    pks = [grant.pk for grant in grants]
+    held = {grant.pk: set(grant.actions) for grant in grants}
+    own: dict[int, dict[str, datetime]] = {}
+    below: dict[int, set[str]] = {}
+    columns = ("pk", "delegated_from_id", "action_uses__action", "action_uses__last_used_at")
+    # Level 0: the page's grants (their own uses) and their delegations.
+    rows = Grant.objects.filter(Q(pk__in=pks) | Q(delegated_from_id__in=pks))
+    frontier: dict[int, set[int]] = {pk: {pk} for pk in pks}  # grant -> page grants above
+    for level in range(32):  # bounded as every delegation walk is
+        next_level: dict[int, set[int]] = {}
+        for pk, parent, action, when in rows.values_list(*columns):
+            if level == 0 and pk in held and action is not None:
+                own.setdefault(pk, {})[action] = when
+            roots = frontier.get(parent) if parent is not None else None
+            if not roots:
+                continue
+            if action is not None and when > since:
+                for root in roots:
+                    below.setdefault(root, set()).add(action)
+            next_level.setdefault(pk, set()).update(roots)
+        # A page grant whose every action is used below it needs no deeper look.
+        frontier = {
+            pk: live
+            for pk, roots in next_level.items()
+            if (live := {r for r in roots if not held[r] <= below.get(r, set())})
+        }
+        if not frontier:
+            break
+        rows = Grant.objects.filter(delegated_from_id__in=list(frontier))
+    return own, below
 
 
 def breakglass_active(at: datetime) -> QuerySet[Any]:

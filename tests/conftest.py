@@ -319,3 +319,14 @@ def lookup_hangs(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[None]:
         yield
     finally:
         release.set()
+
+
+@pytest.fixture
+def back_to_head() -> Iterator[None]:
+    """A test that migrates the database back leaves it at the latest migration again
+    (the tests after it, transactional ones, run on whatever schema it left)."""
+    yield
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())

@@ -242,7 +242,7 @@ def _audit_table_guards() -> list[tuple[str, ...]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_migration_0026_widens_the_action_column_of_a_log_that_holds_events(capsys):
+def test_migration_0026_widens_the_action_column_of_a_log_that_holds_events(capsys, back_to_head):
     """Migration 0026 on a live log: the events written before it (a grant's actions
     cut to 10 characters among them) still verify, the database still refuses UPDATE,
     DELETE (and on SQLite REPLACE) with the same triggers and indexes as before, and a

@@ -49,35 +49,58 @@ def test_unused_grants_are_flagged_once_per_idle_spell(
     used = make_grant(agent, tool, scope="repo:acme/ops/*", duration=long)
     later = NOW + timedelta(days=31)
     Grant.objects.update(expires_at=later + timedelta(days=1))
-    Grant.objects.filter(pk=used.pk).update(last_used_at=later - timedelta(days=2))
+    assert access_check(
+        agent=agent.name, tool="repo", action="read", scope="repo:acme/ops/x",
+        at=later - timedelta(days=2),
+    ).allowed  # fmt: skip
 
     assert hygiene.grants_flag_unused(actor=system, at=later - timedelta(days=2)) == 0
     assert hygiene.grants_flag_unused(actor=system, at=later) == 2
     assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(hours=1)) == 0
-    flagged = {e.grant_id: json.loads(e.data)["proposal"] for e in events("grant.unused_flagged")}
-    assert flagged == {rw.pk: "narrow_to_read", ro.pk: "remove"}
+    flagged = {e.grant_id: json.loads(e.data) for e in events("grant.unused_flagged")}
+    # Nothing either held was used: both proposed for removal, read and all.
+    assert {pk: data["proposal"] for pk, data in flagged.items()} == {
+        rw.pk: "remove",
+        ro.pk: "remove",
+    }
+    assert flagged[rw.pk]["idle_actions"] == ["read", "update"]
+    assert flagged[rw.pk]["last_used"] == {"read": None, "update": None}
     assert Grant.objects.get(pk=rw.pk).unused_flagged_at == later
 
-    # Used again, then idle again for the whole period: a new flag.
-    Grant.objects.filter(pk=rw.pk).update(last_used_at=later + timedelta(days=1))
+    # Read again: its update is still idle, and it is flagged for that (once).
     Grant.objects.update(expires_at=later + timedelta(days=40))
-    assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=2)) == 0
+    assert access_check(
+        agent=agent.name, tool="repo", action="read", scope="repo:acme/api/x",
+        at=later + timedelta(days=1),
+    ).allowed  # fmt: skip
     before = {e.seq for e in events("grant.unused_flagged")}
-    # rw again (a new idle spell), and `used`, now idle too; ro stays flagged once.
+    assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=2)) == 1
+    assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=3)) == 0
+    (narrow,) = [e for e in events("grant.unused_flagged") if e.seq not in before]
+    data = json.loads(narrow.data)
+    assert (narrow.grant_id, data["proposal"], data["idle_actions"]) == (
+        rw.pk,
+        "narrow_to_read",
+        ["update"],
+    )
+    assert data["keep_actions"] == ["read"]
+    before = {e.seq for e in events("grant.unused_flagged")}
+    # Then idle as a whole for the period: rw again (removal now), and `used`, now idle
+    # too; ro stays flagged once.
     assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=31, hours=1)) == 2
     fresh = {e.grant_id for e in events("grant.unused_flagged") if e.seq not in before}
     assert fresh == {rw.pk, used.pk}
     # The dashboard selector shows the same proposals.
-    shown = {g.pk: g.proposal for g in selectors.unused_grants(later + timedelta(days=31))}
-    assert shown[rw.pk] == "narrow_to_read" and shown[ro.pk] == "remove"
+    shown = {g.pk: g.proposal for g in selectors.unused_grants(later + timedelta(days=31, hours=1))}
+    assert shown[rw.pk] == "remove" and shown[ro.pk] == "remove"
 
 
-def test_an_irreversible_tool_grant_is_proposed_for_removal(make_agent, make_tool, make_grant):
-    grant = make_grant(
-        make_agent(), make_tool("pay", irreversible=True), actions=("read", "execute")
-    )
-    grant.refresh_from_db()
-    assert selectors.unused_proposal(grant) == "remove"
+def test_an_irreversible_tool_grant_is_proposed_like_any_other(make_agent, make_tool, make_grant):
+    """Wholly idle: removal; its execute idle while it reads: narrowing to read."""
+    assert selectors.unused_proposal(["read", "execute"], ["read", "execute"]) == "remove"
+    assert selectors.unused_proposal(["read", "execute"], ["execute"]) == "narrow_to_read"
+    assert selectors.unused_proposal(["read", "update", "delete"], ["delete"]) == "narrow_to_used"
+    assert selectors.unused_proposal(["update", "delete"], ["delete"]) == "narrow_to_used"
 
 
 # --- trend -----------------------------------------------------------------------------
@@ -464,6 +487,154 @@ def test_a_parent_grant_busy_through_its_delegation_is_not_idle(
         )
     )
     assert parent.pk not in flagged and idle.pk in flagged
+
+
+def read(agent: str, scope: str, at: datetime, action: str = "read") -> None:
+    assert access_check(agent=agent, tool="repo", action=action, scope=scope, at=at).allowed
+
+
+def test_cheap_reads_do_not_keep_an_unused_delete_right_alive(
+    make_agent, make_tool, make_grant, system, settings
+):
+    """A grant holding read and delete, read once a day and never used to delete: its
+    delete is idle, flagged once (narrow to read, naming delete), and not again while
+    the reads go on. Usage was counted per grant row, so it was never flagged; and an
+    identical grant idle as a whole was proposed narrow_to_read, keeping its unused read."""
+    settings.UNUSED_GRANT_HOURS = 24
+    agent, tool = make_agent(), make_tool()
+    g = make_grant(agent, tool, actions=("read", "delete"), duration=timedelta(days=7),
+                   starts_at=NOW)  # fmt: skip
+    idle = make_grant(agent, tool, actions=("read", "delete"), scope="repo:acme/web/*",
+                      duration=timedelta(days=7), starts_at=NOW)  # fmt: skip
+    flags = []
+    for day in range(6):
+        at = NOW + timedelta(days=day, hours=1)
+        read("bot", "repo:acme/api/x", at)
+        flags.append(grants_flag_unused(actor=system, at=at + timedelta(hours=1)))
+    assert flags == [0, 2, 0, 0, 0, 0]  # day 1: both grants; then nothing new
+    at = NOW + timedelta(days=5, hours=3)
+    shown = {x.pk: (x.proposal, x.idle_actions, x.keep_actions) for x in
+             selectors.unused_grants(at)}  # fmt: skip
+    assert shown == {
+        g.pk: ("narrow_to_read", ["delete"], ["read"]),
+        idle.pk: ("remove", ["read", "delete"], []),
+    }
+    flagged = {e.grant_id: e for e in events("grant.unused_flagged")}
+    assert set(flagged) == {g.pk, idle.pk}
+    data = json.loads(flagged[g.pk].data)
+    assert (flagged[g.pk].actor, flagged[g.pk].action) == ("system:test", "read,delete")
+    assert data == {
+        "actions": ["read", "delete"],
+        "proposal": "narrow_to_read",
+        "idle_actions": ["delete"],
+        "keep_actions": ["read"],
+        "last_used": {"delete": None},
+        "idle_since": NOW.isoformat(),
+        "hours": 24,
+    }
+    assert json.loads(flagged[idle.pk].data)["proposal"] == "remove"
+    row = Grant.objects.get(pk=g.pk)
+    assert (row.unused_flagged_at, row.unused_flagged_actions) == (
+        NOW + timedelta(days=1, hours=2),
+        ["delete"],
+    )
+    assert row.use_count == 6
+
+
+def test_narrowing_is_proposed_to_exactly_the_actions_used(
+    make_agent, make_tool, make_grant, system, settings, bob
+):
+    """Read and update used, delete not: narrow to read+update. A gated delete is not a
+    use, the approved one is. Read alone idle is never proposed (g2). Each change of the
+    idle actions is a new flag; the same ones idle on, none."""
+    settings.UNUSED_GRANT_HOURS = 24
+    agent, tool = make_agent(), make_tool()
+    g = make_grant(agent, tool, actions=("read", "update", "delete"), starts_at=NOW,
+                   duration=timedelta(days=7))  # fmt: skip
+    g2 = make_grant(agent, tool, actions=("read", "update"), scope="repo:acme/web/*",
+                    starts_at=NOW, duration=timedelta(days=7))  # fmt: skip
+    read("bot", "repo:acme/api/x", NOW + timedelta(hours=20))
+    read("bot", "repo:acme/api/x", NOW + timedelta(hours=21), action="update")
+    read("bot", "repo:acme/web/x", NOW + timedelta(hours=20), action="update")
+
+    def flagged_since(seq: int) -> list[tuple[int, str, list[str], list[str]]]:
+        found = [(e.grant_id, json.loads(e.data)) for e in events("grant.unused_flagged",
+                                                                  seq__gt=seq)]  # fmt: skip
+        return [(pk, d["proposal"], d["idle_actions"], d["keep_actions"]) for pk, d in found]
+
+    mark = AuditEvent.objects.order_by("-seq").first().seq
+    assert grants_flag_unused(actor=system, at=NOW + timedelta(hours=25)) == 1
+    assert flagged_since(mark) == [(g.pk, "narrow_to_used", ["delete"], ["read", "update"])]
+    # A delete needs a person's approval: the gated call is not a use, the approved one is.
+    approval = access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/api/x",
+        at=NOW + timedelta(hours=26),
+    )  # fmt: skip
+    assert approval.decision == "approval_required"
+    assert grants_flag_unused(actor=system, at=NOW + timedelta(hours=27)) == 0
+    approval_services.approval_approve(
+        approval_id=approval.approval_id, approver=bob, actor=system,
+        at=NOW + timedelta(hours=26, minutes=5),
+    )  # fmt: skip
+    deleted = access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/api/x",
+        at=NOW + timedelta(hours=26, minutes=10), approval=str(approval.approval_id),
+    )  # fmt: skip
+    assert deleted.allowed
+    read("bot", "repo:acme/web/x", NOW + timedelta(hours=44), action="update")
+    # Read and update went idle (last used at 20h and 21h), delete is used: keep delete.
+    mark = AuditEvent.objects.order_by("-seq").first().seq
+    assert grants_flag_unused(actor=system, at=NOW + timedelta(hours=46)) == 1
+    assert grants_flag_unused(actor=system, at=NOW + timedelta(hours=47)) == 0
+    assert flagged_since(mark) == [(g.pk, "narrow_to_used", ["read", "update"], ["delete"])]
+    # Idle as a whole for the period: removal, flagged anew.
+    mark = AuditEvent.objects.order_by("-seq").first().seq
+    assert grants_flag_unused(actor=system, at=NOW + timedelta(hours=51)) == 1
+    assert flagged_since(mark) == [(g.pk, "remove", ["read", "update", "delete"], [])]
+    data = json.loads(events("grant.unused_flagged")[-1].data)
+    used_at = (NOW + timedelta(hours=26, minutes=10)).isoformat()
+    assert data["idle_since"] == used_at and data["last_used"]["delete"] == used_at
+    assert g2.pk not in {g.pk for g in selectors.unused_grants(NOW + timedelta(hours=51))}
+
+
+def test_a_parent_grant_is_used_per_action_through_its_delegations(
+    make_agent, make_tool, make_grant, system, settings
+):
+    """The subagent reads through the read+delete grant handed down to it: the parent's
+    read is used (its subagent's), its delete is not, at any depth and a page at a time
+    as in the full scan."""
+    from governance.services.grants import grant_delegate
+
+    settings.UNUSED_GRANT_HOURS = 24
+    top = make_agent("bot")
+    mid = make_agent("mid", parent=top)
+    leaf = make_agent("leaf", parent=mid)
+    tool = make_tool()
+    parent = make_grant(top, tool, actions=("read", "delete"), duration=timedelta(days=5),
+                        starts_at=NOW - timedelta(days=3), delegable=True)  # fmt: skip
+
+    def hand(grant: Grant, child, delegable: bool) -> Grant:
+        return grant_delegate(
+            parent_grant_id=grant.pk, child=child, actions=["read", "delete"],
+            scope=grant.scope, expires_at=grant.expires_at, justification="sub",
+            actor=system, at=NOW - timedelta(days=3), delegable=delegable,
+        )  # fmt: skip
+
+    middle = hand(parent, mid, True)
+    below = hand(middle, leaf, False)
+    read("leaf", "repo:acme/api/x", NOW - timedelta(hours=2))
+    expected = {
+        parent.pk: ("narrow_to_read", ["delete"]),
+        middle.pk: ("narrow_to_read", ["delete"]),
+        below.pk: ("narrow_to_read", ["delete"]),
+    }
+    hygiene.usage_fold(at=NOW)
+    found = {g.pk: (g.proposal, g.idle_actions) for g in selectors.unused_grants(NOW)}
+    assert found == expected
+    for k in (1, 2, 3):
+        page = selectors.unused_grants(NOW, limit=k)
+        assert {g.pk: (g.proposal, g.idle_actions) for g in page} == dict(list(found.items())[:k])
+    assert grants_flag_unused(actor=system, at=NOW) == 3
 
 
 def test_an_unused_threshold_of_zero_turns_the_scan_off(

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from governance import audit, roles, selectors
-from governance.audit import verify_chain
+from governance.audit import Actor, verify_chain
 from governance.models import Agent, AuditEvent, ConfirmationPolicy, Grant, Task, Tool
 from governance.services import grants as grant_service
 from governance.services import matrix as matrix_service
@@ -186,6 +186,54 @@ def test_export_writes_agents_tools_tasks_and_only_live_grants(world, tmp_path):
     assert shell["review_due_at"] is None
     assert grants[2]["delegated_from"] == grants[0]["id"]
     assert grants[2]["requester"] == "agent:bot"
+
+
+def test_the_exported_review_date_is_the_grants_pending_review(
+    make_agent, make_tool, make_grant, approvers, system, tmp_path
+):
+    """Each grant's review_due_at is its earliest pending review item's due date (null
+    with none, or once decided). It was a grant column nothing ever set: always null."""
+    from governance.models import ReviewItem
+    from governance.services.reviews import review_campaign_open, review_item_decide
+
+    bot, repo = make_agent("bot"), make_tool("repo")
+    first = make_grant(bot, repo, duration=timedelta(days=5), starts_at=NOW)
+    second = make_grant(bot, repo, scope="repo:acme/web/*", duration=timedelta(days=5),
+                        starts_at=NOW)  # fmt: skip
+    assert [g["review_due_at"] for g in export(tmp_path / "none.yaml")["grants"]] == [None, None]
+    soon, later = NOW + timedelta(days=2), NOW + timedelta(days=3)
+    review_campaign_open(kind="on_demand", reason="q", actor=system, at=NOW, due_at=later)
+    review_campaign_open(kind="incident", reason="i", actor=system, at=NOW, due_at=soon)
+    item = ReviewItem.objects.get(grant=second, due_at=soon)
+    review_item_decide(
+        item_id=item.pk, reviewer=item.reviewer, decision="keep", comment="fine",
+        actor=Actor.user(item.reviewer), at=NOW,
+    )  # fmt: skip
+    due = {g["id"]: g["review_due_at"] for g in export(tmp_path / "due.yaml")["grants"]}
+    assert due == {first.pk: soon, second.pk: later}
+    ReviewItem.objects.filter(grant=second, status="pending").update(status="kept", decided_at=NOW)
+    due = {g["id"]: g["review_due_at"] for g in export(tmp_path / "kept.yaml")["grants"]}
+    assert due == {first.pk: soon, second.pk: None}
+
+
+def test_an_imported_review_date_is_not_applied_and_the_plan_says_so(world, tmp_path):
+    """Only a review campaign makes a review date: a file's is history. A new grant
+    with one gets a warning (it has none pending here); an unchanged one does not."""
+    text = """\
+grants:
+- {agent: bot, tool: repo, actions: [read], scope: "repo:acme/api/*", justification: j,
+   duration: 1h, delegable: true, review_due_at: 2026-12-10T00:00:00Z}
+- {agent: bot, tool: repo, actions: [read], scope: "repo:acme/x/*", justification: j,
+   duration: 1h, review_due_at: 2026-12-10T00:00:00Z}
+- {agent: bot, tool: repo, actions: [read], scope: "repo:acme/y/*", justification: j,
+   duration: 1h, review_due_at: null}
+"""
+    plan = matrix_service.matrix_plan(text=text, source="m.yaml", at=NOW)
+    assert [c.outcome for c in plan.changes] == ["unchanged", "create", "create"]
+    assert [w.render("m.yaml") for w in plan.warnings] == [
+        "m.yaml:5: grants[1].review_due_at: not applied: a review date comes from a review "
+        "campaign, and the new grant has none pending"
+    ]
 
 
 def test_export_is_byte_identical_for_the_same_state(world, tmp_path):

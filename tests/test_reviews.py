@@ -577,24 +577,38 @@ def test_items_whose_grant_ended_are_closed_without_nagging(world, system):
 
 
 def test_unused_grants_carry_a_proposal_and_show_in_the_selector(world, settings):
+    """Per action: the subagent reads through its delegated read+update grant and never
+    updates, so both it and the parent it came from (used through it) have an idle
+    update: narrow to read. g2, never used: remove (read and all)."""
+    from governance.services.access import access_check
+    from governance.services.usage import usage_fold
+
     settings.UNUSED_GRANT_HOURS = 30 * 24
     g1, g2, g3 = world["grants"]
     later = NOW + timedelta(days=31)
     Grant.objects.update(expires_at=later + timedelta(days=10))
-    Grant.objects.filter(pk=g3.pk).update(last_used_at=later - timedelta(days=1))
-    found = {g.pk: g.proposal for g in selectors.unused_grants(later)}
-    # g1 holds read+update: narrow to read; g2 read only: remove; g3 used recently.
-    assert found == {g1.pk: "narrow_to_read", g2.pk: "remove", world["child"].pk: "narrow_to_read"}
+    for at in (later - timedelta(days=1), NOW + timedelta(days=1)):
+        assert access_check(agent="sub", tool="repo", action="read", scope="repo:acme/api/x",
+                            at=at).allowed  # fmt: skip
+        assert access_check(agent="other", tool="repo", action="read", scope="repo:acme/api/x",
+                            at=at).allowed  # fmt: skip
+    usage_fold(at=later)
+    found = {g.pk: (g.proposal, g.idle_actions) for g in selectors.unused_grants(later)}
+    assert found == {
+        g1.pk: ("narrow_to_read", ["update"]),
+        g2.pk: ("remove", ["read"]),
+        world["child"].pk: ("narrow_to_read", ["update"]),
+    }
     campaign = reviews.review_campaign_open(
         kind="on_demand", reason="unused", actor=Actor.system("test"), at=later
     )
-    proposals = dict(campaign.items.values_list("grant_id", "proposal"))
-    assert proposals == {
-        g1.pk: "narrow_to_read",
-        g2.pk: "remove",
-        g3.pk: "",
-        world["child"].pk: "narrow_to_read",
+    proposals = {i.grant_id: (i.proposal, i.idle_actions) for i in campaign.items.all()}
+    assert proposals == {**found, g3.pk: ("", [])}
+    (opened,) = AuditEvent.objects.filter(event_type="review.campaign_opened")
+    named = {
+        i["grant"]: (i["proposal"], i["idle_actions"]) for i in json.loads(opened.data)["items"]
     }
+    assert named == proposals
 
 
 def test_the_scheduled_job_opens_one_campaign_per_quarter(world, system):

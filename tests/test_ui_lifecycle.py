@@ -572,6 +572,33 @@ def test_a_keep_with_the_narrowing_fields_changed_is_refused_not_read_as_keep_al
     assert world.grant.status == "revoked"
 
 
+def test_the_pages_say_which_rights_went_unused_and_propose_dropping_them(settings) -> None:
+    """bot-a reads through its read+delete grant and never deletes: the dashboard, the
+    review item, the campaign and the grant page name delete as the idle right, and the
+    review form proposes narrowing with read ticked, delete not."""
+    settings.UNUSED_GRANT_HOURS = 1
+    world = ui_world.build()
+    Grant.objects.filter(pk=world.grant.pk).update(starts_at=timezone.now() - timedelta(hours=3))
+    extra = ui_world.build_lifecycle(world)
+    item = ReviewItem.objects.get(pk=extra.item_id)
+    assert (item.proposal, item.idle_actions) == ("narrow_to_read", ["delete"])
+    client = ui_world.signed_in("admin")
+    dashboard = client.get("/ui/").content.decode().split("Unused grants", 1)[1]
+    row = dashboard.split(f'href="/ui/grants/{world.grant.pk}/"', 1)[1].split("</tr>", 1)[0]
+    assert '<td class="idle-actions">delete</td>' in row
+    assert "<td>narrow_to_read (keep read)</td>" in row
+    mine = client.get("/ui/reviews/mine/").content.decode()
+    card = mine.split(f'id="item-{item.pk}"', 1)[1].split("</section>", 1)[0]
+    assert "narrow_to_read (unused: delete)" in card
+    assert '<option value="narrow" selected>narrow</option>' in card
+    assert 'value="read" checked> read' in card and 'value="delete"> delete' in card
+    campaign = client.get(f"/ui/reviews/{extra.campaign_id}/").content.decode()
+    assert "narrow_to_read <small>(idle: delete)</small>" in campaign
+    grant = client.get(f"/ui/grants/{world.grant.pk}/").content.decode()
+    assert '<span class="act">delete</span> 0 (never used)' in grant
+    assert '<span class="act">read</span> 1, last ' in grant
+
+
 def test_a_second_look_is_confirmed_or_flagged_by_another_approver_with_a_comment() -> None:
     from governance.models import SecondLook
 

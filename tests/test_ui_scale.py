@@ -7,7 +7,7 @@ empty inbox); the second-look inbox put all 3,000 on one page (3.2 MB)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from governance import roles, selectors
 from governance.audit import Actor
-from governance.models import Agent, Approval, Grant, SecondLook
+from governance.models import Agent, Approval, Grant, GrantActionUse, SecondLook
 from governance.services import access, agents, breakglass, grants, second_look
 from governance.services.approvals import stakeholders
 from governance.web import lifecycle, queries
@@ -348,9 +348,13 @@ def test_the_first_unused_grants_are_the_full_scans_first_with_used_delegations_
     busy_mid = hand(busy_top, mid, delegable=True)
     used_leaf = hand(busy_mid, leaf)
     quiet_mid = hand(quiet_top, mid)
-    Grant.objects.filter(pk=used_leaf.pk).update(last_used_at=later - timedelta(minutes=5))
-    # Used long ago: not busy.
-    Grant.objects.filter(pk=quiet_mid.pk).update(last_used_at=NOW - timedelta(hours=10))
+
+    def used(grant: Grant, at: datetime) -> None:  # as the usage fold records a read
+        Grant.objects.filter(pk=grant.pk).update(last_used_at=at, use_count=1)
+        GrantActionUse.objects.create(grant=grant, action="read", use_count=1, last_used_at=at)
+
+    used(used_leaf, later - timedelta(minutes=5))
+    used(quiet_mid, NOW - timedelta(hours=10))  # used long ago: not busy
 
     everything = [g.pk for g in selectors.unused_grants(later)]
     assert busy_top.pk not in everything and busy_mid.pk not in everything

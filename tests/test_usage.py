@@ -99,3 +99,79 @@ def test_a_grants_own_page_counts_uses_not_folded_yet(two_grants, client, alice)
     assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=3)).allowed
     assert grant_usage(repo_grant) == (3, NOW + timedelta(minutes=3))
     assert repo_grant.use_count == 2, "the row itself changes only when folded"
+
+
+# --- Per action: read, create, update, delete and execute are separate grants ------------
+
+
+@pytest.fixture
+def read_update(make_agent, make_tool, make_grant) -> Grant:
+    return make_grant(make_agent("bot"), make_tool("repo"), ("read", "update"), "repo:acme/*")
+
+
+def test_the_fold_keeps_each_actions_uses_apart(read_update):
+    """The grant's totals as before, and per action how often and when last: an update
+    right never used has no row however often the grant reads."""
+    from governance.models import GrantActionUse
+
+    for minute in range(3):
+        assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=minute)).allowed
+    assert usage_fold() == 3
+    assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=9), action="update").allowed
+    assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=5)).allowed
+    assert call("repo", "repo:acme/x", at=NOW - timedelta(minutes=5)).allowed  # earlier instant
+    assert usage_fold() == 3
+    read_update.refresh_from_db()
+    assert (read_update.use_count, read_update.last_used_at) == (6, NOW + timedelta(minutes=9))
+    rows = GrantActionUse.objects.filter(grant=read_update).order_by("action")
+    assert [(r.action, r.use_count, r.last_used_at) for r in rows] == [
+        ("read", 5, NOW + timedelta(minutes=5)),
+        ("update", 1, NOW + timedelta(minutes=9)),
+    ]
+    assert usage_fold() == 0
+
+
+def test_the_grant_page_shows_each_actions_usage_folded_or_not(read_update):
+    from governance.services.usage import grant_action_usage
+
+    assert grant_action_usage(read_update) == [("read", 0, None), ("update", 0, None)]
+    assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=1)).allowed
+    usage_fold()
+    assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=2)).allowed
+    assert grant_action_usage(read_update) == [
+        ("read", 2, NOW + timedelta(minutes=2)),
+        ("update", 0, None),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0028_fills_each_actions_uses_from_the_folded_log(read_update, back_to_head):
+    """Usage from before the per-action rows: read back from the events the fold had
+    counted (those after its watermark are the next fold's), so a grant used before the
+    migration does not look never used for every action. A grant flagged before it was
+    flagged as a whole: its flag names all its actions."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    from governance.models import GrantActionUse
+
+    for minute, action in ((1, "read"), (2, "update"), (3, "read")):
+        assert call(
+            "repo", "repo:acme/x", at=NOW + timedelta(minutes=minute), action=action
+        ).allowed
+    usage_fold()
+    assert call("repo", "repo:acme/x", at=NOW + timedelta(minutes=9)).allowed  # not folded
+    Grant.objects.filter(pk=read_update.pk).update(unused_flagged_at=NOW)
+
+    def uses() -> list[tuple[str, int, object]]:
+        rows = GrantActionUse.objects.filter(grant=read_update).order_by("action")
+        return [(r.action, r.use_count, r.last_used_at) for r in rows]
+
+    folded = [("read", 2, NOW + timedelta(minutes=3)), ("update", 1, NOW + timedelta(minutes=2))]
+    assert uses() == folded
+    MigrationExecutor(connection).migrate([("governance", "0027_token_created_at_is_its_issue")])
+    MigrationExecutor(connection).migrate([("governance", "0028_usage_per_action")])
+    # (back_to_head applies any later migration after the test)
+    assert uses() == folded
+    assert Grant.objects.get(pk=read_update.pk).unused_flagged_actions == ["read", "update"]
+    assert usage_fold() == 1
+    assert uses()[0] == ("read", 3, NOW + timedelta(minutes=9))

@@ -1019,7 +1019,12 @@ class ReviewItemOut(serializers.Serializer):
     campaign = serializers.IntegerField(source="campaign_id")
     grant = GrantOut()
     reviewer = serializers.CharField(source="reviewer.username", allow_null=True, default=None)
-    proposal = serializers.CharField()
+    proposal = serializers.CharField(
+        help_text='"remove", "narrow_to_read", "narrow_to_used" or "" (in use)'
+    )
+    idle_actions = serializers.ListField(
+        child=serializers.CharField(), help_text="The actions found unused (with a proposal)"
+    )
     status = serializers.CharField()
     due_at = serializers.DateTimeField()
     decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)

@@ -4,7 +4,7 @@ from governance.models.agents import Agent, AgentToken
 from governance.models.approvals import Approval, ConfirmationPolicy
 from governance.models.audit import AuditEvent
 from governance.models.breakglass import BreakGlass
-from governance.models.grants import Grant, UsageFold
+from governance.models.grants import Grant, GrantActionUse, UsageFold
 from governance.models.notifications import Notification
 from governance.models.outcomes import DecisionOutcome
 from governance.models.reviews import (
@@ -26,6 +26,7 @@ __all__ = [
     "AuditEvent",
     "DecisionOutcome",
     "Grant",
+    "GrantActionUse",
     "SandboxRun",
     "Task",
     "Tool",

@@ -73,7 +73,6 @@ class Grant(models.Model):
     revoked_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    review_due_at = models.DateTimeField(null=True, blank=True)
 
     delegated_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="delegations"
@@ -86,6 +85,9 @@ class Grant(models.Model):
     # Lifecycle bookkeeping (claimed by conditional UPDATE, so each notice goes out once).
     expiring_notified_at = models.DateTimeField(null=True, blank=True)
     unused_flagged_at = models.DateTimeField(null=True, blank=True)
+    # The actions the last `grant.unused_flagged` found idle: flagged again when another
+    # goes idle or one of these was used since (a new idle spell), not on every scan.
+    unused_flagged_actions = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -170,13 +172,39 @@ class Grant(models.Model):
         return {name: value for name, value in values.items() if value is not None}
 
 
+class GrantActionUse(models.Model):
+    """How often, and when last, a grant was used for one action class: read, create,
+    update, delete and execute are separate grants, so a grant holding read and delete
+    whose agent only reads has an unused delete (selectors.unused_grants). Folded in
+    from the `access.allowed` events by services.usage.usage_fold(), with the grant's
+    own use_count / last_used_at, never written by a decision. A row exists once the
+    grant was used for the action; none: never used for it."""
+
+    grant = models.ForeignKey(Grant, on_delete=models.PROTECT, related_name="action_uses")
+    action = models.CharField(max_length=64)
+    use_count = models.PositiveBigIntegerField(default=0)
+    last_used_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["grant", "action"], name="grant_action_use_once"),
+        ]
+        indexes = [
+            # The unused scan reads the uses since its cutoff (delegations' too).
+            models.Index(fields=["last_used_at"], name="grant_action_use_last"),
+        ]
+
+    def __str__(self) -> str:
+        return f"grant#{self.grant_id} {self.action}: {self.use_count}, last {self.last_used_at}"
+
+
 class UsageFold(models.Model):
     """How far grant usage has been folded in from the audit log (one row, pk 1).
 
     A decision records a grant's use only as its `access.allowed` event (written
     in the decision's one statement, never an UPDATE of the grant row per call);
     services.usage.usage_fold() adds the events after `seq` to each grant's
-    use_count and last_used_at.
+    use_count and last_used_at, and to its GrantActionUse row for the call's action.
     """
 
     seq = models.BigIntegerField(default=0)

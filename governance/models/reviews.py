@@ -69,8 +69,9 @@ class ReviewItem(models.Model):
 
     class Proposal(models.TextChoices):
         NONE = ""
-        REMOVE = "remove"
-        NARROW_TO_READ = "narrow_to_read"
+        REMOVE = "remove"  # nothing it holds was used
+        NARROW_TO_READ = "narrow_to_read"  # only read was used
+        NARROW_TO_USED = "narrow_to_used"  # keep the actions used, drop the idle ones
 
     campaign = models.ForeignKey(ReviewCampaign, on_delete=models.PROTECT, related_name="items")
     grant = models.ForeignKey(Grant, on_delete=models.PROTECT, related_name="review_items")
@@ -78,6 +79,9 @@ class ReviewItem(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     proposal = models.CharField(max_length=20, choices=Proposal.choices, blank=True, default="")
+    # With a proposal: the actions found idle when the campaign opened (all of them for
+    # `remove`), so the reviewer sees which rights went unused.
+    idle_actions = models.JSONField(default=list, blank=True)
     status = models.CharField(max_length=15, choices=Status.choices, default=Status.PENDING)
     due_at = models.DateTimeField()
     decided_by = models.ForeignKey(

@@ -4,7 +4,8 @@ expiring-soon notices and token expiry bookkeeping.
 Signatures (keyword-only; each is a job, safe to run twice and from two workers):
 
     grants_flag_unused(*, actor, at) -> int        one `grant.unused_flagged` per grant
-        per idle spell (flagged again only after it was used since)
+        per idle spell, naming its idle actions (flagged again when they change, or
+        after one of them was used since)
     trend_snapshot_record(*, actor, at) -> LiveGrantSnapshot   one per UTC day, missed
         days (the job did not run) recorded late
     grants_notify_expiring(*, actor, at) -> int    one notice per grant
@@ -20,7 +21,7 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count
 
 from governance import audit, notifications
 from governance.codes import EventType
@@ -34,34 +35,66 @@ from governance.services.usage import usage_fold
 
 
 def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
-    """Flag live grants idle for UNUSED_GRANT_HOURS, proposing removal (or narrowing to
-    read for write/destructive grants that also hold read). The flag is what the next
-    campaign's item and the dashboard show; the decision stays with a reviewer."""
+    """Flag live grants with rights idle for UNUSED_GRANT_HOURS (selectors.unused_grants):
+    a wholly idle grant is proposed for removal; one whose create, update, delete or
+    execute went unused while it was used for something else, for narrowing to the
+    actions used (`narrow_to_read` when that is read alone). The event names the idle
+    actions. The flag is what the next campaign's item and the dashboard show; the
+    decision stays with a reviewer.
+
+    Once per idle spell: flagged again only when the idle actions are not those last
+    flagged (another went idle, or one was used again) or one of them was used since
+    the flag (idle again after a use), not on every scan of a grant still read daily."""
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
-    proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
-    # Not flagged yet, or flagged before its last use (a new idle spell).
-    unflagged = Q(unused_flagged_at__isnull=True) | Q(unused_flagged_at__lt=F("last_used_at"))
+    found = {g.pk: g for g in unused_grants(at)}
+    due = [pk for pk, g in found.items() if _new_spell(g)]
+
+    def claim(pk: int) -> int:
+        grant = found[pk]
+        # The flag as read (None: never flagged): one worker that flagged it meanwhile
+        # has moved it on, and the other's claim finds nothing.
+        return Grant.objects.filter(pk=pk, unused_flagged_at=grant.unused_flagged_at).update(
+            unused_flagged_at=at,
+            unused_flagged_actions=grant.idle_actions,  # type: ignore[attr-defined]
+        )
 
     def announce(pk: int) -> None:
         grant = Grant.objects.select_related("agent", "tool", "task").get(pk=pk)
-        idle_since = grant.last_used_at or grant.starts_at
+        idle = found[pk]
+        last = idle.action_last_used  # type: ignore[attr-defined]
         grant_event(
             grant,
             EventType.GRANT_UNUSED_FLAGGED,
             actor=actor,
             at=at,
             data={
-                "proposal": proposals[pk],
-                "idle_since": idle_since.isoformat() if idle_since else None,
+                "proposal": idle.proposal,  # type: ignore[attr-defined]
+                "idle_actions": idle.idle_actions,  # type: ignore[attr-defined]
+                "keep_actions": idle.keep_actions,  # type: ignore[attr-defined]
+                "last_used": {
+                    a: last[a].isoformat() if a in last else None
+                    for a in idle.idle_actions  # type: ignore[attr-defined]
+                },
+                "idle_since": idle.idle_since.isoformat(),  # type: ignore[attr-defined]
                 "hours": settings.UNUSED_GRANT_HOURS,
             },
         )
 
-    return claim_each(
-        Grant.objects.filter(unflagged, pk__in=list(proposals)).values_list("pk", flat=True),
-        claim=lambda pk: Grant.objects.filter(unflagged, pk=pk).update(unused_flagged_at=at),
-        announce=announce,
-    )
+    return claim_each(due, claim=claim, announce=announce)
+
+
+def _new_spell(grant: Grant) -> bool:
+    """Whether an idle grant's flag is due (grants_flag_unused)."""
+    if grant.unused_flagged_at is None:
+        return True
+    idle = grant.idle_actions  # type: ignore[attr-defined]
+    if sorted(idle) != sorted(grant.unused_flagged_actions or []):
+        return True
+    last = grant.action_last_used  # type: ignore[attr-defined]
+    used = [last[a] for a in idle if a in last]
+    if len(idle) == len(grant.actions) and grant.last_used_at is not None:
+        used.append(grant.last_used_at)  # wholly idle: any use since the flag
+    return any(when > grant.unused_flagged_at for when in used)
 
 
 # A beat that was down for a while leaves days unrecorded: the next run records each of

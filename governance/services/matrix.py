@@ -32,7 +32,10 @@ What the file means on import (the decisions, in one place):
   quarantined, closed) a warning. A quarantined tool is never created from a
   file: registering approves its definition, which only an admin may do.
 - New tasks open at import time; `window.starts_at` is history.
-- `review_due_at`, `id`, `requester` and `approver` are read but not applied.
+- `review_due_at`, `id`, `requester` and `approver` are read but not applied. The
+  review date an export writes is the grant's earliest pending review item's due date;
+  only a review campaign makes one, so a grant the import creates has none, and a
+  file naming one for it gets a warning saying the date was not applied.
 - Confirmation policies have no pending state: a policy is written by a person
   with the approver role and no stake in the agent's calls. So they are created
   only with `apply_approved`, authored by the approving admin (the stake rule is
@@ -805,7 +808,7 @@ class _Planner:
         justification = get("justification", r.text)
         for informational in ("requester", "approver"):
             get(informational, r.text, nullable=True)
-        get("review_due_at", r.when)
+        review_due = get("review_due_at", r.when)
         get("id", r.integer)
         delegated_from = get("delegated_from", r.integer)
         delegable = get("delegable", r.boolean)
@@ -866,6 +869,15 @@ class _Planner:
         elif not self._duplicate_in_file(change, node):
             self._compare_with_database(change, keys, node)
             self._second_request_in_file(change, keys)
+        if change.outcome == "create" and review_due is not None and review_due is not BAD:
+            # A review date is a review item's due date, set by a campaign; the file's
+            # is the exporting system's, and a new grant here has no review pending.
+            self.warn(
+                keys["review_due_at"],
+                f"{path}.review_due_at",
+                "not applied: a review date comes from a review campaign, "
+                "and the new grant has none pending",
+            )
         if change.outcome != "skipped":
             ident = self._identity(change.spec)
             self.first_grant.setdefault(ident, change)

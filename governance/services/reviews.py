@@ -8,7 +8,8 @@ Signatures (all keyword-only; `actor` is who the audit log names, `at` is now):
         and break-glass grants included (a subagent's grant is certified on its own:
         keeping the parent does not keep what was handed down; a live break-glass
         grant is reviewed here as well as by its own post-incident review). Unused
-        grants carry a proposal ("remove" / "narrow_to_read").
+        grants carry a proposal ("remove" / "narrow_to_read" / "narrow_to_used") and
+        the actions found idle (selectors.unused_grants).
         With a `key`, opening again returns the same campaign. Items whose grant ends
         before anyone decides are closed as `ended` by the job, with no reminder or
         overdue notice: nothing is left to review, so nobody is nagged about it.
@@ -166,6 +167,7 @@ def review_campaign_open(
                             "grant": i.grant_id,
                             "reviewer": i.reviewer.get_username() if i.reviewer else None,
                             "proposal": i.proposal,
+                            "idle_actions": i.idle_actions,
                         }
                         for i in items
                     ],
@@ -227,14 +229,15 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
         tree = agent_tree(Agent.objects.all(), campaign.agent_id)
         grants = grants.filter(agent_id__in=[a.pk for a in tree])
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
-    proposals = {g.pk: g.proposal for g in unused_grants(at)}  # type: ignore[attr-defined]
+    unused = {g.pk: g for g in unused_grants(at)}
     pick = _rotation(campaign.pk)
     items = [
         ReviewItem(
             campaign=campaign,
             grant=grant,
             reviewer=pick(grant),
-            proposal=proposals.get(grant.pk, ""),
+            proposal=getattr(unused.get(grant.pk), "proposal", ""),
+            idle_actions=getattr(unused.get(grant.pk), "idle_actions", []),
             due_at=campaign.due_at,
         )
         for grant in grants.order_by("id")
@@ -435,6 +438,7 @@ def _record_decision(
         comment=comment,
         decided_by=reviewer.get_username(),
         proposal=item.proposal,
+        idle_actions=item.idle_actions,
     )
 
 

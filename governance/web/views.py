@@ -47,7 +47,7 @@ from governance.services import grants as grant_services
 from governance.services import tasks as task_services
 from governance.services import tools as tool_services
 from governance.services.outcomes import DECISION_EVENTS
-from governance.services.usage import grant_usage
+from governance.services.usage import grant_action_usage, grant_usage
 from governance.web import charts, common, forms, lifecycle, queries, reveal
 from governance.web.access import require
 
@@ -251,6 +251,7 @@ def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
             "grant": grant,
             "uses": uses,
             "last_used": last_used,
+            "action_usage": grant_action_usage(grant),
             "chain": queries.delegation_chain(grant),
             "delegations": _grants().filter(delegated_from=grant).order_by("pk"),
             "dead": policy.grant_dead_reason(grant.pk, now) if grant.starts_at else "pending",
