@@ -400,6 +400,10 @@ SESSION_COOKIE_AGE = env_int("UI_SESSION_HOURS", 12, minimum=1, maximum=24 * 30)
 # Sign-in attempts per minute: per account (whatever address) and per address.
 RATE_LIMITS["login_account"] = env_int("RATE_LIMIT_LOGIN_ACCOUNT_PER_MINUTE", 5, minimum=1)
 RATE_LIMITS["login_address"] = env_int("RATE_LIMIT_LOGIN_ADDRESS_PER_MINUTE", 20, minimum=1)
+# An IPv6 client holds a whole network, not one address (a home line or a VM gets a /64
+# at least): counted per address, it could try a new one each time and never be limited.
+# Its sign-ins are counted per network of this prefix length; IPv4 per address.
+LOGIN_IPV6_PREFIX = env_int("LOGIN_IPV6_PREFIX", 64, minimum=32, maximum=128)
 
 
 def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -270,6 +270,14 @@ def test_a_trusted_proxy_that_is_not_an_address_or_network_stops_start_up(value)
     assert_refused(proc, "TRUSTED_PROXIES")
 
 
+def test_an_ipv6_sign_in_prefix_outside_32_to_128_stops_start_up():
+    """The network an IPv6 sign-in is counted by: a typo must not count every IPv6
+    client as one (/0) or each address alone (the limit a /64 walks around)."""
+    for value in ("16", "129", "64.0", "/64", "", "６４"):
+        assert_refused(start("governance.settings", LOGIN_IPV6_PREFIX=value), "LOGIN_IPV6_PREFIX")
+    assert start("governance.settings", LOGIN_IPV6_PREFIX="56").returncode == 0
+
+
 def test_an_unknown_log_level_stops_start_up_naming_the_setting():
     """LOG_LEVEL=VERBOSE stopped start-up with logging's ValueError, naming no setting."""
     assert_refused(start("governance.settings", LOG_LEVEL="VERBOSE"), "LOG_LEVEL")

@@ -332,6 +332,56 @@ def test_behind_a_trusted_proxy_sign_ins_are_counted_per_forwarded_address(setti
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("via_proxy", [False, True])
+def test_sign_ins_from_one_ipv6_network_share_one_address_limit(settings, via_proxy) -> None:
+    """Each IPv6 address had a count of its own, and any client holds a whole /64: it
+    sprayed passwords from a new address each time and was never limited, directly or
+    behind a trusted proxy. Its /64 (LOGIN_IPV6_PREFIX) is counted as one address now."""
+    import ipaddress
+
+    ui_world.build()
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_address": 3}
+    settings.TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.0/8"),)
+    events = AuditEvent.objects.count()
+
+    def attempt(address: str, name: str, password: str = "Winter2026!") -> Any:
+        client = Client()
+        if via_proxy:
+            return client, _login(client, name, password, "10.0.0.5", HTTP_X_FORWARDED_FOR=address)
+        return client, _login(client, name, password, address)
+
+    for i in range(3):  # three accounts, three addresses of one /64
+        assert attempt(f"2001:db8:1:2::{i + 1:x}", f"nobody{i}")[1].status_code == 200
+    # A fourth address of the same /64, and the right password: still refused.
+    client, refused = attempt("2001:db8:1:2:ffff:ffff:ffff:fffe", "bob", ui_world.PASSWORD)
+    assert refused.status_code == 429 and b"Too many sign-in attempts" in refused.content
+    assert "_auth_user_id" not in client.session
+    assert User.objects.get(username="bob").last_login is None
+    # The neighbouring /64 is another client.
+    assert attempt("2001:db8:1:3::1", "bob", ui_world.PASSWORD)[1].status_code == 302
+    assert AuditEvent.objects.count() == events  # a sign-in is no change: nothing recorded
+
+
+@pytest.mark.django_db
+def test_the_ipv6_network_a_sign_in_is_counted_by_is_configurable(settings) -> None:
+    """LOGIN_IPV6_PREFIX=48 counts a provider's whole /48 as one client; 128, each
+    address. An IPv4 address, also spelled `::ffff:a.b.c.d`, is counted on its own."""
+    from governance.web.views import address_bucket
+
+    settings.LOGIN_IPV6_PREFIX = 48
+    assert address_bucket("2001:db8:1:2::1") == address_bucket("2001:db8:1:ff::9")
+    assert address_bucket("2001:db8:1:2::1") == "2001:db8:1::/48"
+    assert address_bucket("2001:db8:1:2::1") != address_bucket("2001:db8:2:2::1")
+    settings.LOGIN_IPV6_PREFIX = 128
+    assert address_bucket("2001:db8::1") != address_bucket("2001:db8::2")
+    settings.LOGIN_IPV6_PREFIX = 64
+    assert address_bucket("fe80::1%eth0") == "fe80::/64"  # a scope is no part of it
+    assert address_bucket("::ffff:198.51.100.7") == address_bucket("198.51.100.7")
+    assert address_bucket("198.51.100.7") != address_bucket("198.51.100.8")
+    assert address_bucket("unknown") == "unknown"
+
+
+@pytest.mark.django_db
 def test_look_alike_spellings_of_an_account_share_its_sign_in_limit(settings) -> None:
     """The form signs `ｃａｒｏｌ` (fullwidth) in as carol (NFKC), but each spelling had a
     per-account count of its own: guessing at one account was not limited."""

@@ -78,6 +78,19 @@ def client_address(request: HttpRequest) -> str:
     return str(_parsed(address) or address)
 
 
+def address_bucket(address: str) -> str:
+    """What one client's sign-ins are counted against: an IPv4 address (`::ffff:a.b.c.d`
+    is one) on its own, an IPv6 address by its network of LOGIN_IPV6_PREFIX bits. Every
+    client holds a whole /64 (often a /56 or /48): counted per /128, it could spray
+    passwords from a new address each time and the per-address limit would never bite."""
+    parsed = _parsed(address)
+    if isinstance(parsed, ipaddress.IPv6Address):
+        # From the integer: a scope (`fe80::1%eth0`) is part of no network's spelling.
+        network = ipaddress.IPv6Network((int(parsed), settings.LOGIN_IPV6_PREFIX), strict=False)
+        return str(network)
+    return str(parsed or address)
+
+
 def _parsed(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """An address; an IPv4 one a dual-stack socket shows as `::ffff:a.b.c.d` as IPv4."""
     try:
@@ -94,17 +107,18 @@ def _trusted_proxy(address: str) -> bool:
 
 
 class LoginView(auth_views.LoginView):
-    """Django's sign-in, counted per account and per address before the password
-    is even checked, so guessing is slow whether one account is tried from many
-    places or many accounts from one. A limiter that cannot be reached refuses
-    sign-in (fail closed) rather than let guessing run unmetered."""
+    """Django's sign-in, counted per account and per address (an IPv6 client per
+    network: address_bucket) before the password is even checked, so guessing is
+    slow whether one account is tried from many places or many accounts from one.
+    A limiter that cannot be reached refuses sign-in (fail closed) rather than let
+    guessing run unmetered."""
 
     template_name = "ui/login.html"
     redirect_authenticated_user = True
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
-            ratelimit.check("login_address", client_address(request))
+            ratelimit.check("login_address", address_bucket(client_address(request)))
             ratelimit.check("login_account", _account_key(request.POST.get("username", "")))
         except ratelimit.RateLimited as exc:
             response = self._refuse(
