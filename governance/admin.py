@@ -10,13 +10,21 @@ audit log is not shown here: it is read in the UI and its exports, where each lo
 an audit.viewed event.
 """
 
+import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
+from django.utils.safestring import SafeString, mark_safe
 
 from governance import roles
 from governance.models import Agent, AgentToken, Approval, Grant, Task, Tool
+from governance.web import reveal
+
+# The read-only field that stands in for a text or JSON field (ReadOnlyAdmin).
+SHOWN = "_shown"
 
 
 def admins_only(request: HttpRequest) -> bool:
@@ -27,7 +35,52 @@ def admins_only(request: HttpRequest) -> bool:
 admin.site.has_permission = admins_only  # type: ignore[method-assign]
 
 
+def _revealed(field: models.Field) -> Callable[[Any], SafeString]:
+    """`field` of a row as the UI shows text (web.reveal): escaped, bidi controls and
+    invisible characters as code points, line breaks kept; JSON as Django writes it."""
+
+    @admin.display(description=field.verbose_name)
+    def show(obj: Any) -> SafeString:
+        value = getattr(obj, field.attname)
+        if isinstance(field, models.JSONField):
+            value = json.dumps(value, ensure_ascii=False, cls=field.encoder)
+        shown = reveal.reveal("" if value is None else str(value))
+        return mark_safe(shown.replace("\n", "<br>"))  # noqa: S308 - reveal escaped it
+
+    return show
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """A model's rows, read only. Each text and JSON field (but a choice) is shown
+    through reveal, as the UI shows text: Django prints bidi controls raw, and a U+202E
+    in what an agent or a third-party tool wrote (a grant request's justification, a
+    call's arguments, a tool's description) turns the rest of the line around."""
+
+    def __init__(self, model: type[models.Model], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self.revealed = {
+            field.name: field.name + SHOWN
+            for field in model._meta.concrete_fields
+            if isinstance(field, models.CharField | models.TextField | models.JSONField)
+            and not field.choices
+        }
+        for field in model._meta.concrete_fields:
+            if field.name in self.revealed:
+                setattr(self, self.revealed[field.name], _revealed(field))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
+        return [*super().get_readonly_fields(request, obj), *self.revealed.values()]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
+        # Django's list is the form's fields, then the read-only ones: each text field
+        # in its place, shown by its stand-in, and the stand-ins not again at the end.
+        stand_ins = set(self.revealed.values())
+        return [
+            self.revealed.get(name, name)
+            for name in super().get_fields(request, obj)
+            if name not in stand_ins
+        ]
+
     def has_module_permission(self, request: HttpRequest) -> bool:
         return admins_only(request)
 

@@ -6,15 +6,17 @@ import os
 import secrets
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
 from governance import ratelimit
-from governance.models import AuditEvent, Grant
+from governance.models import AuditEvent, Grant, Tool
 from tests import ui_world
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -508,3 +510,208 @@ def test_what_an_agent_asked_for_is_shown_with_its_bidi_controls_revealed() -> N
         html = auditor.get(page).content.decode()
         assert "\u202e" not in html, page
         assert "[U+202E bidi]" in html, page
+
+
+# Agent text that turns a line around: a right-to-left override, markup, a zero-width space.
+HOSTILE = '"<zq1>\u202egnp.exe\u200b'
+
+
+def _seed_hostile_agent_text(world: ui_world.World) -> dict[str, str]:
+    """HOSTILE through every door an agent (or its runner, or a third-party tool's
+    metadata) writes text by: what each call left, by name, for the checks below."""
+    import uuid
+
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from governance.audit import Actor
+    from governance.models import Approval, SandboxRun
+    from governance.services import agents, tools
+
+    now = timezone.now()
+    ui_world.make_run(world)  # code-exec, with a sandbox:* grant allowing 127.0.0.1:8443
+    tools.tool_register(
+        name="helper", kind="api", actions=["read"], description=f"Helps. {HOSTILE}",
+        third_party=True, actor=Actor.system("t"), at=now,
+    )  # fmt: skip
+    _, token = agents.token_issue(
+        created_by=world.alice, agent=world.agent, actor=Actor.system("t"), at=now
+    )
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = api.post(f"/api/v1/{path}", body, format="json")
+        assert response.status_code in (200, 201), (path, response.content)
+        return response.json()
+
+    args = {HOSTILE: HOSTILE, "k": HOSTILE}
+    unknown = call("authorize", {"tool": HOSTILE, "action": "read", "scope": HOSTILE,
+                                 "task": HOSTILE, "arguments": args})  # fmt: skip
+    allowed = call("authorize", {"tool": "repo", "action": "read", "scope": "repo:acme/x",
+                                 "arguments": args})  # fmt: skip
+    assert allowed["decision"] == "allow"
+    call(f"decisions/{allowed['decision_id']}/outcome",
+         {"outcome": "failed", "excerpt": HOSTILE})  # fmt: skip
+    asked = call("authorize", {"tool": "repo", "action": "delete", "scope": "repo:acme/y",
+                               "arguments": args})  # fmt: skip
+    assert asked["decision"] == "approval_required"
+    assert Approval.objects.get(pk=asked["approval"]).arguments_preview[HOSTILE] == HOSTILE
+    request = call("grant-requests", {"tool": "repo", "actions": ["read"],
+                                      "scope": "repo:acme/zz/*", "duration_seconds": 3600,
+                                      "justification": HOSTILE})  # fmt: skip
+
+    def run(**body: Any) -> dict[str, Any]:
+        base = {"run_id": str(uuid.uuid4()), "backend": "docker", "tool": "code-exec",
+                "image": "alpine:" + HOSTILE, "image_id": ui_world.IMAGE_ID,
+                "command": ["python", HOSTILE]}  # fmt: skip
+        return {**call("sandbox/runs", {**base, **body}), "run_id": base["run_id"]}
+
+    unknown_run = run(tool=HOSTILE, task=HOSTILE, egress=[HOSTILE])
+    assert unknown_run["reason"] == "unknown_tool"
+    unresolved = run(image_id="", image_problem=HOSTILE)
+    assert unresolved["reason"] == "image_unresolved"
+    allowed_run = run(egress=["127.0.0.1:8443"])
+    assert allowed_run["decision"] == "allow", allowed_run
+    decision = {"decision_id": allowed_run["decision_id"]}
+    call(f"sandbox/runs/{allowed_run['run_id']}/started",
+         {**decision, "container_id": HOSTILE, "image_digest": ui_world.IMAGE_ID,
+          "deadline": now.timestamp() + 60, "enforcement": {"memory": HOSTILE}})  # fmt: skip
+    call(f"sandbox/runs/{allowed_run['run_id']}/egress",
+         {**decision, "reason": "not_allowlisted", "host": HOSTILE, "port": 80})  # fmt: skip
+    stream = {"excerpt": HOSTILE, "sha256": "ab" * 32, "bytes": 4096, "truncated": True}
+    call(f"sandbox/runs/{allowed_run['run_id']}/finished",
+         {**decision, "exit_code": 1, "timed_out": False, "oom_killed": False,
+          "stdout": stream, "stderr": stream, "error": HOSTILE})  # fmt: skip
+    assert SandboxRun.objects.get(run_id=allowed_run["run_id"]).error == HOSTILE
+    return {
+        "unknown": unknown["decision_id"],
+        "request": str(request["id"]),
+        "approval": asked["approval"],
+        "unknown_run": unknown_run["run_id"],
+        "unresolved_run": unresolved["run_id"],
+        "allowed_run": allowed_run["run_id"],
+    }
+
+
+def _positions(text: str, char: str) -> list[int]:
+    return [at for at, ch in enumerate(text) if ch == char]
+
+
+@dataclass
+class _Page:
+    status: int
+    html: str  # empty for anything else (a file, a redirect)
+    body: bytes
+
+
+def _crawl(client: Client, start: list[str], limit: int = 3000) -> dict[str, _Page]:
+    """Every page reachable from `start` by the links on the pages, by URL. Not
+    sign-out, not the admin's filter and sort variants (the same rows again)."""
+    import html
+    import re
+
+    seen: dict[str, _Page] = {}
+    queue = list(start)
+    while queue:
+        url = queue.pop(0)
+        if url in seen:
+            continue
+        assert len(seen) < limit, "the crawl keeps finding pages: is a link growing?"
+        response = client.get(url)
+        body = b"".join(response.streaming_content) if response.streaming else response.content
+        text = body.decode() if "html" in response.get("Content-Type", "") else ""
+        seen[url] = _Page(response.status_code, text, body)
+        for href in re.findall(r'href="([^"#]*)', text):
+            target = urljoin(url, html.unescape(href))
+            parts = urlsplit(target)
+            if parts.netloc or not parts.path.startswith(("/ui/", "/admin/")):
+                continue
+            if parts.path.endswith(("/logout/", "/password_change/")):
+                continue
+            if parts.path.startswith("/admin/") and parts.query:
+                continue
+            queue.append(target)
+    return seen
+
+
+@pytest.mark.django_db
+def test_no_page_shows_agent_text_with_its_bidi_controls_raw() -> None:
+    """Agent text went through `revealed` on some pages only: an event's task, a run's
+    task, tool, image, egress, container, error and the refusal quoting the runner's
+    reason were printed raw (the U+202E turning the rest of the cell around), the
+    what-if form took an event's scope into its box, and the admin site showed a grant
+    request's justification, a call's arguments and a tool's description raw. Every UI
+    and admin page a signed-in admin can reach is read here (and every UI page a GET
+    answers must be one of them), and no page may hold a bidi control raw."""
+    from django.urls import resolve, reverse
+
+    from governance.web import urls as ui_urls
+
+    world = ui_world.build()
+    ui_world.build_lifecycle(world)
+    made = _seed_hostile_agent_text(world)
+    dave = User.objects.get(username=ui_world.ROLE_USERS["admin"])
+    dave.is_staff = True
+    dave.save()
+    admin = ui_world.signed_in("admin")
+    # Besides the links: the pages a form's GET reaches.
+    period = "start=2000-01-01T00:00&end=2100-01-01T00:00"
+    forms = [
+        "/ui/login/",
+        "/ui/exports/access?format=json",
+        f"/ui/exports/decisions?format=json&{period}",
+    ]
+    pages = _crawl(admin, ["/ui/", "/admin/", *forms])
+    assert not [url for url, page in pages.items() if page.status >= 500]
+
+    raw = []
+    for url, page in pages.items():
+        raw += [(url, page.html[max(0, at - 80) : at]) for at in _positions(page.html, "\u202e")]
+    assert not raw, "\n".join(f"{url}: …{before!r}" for url, before in raw)
+
+    # The admin site shows each text field through reveal, and still no token's digest.
+    from governance.models import AgentToken
+
+    digests = list(AgentToken.objects.values_list("digest", flat=True))
+    assert any(url.startswith("/admin/governance/agenttoken/") for url in pages)
+    assert not [url for url, page in pages.items() if any(d.encode() in page.body for d in digests)]
+
+    # The crawl read what was seeded, each shown as a code point.
+    grant_id = made["request"]
+    tool_id = Tool.objects.get(name="helper").pk
+    seq = AuditEvent.objects.get(uid=made["unknown"]).seq
+    for url in (
+        f"/ui/audit/{seq}/",
+        f"/ui/explain/{made['unknown']}/",
+        "/ui/runs/",
+        f"/ui/runs/{made['unknown_run']}/",
+        f"/ui/runs/{made['unresolved_run']}/",
+        f"/ui/runs/{made['allowed_run']}/",
+        "/ui/inbox/requests/",
+        "/ui/tools/helper/",
+        f"/admin/governance/grant/{grant_id}/change/",
+        f"/admin/governance/tool/{tool_id}/change/",
+        f"/admin/governance/approval/{made['approval']}/change/",
+    ):
+        assert url in pages, f"the crawl never reached {url}"
+        assert pages[url].status == 200, url
+        assert "[U+202E bidi]" in pages[url].html, url
+    # The explain page's "ask again" link carries the agent's scope to the what-if form.
+    asked_again = [url for url in pages if url.startswith("/ui/what-if/?") and "scope=%22" in url]
+    assert asked_again
+    for url in asked_again:
+        assert 'class="warn-box hidden-input"' in pages[url].html, url
+
+    # Every UI page that answers a GET was crawled: a new page must be linked from one.
+    visited = {resolve(urlsplit(url).path).url_name for url in pages}
+    missing = []
+    for pattern in ui_urls.urlpatterns:
+        if pattern.name in visited:
+            continue
+        sample = reverse(
+            f"ui:{pattern.name}", kwargs=dict.fromkeys(pattern.pattern.converters, "1")
+        )
+        if admin.get(sample).status_code != 405:  # not a form's target (POST only)
+            missing.append(pattern.name)
+    assert not missing, f"UI pages the crawl never reached (link or seed them): {missing}"

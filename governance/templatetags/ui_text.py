@@ -14,15 +14,18 @@ register = template.Library()
 
 
 @register.filter
-def revealed(text: str | None) -> SafeString:
+def revealed(text: object) -> SafeString:
     """Escaped, with bidi controls and invisible characters shown as code points.
-    None (a value that was never recorded) shows as an empty string."""
-    return reveal.reveal(text or "")
+    None (a value that was never recorded) shows as an empty string; anything else
+    that is not text (a number in a stored JSON list) as its str()."""
+    if text is None:
+        return reveal.reveal("")
+    return reveal.reveal(text if isinstance(text, str) else str(text))
 
 
 @register.filter
-def hidden_count(text: str) -> int:
-    return reveal.hidden_count(text)
+def hidden_count(text: str | None) -> int:
+    return reveal.hidden_count(text or "")
 
 
 @register.filter
