@@ -5,6 +5,7 @@ the UI showed a run: an admin or auditor had to read it out of raw audit events.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
@@ -183,3 +184,22 @@ def test_a_run_recorded_under_a_name_that_is_no_agent_or_tool_still_shows() -> N
         response = client.get(f"/ui/runs/{run_id}/")
         assert response.status_code == 200 and shown in response.content.decode()
         assert AuditEvent.objects.count() == before + 1  # the look, on record
+
+
+def test_every_why_link_in_a_run_pages_events_opens_its_explanation() -> None:
+    """A run's events carry a decision (requested, egress verdicts, finished), but only
+    a decision's own event has an explanation: a "why" beside the others led to a 404."""
+    world = ui_world.build()
+    run_id = ui_world.make_run(world)
+    run = SandboxRun.objects.get(run_id=run_id)
+    client = ui_world.signed_in("auditor")
+    page = client.get(f"/ui/runs/{run_id}/").content.decode()
+    links = set(re.findall(r'href="(/ui/explain/[^"]+/)">why<', page))
+    # The decision that let the run start is in the list, and is explained.
+    assert f"/ui/explain/{run.decision_id}/" in links
+    sandbox_events = AuditEvent.objects.filter(event_type__startswith="sandbox.")
+    assert sandbox_events.exclude(decision="").exists()  # they carry a decision
+    for event in sandbox_events:
+        assert f"/ui/explain/{event.uid}/" not in links
+    for link in links:
+        assert client.get(link).status_code == 200, link

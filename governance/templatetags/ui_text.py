@@ -8,6 +8,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
+from governance.services.outcomes import DECISION_EVENTS
 from governance.web import reveal
 
 register = template.Library()
@@ -38,3 +39,11 @@ def arguments(preview: Any) -> str:
 @register.filter
 def escaped_keys(preview: Any) -> int:
     return reveal.escaped_key_count(preview)
+
+
+@register.filter
+def explainable(event: Any) -> bool:
+    """Whether the explain page ("why") answers for this event: a decision's own
+    event. A sandbox run's or egress attempt's events, or an outcome report, carry a
+    decision too, but the decision they refer to is another event (its own link)."""
+    return event.event_type in DECISION_EVENTS
