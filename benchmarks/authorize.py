@@ -175,6 +175,7 @@ _GRANT_COLUMNS = (
     "delegable",
     "break_glass",
     "use_count",
+    "unused_flagged_actions",
 )
 
 
@@ -285,6 +286,7 @@ def ensure_data(agents: int, tools: int) -> None:
                                     False,
                                     False,
                                     0,
+                                    "[]",
                                 )
                             )
     with connection.cursor() as cur:
