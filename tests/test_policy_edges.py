@@ -306,3 +306,30 @@ def test_an_approve_policy_does_not_answer_under_the_grant_that_ratifies_its_aut
     under_ratified = ask_delete("bot", "repo:acme/api/x")
     assert_asks_a_person(under_ratified)
     assert under_ratified.grant_id == ratified.pk and other.pk != ratified.pk
+
+
+def test_a_grant_handed_down_from_a_subagents_own_grant_allows_nothing(
+    make_agent, make_tool, make_grant
+):
+    """mid held a grant of its own and handed it down to low; then mid was made a
+    subagent of top (a row from before the rule, or written around the services). mid's
+    own grant counts for nothing now, so it has nothing to hand down: low's delegation
+    from it is outside its parent, as grant_delegate would have refused it."""
+    repo = make_tool("repo")
+    top, mid = make_agent("top"), make_agent("mid")
+    low = make_agent("low", parent=mid)
+    own = make_grant(mid, repo, ("read",), "repo:acme/*", starts_at=S, duration=E - S,
+                     delegable=True)  # fmt: skip
+    handed = grants.grant_delegate(
+        parent_grant_id=own.pk, child=low, actions=["read"], scope="repo:acme/x/*",
+        expires_at=E, justification="x", actor=Actor.agent(mid), at=S + MS,
+    )  # fmt: skip
+    ask_low = {"agent": "low", "tool": "repo", "action": "read", "scope": "repo:acme/x/1"}
+    assert_allowed(access.access_check(**ask_low, at=NOW), handed)
+    Agent.objects.filter(pk=mid.pk).update(parent=top)
+    mids = access.access_check(agent="mid", tool="repo", action="read", scope="repo:acme/x/1",
+                               at=NOW + MS)  # fmt: skip
+    assert_denied(mids, "no_grant")
+    assert_denied(access.access_check(**ask_low, at=NOW + MS), "delegation_outside_parent",
+                  handed.pk)  # fmt: skip
+    assert grant_dead_reason(handed.pk, NOW + MS) == Reason.DELEGATION_OUTSIDE_PARENT
