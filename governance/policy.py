@@ -572,7 +572,7 @@ def _ancestors_reason(
     # The chain's root (the farthest row) was not delegated: its holder's own grant. A
     # subagent's own grant counts for nothing (authorize), so it has nothing to hand
     # down: the links checked above each other, a delegation from it was still live.
-    if rows and rows[-1][11] is not None:
+    if rows and below.holder_parent is not None:
         return Reason.DELEGATION_OUTSIDE_PARENT
     return None
 
