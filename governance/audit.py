@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -65,18 +65,23 @@ MAX_ARGUMENT_CHARS = 8_000
 
 @dataclass(frozen=True)
 class Actor:
-    """Who did it: every service takes one, so no event is anonymous."""
+    """Who did it: every service takes one, so no event is anonymous.
+
+    token_id: the bearer token the API let the request in with (api.views.actor_for),
+    None for anyone else (the web UI's session, a command, a job). An event is never
+    recorded under a token revoked since (append): not part of who it was."""
 
     type: str
     label: str
+    token_id: int | None = field(default=None, compare=False)
 
     @classmethod
-    def user(cls, user: Any) -> Actor:
-        return cls(ActorType.USER, f"user:{user.get_username()}")
+    def user(cls, user: Any, token_id: int | None = None) -> Actor:
+        return cls(ActorType.USER, f"user:{user.get_username()}", token_id)
 
     @classmethod
-    def agent(cls, agent: Any) -> Actor:
-        return cls(ActorType.AGENT, f"agent:{agent.name}")
+    def agent(cls, agent: Any, token_id: int | None = None) -> Actor:
+        return cls(ActorType.AGENT, f"agent:{agent.name}", token_id)
 
     @classmethod
     def system(cls, job: str) -> Actor:
@@ -894,6 +899,16 @@ def append(
         # An event outside the change's transaction could survive a rollback
         # of the change, or the change could survive a failed event.
         raise RuntimeError("audit.append must run inside transaction.atomic()")
+    if actor.token_id is not None:
+        # Every change under a bearer token records its event here, in its transaction:
+        # a token revoked after the request was let in gets the 401 of the door, and
+        # the change is rolled back with nothing on record. Asked here, once for every
+        # write (API, and any endpoint added later), after the change's row locks and
+        # before the chain lock. Decisions are not refused here: their actor has no
+        # token, and they answer a revoked token with a recorded deny (token_refusal).
+        from governance.services import access  # services import this module
+
+        access.require_live_token(actor.token_id)
     uid = uuid.uuid4()
     row: dict[str, Any] = {
         "uid": uid,

@@ -41,7 +41,15 @@ from governance.models import (
     ReviewItem,
     Tool,
 )
-from governance.services import access, agents, breakglass, confirmation, grants, sandbox
+from governance.services import (
+    access,
+    agents,
+    breakglass,
+    confirmation,
+    grants,
+    sandbox,
+    tools,
+)
 from sandbox_runner.spec import RunSpec
 from tests.conftest import last_event
 
@@ -293,6 +301,113 @@ def test_the_table_covers_every_endpoint_and_method():
     fake.update(policy=1)
     tabled = {(m, resolve(API + p.format(**fake)).route) for m, p, _, _ in TABLE}
     assert served == tabled
+
+
+# --- A token revoked while its request is on its way -------------------------------------
+# The token is checked at the door; a revoke can commit after that, before the request's
+# write. Every row of the table, as the first caller it lets through (2xx), with that
+# caller's token revoked right after the door let it in.
+
+# Decisions answer a revoked token with a recorded deny `token_revoked`, as for any other
+# refusal (tests/test_api_authorize.py); everything else is the door's 401.
+DECISIONS = ("authorize", "sandbox/runs")
+# A read that records itself (`report.exported`): a write too.
+RECORDED_READS = ("reports/access",)
+LET_IN = [
+    pytest.param(method, path, body, caller, id=f"{method} {path} as {caller}")
+    for method, path, body, row in TABLE
+    if path not in ("schema/", "docs/")  # public: no token is read there
+    for caller in [next(c for c, st in zip(CALLERS, row.split(), strict=True) if st[0] == "2")]
+]
+
+
+def _something_to_change(path: str, body: Any) -> Any:
+    """The row's write made to change something: the world's tool is approved as it is
+    (approving it again is a no-op), and its sandbox run is asked without an image id
+    (denied `image_unresolved` before any question of the token)."""
+    if path == "tools/repo/approve":
+        tools.tool_update_definition(
+            tool=Tool.objects.get(name="repo"), description="changed", input_schema=tools.KEEP,
+            updated_by=User.objects.get(username="alice"), actor=Actor.system("test"),
+            at=timezone.now(),
+        )  # fmt: skip
+    if path == "sandbox/runs":
+        return {**body, "image_id": IMAGE_ID}
+    return body
+
+
+def _rows() -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table the application keeps (and its people's), in order."""
+    from django.apps import apps
+
+    models = [*apps.get_app_config("governance").get_models(), User, Group, User.groups.through]
+    return {m._meta.label: list(m.objects.order_by("pk").values_list()) for m in models}
+
+
+@pytest.fixture
+def revoked_once_let_in(monkeypatch):
+    """Each request's token is revoked (committed) right after the door let it in; the
+    database as it then stands is kept in the returned dict as `before`."""
+    from governance.api import auth
+
+    real, seen = auth.BearerAuthentication.authenticate, {}
+
+    def let_in_then_revoked(self, request):
+        principal, token = real(self, request)
+        agents.token_revoke(token=token, actor=Actor.system("incident"), at=timezone.now())
+        seen["before"], seen["seq"] = _rows(), last_event().seq
+        return principal, token
+
+    monkeypatch.setattr(auth.BearerAuthentication, "authenticate", let_in_then_revoked)
+    return seen
+
+
+@pytest.mark.parametrize(("method", "path", "body", "caller"), LET_IN)
+def test_nothing_is_written_under_a_token_revoked_after_the_request_was_let_in(
+    client_for, world, revoked_once_let_in, method, path, body, caller
+):
+    """Approvals, grant decisions, outcomes, the runner's reports and every admin write
+    were made under a token revoked while the request was on its way, recorded after
+    `agent_token.revoked`. Now each is the 401 of the door: no row changed, no event."""
+    client, body = client_for(caller), _something_to_change(path, body)
+    response = _call(client, method, path, body, world)
+    seen = revoked_once_let_in
+    assert seen, "the request was not let in"
+    if path in DECISIONS:
+        assert response.status_code in (200, 201), response.content[:300]
+        data = response.json()
+        assert (data["decision"], data["reason"]) == ("deny", "token_revoked")
+        decided = AuditEvent.objects.get(uid=data["decision_id"])
+        assert (decided.event_type, decided.reason) == ("access.denied", "token_revoked")
+        return
+    if method == "GET" and path not in RECORDED_READS:
+        assert response.status_code == 200, response.content[:300]  # a read changes nothing
+    else:
+        assert response.status_code == 401, (response.status_code, response.content[:300])
+        assert response.json()["error"]["code"] == "unauthenticated"
+        assert response["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert last_event().seq == seen["seq"]
+    assert _rows() == seen["before"]
+
+
+WRITES = [case for case in LET_IN if case.values[0] != "GET" and case.values[1] not in DECISIONS]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "caller"), WRITES)
+def test_a_write_under_a_live_token_is_made_under_its_holders_name(
+    client_for, world, method, path, body, caller
+):
+    """The same writes with the token left alone go through, each on record as its
+    caller's (the token is asked at each of its events and holds)."""
+    client, body = client_for(caller), _something_to_change(path, body)
+    before = last_event().seq
+    response = _call(client, method, path, body, world)
+    assert 200 <= response.status_code < 300, (response.status_code, response.content[:300])
+    actors = set(AuditEvent.objects.filter(seq__gt=before).values_list("actor", flat=True))
+    assert NAME[caller] in actors, actors
+
+
+NAME = {"A": "agent:bot-a", "admin": "user:dave", "approver": "user:bob"}
 
 
 # Each API GET a caller may use, as that caller (the first one the table lets in).

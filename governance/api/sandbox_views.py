@@ -45,7 +45,7 @@ from governance.api.serializers import (
     exact_char,
     no_query,
 )
-from governance.api.views import ERRORS, limit
+from governance.api.views import ERRORS, actor_for, limit
 from governance.errors import Conflict, GovernanceError, NotFound
 from governance.models import SandboxRun
 from governance.services import sandbox
@@ -466,6 +466,7 @@ class SandboxStartedView(APIView):
                 deadline=data["deadline"],
                 enforcement=data.get("enforcement") or {},
                 at=timezone.now(),
+                actor=actor_for(request),
             )
         except RuntimeError:
             run.refresh_from_db()
@@ -492,7 +493,7 @@ class SandboxFinishedView(APIView):
         data = dict(body.validated_data)
         run = _own_run(request, run_id, data.pop("decision_id"))
         closed = sandbox.run_finished_summary(
-            run_id=str(run.run_id), summary=data, at=timezone.now()
+            run_id=str(run.run_id), summary=data, at=timezone.now(), actor=actor_for(request)
         )
         if closed is None:
             run.refresh_from_db()
@@ -526,7 +527,9 @@ class SandboxEgressView(APIView):
             port=data["port"],
             address=data["address"],
         )
-        sandbox.egress_attempt(run_id=str(run.run_id), decision=decision, at=timezone.now())
+        sandbox.egress_attempt(
+            run_id=str(run.run_id), decision=decision, at=timezone.now(), actor=actor_for(request)
+        )
         logged = {"destination": f"{decision.host}:{decision.port}", "allowed": decision.allowed}
         return Response(
             EgressOut({"run_id": run.run_id, "logged": logged}).data,

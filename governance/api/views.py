@@ -39,10 +39,13 @@ ERRORS = {
 
 
 def actor_for(request: Request) -> Actor:
-    user = request.user
+    """Who makes the request's change, under the token it was let in with: every event
+    of the change asks whether that token still holds (audit.append), so a change under
+    a token revoked while the request was on its way is the door's 401, not written."""
+    user, token_id = request.user, request.auth.pk if request.auth is not None else None
     if isinstance(user, AgentPrincipal):
-        return Actor.agent(user.agent)
-    return Actor.user(user)
+        return Actor.agent(user.agent, token_id)
+    return Actor.user(user, token_id)
 
 
 def limit(request: Request, bucket: str, *, fail_closed: bool) -> None:
@@ -166,6 +169,7 @@ class OutcomeView(APIView):
         body.is_valid(raise_exception=True)
         written = outcomes.outcome_report(
             agent=request.user.agent,
+            actor=actor_for(request),
             decision_id=decision_id,
             at=timezone.now(),
             **body.validated_data,
@@ -338,7 +342,6 @@ class GrantRequestListView(APIView):
             justification=data["justification"],
             actor=actor_for(request),
             at=timezone.now(),
-            token_id=request.auth.pk,
             **requester,
         )
         return Response(s.GrantOut(grant).data, status=status.HTTP_201_CREATED)
@@ -448,7 +451,6 @@ class DelegationView(APIView):
             delegable=data["delegable"],
             actor=actor_for(request),
             at=at,
-            token_id=request.auth.pk,
         )
         # The same delegation asked again returns the grant made then (made at `at`: new).
         made = grant.created_at == at

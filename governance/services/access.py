@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import replace
@@ -316,15 +317,41 @@ def token_refusal(token_id: int) -> Refusal:
     return refuse
 
 
+# The token whose row this thread's transaction holds (token_revoked(hold=True)), with
+# the no-op commit hook that marks it: Django drops the hook at COMMIT or ROLLBACK, and
+# with a savepoint rolled back, as PostgreSQL then releases the row.
+_holding = threading.local()
+
+
 def require_live_token(token_id: int | None) -> None:
-    """For a change made under a bearer token that is not a decision (a grant request, a
-    delegation): inside the change's transaction, before its events, refuse it
+    """For a change made under a bearer token that is not a decision: refuse it
     (Unauthenticated: the 401 the token would get at the door, nothing written) when
-    the token was revoked after the request was let in. Taken after the change's other
-    row locks (agent_resume locks an agent before its tokens). None: no token (the UI,
-    a command, an in-process caller)."""
-    if token_id is not None and token_revoked(token_id, hold=True):
+    the token was revoked after the request was let in. Asked by audit.append for
+    every event of an actor with a token (api.views.actor_for), so inside the change's
+    transaction, before its events. Taken after the change's other row locks
+    (agent_resume locks an agent before its tokens). None: no token (the UI, a
+    command, an in-process caller).
+
+    The first ask in a transaction holds the token's row (token_revoked); a later one
+    (the change's next event) only reads it: the row is held already, and a lock taken
+    after the chain lock could wait while every decision waits for that one."""
+    if token_id is None:
+        return
+    held = getattr(_holding, "mark", None)
+    holding = (
+        held is not None
+        and held[0] == token_id
+        and any(func is held[1] for _sids, func, _robust in connection.run_on_commit)
+    )
+    if token_revoked(token_id, hold=not holding):
         raise Unauthenticated()
+    if not holding and connection.in_atomic_block and connection.vendor == "postgresql":
+
+        def mark() -> None:
+            return None
+
+        transaction.on_commit(mark)
+        _holding.mark = (token_id, mark)
 
 
 def _decide_and_record(

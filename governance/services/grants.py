@@ -23,7 +23,6 @@ from governance.codes import ACTION_VALUES, LIMIT_BOUNDS, Decision, EventType, l
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, Approval, Grant, Task, Tool
 from governance.policy import grant_dead_reason, pattern_is_valid, pattern_within, scope_matches
-from governance.services import access
 from governance.services.approvals import stakeholders
 from governance.services.claims import claim_each
 from sandbox_runner.egress import parse_destination
@@ -176,14 +175,13 @@ def grant_request(
     limits: dict[str, Any] | None = None,
     delegable: bool = False,
     before_event: Callable[[Grant], None] | None = None,
-    token_id: int | None = None,
 ) -> Grant:
     """A pending request: never live until a different human approves it.
     Approvers are notified after the commit. `before_event` lets a caller change its
     own rows with the new request in hand before any event is written (the chain
-    lock is the last lock a transaction takes). `token_id`: the bearer token the
-    request came with (the API), refused (401, nothing written) if revoked since it
-    was let in (access.require_live_token)."""
+    lock is the last lock a transaction takes). Under a bearer token revoked since the
+    request was let in (actor.token_id), the 401 of the door, nothing written: its
+    event refuses it (audit.append)."""
     with transaction.atomic():
         grant = _request_row(
             agent=agent,
@@ -201,7 +199,6 @@ def grant_request(
             delegable=delegable,
             at=at,
         )
-        access.require_live_token(token_id)
         if before_event is not None:
             before_event(grant)
         _requested_event(grant, actor, at)
@@ -801,7 +798,6 @@ def grant_delegate(
     egress: Sequence[str] | None = None,
     limits: dict[str, Any] | None = None,
     delegable: bool = False,
-    token_id: int | None = None,
 ) -> Grant:
     """Hand a subagent a subset of a live grant. Never wider, never longer.
 
@@ -810,10 +806,10 @@ def grant_delegate(
     Asking again for the same delegation (parent, subagent, actions, scope, expiry,
     envelope) while it is active returns the grant made the first time, with no new
     event. A refusal (Forbidden, Conflict) is on record: grant.delegation_refused,
-    written once the refused transaction is undone. `token_id`: the parent's bearer
-    token (the API); one revoked since the request was let in is refused as at the
-    door (401 Unauthenticated, nothing written, no refusal on record: no delegation
-    was asked under a live token), so no delegation is recorded after its revoke."""
+    written once the refused transaction is undone. Under the parent's bearer token
+    revoked since the request was let in (actor.token_id), the delegation, or the
+    refusal, is the 401 of the door with nothing written (audit.append refuses its
+    event), so no delegation is recorded after its revoke."""
     try:
         with transaction.atomic():
             # The subagent as it is now, held: a suspension committing meanwhile is seen.
@@ -824,9 +820,6 @@ def grant_delegate(
                 .select_related("agent", "tool", "task")
                 .get(pk=parent_grant_id)
             )
-            # First, after the agent's and the grant's row locks (agent_resume locks an
-            # agent before its tokens): a revoked token gets no answer of any other kind.
-            access.require_live_token(token_id)
             if child.parent_id != parent.agent_id:
                 raise Forbidden(
                     "not_a_subagent", f"{child.name} is not a subagent of {parent.agent}."

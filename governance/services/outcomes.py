@@ -27,7 +27,9 @@ def outcome_report(
     at: datetime,
     result_digest: str = "",
     excerpt: str = "",
+    actor: audit.Actor | None = None,
 ) -> audit.Written:
+    """`actor`: who reports (the API's: the agent, under its token); the agent by default."""
     try:
         uid = uuid.UUID(decision_id)
     except ValueError:
@@ -52,7 +54,7 @@ def outcome_report(
             )
             return audit.append(
                 event_type=EventType.ACCESS_OUTCOME,
-                actor=audit.Actor.agent(agent),
+                actor=actor or audit.Actor.agent(agent),
                 at=at,
                 agent=agent.name,
                 task=decision.task,

@@ -377,11 +377,13 @@ def run_started(
     deadline: float,
     enforcement: dict[str, str],
     at: datetime,
+    actor: audit.Actor | None = None,
 ) -> SandboxRun:
     """The start gate: the run may start only if what it was allowed still holds now.
     A state change (a suspension, a revoke) committing while the gate checks makes the
     gate check again, so `sandbox.run.started` is never recorded after a change that
-    would have refused it (as access_check() does for decisions)."""
+    would have refused it (as access_check() does for decisions). `actor`: who reports
+    it (the API's: the run's agent, under its token); the run's agent by default."""
     for _attempt in range(ATTEMPTS):
         try:
             return _run_started(
@@ -391,6 +393,7 @@ def run_started(
                 deadline=deadline,
                 enforcement=enforcement,
                 at=at,
+                actor=actor,
             )
         except audit.StateChanged:
             continue
@@ -408,6 +411,7 @@ def _run_started(
     deadline: float,
     enforcement: dict[str, str],
     at: datetime,
+    actor: audit.Actor | None,
 ) -> SandboxRun:
     with transaction.atomic():
         run = _claim(
@@ -458,7 +462,7 @@ def _run_started(
         _event(
             run,
             EventType.SANDBOX_RUN_STARTED,
-            _actor(run.agent),
+            actor or _actor(run.agent),
             at,
             seen_seq=seen,
             container_id=container_id,
@@ -477,9 +481,10 @@ def run_finished(*, run_id: str, result: RunResult, at: datetime) -> SandboxRun 
 
 
 def run_finished_summary(
-    *, run_id: str, summary: dict[str, Any], at: datetime
+    *, run_id: str, summary: dict[str, Any], at: datetime, actor: audit.Actor | None = None
 ) -> SandboxRun | None:
-    """run_finished from RunResult.summary() (what a remote runner sends)."""
+    """run_finished from RunResult.summary() (what a remote runner sends). `actor`: as
+    for run_started."""
     out, err = summary["stdout"], summary["stderr"]
     error = summary.get("error") or ""
     changes: dict[str, Any] = {
@@ -530,7 +535,7 @@ def run_finished_summary(
         _event(
             run,
             EventType.SANDBOX_RUN_FINISHED,
-            _actor(run.agent),
+            actor or _actor(run.agent),
             at,
             exit_code=summary["exit_code"],
             timed_out=summary["timed_out"],
@@ -599,11 +604,13 @@ def _run_dead_reason(run: SandboxRun, at: datetime) -> str | None:
     )
 
 
-def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> None:
+def egress_attempt(
+    *, run_id: str, decision: EgressDecision, at: datetime, actor: audit.Actor | None = None
+) -> None:
     """One audit event per connection attempt, allowed or denied. An "allowed" attempt
     to a destination the run's grant does not name is refused (409), not recorded: the
     log never says policy let a connection through that the grant forbids (a runner
-    that reports one is broken or compromised)."""
+    that reports one is broken or compromised). `actor`: as for run_started."""
     with transaction.atomic():
         # Locked while its event is written: a finish or reap that committed after a
         # caller saw the run running would otherwise be followed by this event.
@@ -623,7 +630,7 @@ def egress_attempt(*, run_id: str, decision: EgressDecision, at: datetime) -> No
             EventType.SANDBOX_EGRESS_ALLOWED
             if decision.allowed
             else EventType.SANDBOX_EGRESS_DENIED,
-            _actor(run.agent),
+            actor or _actor(run.agent),
             at,
             verdict=(
                 Verdict.ALLOW if decision.allowed else Verdict.DENY,
