@@ -279,3 +279,35 @@ def test_the_pages_check_walks_a_tail_of_exactly_its_limit_and_finds_an_edit_the
     assert verdict.problem.startswith("content does not match its HMAC")
     # A question, not a record: the page's check writes nothing.
     assert not AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+
+
+def test_the_page_finds_events_a_full_walk_verified_rewritten_before_a_checkpoint_signed_them(
+    chain,
+):
+    """The newest events, verified by the last full walk but not yet signed by a
+    checkpoint, deleted and written again; the next checkpoint, which holds only its
+    predecessor against the log, then signs the refilled head. The page's own check
+    starts at that checkpoint and finds nothing; the log no longer holds the head the
+    full walk verified, and the page says so, at that seq."""
+    from governance.web import queries
+
+    first = audit.write_checkpoint(NOW)
+    for i in range(3):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/w{i}", at=NOW
+        )
+    walked = audit.verify_and_record(actor=Actor.system("nightly"), at=NOW)
+    assert (walked.ok, walked.count) == (True, first["seq"] + 3)
+    with triggers_bypassed():
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [first["seq"]])
+    for i in range(4):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/r{i}", at=NOW
+        )
+    audit.write_checkpoint(NOW + timedelta(minutes=1))
+    status = queries.chain_status(NOW + timedelta(minutes=2))
+    assert (status["state"], status["bad_seq"]) == ("failed", walked.count)
+    assert status["problem"].startswith(
+        "the log no longer holds the head the last full walk verified there"
+    )
+    assert [f["source"] for f in status["findings"]] == ["this view's check"]
