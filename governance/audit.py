@@ -1353,14 +1353,17 @@ def _against_checkpoints(checkpoints: list[dict[str, Any]], count: int) -> tuple
 
 def verify_chain(at: datetime | None = None) -> Verdict:
     """Walk the chain from genesis, look for events outside it, then hold it against
-    every checkpoint; the latest must exist (once there are events) and be recent
-    (AUDIT_CHECKPOINT_MAX_AGE)."""
-    # The checkpoints first: one the job writes while the walk runs signs events the
-    # walk may not reach, and would read as the newest events deleted. Each one read
-    # here signed events that had committed, so the walk reaches them all.
+    every checkpoint and against the head the last passing full verify signed
+    (verified.json: _against_full_verify); the latest checkpoint must exist (once there
+    are events) and be recent (AUDIT_CHECKPOINT_MAX_AGE)."""
+    # The checkpoints and the record first: one the job (or another verify) writes
+    # while the walk runs signs events the walk may not reach, and would read as the
+    # newest events deleted. Each one read here signed events that had committed, so
+    # the walk reaches them all.
     with _series_held():  # compaction never deletes a file between listing and read
         checkpoints = _load_all()
         bridges, bad_bridge = _load_bridges()
+    held = _held_head(last_full_verify())
     verdict = _walk(0, GENESIS)
     if not verdict.ok:
         return verdict
@@ -1374,6 +1377,7 @@ def verify_chain(at: datetime | None = None) -> Verdict:
         or series.problem
         or _series_problem(series.kept, _series_start())
         or _against_checkpoints(series.kept, count)
+        or _against_full_verify(held, count)
     )
     if problem:
         return Verdict(False, count, prev_hash, problem[0], problem[1])
@@ -1381,6 +1385,41 @@ def verify_chain(at: datetime | None = None) -> Verdict:
     if stale:
         return Verdict(False, count, prev_hash, stale[0], stale[1])
     return Verdict(True, count, prev_hash, gaps=_checkpoint_gaps(series.kept, series.bridged))
+
+
+def _against_full_verify(held: dict[str, Any] | None, count: int) -> tuple[int, str] | None:
+    """Does a log of `count` events still hold the head the last passing full verify
+    signed (`held`: _held_head())? Events it verified that no checkpoint had signed yet,
+    deleted and written again (or re-chained) before the next checkpoint signed the new
+    head, pass every checkpoint; only this record still knows the old head. Without
+    this check the next verify passed and replaced the record with the new head, and
+    the page, which had said FAILED, said ok again."""
+    if held is None:
+        return None
+    if "unreadable" in held:  # as on the page: a finding, never a pass
+        return count, (
+            f"the record of the last full verify ({_VERIFIED}) was found unreadable "
+            f"({held['unreadable']}): the head it verified cannot be held against the log "
+            "(restart_checkpoints moves it aside once the log is known good)"
+        )
+    seq, head = held["count"], held["head"]
+    if not seq:
+        return None
+    signed = (
+        f"the last full verify ({held['time']}, by {held['by']}) signed head {head} at seq {seq}"
+    )
+    if count < seq:
+        return seq, (
+            f"{signed}; the log now ends at seq {count}: the newest events up to seq {seq} "
+            "were deleted"
+        )
+    found = _hash_at(seq)
+    if found != head:
+        return seq, (
+            f"{signed}; the log now has hash {found} there: events up to seq {seq} were "
+            "deleted and written again, or rewritten, since"
+        )
+    return None
 
 
 def _series_problem(
@@ -1552,6 +1591,14 @@ def _record_failure(verdict: Verdict, *, actor: Actor, at: datetime) -> None:
 # signed one back (the page shows its older time, and a failure recorded after it in
 # the log still shows): hiding a known failure takes both the directory and deleting
 # the failure's event from the log, which itself breaks the chain.
+#
+# The record is also evidence for the next walk: every full verify holds the log
+# against the head the last passing one signed (_against_full_verify). A failing
+# record carries that head on (`held`), so the failure is found again by every verify
+# after it, as a checkpoint the log no longer holds is, until the log is known good
+# and restart_checkpoints() moves the record aside with the old series. An unreadable
+# or forged record is a failure, carried on the same way; no record (a fresh install,
+# or one deleted from the directory: see above) holds nothing.
 
 _VERIFIED = "verified.json"
 _VERIFIED_SIGNED = ("time", "ok", "count", "head", "bad_seq", "problem", "by")
@@ -1559,6 +1606,8 @@ _VERIFIED_SIGNED = ("time", "ok", "count", "head", "bad_seq", "problem", "by")
 
 def _sign_verified(body: Mapping[str, Any]) -> str:
     fields = {k: body[k] for k in _VERIFIED_SIGNED}
+    if "held" in body:  # signed when there: records written before it had none
+        fields["held"] = body["held"]
     return hmac.digest(
         _derived_key(b"full-verify"), canonical_json(fields).encode(), "sha256"
     ).hex()
@@ -1566,9 +1615,11 @@ def _sign_verified(body: Mapping[str, Any]) -> str:
 
 def _record_full_verify(verdict: Verdict, *, actor: Actor, at: datetime) -> None:
     """Keep what a full walk found (pass or fail), replacing the record before it at
-    once (readers see the old one or the new one). A record that cannot be written
-    is logged, never a failure of the verify itself: its exit code and its event
-    stay what they were."""
+    once (readers see the old one or the new one). A failure carries on the head the
+    record before it held (`held`: _held_head()), so the next verify still holds the
+    log against it: replaced by a pass, a failure against that record would have
+    been forgotten at the next walk. A record that cannot be written is logged, never
+    a failure of the verify itself: its exit code and its event stay what they were."""
     body: dict[str, Any] = {
         "time": _iso(at),
         "ok": verdict.ok,
@@ -1578,6 +1629,9 @@ def _record_full_verify(verdict: Verdict, *, actor: Actor, at: datetime) -> None
         "problem": verdict.problem,
         "by": actor.label,
     }
+    held = None if verdict.ok else _held_head(last_full_verify())
+    if held is not None:
+        body["held"] = held
     body["signature"] = _sign_verified(body)
     directory = _checkpoint_dir()
     tmp = directory / f".{_VERIFIED}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -1605,11 +1659,24 @@ def last_full_verify() -> dict[str, Any] | None:
     try:
         good = isinstance(body, dict) and _same(_sign_verified(body), body.get("signature", ""))
         good = good and isinstance(body["ok"], bool) and isinstance(body["count"], int)
+        good = good and isinstance(body.get("held"), dict | None)
         if good:
             body["time"] = datetime.fromisoformat(body["time"])
     except (KeyError, TypeError, ValueError):
         good = False
     return body if good else {"unreadable": "its signature does not match its content"}
+
+
+def _held_head(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The head a full verify must find the log still holding (seq `count`, `head`,
+    and the `time` and `by` of the pass that signed it), from the record
+    (last_full_verify()): a pass's own, a failure's carried on (`held`), an unreadable
+    record's `unreadable` (a finding, as on the page); None: nothing to hold."""
+    if record is None or "unreadable" in record:
+        return record
+    if not record["ok"]:
+        return record.get("held")
+    return {k: record[k] for k in ("count", "head", "by")} | {"time": _iso(record["time"])}
 
 
 def _hash_at(seq: int) -> str | None:
@@ -1999,10 +2066,12 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
     """Start a new checkpoint series: after the database was restored from a backup
     (its newest events are gone, as checkpoints say), every checkpoint is refused until
     someone who knows why says so. The old series is moved aside, not deleted (its
-    files are evidence), an `audit.checkpoints_restarted` event names it and the
-    reason, then the first checkpoint of the new series signs the head. Whoever runs
-    it holds AUDIT_HMAC_KEY, and with it could sign anything anyway; the event and the
-    kept files are what make this visible."""
+    files are evidence), with the record of the last full verify (verified.json: the
+    next verify would hold the restored log against the head it signed), an
+    `audit.checkpoints_restarted` event names it and the reason, then the first
+    checkpoint of the new series signs the head. Whoever runs it holds AUDIT_HMAC_KEY,
+    and with it could sign anything anyway; the event and the kept files are what make
+    this visible."""
     if not (reason or "").strip():
         raise ValueError("say why the checkpoint series is restarted (--reason)")
     if not is_text(reason):
@@ -2050,7 +2119,11 @@ def restart_checkpoints(*, reason: str, actor: Actor, at: datetime) -> dict[str,
                         "last_head": last.get("head") if last else None,
                     },
                 )
-                for path in (*old, *bridges):  # the bridges belong to the old series
+                # The bridges belong to the old series, and so does the record of the
+                # last full verify: it signed a head of the log before the restore,
+                # and the next verify would hold the restored log against it.
+                verified = [directory / _VERIFIED] if (directory / _VERIFIED).exists() else []
+                for path in (*old, *bridges, *verified):
                     path.rename(aside / path.name)
                     moved.append(path)
                 # The new series' first checkpoint in the same transaction: one that

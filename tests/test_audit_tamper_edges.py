@@ -282,13 +282,16 @@ def test_the_pages_check_walks_a_tail_of_exactly_its_limit_and_finds_an_edit_the
 
 
 def test_the_page_finds_events_a_full_walk_verified_rewritten_before_a_checkpoint_signed_them(
-    chain,
+    chain, capsys
 ):
     """The newest events, verified by the last full walk but not yet signed by a
     checkpoint, deleted and written again; the next checkpoint, which holds only its
     predecessor against the log, then signs the refilled head. The page's own check
     starts at that checkpoint and finds nothing; the log no longer holds the head the
-    full walk verified, and the page says so, at that seq."""
+    full walk verified, and the page says so, at that seq. So does the next full walk
+    (`manage.py audit_verify`, the nightly job): it passed, and replaced the record
+    with the refilled head, and the page said ok again, the evidence gone."""
+    from governance import tasks
     from governance.web import queries
 
     first = audit.write_checkpoint(NOW)
@@ -311,3 +314,97 @@ def test_the_page_finds_events_a_full_walk_verified_rewritten_before_a_checkpoin
         "the log no longer holds the head the last full walk verified there"
     )
     assert [f["source"] for f in status["findings"]] == ["this view's check"]
+    signed = (
+        f"the last full verify ({audit._iso(NOW)}, by system:nightly) signed head "
+        f"{walked.head} at seq {walked.count}; the log now has hash "
+        f"{audit._hash_at(walked.count)} there: events up to seq {walked.count} were deleted"
+    )
+    # Found again by every walk after it, the command's and the nightly job's: the
+    # failure is recorded, and the record keeps the head it was held against.
+    for _ in range(2):
+        _verify_fails_at(capsys, walked.count, signed)
+        record = audit.last_full_verify()
+        assert (record["ok"], record["bad_seq"]) == (False, walked.count)
+        assert (record["held"]["count"], record["held"]["head"]) == (walked.count, walked.head)
+        status = queries.chain_status(NOW + timedelta(minutes=3))
+        assert (status["state"], status["bad_seq"]) == ("failed", walked.count)
+        assert status["problem"].startswith(signed)
+        assert status["findings"][0]["source"] == "the last full walk"
+    # The nightly job fails too (already recorded within the hour: not recorded again),
+    # and its record is the failure's.
+    failures = AuditEvent.objects.filter(event_type="audit.verify_failed").count()
+    assert tasks.audit_verify.run()["bad_seq"] == walked.count
+    assert AuditEvent.objects.filter(event_type="audit.verify_failed").count() == failures
+    record = audit.last_full_verify()
+    assert (record["ok"], record["bad_seq"], record["by"]) == (
+        False,
+        walked.count,
+        "system:celery:audit_verify",
+    )
+    assert queries.chain_status(NOW + timedelta(minutes=4))["state"] == "failed"
+
+
+def test_a_restart_of_the_checkpoints_sets_the_record_of_the_last_full_verify_aside(
+    chain, person, settings, capsys
+):
+    """A database restored from a backup (its newest events gone, a verify's record
+    over them) is taken back by restart_checkpoints: the record goes aside with the
+    old series, named by the restart's event, and the next verify passes and records
+    the restored log's head."""
+    audit.write_checkpoint(NOW)
+    for i in range(3):
+        access.access_check(
+            agent="bot", tool="repo", action="read", scope=f"repo:acme/b{i}", at=NOW
+        )
+    walked = audit.verify_and_record(actor=Actor.system("nightly"), at=NOW)
+    assert walked.ok
+    with triggers_bypassed():  # "restored": the newest events, since the backup, gone
+        sql("DELETE FROM governance_auditevent WHERE seq > %s", [chain + 1])
+    audit.restart_checkpoints(
+        reason="restored from backup",
+        actor=Actor.user(person("heidi", "admins")),
+        at=NOW + timedelta(minutes=1),
+    )
+    restarted = AuditEvent.objects.get(event_type="audit.checkpoints_restarted")
+    aside = settings.AUDIT_CHECKPOINT_DIR / json.loads(restarted.data)["archived"]
+    assert json.loads((aside / "verified.json").read_text())["head"] == walked.head
+    assert audit.last_full_verify() is None
+    code, text = base.verify_output(capsys)
+    assert code == 0, text
+    assert not AuditEvent.objects.filter(event_type="audit.verify_failed").exists()
+    head = AuditEvent.objects.order_by("-seq").first()
+    assert (audit.last_full_verify()["count"], audit.last_full_verify()["head"]) == (
+        head.seq,
+        head.hash,
+    )
+
+
+@pytest.mark.parametrize("record", ["not json", "forged"])
+def test_an_unreadable_record_of_the_last_full_verify_fails_every_verify_until_a_restart(
+    chain, person, settings, capsys, record
+):
+    """Found unreadable or not signed (written by someone without the key), the record
+    no longer says which head the log must hold: a failure, as on the page, never a
+    pass, and carried on by the failure's own record, so the next verify does not pass
+    over it either. A fresh install, with no record, passes (the other tests)."""
+    from governance.web import queries
+
+    audit.write_checkpoint(NOW)
+    assert audit.verify_and_record(actor=Actor.system("nightly"), at=NOW).ok
+    path = settings.AUDIT_CHECKPOINT_DIR / "verified.json"
+    if record == "forged":  # "a later pass", over a log someone cut back
+        body = json.loads(path.read_text()) | {"count": 1, "head": audit._hash_at(1)}
+        path.write_text(json.dumps(body))
+    else:
+        path.write_text(record)
+    head = AuditEvent.objects.order_by("-seq").first().seq
+    for _ in range(2):
+        _verify_fails_at(
+            capsys, head, "the record of the last full verify (verified.json) was found unreadable"
+        )
+        head += 1
+        assert queries.chain_status(NOW + timedelta(minutes=1))["state"] == "failed"
+    audit.restart_checkpoints(
+        reason="record checked", actor=Actor.user(person("heidi", "admins")), at=NOW
+    )
+    assert base.verify_output(capsys)[0] == 0
