@@ -447,10 +447,18 @@ def _window_reason(
         return Reason.NO_GRANT
     if revoked_at is not None and revoked_at <= at:
         return Reason.GRANT_REVOKED
+    # Whichever ended the grant first names it: a review that fell due while the grant
+    # was live revoked it then, whether or not the job has run since (it back-dates the
+    # revoke to the due date); one due after the expiry found it already expired.
+    if (
+        review_due is not None
+        and review_due <= at
+        and review_due < expires_at
+        and settings.REVIEW_DEFAULT_RULE == "revoke"
+    ):
+        return Reason.GRANT_REVOKED
     if expires_at <= at:
         return Reason.GRANT_EXPIRED
-    if review_due is not None and review_due <= at and settings.REVIEW_DEFAULT_RULE == "revoke":
-        return Reason.GRANT_REVOKED
     if starts_at > at:
         return Reason.GRANT_NOT_STARTED
     return None

@@ -703,6 +703,31 @@ def test_a_grant_that_expired_before_its_review_fell_due_is_expired_not_revoked(
     assert_denied(ask(NOW + 2 * MS), "grant_expired", grant.pk)
 
 
+def test_a_grant_whose_review_fell_due_before_it_expired_is_revoked_whenever_the_job_ran(
+    bot, make_grant, system
+):
+    """The review item, undecided, fell due ten minutes ago, while the grant was live; the
+    grant expired five minutes ago. The due date ended it first: the denial says revoked
+    before the review job has run as after it (which revokes the grant from the due
+    date). It said expired until the job ran: the reason on record hung on when the job
+    happened to run."""
+    from governance.models import ReviewItem
+    from governance.services import reviews
+
+    agent, repo = bot
+    grant = make_grant(agent, repo, ("read",), "repo:acme/api/*", starts_at=S,
+                       duration=timedelta(minutes=25))  # fmt: skip
+    campaign = reviews.review_campaign_open(
+        kind="on_demand", reason="incident", actor=system, at=NOW - timedelta(minutes=20),
+        due_at=NOW - timedelta(minutes=10),
+    )  # fmt: skip
+    item = campaign.items.get(grant=grant)
+    assert_denied(ask(), "grant_revoked", grant.pk)
+    reviews.review_items_apply_due_rule(actor=system, at=NOW + MS)
+    assert ReviewItem.objects.get(pk=item.pk).status == "ended"
+    assert_denied(ask(NOW + 2 * MS), "grant_revoked", grant.pk)
+
+
 # --- Questions about a grant rather than a call -------------------------------------------
 
 
