@@ -679,53 +679,42 @@ def test_a_grant_pattern_of_exactly_the_longest_length_covers_its_resources(bot,
     assert_allowed(ask(scope=pattern[:-1] + "y"), grant)
 
 
-def test_a_grant_that_expired_before_its_review_fell_due_is_expired_not_revoked(
-    bot, make_grant, system
+@pytest.mark.parametrize(
+    ("live_minutes", "due_ago", "job_at", "reason", "item_status"),
+    [
+        # Expired ten minutes ago, its review due five minutes ago: expiry ended it first
+        # (mutant T13: the review's due date looked at before the expiry).
+        (20, 5, NOW + MS, "grant_expired", "ended"),
+        # Its review due ten minutes ago, while it was live; expired five minutes ago:
+        # the due date ended it first, whether the job ran after the expiry (the item is
+        # closed `ended`) or between the two (it revokes from the due date). Before, the
+        # answer was `grant_expired` until a job ran in between: the reason on record
+        # hung on when the job happened to run.
+        (25, 10, NOW + MS, "grant_revoked", "ended"),
+        (25, 10, NOW - timedelta(minutes=7), "grant_revoked", "auto_revoked"),
+    ],
+)
+def test_a_grant_ended_by_expiry_or_by_its_undecided_review_names_whichever_came_first(
+    bot, make_grant, system, live_minutes, due_ago, job_at, reason, item_status
 ):
-    """The grant expired ten minutes ago; its review item, undecided, fell due five
-    minutes ago. It ended by expiry before the due-date rule could end it: the denial
-    says expired, before the review job has run and after it (which closes the item as
-    `ended`) alike (mutant T13: the review's due date looked at before the expiry)."""
+    """The denial names what ended the grant first, before the review job has run (asked
+    once the grant has expired) and after it alike."""
     from governance.models import ReviewItem
     from governance.services import reviews
 
     agent, repo = bot
     grant = make_grant(agent, repo, ("read",), "repo:acme/api/*", starts_at=S,
-                       duration=timedelta(minutes=20))  # fmt: skip
+                       duration=timedelta(minutes=live_minutes))  # fmt: skip
     campaign = reviews.review_campaign_open(
         kind="on_demand", reason="incident", actor=system, at=NOW - timedelta(minutes=20),
-        due_at=NOW - timedelta(minutes=5),
+        due_at=NOW - timedelta(minutes=due_ago),
     )  # fmt: skip
     item = campaign.items.get(grant=grant)
-    assert_denied(ask(), "grant_expired", grant.pk)
-    reviews.review_items_apply_due_rule(actor=system, at=NOW + MS)
-    assert ReviewItem.objects.get(pk=item.pk).status == "ended"
-    assert_denied(ask(NOW + 2 * MS), "grant_expired", grant.pk)
-
-
-def test_a_grant_whose_review_fell_due_before_it_expired_is_revoked_whenever_the_job_ran(
-    bot, make_grant, system
-):
-    """The review item, undecided, fell due ten minutes ago, while the grant was live; the
-    grant expired five minutes ago. The due date ended it first: the denial says revoked
-    before the review job has run as after it (which revokes the grant from the due
-    date). It said expired until the job ran: the reason on record hung on when the job
-    happened to run."""
-    from governance.models import ReviewItem
-    from governance.services import reviews
-
-    agent, repo = bot
-    grant = make_grant(agent, repo, ("read",), "repo:acme/api/*", starts_at=S,
-                       duration=timedelta(minutes=25))  # fmt: skip
-    campaign = reviews.review_campaign_open(
-        kind="on_demand", reason="incident", actor=system, at=NOW - timedelta(minutes=20),
-        due_at=NOW - timedelta(minutes=10),
-    )  # fmt: skip
-    item = campaign.items.get(grant=grant)
-    assert_denied(ask(), "grant_revoked", grant.pk)
-    reviews.review_items_apply_due_rule(actor=system, at=NOW + MS)
-    assert ReviewItem.objects.get(pk=item.pk).status == "ended"
-    assert_denied(ask(NOW + 2 * MS), "grant_revoked", grant.pk)
+    if job_at > NOW:
+        assert_denied(ask(), reason, grant.pk)
+    reviews.review_items_apply_due_rule(actor=system, at=job_at)
+    assert ReviewItem.objects.get(pk=item.pk).status == item_status
+    assert_denied(ask(NOW + 2 * MS), reason, grant.pk)
 
 
 # --- Questions about a grant rather than a call -------------------------------------------
