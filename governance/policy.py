@@ -300,10 +300,14 @@ _ANCESTORS_QUERY = {
     for vendor, cast in (("postgresql", "g.actions::text"), ("sqlite", "g.actions"))
 }
 
+# A person's approval is good only while their account is: one deactivated since (a
+# departed or compromised account) confirms nothing any more. (The role was checked
+# when they decided; an approval lives APPROVAL_TTL, minutes.)
 _APPROVAL_QUERY = """
-SELECT id, agent_id, tool_id, action, scope, arguments_hash, status, expires_at, task_id,
-       grant_id, decided_by_id, requested_at
-FROM governance_approval WHERE id = %s AND agent_id = %s
+SELECT a.id, a.agent_id, a.tool_id, a.action, a.scope, a.arguments_hash, a.status,
+       a.expires_at, a.task_id, a.grant_id, a.decided_by_id, a.requested_at,
+       EXISTS (SELECT 1 FROM auth_user u WHERE u.id = a.decided_by_id AND u.is_active)
+FROM governance_approval a WHERE a.id = %s AND a.agent_id = %s
 """
 
 # The live confirmation policies for this agent, tool and action (and the call's task,
@@ -982,7 +986,7 @@ def _authorize(
     if not found:
         return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
     _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires = found[0][:8]
-    ap_task, ap_grant, ap_decider, ap_requested = found[0][8:]
+    ap_task, ap_grant, ap_decider, ap_requested, ap_decider_active = found[0][8:]
     ctx["approval_id"] = approval_uuid
     expires = db.read_dt(ap_expires)
     bound = (
@@ -1001,6 +1005,15 @@ def _authorize(
     if ap_status != "approved" or expires is None or expires <= at:
         return _deny(
             Reason.APPROVAL_INVALID, f"The approval is not usable (status {ap_status}).", **ctx
+        )
+    # The person who confirmed it has been deactivated since (a departed or compromised
+    # account): their confirmation goes with their account.
+    if ap_decider is not None and not ap_decider_active:
+        return _deny(
+            Reason.APPROVAL_INVALID,
+            "The person who approved this call has since been deactivated; "
+            "it needs a new approval.",
+            **ctx,
         )
     # The person who confirmed the call was checked for a stake when they decided. One
     # taken since (they own the agent now, or issued themselves a token for it, even one

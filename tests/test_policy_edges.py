@@ -19,7 +19,7 @@ from governance.codes import Reason
 from governance.models import Agent, AuditEvent, Grant
 from governance.policy import PastState, grant_dead_reason, pattern_within
 from governance.services import access, grants
-from tests.conftest import MS, NOW
+from tests.conftest import MS, NOW, accounts_changed_at
 
 S = NOW - timedelta(minutes=30)
 E = NOW + timedelta(minutes=30)
@@ -487,6 +487,34 @@ def test_an_approvers_token_is_a_stake_only_if_held_from_the_call_being_asked_to
         "deny", "approval_invalid", gated.approval_id,
     )  # fmt: skip
     assert "since taken a stake" in used.message
+    event = event_of(used)
+    assert (event.event_type, event.reason, event.approval_id) == (
+        "access.denied", "approval_invalid", gated.approval_id,
+    )  # fmt: skip
+    assert Approval.objects.get(pk=gated.approval_id).status == "approved"  # not used up
+
+
+@pytest.mark.parametrize("active", [False, True], ids=["deactivated", "active"])
+def test_an_approval_whose_approver_was_deactivated_since_allows_nothing(bot, gated, bob, active):
+    """bob approved bot's call, then his account was deactivated (he left, or it was
+    taken over): what he confirmed goes with his account, and the approval stays
+    unused for a new look. Reactivated, it is his again (within its TTL)."""
+    from governance.models import Approval
+
+    with accounts_changed_at(NOW):
+        bob.is_active = False
+        bob.save()
+        if active:
+            bob.is_active = True
+            bob.save()
+    used = ask(NOW + MS, action="delete", approval=gated.approval_id)
+    if active:
+        assert_approval_used(used, gated)
+        return
+    assert (used.decision, used.reason, used.approval_id) == (
+        "deny", "approval_invalid", gated.approval_id,
+    )  # fmt: skip
+    assert "since been deactivated" in used.message
     event = event_of(used)
     assert (event.event_type, event.reason, event.approval_id) == (
         "access.denied", "approval_invalid", gated.approval_id,
