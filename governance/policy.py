@@ -179,6 +179,18 @@ def patterns_overlap(a: str, b: str) -> bool:
     return len(a_segs) == len(b_segs)
 
 
+def policy_patterns(verdict: str, pattern: str) -> tuple[str, ...]:
+    """The patterns a confirmation policy's scope stands for. An approve policy's
+    matches as a grant's does. A deny only ever restricts, and whoever writes
+    `repo:acme/prod/*` on it means prod: the repository itself (its deletion above all)
+    as well as everything in it, where a grant's `X/*` gives only what is below X. So a
+    deny's trailing `*` stands for the resource it sits under too."""
+    base, sep, star = pattern.rpartition("/")
+    if verdict == "deny" and sep and star == "*" and pattern_is_valid(base):
+        return (pattern, base)
+    return (pattern,)
+
+
 # --- The decision --------------------------------------------------------------
 
 
@@ -423,7 +435,7 @@ def _policy_verdicts(
             for pid, verdict, pattern, author, written, may_approve in rows
             if (holder == agent_id or verdict == "deny")
             and (verdict == "deny" or may_approve)
-            and scope_matches(pattern, scope)
+            and any(scope_matches(each, scope) for each in policy_patterns(verdict, pattern))
         ]
     if not any(verdict == "approve" for _, verdict, _, _ in found):
         return [(pid, verdict) for pid, verdict, _, _ in found]

@@ -162,6 +162,44 @@ def test_a_deny_policy_wins_over_an_approve_policy_and_over_a_persons_approval(w
     assert Approval.objects.get(pk=pending.approval_id).status == "approved"
 
 
+@pytest.mark.parametrize(
+    ("scope", "answer"),
+    [
+        ("repo:acme/prod", "deny"),  # the repository the deny's `*` sits under
+        ("repo:acme/prod/x", "deny"),
+        ("repo:acme/prod/x/y", "deny"),
+        ("repo:acme/prod2", "approve"),  # a sibling is not under it
+        ("repo:acme/pro", "approve"),
+    ],
+)
+def test_a_deny_policys_trailing_star_covers_the_resource_it_sits_under(
+    world, carol, make_grant, scope, answer
+):
+    """`deny repo:acme/prod/*` beside `approve repo:acme/*`: the deny's author meant
+    prod, the repository itself above all (deleting it deletes everything in it). It
+    read as a grant's pattern, only what is below prod, so the approve policy let the
+    deletion of repo:acme/prod itself through."""
+    from governance.services.reports import access_rows
+
+    approve = write(world, "approve", scope="repo:acme/*")
+    deny = write(world, "deny", scope="repo:acme/prod/*", author=approver(carol),
+                 reason="prod is never deleted by rule")  # fmt: skip
+    decision = ask(scope=scope)
+    event = event_of(decision)
+    if answer == "deny":
+        assert (decision.decision, decision.reason) == ("deny", "approval_denied")
+        assert (event.event_type, json.loads(event.data)) == (
+            "access.denied", {"confirmation_policy": deny.pk},
+        )  # fmt: skip
+    else:
+        assert (decision.decision, decision.policy_id) == ("allow", approve.pk)
+        assert (event.event_type, event.decision) == ("access.allowed", "allow")
+    # The access report names the deny for a grant on prod itself, as the gate asks it.
+    exact = make_grant(world.agent, world.tool, actions=("delete",), scope="repo:acme/prod")
+    (row,) = [r for r in access_rows(NOW) if r["grant"] == exact.pk]
+    assert f"deny#{deny.pk}" in row["policies"] and f"approve#{approve.pk}" in row["policies"]
+
+
 def test_a_persons_recent_denial_of_the_exact_call_beats_an_approve_policy(world, carol):
     pending = ask()
     approvals.approval_deny(

@@ -1039,7 +1039,12 @@ class ConfirmationPolicyIn(StrictSerializer):
     agent = exact_char(max_length=100)
     tool = exact_char(max_length=100)
     action = serializers.ChoiceField(choices=ActionClass.choices)
-    scope = exact_char(max_length=500, declared={"pattern": SCOPE_PATTERN})
+    scope = exact_char(
+        max_length=500,
+        declared={"pattern": SCOPE_PATTERN},
+        help_text="A scope pattern, matched as a grant's. A deny's trailing `*` also "
+        "covers the resource it sits under: `repo:acme/prod/*` denies `repo:acme/prod`.",
+    )
     task = exact_char(max_length=100, required=False, allow_null=True)
     verdict = serializers.ChoiceField(choices=["approve", "deny"])
     reason = _free_text(max_length=2000)

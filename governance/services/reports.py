@@ -31,6 +31,7 @@ from governance.policy import (
     grant_dead_reason,
     grant_dead_reasons,
     patterns_overlap,
+    policy_patterns,
     stake_check,
 )
 
@@ -262,7 +263,9 @@ def _answering(
         and (p.action == ActionClass.DELETE or p.tool.irreversible)
         and (p.task_id is None or call_task is None or p.task_id == call_task)
         and (p.task is None or p.task.is_open_at(at))
-        and patterns_overlap(p.scope, shape["scope"])
+        and any(
+            patterns_overlap(each, shape["scope"]) for each in policy_patterns(p.verdict, p.scope)
+        )
     ]
     if any(p.verdict == "approve" for p in candidates):
         has_stake = stake_check(grant.agent_id, grant.pk)
