@@ -179,16 +179,24 @@ def patterns_overlap(a: str, b: str) -> bool:
     return len(a_segs) == len(b_segs)
 
 
-def policy_patterns(verdict: str, pattern: str) -> tuple[str, ...]:
-    """The patterns a confirmation policy's scope stands for. An approve policy's
-    matches as a grant's does. A deny only ever restricts, and whoever writes
-    `repo:acme/prod/*` on it means prod: the repository itself (its deletion above all)
-    as well as everything in it, where a grant's `X/*` gives only what is below X. So a
-    deny's trailing `*` stands for the resource it sits under too."""
+def policy_covers(
+    verdict: str, pattern: str, scope: str, match: Callable[[str, str], bool] = scope_matches
+) -> bool:
+    """Does a confirmation policy's scope pattern cover `scope` (a resource; or, with
+    `match=patterns_overlap`, some resource of a grant's pattern)?
+
+    An approve policy's pattern matches as a grant's does. A deny only ever restricts,
+    so it reads its author's intent wide: `repo:acme/prod/*` means prod, the repository
+    itself (its deletion above all) as well as everything in it, where a grant's `X/*`
+    gives only what is below X; and `repo:acme/PROD/x` is prod to every tool that names
+    things without regard to case (GitHub's repositories, S3 on some gateways, Windows
+    paths), so a deny matches without regard to (ASCII) case."""
+    if verdict != "deny":
+        return match(pattern, scope)
+    pattern, scope = pattern.lower(), scope.lower()
     base, sep, star = pattern.rpartition("/")
-    if verdict == "deny" and sep and star == "*" and pattern_is_valid(base):
-        return (pattern, base)
-    return (pattern,)
+    wide = (pattern, base) if sep and star == "*" and pattern_is_valid(base) else (pattern,)
+    return any(match(each, scope) for each in wide)
 
 
 # --- The decision --------------------------------------------------------------
@@ -435,7 +443,7 @@ def _policy_verdicts(
             for pid, verdict, pattern, author, written, may_approve in rows
             if (holder == agent_id or verdict == "deny")
             and (verdict == "deny" or may_approve)
-            and any(scope_matches(each, scope) for each in policy_patterns(verdict, pattern))
+            and policy_covers(verdict, pattern, scope)
         ]
     if not any(verdict == "approve" for _, verdict, _, _ in found):
         return [(pid, verdict) for pid, verdict, _, _ in found]

@@ -168,17 +168,22 @@ def test_a_deny_policy_wins_over_an_approve_policy_and_over_a_persons_approval(w
         ("repo:acme/prod", "deny"),  # the repository the deny's `*` sits under
         ("repo:acme/prod/x", "deny"),
         ("repo:acme/prod/x/y", "deny"),
+        # Case does not count for a deny: PROD is prod to a tool that names things
+        # without regard to case (a GitHub repository).
+        ("repo:acme/PROD", "deny"),
+        ("repo:acme/Prod/x", "deny"),
         ("repo:acme/prod2", "approve"),  # a sibling is not under it
         ("repo:acme/pro", "approve"),
     ],
 )
-def test_a_deny_policys_trailing_star_covers_the_resource_it_sits_under(
+def test_a_deny_policy_covers_the_resource_its_star_sits_under_in_any_case(
     world, carol, make_grant, scope, answer
 ):
     """`deny repo:acme/prod/*` beside `approve repo:acme/*`: the deny's author meant
-    prod, the repository itself above all (deleting it deletes everything in it). It
-    read as a grant's pattern, only what is below prod, so the approve policy let the
-    deletion of repo:acme/prod itself through."""
+    prod, the repository itself above all (deleting it deletes everything in it), in
+    any spelling of its case. It read as a grant's pattern, only what is below prod and
+    to the byte, so the approve policy let the deletion of repo:acme/prod itself, and
+    of anything in repo:acme/PROD, through."""
     from governance.services.reports import access_rows
 
     approve = write(world, "approve", scope="repo:acme/*")
@@ -196,8 +201,10 @@ def test_a_deny_policys_trailing_star_covers_the_resource_it_sits_under(
         assert (event.event_type, event.decision) == ("access.allowed", "allow")
     # The access report names the deny for a grant on prod itself, as the gate asks it.
     exact = make_grant(world.agent, world.tool, actions=("delete",), scope="repo:acme/prod")
-    (row,) = [r for r in access_rows(NOW) if r["grant"] == exact.pk]
-    assert f"deny#{deny.pk}" in row["policies"] and f"approve#{approve.pk}" in row["policies"]
+    shouted = make_grant(world.agent, world.tool, actions=("delete",), scope="repo:acme/PROD/*")
+    for grant in (exact, shouted):
+        (row,) = [r for r in access_rows(NOW) if r["grant"] == grant.pk]
+        assert f"deny#{deny.pk}" in row["policies"] and f"approve#{approve.pk}" in row["policies"]
 
 
 def test_a_persons_recent_denial_of_the_exact_call_beats_an_approve_policy(world, carol):

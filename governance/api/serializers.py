@@ -1042,8 +1042,9 @@ class ConfirmationPolicyIn(StrictSerializer):
     scope = exact_char(
         max_length=500,
         declared={"pattern": SCOPE_PATTERN},
-        help_text="A scope pattern, matched as a grant's. A deny's trailing `*` also "
-        "covers the resource it sits under: `repo:acme/prod/*` denies `repo:acme/prod`.",
+        help_text="A scope pattern, matched as a grant's. A deny reads wider: its "
+        "trailing `*` also covers the resource it sits under, and it matches without "
+        "regard to case: `repo:acme/prod/*` denies `repo:acme/prod` and `repo:acme/PROD/x`.",
     )
     task = exact_char(max_length=100, required=False, allow_null=True)
     verdict = serializers.ChoiceField(choices=["approve", "deny"])

@@ -31,7 +31,7 @@ from governance.policy import (
     grant_dead_reason,
     grant_dead_reasons,
     patterns_overlap,
-    policy_patterns,
+    policy_covers,
     stake_check,
 )
 
@@ -263,9 +263,7 @@ def _answering(
         and (p.action == ActionClass.DELETE or p.tool.irreversible)
         and (p.task_id is None or call_task is None or p.task_id == call_task)
         and (p.task is None or p.task.is_open_at(at))
-        and any(
-            patterns_overlap(each, shape["scope"]) for each in policy_patterns(p.verdict, p.scope)
-        )
+        and policy_covers(p.verdict, p.scope, shape["scope"], match=patterns_overlap)
     ]
     if any(p.verdict == "approve" for p in candidates):
         has_stake = stake_check(grant.agent_id, grant.pk)
