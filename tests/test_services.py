@@ -907,6 +907,40 @@ def test_suspending_an_agent_denies_at_once_and_voids_its_approvals(bot, repo, m
     assert result.reason == "agent_suspended"
 
 
+def test_suspending_an_agent_closes_the_requests_it_filed_itself(bot, repo, alice, bob, system):
+    """A request the agent filed through its token (perhaps a thief's) is closed at the
+    suspension, with its event: nothing it queued is approved after a resume. One a
+    person filed for it stays pending, theirs to have decided."""
+    from governance.models import Grant
+
+    own = request(bot, repo, alice, requested_by=None, requested_by_agent=bot,
+                  actor=Actor.agent(bot), scope="repo:acme/secrets/*")  # fmt: skip
+    theirs = request(bot, repo, alice)
+    agents.agent_suspend(agent=bot, reason="token leaked", actor=system, at=NOW + MS)
+    closed = Grant.objects.get(pk=own.pk)
+    assert (closed.status, closed.decided_at, closed.decision_reason, closed.approved_by) == (
+        "denied", NOW + MS, agents.WITHDRAWN_REASON, None,
+    )  # fmt: skip
+    suspended, denied = AuditEvent.objects.order_by("-seq")[:2][::-1]
+    assert (suspended.event_type, json.loads(suspended.data)["requests_withdrawn"]) == (
+        "agent.suspended", [own.pk],
+    )  # fmt: skip
+    assert (denied.event_type, denied.grant_id, denied.actor, denied.scope) == (
+        "grant.denied", own.pk, system.label, "repo:acme/secrets/*",
+    )  # fmt: skip
+    assert json.loads(denied.data)["reason"] == agents.WITHDRAWN_REASON
+    assert Grant.objects.get(pk=theirs.pk).status == "pending"
+
+    agents.agent_resume(agent=bot, reason="rotated", actor=system, at=NOW + 2 * MS)
+    with pytest.raises(Conflict) as err:
+        grants.grant_approve(grant_id=own.pk, approver=bob, actor=Actor.user(bob), at=NOW + 3 * MS)
+    assert err.value.code == "not_pending"
+    issued = grants.grant_approve(
+        grant_id=theirs.pk, approver=bob, actor=Actor.user(bob), at=NOW + 3 * MS
+    )
+    assert issued.status == "active" and last_event().event_type == "grant.issued"
+
+
 def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, make_grant, system):
     """The kill switch reaches the whole subtree: a subagent's grants and tokens stop
     with its parent's. Rows first, then one event per agent suspended; an agent
@@ -946,16 +980,30 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
         for e in AuditEvent.objects.filter(seq__gt=before).order_by("seq")
     ]
     assert events == [
-        ("agent.suspended", "parent", {"reason": "compromised", "approvals_voided": 0}),
+        (
+            "agent.suspended",
+            "parent",
+            {"reason": "compromised", "approvals_voided": 0, "requests_withdrawn": []},
+        ),
         (
             "agent.suspended",
             "child",
-            {"reason": "compromised", "approvals_voided": 0, "cascade_from": "parent"},
+            {
+                "reason": "compromised",
+                "approvals_voided": 0,
+                "requests_withdrawn": [],
+                "cascade_from": "parent",
+            },
         ),
         (
             "agent.suspended",
             "grandchild",
-            {"reason": "compromised", "approvals_voided": 1, "cascade_from": "parent"},
+            {
+                "reason": "compromised",
+                "approvals_voided": 1,
+                "requests_withdrawn": [],
+                "cascade_from": "parent",
+            },
         ),
     ]
     assert Approval.objects.get(pk=pending.approval_id).status == "expired"

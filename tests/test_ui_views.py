@@ -363,7 +363,11 @@ def test_the_kill_switch_denies_every_decision_and_voids_pending_approvals() -> 
     world.approval.refresh_from_db()
     assert world.approval.status == Approval.Status.EXPIRED
     event = AuditEvent.objects.filter(event_type="agent.suspended", agent="bot-a").get()
-    assert json.loads(event.data) == {"reason": "incident 42", "approvals_voided": 1}
+    assert json.loads(event.data) == {
+        "reason": "incident 42",
+        "approvals_voided": 1,
+        "requests_withdrawn": [],
+    }
     # Its subagents are suspended with it, one event each after the agent's own.
     below = AuditEvent.objects.filter(event_type="agent.suspended", seq__gt=event.seq)
     assert [e.agent for e in below] == ["bot-a.sub"]

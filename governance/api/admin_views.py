@@ -160,7 +160,8 @@ class AgentSuspendView(AdminView):
         responses={200: s.AgentOut, **ERRORS},
         description=(
             "The kill switch: every decision for the agent is denied from now on, its "
-            "tokens stop working and its open approvals are voided; so for every "
+            "tokens stop working, its open approvals are voided and the grant requests "
+            "it filed itself are closed as denied; so for every "
             "subagent below it. Suspending a suspended agent changes nothing. Undone "
             "one agent at a time by `agents/{name}/resume`."
         ),
@@ -195,7 +196,7 @@ class AgentResumeView(AdminView):
             "time-boxed, so one that ended meanwhile stays ended). Its subagents stay "
             "suspended (each is resumed on its own, never under a suspended agent: 409 "
             "`parent_suspended`). Its tokens are revoked with it: issue it a new one. "
-            "Approvals voided by the suspension stay voided. A 409 "
+            "Approvals voided and requests closed by the suspension stay so. A 409 "
             "`agent_not_suspended` for an agent that is not suspended."
         ),
     )

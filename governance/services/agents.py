@@ -15,7 +15,8 @@ from django.db import IntegrityError, transaction
 from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
-from governance.models import Agent, AgentToken, Approval
+from governance.models import Agent, AgentToken, Approval, Grant
+from governance.services.grants import grant_event
 
 NAME_HELP = "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
 
@@ -96,9 +97,18 @@ def _tree_locked(agent: Agent) -> list[Agent]:
     return selectors.agent_tree(Agent.objects.select_for_update(no_key=True), agent.pk)
 
 
+# Why a request the agent filed itself was closed when it was suspended (its token may
+# have been in someone else's hands).
+WITHDRAWN_REASON = "withdrawn: the agent that filed it was suspended"
+
+
 def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime) -> Agent:
     """Every decision for the agent is denied from this moment; its open
-    approval requests are voided so nothing queued can fire later.
+    approval requests are voided so nothing queued can fire later, and the grant
+    requests it filed itself (through its token, which may be in someone else's hands)
+    are closed as denied, one `grant.denied` event each (WITHDRAWN_REASON):
+    none of them can be approved after a resume. A request a person filed for it
+    stays theirs to decide (none is approved while the agent is suspended).
 
     Every agent below it (subagents, theirs, ...) is suspended with it, in the same
     transaction: a parent controls its subagents, so a compromised parent's
@@ -112,7 +122,7 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
     it is suspended), and a subagent cannot be created under a suspended agent
     (agent_create). The approvals voided here stay voided."""
     with transaction.atomic():
-        suspended: list[tuple[Agent, int]] = []
+        suspended: list[tuple[Agent, int, list[int]]] = []
         for member in _tree_locked(agent):
             updated = Agent.objects.filter(pk=member.pk, status=Agent.Status.ACTIVE).update(
                 status=Agent.Status.SUSPENDED, suspended_at=at
@@ -121,9 +131,21 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 voided = Approval.objects.filter(
                     agent=member, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
                 ).update(status=Approval.Status.EXPIRED)
-                suspended.append((member, voided))
-        for member, voided in suspended:
-            data: dict[str, Any] = {"reason": reason, "approvals_voided": voided}
+                # Its own requests, whoever they are for (a grant filed by the agent is
+                # for itself, a delegation is issued at once): an approver deciding one
+                # now locks its row and finds it closed (not_pending).
+                filed = Grant.objects.filter(requested_by_agent=member, status=Grant.Status.PENDING)
+                withdrawn = sorted(filed.values_list("pk", flat=True))
+                Grant.objects.filter(pk__in=withdrawn, status=Grant.Status.PENDING).update(
+                    status=Grant.Status.DENIED, decided_at=at, decision_reason=WITHDRAWN_REASON
+                )
+                suspended.append((member, voided, withdrawn))
+        for member, voided, withdrawn in suspended:
+            data: dict[str, Any] = {
+                "reason": reason,
+                "approvals_voided": voided,
+                "requests_withdrawn": withdrawn,
+            }
             if member.pk != agent.pk:
                 data["cascade_from"] = agent.name
             audit.append(
@@ -133,6 +155,16 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 agent=member.name,
                 data=data,
             )
+            for request in Grant.objects.filter(pk__in=withdrawn).select_related(
+                "agent", "tool", "task"
+            ):
+                grant_event(
+                    request,
+                    EventType.GRANT_DENIED,
+                    actor=actor,
+                    at=at,
+                    data={"status": request.status, "reason": WITHDRAWN_REASON},
+                )
     agent.refresh_from_db()
     return agent
 
