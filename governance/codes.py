@@ -195,6 +195,8 @@ class NotificationEvent(models.TextChoices):
     REVIEW_DUE = "review_due"
     REVIEW_OVERDUE = "review_overdue"
     GRANT_EXPIRING = "grant_expiring"
+    # A live grant's rights went unused for UNUSED_GRANT_HOURS: proposed for removal.
+    GRANT_UNUSED = "grant_unused"
     AUDIT_VERIFY_FAILED = "audit_verify_failed"
     SECOND_LOOK_FLAGGED = "second_look_flagged"
     # A rule now answers the confirmation gate for an agent's destructive calls.

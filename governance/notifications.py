@@ -8,6 +8,7 @@ Services call one function per event, inside the transaction that makes the chan
     review_due(users=[...], subject=..., body=..., data=..., at=...)
     review_overdue(users=[...], subject=..., body=..., data=..., at=...)
     grant_expiring(grant=..., at=...)
+    grant_unused(grant=..., proposal=..., idle_actions=[...], keep_actions=[...], at=...)
     audit_verify_failed(bad_seq=..., problem=..., at=...)
     second_look_flagged(look=..., at=...)
     policy_written(policy=..., at=...)           a rule now answers the confirmation gate
@@ -511,6 +512,31 @@ def grant_expiring(*, grant: Grant, at: datetime) -> list[Notification]:
         body=f"Expiring soon: {_grant_line(grant)}.",
         users=[grant.requested_by, grant.agent.owner],
         data=_grant_data(grant),
+        at=at,
+    )
+
+
+def grant_unused(
+    *, grant: Grant, proposal: str, idle_actions: list[str], keep_actions: list[str], at: datetime
+) -> list[Notification]:
+    """A live grant's rights went unused (hygiene.grants_flag_unused): its requester and
+    the agent's owner, who can give it back (revoke or narrow it) before a reviewer has
+    to take it away."""
+    what = (
+        "proposed for removal"
+        if not keep_actions
+        else f"proposed for narrowing to {', '.join(keep_actions)}"
+    )
+    return notify(
+        NotificationEvent.GRANT_UNUSED,
+        subject=f"Grant #{grant.pk} unused: {what}",
+        body=(
+            f"Unused for {settings.UNUSED_GRANT_HOURS} hours ({', '.join(idle_actions)}): "
+            f"{_grant_line(grant)}.\nIt is {what} at its next review; revoke or narrow it "
+            "now if the agent no longer needs it."
+        ),
+        users=[grant.requested_by, grant.agent.owner],
+        data={**_grant_data(grant), "proposal": proposal, "idle_actions": idle_actions},
         at=at,
     )
 

@@ -183,6 +183,47 @@ def test_a_day_the_job_missed_is_recorded_by_its_next_run_not_left_a_hole(
 # --- expiring soon -----------------------------------------------------------------------
 
 
+def test_an_unused_grant_is_announced_once_per_flag_to_requester_and_owner(
+    make_agent, make_tool, make_grant, alice, bob, system, settings,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    """The flag told nobody: the people who can give the grant back before a reviewer
+    takes it away (its requester, the agent's owner) hear of it, once per flag."""
+    from django.contrib.auth.models import User
+    from django.core import mail
+
+    settings.UNUSED_GRANT_HOURS = 24
+    alice.email = "alice@example.test"
+    alice.save()
+    owner = User.objects.create_user("olga", email="olga@example.test")
+    agent, tool = make_agent("idler", owner=owner), make_tool()
+    grant = make_grant(agent, tool, actions=("read", "update"), duration=timedelta(days=5))
+    later = NOW + timedelta(days=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert hygiene.grants_flag_unused(actor=system, at=later) == 1
+        assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(hours=1)) == 0
+    rows = Notification.objects.filter(event=NotificationEvent.GRANT_UNUSED).order_by("target")
+    assert [r.target for r in rows] == ["alice@example.test", "olga@example.test"]
+    assert rows[0].subject == f"Grant #{grant.pk} unused: proposed for removal"
+    assert (
+        rows[0].data["idle_actions"] == ["read", "update"] and rows[0].data["proposal"] == "remove"
+    )
+    assert sorted(m.to[0] for m in mail.outbox) == ["alice@example.test", "olga@example.test"]
+    (flag,) = events("grant.unused_flagged", grant_id=grant.pk)
+    assert json.loads(flag.data)["proposal"] == "remove"
+
+    # Read since, its update still idle: flagged again, proposed for narrowing to read.
+    assert access_check(
+        agent="idler", tool="repo", action="read", scope="repo:acme/api/x", at=later + MS
+    ).allowed
+    with django_capture_on_commit_callbacks(execute=True):
+        assert hygiene.grants_flag_unused(actor=system, at=later + timedelta(days=1)) == 1
+    newest = Notification.objects.filter(event=NotificationEvent.GRANT_UNUSED).latest("pk")
+    assert newest.subject == f"Grant #{grant.pk} unused: proposed for narrowing to read"
+    assert "(update)" in newest.body
+    assert Notification.objects.filter(event=NotificationEvent.GRANT_UNUSED).count() == 4
+
+
 def test_a_grant_expiring_soon_is_announced_once_to_requester_and_owner(
     make_agent,
     make_tool,

@@ -39,7 +39,8 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
     a wholly idle grant is proposed for removal; one whose create, update, delete or
     execute went unused while it was used for something else, for narrowing to the
     actions used (`narrow_to_read` when that is read alone). The event names the idle
-    actions. The flag is what the next campaign's item and the dashboard show; the
+    actions, and the grant's requester and the agent's owner are told (they can give it
+    back now). The flag is what the next campaign's item and the dashboard show; the
     decision stays with a reviewer.
 
     Once per idle spell: flagged again only when the idle actions are not those last
@@ -78,6 +79,13 @@ def grants_flag_unused(*, actor: audit.Actor, at: datetime) -> int:
                 "idle_since": idle.idle_since.isoformat(),  # type: ignore[attr-defined]
                 "hours": settings.UNUSED_GRANT_HOURS,
             },
+        )
+        notifications.grant_unused(
+            grant=grant,
+            proposal=idle.proposal,  # type: ignore[attr-defined]
+            idle_actions=idle.idle_actions,  # type: ignore[attr-defined]
+            keep_actions=idle.keep_actions,  # type: ignore[attr-defined]
+            at=at,
         )
 
     return claim_each(due, claim=claim, announce=announce)
