@@ -271,3 +271,32 @@ def test_a_call_refused_for_its_revoked_token_neither_names_nor_uses_its_approva
         asked.approval_id,
     )
     assert Approval.objects.get(pk=asked.approval_id).status == "consumed"
+
+
+def test_a_run_under_break_glass_is_marked_break_glass_on_every_event(
+    make_agent, make_tool, make_task, person
+):
+    """Break-glass is visible wherever its use is: the decision's event and each of the
+    run's events say so, and name its grant. The run's requested event said neither (it
+    was written before the run record took the decision's grant)."""
+    from governance import roles
+    from governance.services import breakglass
+
+    erin = person("erin", roles.APPROVERS)
+    bot = make_agent("coder")
+    tool = make_tool("code-exec", actions=("execute",), kind="code_exec")
+    now = timezone.now()
+    opened = breakglass.breakglass_open(
+        opener=erin, agent=bot, tool=tool, actions=["execute"], scope="sandbox:*",
+        ticket="INC-7", reason="outage", actor=Actor.user(erin), at=now - timedelta(minutes=1),
+    )  # fmt: skip
+    asked = spec(task=None)
+    auth = sandbox.run_request(spec=asked, at=now)
+    assert auth.outcome == "allow" and auth.grant_id == opened.grant_id
+    decided = decision_event(auth.decision_id)
+    assert (decided.event_type, decided.break_glass) == ("access.allowed", True)
+    sandbox.run_reaped(run_id=asked.run_id, why="deadline", actor=SYSTEM, at=now)
+    assert [(e.event_type, e.grant_id, e.break_glass) for e in events_of(asked.run_id)] == [
+        ("sandbox.run.requested", opened.grant_id, True),
+        ("sandbox.run.reaped", opened.grant_id, True),
+    ]

@@ -213,6 +213,9 @@ def run_request(*, spec: RunSpec, at: datetime, token_id: int | None = None) -> 
             attachments=review_attachments(spec),
             at=at,
         )
+        # Before the requested event, so it names the grant that answered (and says
+        # break-glass when that grant is one), as the decision's event just before does.
+        run.grant_id = decision.grant_id
         _event(
             run,
             EventType.SANDBOX_RUN_REQUESTED,
@@ -225,7 +228,6 @@ def run_request(*, spec: RunSpec, at: datetime, token_id: int | None = None) -> 
         limits, egress = ceiling.get("effective", (None, ())) if decision.allowed else (None, ())
         if decision.allowed and limits is None:  # an allow no ceiling was applied to
             outcome, reason, message = Verdict.DENY, Reason.ERROR, "no ceiling was applied"
-        run.grant_id = decision.grant_id
         run.decision, run.reason, run.message = outcome, reason, message[:2000]
         run.decision_id = decision.decision_id or ""
         if limits is not None:
