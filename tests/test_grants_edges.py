@@ -391,3 +391,140 @@ def test_a_delegation_names_fields_under_a_parent_with_none_and_keeps_its_egress
     event = last_event()
     assert (event.event_type, event.grant_id) == ("grant.delegated", handed.pk)
     assert data(event)["egress"] == ["API.Example.com:443"]
+
+
+# --- Revoke ---------------------------------------------------------------------------
+
+
+def test_a_person_overruling_a_grandchild_withdraws_delegation_all_the_way_up(
+    family, bob, settings
+):
+    """Mutant o5 (the ancestor walk cut to one level): a person revoking the grandchild's
+    grant withdraws delegation from the child's grant and from the root, each with its
+    event, so neither can hand the same back."""
+    parent, child, grandchild = family
+    settings.DELEGATION_MAX_DEPTH = 2
+    first = delegate(parent, child, delegable=True)
+    second = delegate(first, grandchild, scope="repo:acme/api/core/*", actor=Actor.agent(child))
+    ended = grants.grant_revoke(
+        grant_id=second.pk, reason="review", actor=Actor.user(bob), at=NOW, revoked_by=bob
+    )
+    assert [g.pk for g in ended] == [second.pk]
+    for grant in (parent, first):
+        grant.refresh_from_db()
+        assert grant.delegable is False and grant.status == "active"
+    withdrawn = AuditEvent.objects.filter(event_type="grant.delegation_withdrawn")
+    assert sorted(withdrawn.values_list("grant_id", flat=True)) == [parent.pk, first.pk]
+    assert {data(e)["overruled"] for e in withdrawn} == {second.pk}
+    with pytest.raises(Forbidden) as err:
+        delegate(first, grandchild, scope="repo:acme/api/core/*", actor=Actor.agent(child))
+    assert err.value.code == "not_delegable"
+
+
+def test_a_revoke_at_the_moment_a_delegation_ran_out_overrules_nothing(family, bob):
+    """Mutant o2 (`expires_at__gte`): a delegation that ended at the very moment a person
+    revokes it had already expired: nothing is revoked and its parent stays delegable,
+    with no event."""
+    parent, child, _ = family
+    handed = delegate(parent, child, expires_at=NOW + timedelta(minutes=5))
+    before = AuditEvent.objects.count()
+    ended = grants.grant_revoke(
+        grant_id=handed.pk, reason="late", actor=Actor.user(bob),
+        at=NOW + timedelta(minutes=5), revoked_by=bob,
+    )  # fmt: skip
+    assert ended == []
+    parent.refresh_from_db()
+    handed.refresh_from_db()
+    assert parent.delegable is True and (handed.status, handed.revoked_at) == ("active", None)
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_back_dated_revoke_overrules_a_delegation_live_at_its_effective_moment(family, bob):
+    """Mutant o6 (_overruled asked at the recording time, not the effective one): a
+    delegation live when the revoke took effect, though run out by when it was
+    recorded, is overruled: revoked as of then, its parent no longer delegable."""
+    parent, child, _ = family
+    handed = delegate(parent, child, expires_at=NOW + timedelta(minutes=5))
+    ended = grants.grant_revoke(
+        grant_id=handed.pk, reason="review due", actor=Actor.user(bob),
+        at=NOW + timedelta(minutes=10), revoked_by=bob, effective_at=NOW + timedelta(minutes=1),
+    )  # fmt: skip
+    assert [g.pk for g in ended] == [handed.pk]
+    handed.refresh_from_db()
+    parent.refresh_from_db()
+    assert (handed.status, handed.revoked_at) == ("revoked", NOW + timedelta(minutes=1))
+    assert parent.delegable is False
+    revoked = AuditEvent.objects.get(event_type="grant.revoked", grant_id=handed.pk)
+    assert data(revoked)["effective_at"] == (NOW + timedelta(minutes=1)).isoformat()
+    withdrawn = last_event()
+    assert (withdrawn.event_type, withdrawn.grant_id) == ("grant.delegation_withdrawn", parent.pk)
+
+
+def test_revoking_a_parent_and_its_child_together_ends_each_once(family, system):
+    """Mutant v11 (the `seen` check dropped): a child named beside its parent is ended
+    once, through the parent, with one event naming the cascade."""
+    parent, child, _ = family
+    handed = delegate(parent, child)
+    ended = grants.grants_revoke(
+        grant_ids=[handed.pk, parent.pk], reason="incident", actor=system, at=NOW
+    )
+    assert sorted(g.pk for g in ended) == sorted([parent.pk, handed.pk])
+    events = AuditEvent.objects.filter(event_type="grant.revoked")
+    assert sorted(events.values_list("grant_id", flat=True)) == sorted([parent.pk, handed.pk])
+    assert data(events.get(grant_id=handed.pk))["cascade_from"] == parent.pk
+    assert "cascade_from" not in data(events.get(grant_id=parent.pk))
+    assert "effective_at" not in data(events.get(grant_id=parent.pk))
+
+
+def test_an_owner_revoking_a_pending_request_is_not_named_its_decider(bot, repo, alice, bob):
+    """Mutant v12 (the revoker named as approver of a refused request): the agent's
+    owner withdrawing a request somebody else filed is no decider; the request is
+    denied, with a grant.denied event."""
+    grant = request(bot, repo, bob)
+    ended = grants.grant_revoke(
+        grant_id=grant.pk, reason="not needed", actor=Actor.user(alice), at=NOW, revoked_by=alice
+    )
+    assert [g.pk for g in ended] == [grant.pk]
+    grant.refresh_from_db()
+    assert (grant.status, grant.approved_by, grant.revoked_by, grant.decided_at) == (
+        "denied", None, alice, NOW,
+    )  # fmt: skip
+    event = last_event()
+    assert (event.event_type, event.grant_id, data(event)["reason"]) == (
+        "grant.denied", grant.pk, "not needed",
+    )  # fmt: skip
+
+
+def test_revoking_an_ended_delegation_again_overrules_nothing(family, bob, system):
+    """Mutant o3 (_overruled's `status=active` dropped): a delegation already revoked
+    (by no person) and revoked again by a person changes nothing: its parent stays
+    delegable and no event is written."""
+    parent, child, _ = family
+    handed = delegate(parent, child)
+    grants.grant_revoke(grant_id=handed.pk, reason="task done", actor=system, at=NOW)
+    before = AuditEvent.objects.count()
+    again = grants.grant_revoke(
+        grant_id=handed.pk, reason="again", actor=Actor.user(bob), at=NOW + MS, revoked_by=bob
+    )
+    assert again == []
+    parent.refresh_from_db()
+    handed.refresh_from_db()
+    assert parent.delegable is True
+    assert (handed.status, handed.revoked_at, handed.revoked_by) == ("revoked", NOW, None)
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_revoke_back_dated_before_a_grant_started_ends_it_at_its_start(bot, repo, make_grant):
+    """Mutant v6 (revoked_at = the effective moment, even before the grant started):
+    a grant never ends before it began; the event says when it ended."""
+    grant = make_grant(bot, repo)  # starts NOW - 30 min
+    ended = grants.grant_revoke(
+        grant_id=grant.pk, reason="review due", actor=Actor.system("reviews"), at=NOW,
+        effective_at=NOW - timedelta(hours=1),
+    )  # fmt: skip
+    assert [g.pk for g in ended] == [grant.pk]
+    grant.refresh_from_db()
+    assert (grant.status, grant.revoked_at) == ("revoked", grant.starts_at)
+    event = last_event()
+    assert (event.event_type, event.grant_id) == ("grant.revoked", grant.pk)
+    assert data(event)["effective_at"] == grant.starts_at.isoformat()
