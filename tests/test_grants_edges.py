@@ -528,3 +528,20 @@ def test_a_revoke_back_dated_before_a_grant_started_ends_it_at_its_start(bot, re
     event = last_event()
     assert (event.event_type, event.grant_id) == ("grant.revoked", grant.pk)
     assert data(event)["effective_at"] == grant.starts_at.isoformat()
+
+
+def test_a_revoke_needs_a_grant_that_exists_and_a_reason_that_says_something(
+    bot, repo, make_grant, system
+):
+    """Mutants v7 (an unknown grant id revoked in silence) and v8 (a blank reason taken):
+    both refused, nothing changed, no event."""
+    grant = make_grant(bot, repo)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Grant.DoesNotExist):
+        grants.grants_revoke(grant_ids=[grant.pk, grant.pk + 999], reason="x", actor=system, at=NOW)
+    with pytest.raises(GovernanceError) as err:
+        grants.grant_revoke(grant_id=grant.pk, reason="  \n", actor=system, at=NOW)
+    assert err.value.code == "reason_required"
+    grant.refresh_from_db()
+    assert (grant.status, grant.revoked_at) == ("active", None)
+    assert AuditEvent.objects.count() == before
