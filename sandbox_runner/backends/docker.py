@@ -64,6 +64,10 @@ def hardening(limits: Limits) -> dict[str, Any]:
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "ipc_mode": "private",
+        # Its own cgroup namespace: on a cgroup v1 host the engine's default is the
+        # host's, and /proc/self/cgroup then shows the host's cgroup paths (the
+        # engine's layout, the container's id, the runner's own slice).
+        "cgroupns": "private",
         # No engine log: the runner reads the output from the attach stream and keeps
         # OUTPUT_CAP bytes of it; the engine's default json-file log kept every byte the
         # code wrote, without limit, on the host's disk.

@@ -663,6 +663,7 @@ def test_inspect_of_a_running_sandbox_shows_every_hardening_flag(
     assert host["Memory"] == host["MemorySwap"] == 96 * 1024 * 1024
     assert host["NanoCpus"] == 500_000_000
     assert host["NetworkMode"] == "none"
+    assert (host["IpcMode"], host["CgroupnsMode"]) == ("private", "private")
     assert config["User"] == "1000:1000"
     assert "noexec" in host["Tmpfs"]["/tmp"]
     # /workspace is a tmpfs of the run's scratch_mb, not a host directory: the only

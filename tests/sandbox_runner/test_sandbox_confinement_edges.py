@@ -23,7 +23,7 @@ from tests.sandbox_runner.test_docker_probes import run
 
 pytestmark = pytest.mark.django_db
 
-NAMESPACES = ("pid", "ipc", "net", "uts", "mnt")
+NAMESPACES = ("pid", "ipc", "net", "uts", "mnt", "cgroup")
 
 SHARED = """
 import os
@@ -33,6 +33,12 @@ for ns in {namespaces!r}:
     except OSError as exc:
         print(ns, "unreadable", exc.errno)
 print("processes", len([p for p in os.listdir("/proc") if p.isdigit()]))
+try:
+    with open("/proc/self/cgroup") as f:
+        paths = {{line.rstrip("\\n").split(":", 2)[2] for line in f if line.count(":") >= 2}}
+    print("cgroup-paths", ",".join(sorted(paths)))
+except OSError as exc:
+    print("cgroup-paths", "unreadable", exc.errno)
 """
 
 
@@ -56,6 +62,20 @@ def test_the_sandbox_shares_no_namespace_with_the_host(backend, code_exec, spec_
     # The code (and, under bubblewrap, bwrap's init and the gate's shell): a handful,
     # where the host's pid namespace shows every process on the machine.
     assert int(seen["processes"]) <= 3, out
+    # Its own cgroup namespace: on a cgroup v1 host Docker's default was the host's,
+    # and /proc/self/cgroup named the host's layout (/docker/<container id>). Under
+    # Docker each group is the namespace's root. bubblewrap's namespace is made
+    # before the runner moves the sandbox into the run's groups, so those show as
+    # paths outside the root: only ever the run's own groups, nothing else of the host.
+    # gVisor's own kernel lists no cgroup at all there.
+    paths = seen["cgroup-paths"].split(",")
+    if backend == "bubblewrap":
+        own = f"governance-sandbox/{spec.run_id}"
+        assert all(p == "/" or p.endswith(own) for p in paths), out
+    elif backend == "gvisor":
+        assert paths in ([""], ["/"]) or paths[0].startswith("unreadable"), out
+    else:
+        assert paths == ["/"], out
     record = run_record(spec.run_id)
     assert (record.status, record.exit_code) == ("finished", 0)
     assert events_of(spec.run_id)[-1] == "sandbox.run.finished"
