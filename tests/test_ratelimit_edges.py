@@ -1,0 +1,57 @@
+"""Edges of the per-token rate limits that the mutation run of governance/ratelimit.py
+left untested (/tmp/scratch_revmut): each test fails on the mutant named in its
+docstring. Requests go through the real API; what was refused wrote nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from governance import ratelimit
+from governance.models import AuditEvent, Grant
+
+
+def grant_request(client: Any, scope: str) -> Any:
+    body = {
+        "tool": "repo",
+        "actions": ["read"],
+        "scope": scope,
+        "duration_seconds": 600,
+        "justification": "read the docs",
+    }
+    return client.post("/api/v1/grant-requests", body, format="json")
+
+
+def wait_for_a_fresh_window(margin: float = 15.0) -> float:
+    """Start well inside a window: a boundary during the test would reset the count."""
+    left = ratelimit.WINDOW_SECONDS - time.time() % ratelimit.WINDOW_SECONDS
+    if left < margin:
+        time.sleep(left + 0.05)
+    return time.time()
+
+
+def test_a_full_in_memory_table_forgets_finished_windows_not_the_current_count(
+    settings, make_agent, make_tool, agent_client
+):
+    """Mutant L14 (`w <= window`): past 10,000 counters the in-process limiter forgot
+    the current window's counts too, so a token at its limit started from zero again
+    after a burst of other tokens' requests."""
+    settings.REDIS_URL = None
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "grant_request": 2}
+    make_tool("repo")
+    client = agent_client(make_agent("bot"))
+    now = wait_for_a_fresh_window()
+    ratelimit.check("grant_request", 10**9, now=now - ratelimit.WINDOW_SECONDS)  # finished
+    assert grant_request(client, "repo:acme/a/*").status_code == 201
+    assert grant_request(client, "repo:acme/b/*").status_code == 201
+    for other in range(10_001):  # other tokens in this window: the table overflows
+        ratelimit.check("grant_request", 10**9 + 1 + other, now=now)
+    before = (Grant.objects.count(), AuditEvent.objects.count())
+
+    refused = grant_request(client, "repo:acme/c/*")
+
+    assert refused.status_code == 429, refused.content
+    assert 1 <= int(refused["Retry-After"]) <= ratelimit.WINDOW_SECONDS
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert (Grant.objects.count(), AuditEvent.objects.count()) == before
+    assert set(Grant.objects.values_list("scope", flat=True)) == {"repo:acme/a/*", "repo:acme/b/*"}
