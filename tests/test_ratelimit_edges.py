@@ -55,3 +55,36 @@ def test_a_full_in_memory_table_forgets_finished_windows_not_the_current_count(
     assert refused.json()["error"]["code"] == "rate_limited"
     assert (Grant.objects.count(), AuditEvent.objects.count()) == before
     assert set(Grant.objects.values_list("scope", flat=True)) == {"repo:acme/a/*", "repo:acme/b/*"}
+
+
+def test_a_limited_decision_is_told_the_seconds_left_in_its_window(
+    settings, make_agent, make_tool, agent_client
+):
+    """Mutant V03 (`Throttled(wait=None)`): every 429 said "Retry-After: 1", so a client
+    obeying it hammered the API for the rest of the window. It is the time left in
+    the window, and the refused question wrote no decision."""
+    settings.REDIS_URL = None
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "authorize": 1}
+    make_tool("repo")
+    client = agent_client(make_agent("bot"))
+    question = {"tool": "repo", "action": "read", "scope": "repo:acme/x"}
+    wait_for_a_fresh_window()
+    first = client.post("/api/v1/authorize", question, format="json")
+    assert (first.status_code, first.json()["reason"]) == (200, "no_grant")
+    decisions = AuditEvent.objects.filter(event_type__startswith="access.").count()
+    before = time.time()
+    end = (before // ratelimit.WINDOW_SECONDS + 1) * ratelimit.WINDOW_SECONDS
+
+    refused = client.post("/api/v1/authorize", question, format="json")
+
+    after = time.time()
+    assert refused.status_code == 429, refused.content
+    retry_after = int(refused["Retry-After"])
+    assert int(end - after) <= retry_after <= int(end - before) + 1
+    assert retry_after > 1  # a fresh window has well over a second left
+    assert refused.json()["error"] == {
+        "code": "rate_limited",
+        "message": f"Too many requests; retry in {retry_after} s.",
+        "fields": {},
+    }
+    assert AuditEvent.objects.filter(event_type__startswith="access.").count() == decisions
