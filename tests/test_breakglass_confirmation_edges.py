@@ -611,3 +611,27 @@ def test_a_grant_the_calls_would_not_run_under_gives_its_requester_no_stake(
         policy(w, scope="pay:acme/eu/*")
     assert caught.value.code == "self_approval"
     assert ConfirmationPolicy.objects.count() == 1 and len(created_events()) == 1
+
+
+def test_a_policy_may_live_exactly_the_longest_a_grant_may(pol_world, settings):
+    made = policy(pol_world, duration=settings.GRANT_MAX_TTL)
+    assert made.expires_at - made.starts_at == settings.GRANT_MAX_TTL
+    (event,) = created_events()
+    assert json.loads(event.data)["expires_at"] == made.expires_at.isoformat()
+
+
+def test_ratifying_at_the_due_moment_is_overdue_and_asks_for_the_duration_given(bg_world, open_bg):
+    """Overdue from the due time itself (as the pages show it); a reviewer who gives a
+    duration gets a request for that one, not the break-glass window."""
+    frank = bg_world["frank"]
+    bg = open_bg()
+    done = bgs.breakglass_ratify(
+        breakglass_id=bg.pk, reviewer=frank, comment="keep", actor=Actor.user(frank),
+        at=bg.review_due_at, duration=timedelta(hours=2),
+    )  # fmt: skip
+    assert done.ratified_request.requested_duration == timedelta(hours=2)
+    (ratified,) = events(EventType.BREAKGLASS_RATIFIED)
+    data = json.loads(ratified.data)
+    assert (data["overdue"], data["reviewed_by"]) == (True, "frank")
+    (requested,) = events(EventType.GRANT_REQUESTED, grant_id=done.ratified_request_id)
+    assert requested.actor == "user:frank"
