@@ -27,6 +27,50 @@ def person(db: None) -> Callable[..., User]:
     return make
 
 
+BG_SCOPE = "repo:acme/api/*"
+BG_REASON = "prod outage, on-call cannot reach an approver"
+
+
+@pytest.fixture
+def bg_world(make_agent: Any, make_tool: Any, approvers: list[User]) -> dict[str, Any]:
+    """An agent and a tool for break-glass, and the approvers (erin opens by default)."""
+    erin, frank, grace, heidi = approvers
+    return {
+        "agent": make_agent(),
+        "tool": make_tool(),
+        "erin": erin,
+        "frank": frank,
+        "grace": grace,
+        "heidi": heidi,
+    }
+
+
+@pytest.fixture
+def open_bg(bg_world: dict[str, Any]) -> Callable[..., Any]:
+    """Open break-glass on bg_world's agent and tool (read + update on BG_SCOPE)."""
+    from governance.audit import Actor
+    from governance.services import breakglass
+    from tests.conftest import NOW
+
+    def open_(opener: Any = None, *, at: Any = NOW, ticket: str = "INC-42",
+              scope: str = BG_SCOPE, **kw: Any) -> Any:  # fmt: skip
+        opener = opener or bg_world["erin"]
+        return breakglass.breakglass_open(
+            opener=opener,
+            agent=kw.pop("agent", bg_world["agent"]),
+            tool=kw.pop("tool", bg_world["tool"]),
+            actions=kw.pop("actions", ["read", "update"]),
+            scope=scope,
+            ticket=ticket,
+            reason=kw.pop("reason", BG_REASON),
+            actor=Actor.agent(opener.agent) if hasattr(opener, "agent") else Actor.user(opener),
+            at=at,
+            **kw,
+        )
+
+    return open_
+
+
 @pytest.fixture
 def approvers(person: Callable[..., User]) -> list[User]:
     """Three approvers (erin, frank, grace) and an admin (heidi)."""

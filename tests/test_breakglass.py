@@ -33,36 +33,9 @@ def events(event_type: str, **filters: object) -> list[AuditEvent]:
 
 
 @pytest.fixture
-def setup(make_agent, make_tool, approvers):
-    erin, frank, grace, heidi = approvers
-    return {
-        "agent": make_agent(),
-        "tool": make_tool(),
-        "erin": erin,
-        "frank": frank,
-        "grace": grace,
-        "heidi": heidi,
-    }
-
-
-@pytest.fixture
-def open_bg(setup):
-    def open_(opener=None, *, at=NOW, ticket="INC-42", scope=SCOPE, **kw):
-        opener = opener or setup["erin"]
-        return bgs.breakglass_open(
-            opener=opener,
-            agent=kw.pop("agent", setup["agent"]),
-            tool=kw.pop("tool", setup["tool"]),
-            actions=kw.pop("actions", ["read", "update"]),
-            scope=scope,
-            ticket=ticket,
-            reason="prod outage, on-call cannot reach an approver",
-            actor=Actor.agent(opener.agent) if hasattr(opener, "agent") else Actor.user(opener),
-            at=at,
-            **kw,
-        )
-
-    return open_
+def setup(bg_world):
+    """bg_world (tests.lifecycle_fixtures), which open_bg opens break-glass in."""
+    return bg_world
 
 
 def ask(at, action="update"):

@@ -23,11 +23,11 @@ from governance.services import breakglass as bgs
 from governance.services.access import access_check
 from governance.services.grants import grant_narrow, grants_expire
 from tests.conftest import MS, NOW
+from tests.lifecycle_fixtures import BG_REASON, BG_SCOPE
 
 pytestmark = pytest.mark.django_db
 
-SCOPE = "repo:acme/api/*"
-REASON = "prod outage, on-call cannot reach an approver"
+SCOPE, REASON = BG_SCOPE, BG_REASON
 
 
 def events(event_type: str, **filters: object) -> list[AuditEvent]:
@@ -36,39 +36,6 @@ def events(event_type: str, **filters: object) -> list[AuditEvent]:
 
 def written() -> tuple[int, int, int]:
     return BreakGlass.objects.count(), Grant.objects.count(), AuditEvent.objects.count()
-
-
-@pytest.fixture
-def bg_world(make_agent, make_tool, approvers) -> dict[str, Any]:
-    erin, frank, grace, heidi = approvers
-    return {
-        "agent": make_agent(),
-        "tool": make_tool(),
-        "erin": erin,
-        "frank": frank,
-        "grace": grace,
-        "heidi": heidi,
-    }
-
-
-@pytest.fixture
-def open_bg(bg_world):
-    def open_(opener=None, *, at=NOW, ticket="INC-42", scope=SCOPE, **kw):
-        opener = opener or bg_world["erin"]
-        return bgs.breakglass_open(
-            opener=opener,
-            agent=kw.pop("agent", bg_world["agent"]),
-            tool=kw.pop("tool", bg_world["tool"]),
-            actions=kw.pop("actions", ["read", "update"]),
-            scope=scope,
-            ticket=ticket,
-            reason=kw.pop("reason", REASON),
-            actor=Actor.user(opener),
-            at=at,
-            **kw,
-        )
-
-    return open_
 
 
 def ask(at, agent="bot", action="update", scope="repo:acme/api/x"):

@@ -5,21 +5,10 @@ docstring. Requests go through the real API; what was refused wrote nothing."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from governance import ratelimit
 from governance.models import AuditEvent, Grant
-
-
-def grant_request(client: Any, scope: str) -> Any:
-    body = {
-        "tool": "repo",
-        "actions": ["read"],
-        "scope": scope,
-        "duration_seconds": 600,
-        "justification": "read the docs",
-    }
-    return client.post("/api/v1/grant-requests", body, format="json")
+from tests.test_ratelimit import grant_request
 
 
 def wait_for_a_fresh_window(margin: float = 15.0) -> float:
