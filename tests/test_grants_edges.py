@@ -19,6 +19,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Tool
 from governance.services import access, grants
 from tests.conftest import MS, NOW, last_event
+from tests.test_services import delegate
 
 
 @pytest.fixture
@@ -249,21 +250,6 @@ def family(make_agent: Any, repo: Tool, make_grant: Any, make_task: Any) -> Any:
         task=make_task("TICKET-7"),
     )  # fmt: skip
     return parent, child, grandchild
-
-
-def delegate(parent: Grant, child: Agent, **kw: Any) -> Grant:
-    args: dict[str, Any] = {
-        "parent_grant_id": parent.pk,
-        "child": child,
-        "actions": ["read"],
-        "scope": "repo:acme/api/*",
-        "expires_at": parent.expires_at,
-        "justification": "subtask",
-        "actor": Actor.agent(parent.agent),
-        "at": NOW,
-    }
-    args.update(kw)
-    return grants.grant_delegate(**args)
 
 
 def test_an_empty_action_list_is_a_refused_delegation_on_record(family):
