@@ -602,3 +602,79 @@ def test_ratifying_at_the_due_moment_is_overdue_and_asks_for_the_duration_given(
     assert (data["overdue"], data["reviewed_by"]) == (True, "frank")
     (requested,) = events(EventType.GRANT_REQUESTED, grant_id=done.ratified_request_id)
     assert requested.actor == "user:frank"
+
+
+# --- The last survivors: confirm-closed, and who may end or bind a policy ------------------
+
+
+def test_confirm_closed_keeps_who_closed_it_and_revokes_a_live_grant_in_the_reviewers_name(
+    bg_world, open_bg, make_agent
+):
+    """Mutants B80 (the earlier close overwritten by the review) and B82 (the review's
+    revoke named nobody): one break-glass frank closed, one still open on another
+    agent, both confirmed closed by grace."""
+    frank, grace = bg_world["frank"], bg_world["grace"]
+    closed = open_bg()
+    first, later = NOW + timedelta(minutes=5), NOW + timedelta(minutes=20)
+    bgs.breakglass_close(
+        breakglass_id=closed.pk, closed_by=frank, comment="fixed", actor=Actor.user(frank), at=first
+    )
+    done = bgs.breakglass_confirm_closed(
+        breakglass_id=closed.pk, reviewer=grace, comment="over", actor=Actor.user(grace), at=later
+    )
+    assert (done.closed_by, done.closed_at, done.reviewed_by) == (frank, first, grace)
+    stored = BreakGlass.objects.get(pk=closed.pk)
+    assert (stored.closed_by, stored.closed_at) == (frank, first)
+    (confirmed,) = events(EventType.BREAKGLASS_CONFIRMED_CLOSED)
+    assert (confirmed.actor, json.loads(confirmed.data)["reviewed_by"]) == ("user:grace", "grace")
+
+    still = open_bg(ticket="INC-43", agent=make_agent("other"))
+    done = bgs.breakglass_confirm_closed(
+        breakglass_id=still.pk, reviewer=grace, comment="over", actor=Actor.user(grace), at=later
+    )
+    grant = Grant.objects.get(pk=still.grant_id)
+    assert (grant.status, grant.revoked_by, grant.revoked_at) == ("revoked", grace, later)
+    assert (done.closed_by, done.closed_at) == (grace, later)
+    (revoked,) = events(EventType.GRANT_REVOKED, grant_id=still.grant_id)
+    assert revoked.actor == "user:grace" and revoked.break_glass
+
+
+def test_only_an_approver_revokes_a_policy_and_only_with_a_reason(pol_world, person):
+    """Mutants C39 (no role check in policy_revoke: the API and the UI refuse a
+    non-approver, the service did not) and C34 (a blank reason taken)."""
+    made = policy(pol_world)
+    refused = (
+        (person("nora"), "not needed", "not_approver"),
+        (person("audrey", roles.AUDITORS), "not needed", "auditor_read_only"),
+        (pol_world.carol, "   ", "reason_required"),
+    )
+    before = AuditEvent.objects.count()  # the people's own person.* events written
+    for who, reason, code in refused:
+        with pytest.raises(GovernanceError) as caught:
+            confirmation.policy_revoke(
+                policy_id=made.pk, by=who, reason=reason, actor=Actor.user(who), at=NOW
+            )
+        assert caught.value.code == code
+    assert ConfirmationPolicy.objects.get(pk=made.pk).revoked_at is None
+    assert AuditEvent.objects.count() == before
+    confirmation.policy_revoke(
+        policy_id=made.pk, by=pol_world.carol, reason="done", actor=Actor.user(pol_world.carol),
+        at=NOW,
+    )  # fmt: skip
+    assert ConfirmationPolicy.objects.get(pk=made.pk).revoked_by == pol_world.carol
+    revoked = AuditEvent.objects.latest("seq")
+    assert (revoked.event_type, revoked.actor) == (
+        EventType.CONFIRMATION_POLICY_REVOKED, "user:carol",
+    )  # fmt: skip
+
+
+def test_no_policy_is_written_under_a_closed_task(pol_world, system):
+    """Mutant C21 (no open-task check in policy_create): a task-bound policy for a
+    closed task would be on record, answering nothing, as if it bound something."""
+    from governance.services.tasks import task_close
+
+    task_close(task=pol_world.task, actor=system, at=WRITTEN - MS)
+    with pytest.raises(Conflict) as caught:
+        policy(pol_world, task=pol_world.task)
+    assert caught.value.code == "task_closed"
+    assert ConfirmationPolicy.objects.count() == 0 and not created_events()
