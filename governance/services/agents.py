@@ -15,8 +15,12 @@ from django.db import IntegrityError, transaction
 from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
-from governance.models import Agent, AgentToken, Approval, Grant
-from governance.services.grants import grant_event
+from governance.models import Agent, AgentToken, Approval
+from governance.services.grants import (
+    WITHDRAWN_REASON,  # noqa: F401 - agent_suspend's reason
+    requests_withdraw,
+    requests_withdrawn_events,
+)
 
 NAME_HELP = "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
 
@@ -97,11 +101,6 @@ def _tree_locked(agent: Agent) -> list[Agent]:
     return selectors.agent_tree(Agent.objects.select_for_update(no_key=True), agent.pk)
 
 
-# Why a request the agent filed itself was closed when it was suspended (its token may
-# have been in someone else's hands).
-WITHDRAWN_REASON = "withdrawn: the agent that filed it was suspended"
-
-
 def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime) -> Agent:
     """Every decision for the agent is denied from this moment; its open
     approval requests are voided so nothing queued can fire later, and the grant
@@ -131,15 +130,8 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 voided = Approval.objects.filter(
                     agent=member, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
                 ).update(status=Approval.Status.EXPIRED)
-                # Its own requests, whoever they are for (a grant filed by the agent is
-                # for itself, a delegation is issued at once): an approver deciding one
-                # now locks its row and finds it closed (not_pending).
-                filed = Grant.objects.filter(requested_by_agent=member, status=Grant.Status.PENDING)
-                withdrawn = sorted(filed.values_list("pk", flat=True))
-                Grant.objects.filter(pk__in=withdrawn, status=Grant.Status.PENDING).update(
-                    status=Grant.Status.DENIED, decided_at=at, decision_reason=WITHDRAWN_REASON
-                )
-                suspended.append((member, voided, withdrawn))
+                # Its own requests (an approver deciding one now finds it closed).
+                suspended.append((member, voided, requests_withdraw(member.pk, at)))
         for member, voided, withdrawn in suspended:
             data: dict[str, Any] = {
                 "reason": reason,
@@ -155,16 +147,7 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 agent=member.name,
                 data=data,
             )
-            for request in Grant.objects.filter(pk__in=withdrawn).select_related(
-                "agent", "tool", "task"
-            ):
-                grant_event(
-                    request,
-                    EventType.GRANT_DENIED,
-                    actor=actor,
-                    at=at,
-                    data={"status": request.status, "reason": WITHDRAWN_REASON},
-                )
+            requests_withdrawn_events(withdrawn, actor, at)
     agent.refresh_from_db()
     return agent
 

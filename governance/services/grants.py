@@ -545,6 +545,34 @@ def grant_deny(
     return grant
 
 
+# Why a request an agent filed itself was closed when the agent was suspended (its
+# token may have been in someone else's hands): agents.agent_suspend.
+WITHDRAWN_REASON = "withdrawn: the agent that filed it was suspended"
+
+
+def requests_withdraw(agent_id: int, at: datetime) -> list[int]:
+    """Close the requests the agent filed itself and still pending, as denied
+    (WITHDRAWN_REASON); their ids. Rows only: the caller, holding the agent's row,
+    writes their events after its own rows (requests_withdrawn_events). Locked first,
+    so a person's deny or the expiry job deciding one meanwhile leaves it out."""
+    ids = list(
+        Grant.objects.select_for_update(no_key=True)
+        .filter(requested_by_agent_id=agent_id, status=Grant.Status.PENDING)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    Grant.objects.filter(pk__in=ids).update(
+        status=Grant.Status.DENIED, decided_at=at, decision_reason=WITHDRAWN_REASON
+    )
+    return ids
+
+
+def requests_withdrawn_events(ids: list[int], actor: audit.Actor, at: datetime) -> None:
+    """One `grant.denied` event per request requests_withdraw closed."""
+    for grant in Grant.objects.filter(pk__in=ids).select_related("agent", "tool", "task"):
+        _event(grant, EventType.GRANT_DENIED, actor, at, reason=WITHDRAWN_REASON)
+
+
 def grant_issue(
     *,
     agent: Agent,
