@@ -19,7 +19,7 @@ from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, AuditEvent, Grant, Tool
 from governance.services import access, grants
 from tests.conftest import MS, NOW, last_event
-from tests.test_services import delegate
+from tests.test_services import delegate, request
 
 
 @pytest.fixture
@@ -30,22 +30,6 @@ def bot(make_agent: Any) -> Agent:
 @pytest.fixture
 def repo(make_tool: Any) -> Tool:
     return make_tool("repo")
-
-
-def request(bot: Agent, repo: Tool, person: User, **kw: Any) -> Grant:
-    args: dict[str, Any] = {
-        "agent": bot,
-        "tool": repo,
-        "actions": ["read"],
-        "scope": "repo:acme/*",
-        "duration": timedelta(hours=2),
-        "justification": "triage",
-        "requested_by": person,
-        "actor": Actor.user(person),
-        "at": NOW,
-    }
-    args.update(kw)
-    return grants.grant_request(**args)
 
 
 def data(event: AuditEvent) -> dict[str, Any]:
