@@ -52,8 +52,9 @@ def _setup_django() -> None:
 
 def _world(suffix: str) -> tuple[str, str]:
     """An agent with a live execute grant on code-exec, through the services."""
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import Group, User
 
+    from governance import roles
     from governance.audit import Actor
     from governance.services import agents, grants, tasks, tools
 
@@ -61,6 +62,7 @@ def _world(suffix: str) -> tuple[str, str]:
     system = Actor.system("bench")
     alice = User.objects.create_user(f"alice-{suffix}")
     bob = User.objects.create_user(f"bob-{suffix}")
+    bob.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])  # approves the grant
     agent = agents.agent_create(name=f"bench-{suffix}", owner=alice, actor=system, at=at)
     from governance.models import Tool
 

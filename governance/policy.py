@@ -320,13 +320,21 @@ _ANCESTORS_QUERY = {
     for vendor, cast in (("postgresql", "g.actions::text"), ("sqlite", "g.actions"))
 }
 
-# A person's approval is good only while their account is: one deactivated since (a
-# departed or compromised account) confirms nothing any more. (The role was checked
-# when they decided; an approval lives APPROVAL_TTL, minutes.)
-_APPROVAL_QUERY = """
+# Whether the person in `column` may approve now: active, and an approver or admin (the
+# rule roles.may_approve states). A confirmation, hand-made or standing, answers only
+# with its author's present authority.
+_MAY_APPROVE_SQL = f"""EXISTS (
+    SELECT 1 FROM auth_user u WHERE u.id = {{column}} AND u.is_active AND (
+        u.is_superuser OR EXISTS (
+            SELECT 1 FROM auth_user_groups ug JOIN auth_group r ON r.id = ug.group_id
+            WHERE ug.user_id = u.id AND r.name IN ('{roles.ADMINS}', '{roles.APPROVERS}'))))"""
+
+# A person's approval is good only while their authority is: one deactivated since (a
+# departed or compromised account), or no longer an approver, confirms nothing any more.
+_APPROVAL_QUERY = f"""
 SELECT a.id, a.agent_id, a.tool_id, a.action, a.scope, a.arguments_hash, a.status,
        a.expires_at, a.task_id, a.grant_id, a.decided_by_id, a.requested_at,
-       EXISTS (SELECT 1 FROM auth_user u WHERE u.id = a.decided_by_id AND u.is_active)
+       {_MAY_APPROVE_SQL.format(column="a.decided_by_id")}
 FROM governance_approval a WHERE a.id = %s AND a.agent_id = %s
 """
 
@@ -337,10 +345,7 @@ FROM governance_approval a WHERE a.id = %s AND a.agent_id = %s
 # once the tool has another approved definition than the one it was written against.
 _POLICY_QUERY = f"""
 SELECT p.id, p.verdict, p.scope, p.created_by_id, p.created_at,
-       EXISTS (SELECT 1 FROM auth_user u WHERE u.id = p.created_by_id AND u.is_active
-               AND (u.is_superuser OR EXISTS (
-                   SELECT 1 FROM auth_user_groups ug JOIN auth_group r ON r.id = ug.group_id
-                   WHERE ug.user_id = u.id AND r.name IN ('{roles.ADMINS}', '{roles.APPROVERS}'))))
+       {_MAY_APPROVE_SQL.format(column="p.created_by_id")}
        AND p.definition_hash = (SELECT t.approved_hash FROM governance_tool t
                                 WHERE t.id = p.tool_id)
 FROM governance_confirmationpolicy p
@@ -1006,7 +1011,7 @@ def _authorize(
     if not found:
         return _deny(Reason.APPROVAL_INVALID, "No such approval.", **ctx)
     _, ap_agent, ap_tool, ap_action, ap_scope, ap_hash, ap_status, ap_expires = found[0][:8]
-    ap_task, ap_grant, ap_decider, ap_requested, ap_decider_active = found[0][8:]
+    ap_task, ap_grant, ap_decider, ap_requested, ap_decider_may_approve = found[0][8:]
     ctx["approval_id"] = approval_uuid
     expires = db.read_dt(ap_expires)
     bound = (
@@ -1026,13 +1031,14 @@ def _authorize(
         return _deny(
             Reason.APPROVAL_INVALID, f"The approval is not usable (status {ap_status}).", **ctx
         )
-    # The person who confirmed it has been deactivated since (a departed or compromised
-    # account): their confirmation goes with their account.
-    if ap_decider is not None and not ap_decider_active:
+    # The person who confirmed it has been deactivated or lost the approver role since (a
+    # departed or compromised account, a role taken away): their confirmation goes with
+    # their authority.
+    if ap_decider is not None and not ap_decider_may_approve:
         return _deny(
             Reason.APPROVAL_INVALID,
-            "The person who approved this call has since been deactivated; "
-            "it needs a new approval.",
+            "The person who approved this call has since been deactivated or is no longer "
+            "an approver; it needs a new approval.",
             **ctx,
         )
     # The person who confirmed the call was checked for a stake when they decided. One

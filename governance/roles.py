@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from governance.errors import Forbidden
+
 ADMINS = "admins"
 APPROVERS = "approvers"
 AUDITORS = "auditors"
@@ -36,6 +38,14 @@ def may_approve(user: Any) -> bool:
     """An approver who is still active: what an approve confirmation policy's author
     must be for it to answer (policy._policy_verdicts asks the same in SQL)."""
     return user is not None and bool(getattr(user, "is_active", False)) and is_approver(user)
+
+
+def require_may_approve(user: Any, what: str) -> None:
+    """Refuse (Forbidden `not_approver`) a decision on `what` by anyone who may not
+    approve now (may_approve): the services' own check, whatever door the call came in
+    by (API, UI, command, import)."""
+    if not may_approve(user):
+        raise Forbidden("not_approver", f"{what} are decided by active approvers or admins only.")
 
 
 def may_approve_as(*, active: bool, superuser: bool, roles: Iterable[str]) -> bool:

@@ -11,9 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
 
+from governance import roles
 from governance.audit import Actor
 from governance.models import Agent, AuditEvent, Grant, Task, Tool
 from governance.services import agents, grants, tasks, tools
@@ -71,8 +72,12 @@ def alice(db: None) -> User:
 
 @pytest.fixture
 def bob(db: None) -> User:
-    """Approver."""
-    return User.objects.create_user("bob", password="pw-bob-123")
+    """Approver (the services refuse a decision by anyone else), since before NOW, as
+    the reports of the world's moments read his account (selectors.accounts_at)."""
+    user = User.objects.create_user("bob", password="pw-bob-123")
+    with accounts_changed_at(NOW - timedelta(days=1)):
+        user.groups.add(Group.objects.get_or_create(name=roles.APPROVERS)[0])
+    return user
 
 
 @pytest.fixture

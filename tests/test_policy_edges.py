@@ -494,27 +494,42 @@ def test_an_approvers_token_is_a_stake_only_if_held_from_the_call_being_asked_to
     assert Approval.objects.get(pk=gated.approval_id).status == "approved"  # not used up
 
 
-@pytest.mark.parametrize("active", [False, True], ids=["deactivated", "active"])
-def test_an_approval_whose_approver_was_deactivated_since_allows_nothing(bot, gated, bob, active):
+@pytest.mark.parametrize(
+    "change", ["deactivated", "role_removed", "role_moved_to_admin", "restored"]
+)
+def test_an_approval_whose_approver_lost_their_authority_since_allows_nothing(
+    bot, gated, bob, change
+):
     """bob approved bot's call, then his account was deactivated (he left, or it was
-    taken over): what he confirmed goes with his account, and the approval stays
-    unused for a new look. Reactivated, it is his again (within its TTL)."""
+    taken over) or the approver role was taken from him: what he confirmed goes with
+    his authority, as an approve policy's does, and the approval stays unused for a new
+    look. Moved to admins, or deactivated and reactivated, it is his again (within its
+    TTL)."""
+    from django.contrib.auth.models import Group
+
+    from governance import roles
     from governance.models import Approval
 
+    approvers = Group.objects.get(name=roles.APPROVERS)
     with accounts_changed_at(NOW):
-        bob.is_active = False
-        bob.save()
-        if active:
+        if change in ("deactivated", "restored"):
+            bob.is_active = False
+            bob.save()
+        if change == "restored":
             bob.is_active = True
             bob.save()
+        if change == "role_moved_to_admin":
+            bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+        if change in ("role_removed", "role_moved_to_admin"):
+            bob.groups.remove(approvers)
     used = ask(NOW + MS, action="delete", approval=gated.approval_id)
-    if active:
+    if change in ("restored", "role_moved_to_admin"):
         assert_approval_used(used, gated)
         return
     assert (used.decision, used.reason, used.approval_id) == (
         "deny", "approval_invalid", gated.approval_id,
     )  # fmt: skip
-    assert "since been deactivated" in used.message
+    assert "since been deactivated or is no longer an approver" in used.message
     event = event_of(used)
     assert (event.event_type, event.reason, event.approval_id) == (
         "access.denied", "approval_invalid", gated.approval_id,

@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
+from governance import roles
 from governance.audit import Actor
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Agent, AuditEvent, Grant
@@ -117,6 +118,63 @@ def test_nobody_approves_their_own_request(bot, repo, alice):
     assert grant.status == "pending" and AuditEvent.objects.count() == before
 
 
+def test_only_an_active_approver_or_admin_decides_requests_and_confirmations(
+    bot, repo, make_grant, alice, bob, person
+):
+    """The API and UI check the role at their door; the services check it too, so a
+    command, an import or a future door cannot let someone else approve: a person
+    with no role, an auditor, or a deactivated approver is refused `not_approver`
+    with nothing written; an admin may decide."""
+    from governance.models import Approval
+
+    frank = person("frank", roles.APPROVERS)
+    frank.is_active = False
+    frank.save()
+    outsiders = [person("dave"), person("erin", roles.AUDITORS), frank]
+    grant = request(bot, repo, alice)
+    make_grant(bot, repo, ("delete",), "repo:acme/api/*")
+    asked = access.access_check(
+        agent="bot", tool="repo", action="delete", scope="repo:acme/api/x", at=NOW
+    )
+    assert asked.decision == "approval_required"
+    before = AuditEvent.objects.count()
+    decide = [
+        lambda who: grants.grant_approve(
+            grant_id=grant.pk, approver=who, actor=Actor.user(who), at=NOW
+        ),
+        lambda who: grants.grant_issue(
+            agent=bot, tool=repo, actions=["read"], scope="repo:acme/x",
+            duration=timedelta(hours=1), justification="t", requested_by=alice,
+            approved_by=who, actor=Actor.user(who), at=NOW,
+        ),
+        lambda who: approvals.approval_approve(
+            approval_id=asked.approval_id, approver=who, actor=Actor.user(who), at=NOW
+        ),
+        lambda who: approvals.approval_deny(
+            approval_id=asked.approval_id, approver=who, reason="no",
+            actor=Actor.user(who), at=NOW,
+        ),
+    ]  # fmt: skip
+    for who in outsiders:
+        for attempt in decide:
+            with pytest.raises(Forbidden) as refused:
+                attempt(who)
+            assert refused.value.code == "not_approver", who.username
+    assert Grant.objects.get(pk=grant.pk).status == "pending"
+    assert Grant.objects.filter(agent=bot).count() == 2  # no grant issued
+    assert Approval.objects.get(pk=asked.approval_id).status == "pending"
+    assert AuditEvent.objects.count() == before
+    gina = person("gina", roles.ADMINS)
+    issued = grants.grant_approve(grant_id=grant.pk, approver=gina, actor=Actor.user(gina), at=NOW)
+    assert (issued.status, issued.approved_by) == ("active", gina)
+    assert (last_event().event_type, last_event().actor) == ("grant.issued", "user:gina")
+    approvals.approval_approve(
+        approval_id=asked.approval_id, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+    assert Approval.objects.get(pk=asked.approval_id).status == "approved"
+    assert (last_event().event_type, last_event().actor) == ("approval.approved", "user:bob")
+
+
 def test_a_request_is_decided_once(bot, repo, alice, bob):
     grant = request(bot, repo, alice)
     grants.grant_deny(grant_id=grant.pk, approver=bob, reason="no", actor=Actor.user(bob), at=NOW)
@@ -126,13 +184,17 @@ def test_a_request_is_decided_once(bot, repo, alice, bob):
     assert Grant.objects.get(pk=grant.pk).status == "denied"
 
 
-def test_only_someone_who_could_approve_a_request_is_named_as_its_denier(bot, repo, alice, bob):
+def test_only_someone_who_could_approve_a_request_is_named_as_its_denier(
+    bot, repo, alice, bob, person
+):
     """The owner (alice) turning down a request bob filed for her agent was recorded
     as its independent decider (approved_by), though she may not approve it: her
-    denial is a withdrawal, named by its event only, as the requester's own is."""
-    carol = User.objects.create_user("carol")
+    denial is a withdrawal, named by its event only, as the requester's own is, and
+    as a refusal by someone who is no approver (dave) is."""
+    carol = person("carol", roles.APPROVERS)
+    dave = person("dave")
     decided = []
-    for denier, filer in ((alice, bob), (bob, bob), (carol, bob)):
+    for denier, filer in ((alice, bob), (bob, bob), (dave, bob), (carol, bob)):
         grant = request(bot, repo, filer, actor=Actor.user(filer))
         grants.grant_deny(
             grant_id=grant.pk, approver=denier, reason="no", actor=Actor.user(denier), at=NOW
@@ -141,7 +203,7 @@ def test_only_someone_who_could_approve_a_request_is_named_as_its_denier(bot, re
         event = last_event()
         assert (event.event_type, event.actor) == ("grant.denied", f"user:{denier.username}")
         decided.append((grant.status, grant.approved_by))
-    assert decided == [("denied", None), ("denied", None), ("denied", carol)]
+    assert decided == [("denied", None), ("denied", None), ("denied", None), ("denied", carol)]
 
 
 def test_approval_holds_the_maximum_lifetime_in_force_then(bot, repo, alice, bob, settings):
@@ -806,7 +868,6 @@ def test_nobody_behind_a_delegation_confirms_the_subagents_destructive_call(
     """alice owns the parent agent and asked for its grant; the subagent belongs to
     carol. alice may not confirm the subagent's delete (she is behind the grant it
     acts under), nor may carol (its owner); bob, with no stake, may."""
-    from django.contrib.auth.models import User
 
     from governance.services import approvals
 
@@ -1327,11 +1388,10 @@ def test_the_access_report_reads_a_suspension_and_its_resume_from_their_events(
 
 
 def test_an_agents_owner_cannot_approve_a_request_another_person_filed_for_it(
-    bot, repo, alice, bob, system
+    bot, repo, alice, bob, system, person
 ):
     """bob files the request for alice's agent; alice, its owner, may not approve it
     (she would approve her own agent's access), as she may not confirm its calls."""
-    from django.contrib.auth.models import User
 
     asked = request(bot, repo, bob, actor=Actor.user(bob))
     with pytest.raises(Forbidden) as refused:
@@ -1339,7 +1399,7 @@ def test_an_agents_owner_cannot_approve_a_request_another_person_filed_for_it(
     assert refused.value.code == "self_approval"
     assert Grant.objects.get(pk=asked.pk).status == "pending"
     assert last_event().event_type == "grant.requested"
-    carol = User.objects.create_user("carol")
+    carol = person("carol", roles.APPROVERS)
     approved = grants.grant_approve(
         grant_id=asked.pk, approver=carol, actor=Actor.user(carol), at=NOW
     )
@@ -1353,7 +1413,6 @@ def test_whoever_held_a_token_for_the_agent_cannot_approve_what_it_asked(
     """dave issues himself a token for alice's agent, so he can act as it: he may not
     approve a grant the agent requests while his token is live, nor confirm a
     destructive call it makes. A token revoked before the request bars nobody."""
-    from django.contrib.auth.models import User
     from django.utils import timezone
 
     from governance.services import approvals
@@ -1411,7 +1470,6 @@ def test_a_token_issued_after_the_call_was_asked_still_bars_its_creator(
     waiting: approving it herself, she could then make the approved call with that
     token. Whoever could act as the agent at any moment since the call was asked is
     barred, not only who could when it was asked."""
-    from django.contrib.auth.models import User
     from django.utils import timezone
 
     from governance.models import Approval
@@ -1441,7 +1499,6 @@ def test_revoking_a_grant_voids_its_approvals_and_a_new_grant_needs_a_new_one(
     """An approval belongs to the grant it was asked under: its approver was checked
     against that grant's people. After a revoke the same call, now under a grant
     carol requested, must not reuse it, and carol may not approve the new one."""
-    from django.contrib.auth.models import User
 
     from governance.models import Approval
     from governance.services import approvals
@@ -1698,7 +1755,6 @@ def test_the_access_report_says_what_blocks_a_live_window(make_agent, repo, make
 
 
 def _deny_destructive(approval_id, at):
-    from django.contrib.auth.models import User
 
     from governance.services import approvals
 

@@ -292,7 +292,7 @@ def test_the_dashboard_builds_only_the_unused_grants_it_shows(make_agent, make_t
     settings.UNUSED_GRANT_HOURS = 1
     settings.GRANT_MAX_TTL = timedelta(days=30)
     now = timezone.now()
-    bob, dave = person("bob"), person("dave", roles.ADMINS)
+    bob, dave = person("bob", roles.APPROVERS), person("dave", roles.ADMINS)
     repo = make_tool("repo")
     for i in range(60):
         grants.grant_issue(

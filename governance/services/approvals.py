@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from governance import audit
+from governance import audit, roles
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
 from governance.models import Agent, AgentToken, Approval, BreakGlass, Grant
@@ -109,6 +109,7 @@ def _decide(
         # Whoever could act as the agent when the call was asked counts too.
         if approver.pk in stakeholders(approval.agent, approval.grant, at=approval.requested_at):
             raise Forbidden("self_approval", "Nobody approves their own agent's action.")
+        roles.require_may_approve(approver, "Approvals")
         # The call it confirms can no longer happen: its grant ended (expired, revoked,
         # task closed, agent suspended) after the approval was asked for.
         if approval.grant_id is not None and (dead := grant_dead_reason(approval.grant_id, at)):

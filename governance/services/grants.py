@@ -474,6 +474,7 @@ def _approve_row(
             "token for it when the request was made, or whoever opened the break-glass "
             "it ratifies, cannot approve its grants.",
         )
+    roles.require_may_approve(approver, "Grant requests")
     # The row as it is now (a caller's Agent instance may be older than a suspension).
     status = Agent.objects.filter(pk=grant.agent_id).values_list("status", flat=True).get()
     if status != Agent.Status.ACTIVE:
@@ -521,10 +522,10 @@ def _approve_row(
 
 def _refused_by(grant: Grant, person: Any) -> Any:
     """Who is named as the decider of a refused request. Anyone may turn a request down,
-    but only someone who could have approved it is named: the requester's or a
-    stakeholder's (the agent's owner's) refusal is a withdrawal, named by its event's
-    actor only."""
-    if person is None or person.pk == grant.requested_by_id:
+    but only someone who could have approved it is named: the requester's, a
+    stakeholder's (the agent's owner's) or a non-approver's refusal is a withdrawal,
+    named by its event's actor only."""
+    if person is None or person.pk == grant.requested_by_id or not roles.may_approve(person):
         return None
     if person.pk in stakeholders(grant.agent, grant, at=grant.created_at):
         return None
