@@ -252,6 +252,20 @@ def test_an_empty_action_list_is_a_refused_delegation_on_record(family):
     assert data(refused)["subagent"] == "child" and data(refused)["actions"] == []
 
 
+def test_a_refused_delegation_names_what_was_asked_in_the_action_column(family):
+    """The refusal's action column was empty: a scan of the log's action column for
+    `delete` (as for a grant's events) missed an agent asking to hand one down."""
+    parent, child, _ = family
+    with pytest.raises(Forbidden) as err:
+        delegate(parent, child, actions=["read", "delete"])
+    assert err.value.code == "wider_actions"
+    refused = last_event()
+    assert (refused.event_type, refused.action, data(refused)["actions"]) == (
+        "grant.delegation_refused", "read,delete", ["read", "delete"],
+    )  # fmt: skip
+    assert not Grant.objects.filter(agent=child).exists()
+
+
 def test_a_delegation_ends_after_now_and_no_later_than_its_parent(family):
     """Mutant g16 (`expires_at < at`): a delegation that ends the moment it is made is
     refused (400 invalid_expiry, nothing written); one that ends one millisecond later,

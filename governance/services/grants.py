@@ -953,6 +953,9 @@ def grant_delegate(
                 agent=parent.agent.name,
                 task=parent.task.key if parent.task else "",
                 tool=parent.tool.name,
+                # What was asked for, as grant_event fills the column for a grant (the
+                # whole list stays in data.actions; the column holds 64 characters).
+                action=",".join(actions)[:64],
                 scope=scope,
                 decision=Decision.DENY,
                 reason=refused.code,
