@@ -275,16 +275,22 @@ def test_a_review_switches_delegation_off_over_the_api_and_never_on(
 
 
 def test_the_owner_who_opened_break_glass_closes_it_early(world, human_client, alice, person):
-    """alice may open (the agent's owner) but got 403 closing it: close needed IsApprover."""
+    """alice may open (the agent's owner) but got 403 closing it: close needed IsApprover.
+    A person with no role who did not open it is told of no such break-glass, exactly as
+    for an id that does not exist (a 403 confirmed that this one does)."""
     client = human_client(alice)
     opened = client.post("/api/v1/breakglass", BODY, format="json")
     assert opened.status_code == 201, opened.json()
     pk = opened.json()["id"]
-    stranger = human_client(person("mallory")).post(
-        f"/api/v1/breakglass/{pk}/close", {"comment": "x"}, format="json"
-    )
-    assert stranger.status_code == 403 and stranger.json()["error"]["code"] == "not_allowed"
+    mallory = human_client(person("mallory"))
+    before = AuditEvent.objects.count()
+    stranger = mallory.post(f"/api/v1/breakglass/{pk}/close", {"comment": "x"}, format="json")
+    missing = mallory.post(f"/api/v1/breakglass/{pk + 1000}/close", {"comment": "x"}, format="json")
+    assert stranger.status_code == missing.status_code == 404
+    assert stranger.json() == missing.json()
+    assert stranger.json()["error"]["code"] == "not_found"
     assert BreakGlass.objects.get(pk=pk).closed_at is None
+    assert AuditEvent.objects.count() == before
     closed = client.post(f"/api/v1/breakglass/{pk}/close", {"comment": "fixed"}, format="json")
     assert closed.status_code == 200, closed.json()
     bg = BreakGlass.objects.get(pk=pk)

@@ -165,9 +165,10 @@ TABLE: list[tuple[str, str, Any, str]] = [
     # The OpenAPI schema and its viewer are public.
     # Break-glass (opened by alice, the agent's owner, in the world) and reviews.
     ("POST",  "breakglass",                       BREAKGLASS,    "403 403 201 201 403 400 401"),
-    # Closing early: approvers, admins and the opener (alice: tests/test_api_lifecycle.py).
+    # Closing early: approvers, admins and the opener (alice: tests/test_api_lifecycle.py);
+    # a person who may not read break-glass records is told of none (404, not 403).
     ("POST",  "breakglass/{breakglass}/close",    {"comment": "x"},
-                                                                 "403 403 200 200 403 403 401"),
+                                                                 "403 403 200 200 403 404 401"),
     ("POST",  "breakglass/{breakglass}/ratify",   {"comment": "x"},
                                                                  "403 403 200 200 403 403 401"),
     ("POST",  "breakglass/{breakglass}/confirm-closed", {"comment": "x"},

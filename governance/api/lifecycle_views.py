@@ -25,6 +25,7 @@ from governance.api import serializers as s
 from governance.api.admin_views import CONFLICT, _parse
 from governance.api.auth import IsApprover
 from governance.api.views import ERRORS, _get, actor_for
+from governance.errors import NotFound
 from governance.models import BreakGlass, ReviewItem, Task, Tool
 from governance.services import breakglass, reviews
 
@@ -105,6 +106,12 @@ class BreakGlassActView(APIView):
     def post(self, request: Request, breakglass_id: int) -> Response:
         comment = _parse(s.CommentIn, request.data)["comment"]
         bg = _breakglass(breakglass_id)
+        # A person who may not read break-glass records (no approver or auditor role) is
+        # told of none but their own: 404, as for an id that does not exist, not a 403
+        # that would confirm this one does.
+        user = request.user
+        if not (roles.is_approver(user) or roles.is_auditor(user) or bg.opened_by_id == user.pk):
+            raise NotFound("not_found", "No such break-glass.")
         common = {"breakglass_id": bg.pk, "comment": comment, "actor": actor_for(request)}
         now = timezone.now()
         if self.act == "close":
