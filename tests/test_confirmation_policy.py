@@ -983,3 +983,53 @@ def test_the_upgrade_silences_a_policy_0022_carried_past_a_re_approval(world, pe
     event = event_of(decision)
     assert (event.decision, event.reason) == ("approval_required", "approval_required")
     assert ask(at=NOW + 3 * MS, scope="repo:acme/tmp/new/x").policy_id == new.pk
+
+
+def test_suspending_an_agent_ends_its_approve_policies_and_keeps_its_deny_policies(
+    world, carol, make_agent, make_grant, system
+):
+    """A standing approval of an agent's destructive calls outlived its suspension: after
+    the resume (the incident investigated, a new token), the policy went on letting its
+    deletes through with no person looking, though every hand approval was voided. Now
+    suspension ends the approve policies of every agent it reaches, each on record, and
+    after the resume a person confirms each call again; a deny policy stays (it only
+    restricts), as does a policy of an agent the suspension did not reach."""
+    helper = make_agent("helper", parent=world.agent)  # its own policy, no grant needed
+    other = make_agent("other")
+    make_grant(other, world.tool, actions=("delete",), scope="repo:acme/*",
+               starts_at=NOW - timedelta(hours=1), duration=timedelta(hours=3))  # fmt: skip
+    approve = write(world)
+    approve_helper = write(world, agent=helper)
+    approve_other = write(world, agent=other)
+    deny = write(world, "deny", author=approver(carol), scope="repo:acme/keep/*")
+    assert ask().reason == "allowed"  # the policy answers before the suspension
+    agents.agent_suspend(agent=world.agent, reason="token leaked", actor=system, at=NOW)
+    ended = {p.pk: p for p in ConfirmationPolicy.objects.all()}
+    for policy in (approve, approve_helper):
+        assert (ended[policy.pk].revoked_at, ended[policy.pk].revoke_reason) == (
+            NOW, confirmation.SUSPENDED_REASON,
+        )  # fmt: skip
+    assert ended[deny.pk].revoked_at is None and ended[approve_other.pk].revoked_at is None
+    revoked = AuditEvent.objects.filter(event_type="confirmation_policy.revoked").order_by("seq")
+    assert [
+        (json.loads(e.data)["policy"], e.agent, e.actor, json.loads(e.data)["reason"])
+        for e in revoked
+    ] == [
+        (approve.pk, "cleaner", system.label, confirmation.SUSPENDED_REASON),
+        (approve_helper.pk, "helper", system.label, confirmation.SUSPENDED_REASON),
+    ]
+    suspended = {
+        e.agent: json.loads(e.data) for e in AuditEvent.objects.filter(event_type="agent.suspended")
+    }
+    assert suspended["cleaner"]["approve_policies_ended"] == [approve.pk]
+    assert suspended["helper"]["approve_policies_ended"] == [approve_helper.pk]
+    agents.agent_resume(agent=world.agent, reason="rotated", actor=system, at=NOW + MS)
+    after = ask(at=NOW + 2 * MS)
+    assert (after.decision, after.policy_id) == ("approval_required", None)
+    assert event_of(after).event_type == "access.approval_required"
+    kept = ask(at=NOW + 3 * MS, scope="repo:acme/keep/x")
+    assert (kept.decision, kept.reason) == ("deny", "approval_denied")
+    assert json.loads(event_of(kept).data) == {"confirmation_policy": deny.pk}
+    # The agent the suspension did not reach keeps its policy.
+    theirs = access_check(agent="other", tool="repo", action="delete", scope=SCRATCH, at=NOW)
+    assert (theirs.decision, theirs.policy_id) == ("allow", approve_other.pk)

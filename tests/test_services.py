@@ -1044,7 +1044,12 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
         (
             "agent.suspended",
             "parent",
-            {"reason": "compromised", "approvals_voided": 0, "requests_withdrawn": []},
+            {
+                "reason": "compromised",
+                "approvals_voided": 0,
+                "requests_withdrawn": [],
+                "approve_policies_ended": [],
+            },
         ),
         (
             "agent.suspended",
@@ -1053,6 +1058,7 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
                 "reason": "compromised",
                 "approvals_voided": 0,
                 "requests_withdrawn": [],
+                "approve_policies_ended": [],
                 "cascade_from": "parent",
             },
         ),
@@ -1063,6 +1069,7 @@ def test_suspending_an_agent_suspends_every_agent_below_it(make_agent, repo, mak
                 "reason": "compromised",
                 "approvals_voided": 1,
                 "requests_withdrawn": [],
+                "approve_policies_ended": [],
                 "cascade_from": "parent",
             },
         ),

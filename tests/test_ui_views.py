@@ -367,6 +367,7 @@ def test_the_kill_switch_denies_every_decision_and_voids_pending_approvals() -> 
         "reason": "incident 42",
         "approvals_voided": 1,
         "requests_withdrawn": [],
+        "approve_policies_ended": [],
     }
     # Its subagents are suspended with it, one event each after the agent's own.
     below = AuditEvent.objects.filter(event_type="agent.suspended", seq__gt=event.seq)

@@ -65,8 +65,12 @@ class ConfirmationPolicy(models.Model):
             models.CheckConstraint(
                 condition=Q(verdict__in=["approve", "deny"]), name="confirm_policy_verdict"
             ),
+            # Every end is accounted for: a person revoked it, or the service that ended
+            # it (a suspension: services.confirmation.approve_policies_end) says why.
             models.CheckConstraint(
-                condition=Q(revoked_at__isnull=True) | Q(revoked_by__isnull=False),
+                condition=Q(revoked_at__isnull=True)
+                | Q(revoked_by__isnull=False)
+                | ~Q(revoke_reason=""),
                 name="confirm_policy_revoked_by",
             ),
         ]

@@ -16,6 +16,7 @@ from governance import audit, selectors
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
 from governance.models import Agent, AgentToken, Approval
+from governance.services import confirmation
 from governance.services.grants import (
     WITHDRAWN_REASON,  # noqa: F401 - agent_suspend's reason
     requests_withdraw,
@@ -107,7 +108,10 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
     requests it filed itself (through its token, which may be in someone else's hands)
     are closed as denied, one `grant.denied` event each (WITHDRAWN_REASON):
     none of them can be approved after a resume. A request a person filed for it
-    stays theirs to decide (none is approved while the agent is suspended).
+    stays theirs to decide (none is approved while the agent is suspended). Its live
+    approve confirmation policies end too, one `confirmation_policy.revoked` event each
+    (confirmation.SUSPENDED_REASON): after a resume a person confirms its destructive
+    calls again; deny policies stay.
 
     Every agent below it (subagents, theirs, ...) is suspended with it, in the same
     transaction: a parent controls its subagents, so a compromised parent's
@@ -121,7 +125,7 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
     it is suspended), and a subagent cannot be created under a suspended agent
     (agent_create). The approvals voided here stay voided."""
     with transaction.atomic():
-        suspended: list[tuple[Agent, int, list[int]]] = []
+        suspended: list[tuple[Agent, int, list[int], list[int]]] = []
         for member in _tree_locked(agent):
             updated = Agent.objects.filter(pk=member.pk, status=Agent.Status.ACTIVE).update(
                 status=Agent.Status.SUSPENDED, suspended_at=at
@@ -130,13 +134,17 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 voided = Approval.objects.filter(
                     agent=member, status__in=[Approval.Status.PENDING, Approval.Status.APPROVED]
                 ).update(status=Approval.Status.EXPIRED)
-                # Its own requests (an approver deciding one now finds it closed).
-                suspended.append((member, voided, requests_withdraw(member.pk, at)))
-        for member, voided, withdrawn in suspended:
+                # Its own requests (an approver deciding one now finds it closed), and
+                # the standing approvals of its destructive calls.
+                withdrawn = requests_withdraw(member.pk, at)
+                ended = confirmation.approve_policies_end(member.pk, at)
+                suspended.append((member, voided, withdrawn, ended))
+        for member, voided, withdrawn, ended in suspended:
             data: dict[str, Any] = {
                 "reason": reason,
                 "approvals_voided": voided,
                 "requests_withdrawn": withdrawn,
+                "approve_policies_ended": ended,
             }
             if member.pk != agent.pk:
                 data["cascade_from"] = agent.name
@@ -148,6 +156,7 @@ def agent_suspend(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime
                 data=data,
             )
             requests_withdrawn_events(withdrawn, actor, at)
+            confirmation.approve_policies_ended_events(ended, actor, at)
     agent.refresh_from_db()
     return agent
 
@@ -167,9 +176,9 @@ def agent_resume(*, agent: Agent, reason: str, actor: audit.Actor, at: datetime)
       may have been compromised, and a token of its from before must never work
       again. An admin issues it a new one. Each revocation is the usual
       `agent_token.revoked` event (as token_revoke writes it).
-    - Approvals voided at suspension stay voided. Its grants are unchanged: they are
-      time-boxed, so each allows again exactly what it allows at the time of the
-      call; one that ended meanwhile stays ended.
+    - Approvals voided and approve policies ended at suspension stay so. Its grants
+      are unchanged: they are time-boxed, so each allows again exactly what it allows
+      at the time of the call; one that ended meanwhile stays ended.
     - One `agent.reactivated` event (after the token events): the reason, when the
       suspension began, and the prefixes of the tokens revoked.
 

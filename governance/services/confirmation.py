@@ -197,3 +197,41 @@ def policy_revoke(
         policy.save(update_fields=["revoked_at", "revoked_by", "revoke_reason"])
         _event(policy, EventType.CONFIRMATION_POLICY_REVOKED, actor, at, reason=reason)
     return policy
+
+
+# Why an approve policy ended when its agent was suspended (agents.agent_suspend).
+SUSPENDED_REASON = "ended: the agent was suspended"
+
+
+def approve_policies_end(agent_id: int, at: datetime) -> list[int]:
+    """End the agent's live approve policies at `at` (SUSPENDED_REASON); their ids.
+    A standing "yes" to destructive calls does not outlast an incident: after a
+    resume, a person confirms each call again until an approver writes a new policy,
+    as the hand approvals voided with them are asked again. Deny policies stay (they
+    only restrict). Rows only, locked first: the caller writes the events after its
+    own rows (approve_policies_ended_events)."""
+    ids = list(
+        ConfirmationPolicy.objects.select_for_update(no_key=True)
+        .filter(
+            agent_id=agent_id,
+            verdict=ConfirmationPolicy.Verdict.APPROVE,
+            revoked_at__isnull=True,
+            expires_at__gt=at,
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    ConfirmationPolicy.objects.filter(pk__in=ids).update(
+        revoked_at=at, revoke_reason=SUSPENDED_REASON
+    )
+    return ids
+
+
+def approve_policies_ended_events(ids: list[int], actor: audit.Actor, at: datetime) -> None:
+    """One confirmation_policy.revoked event per policy approve_policies_end ended, in
+    the shape policy_revoke writes."""
+    ended = ConfirmationPolicy.objects.select_related("agent", "tool", "task").filter(pk__in=ids)
+    for policy in ended.order_by("pk"):
+        _event(
+            policy, EventType.CONFIRMATION_POLICY_REVOKED, actor, at, reason=policy.revoke_reason
+        )
