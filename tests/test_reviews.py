@@ -140,6 +140,31 @@ def test_nobody_reviews_a_grant_they_requested_or_approved(world, person):
     assert events(EventType.REVIEW_ITEM_DECIDED) == []
 
 
+@pytest.mark.parametrize("lost", ["deactivated", "role_removed"])
+def test_an_assigned_reviewer_who_lost_their_authority_decides_nothing(world, lost):
+    """The reviewer assigned when the campaign opened was deactivated, or the approver
+    role was taken from them, since: a keep from them re-certified the grant on no
+    one's authority. Refused `not_approver`, the item pending, nothing on record; the
+    item stays for an admin (or the undecided-item rule at its due date)."""
+    campaign = open_campaign()
+    item = campaign.items.exclude(reviewer=None).first()
+    reviewer = item.reviewer
+    if lost == "deactivated":
+        reviewer.is_active = False
+        reviewer.save()
+    else:
+        reviewer.groups.remove(Group.objects.get(name="approvers"))
+    reviewer = type(reviewer).objects.get(pk=reviewer.pk)  # fresh role cache
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        decide(item, "keep", reviewer=reviewer, comment="fine")
+    assert caught.value.code == "not_approver"
+    assert ReviewItem.objects.get(pk=item.pk).status == "pending"
+    assert Grant.objects.get(pk=item.grant_id).status == "active"
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []
+    assert AuditEvent.objects.count() == before
+
+
 def test_nobody_re_certifies_their_own_agents_grant(world, person, make_agent, make_grant):
     """olga, an admin, owns the agent (and so does whoever is behind the agent above a
     subagent): she is never assigned its grants and may not decide them, though she

@@ -336,6 +336,9 @@ def review_item_decide(
             )
         if not (item.reviewer_id == reviewer.pk or roles.is_admin(reviewer)):
             raise Forbidden("not_assigned", "The item is assigned to another reviewer.")
+        # The assigned reviewer deactivated or no longer an approver since the campaign
+        # opened: a keep would re-certify access on no one's authority.
+        roles.require_may_approve(reviewer, "Review items")
         late = at >= item.due_at
         # Ended as the job reads it (the row: revoked, denied, expired, or past its
         # expiry before the job ran). A suspended agent's grant is not ended: it may
