@@ -382,10 +382,10 @@ LOGGING = {
 # --- Web UI (governance/web) ---------------------------------------------------------------
 LOGIN_URL = "/ui/login/"
 LOGIN_REDIRECT_URL = "/ui/"
-MIDDLEWARE += [
-    "governance.web.middleware.CurrentRequestMiddleware",
-    "governance.web.middleware.ContentSecurityPolicyMiddleware",
-]
+MIDDLEWARE += ["governance.web.middleware.CurrentRequestMiddleware"]
+# Outermost: every answer carries the policy, also one a middleware gives before any view
+# (411 for a chunked body, 400 for a Host not allowed, a redirect to HTTPS).
+MIDDLEWARE.insert(0, "governance.web.middleware.ContentSecurityPolicyMiddleware")
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("governance.web.context.ui")  # type: ignore[index]
 X_FRAME_OPTIONS = "DENY"
 # Sessions are rows in the database (Django's default, named): a person's deactivation

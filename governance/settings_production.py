@@ -68,4 +68,9 @@ X_FRAME_OPTIONS = "DENY"
 # by the app itself, after SecurityMiddleware's redirect and headers: gunicorn serves
 # none, and nothing else is in front but a TLS proxy. `manage.py collectstatic` fills
 # STATIC_ROOT first (the Dockerfile does it when the image is built).
-MIDDLEWARE = [MIDDLEWARE[0], "whitenoise.middleware.WhiteNoiseMiddleware", *MIDDLEWARE[1:]]
+_SECURITY = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1
+MIDDLEWARE = [
+    *MIDDLEWARE[:_SECURITY],
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    *MIDDLEWARE[_SECURITY:],
+]

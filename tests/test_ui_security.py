@@ -167,6 +167,22 @@ def test_every_page_sends_csp_and_frame_headers() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/ui/login/", "/api/v1/authorize"])
+def test_answers_made_before_any_view_carry_the_policy_too(path) -> None:
+    """A chunked body (411) and a Host not allowed (400) are answered by a middleware
+    before any view: the CSP middleware, innermost, never saw them."""
+    client = Client()
+    chunked = client.post(path, b"{}", content_type="application/json",
+                          HTTP_TRANSFER_ENCODING="chunked")  # fmt: skip
+    bad_host = client.get(path, HTTP_HOST="evil.example.test")
+    for response, status in ((chunked, 411), (bad_host, 400)):
+        assert response.status_code == status
+        csp = response["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in csp and "'unsafe-inline'" not in csp
+    assert AuditEvent.objects.count() == 0  # neither reached anything that writes
+
+
+@pytest.mark.django_db
 def test_no_state_change_on_get() -> None:
     world = ui_world.build()
     client = ui_world.signed_in("admin")
