@@ -191,6 +191,10 @@ GOVERNANCE_EXPIRY_INTERVAL = timedelta(
     seconds=env_int("GOVERNANCE_EXPIRY_INTERVAL_SECONDS", 60, minimum=1, maximum=3600)
 )
 AGENT_TOKEN_MAX_DAYS = env_int("AGENT_TOKEN_MAX_DAYS", 90, minimum=1, maximum=365)
+# Live tokens one holder (an agent, or a person's own API tokens) may have at once: rate
+# limits are per token, and each token is a credential to guard; rotating one means
+# issuing the next, then revoking the old (409 too_many_tokens past it).
+AGENT_TOKEN_MAX_LIVE = env_int("AGENT_TOKEN_MAX_LIVE", 5, minimum=1, maximum=100)
 
 
 def env_backends(name: str) -> list[str]:

@@ -1108,6 +1108,44 @@ def test_no_token_is_issued_to_a_suspended_agent(make_agent, alice, system):
     assert (event.event_type, event.agent) == ("agent_token.issued", "bot")
 
 
+@pytest.mark.parametrize("holder", ["agent", "person"])
+def test_a_holder_has_at_most_the_configured_number_of_live_tokens(
+    make_agent, alice, bob, system, settings, holder
+):
+    """Rate limits are per token and every token is a credential to guard: an agent (or
+    a person's own API tokens) had no cap, so tokens could pile up unseen. Past
+    AGENT_TOKEN_MAX_LIVE live ones, a 409 with a code, no row, no event; a token revoked
+    or expired no longer counts, and one holder's tokens do not count for another."""
+    from governance.models import AgentToken
+
+    settings.AGENT_TOKEN_MAX_LIVE = 3
+    bot, other = make_agent("bot"), make_agent("other")
+    whose = {"agent": bot} if holder == "agent" else {"user": bob}
+    issue = lambda at, days=30, **kw: agents.token_issue(  # noqa: E731
+        created_by=alice, actor=system, at=at, days=days, **(kw or whose)
+    )
+    first = issue(NOW, days=1)[0]
+    issue(NOW, days=1)
+    issue(NOW)
+    before = last_event().seq
+    with pytest.raises(Conflict) as refused:
+        issue(NOW + MS)
+    assert (refused.value.code, refused.value.status) == ("too_many_tokens", 409)
+    assert "3 live tokens" in refused.value.message
+    assert AgentToken.objects.filter(**whose).count() == 3
+    assert last_event().seq == before
+    issue(NOW + MS, agent=other)  # another holder's count is its own
+    agents.token_revoke(token=first, actor=system, at=NOW + 2 * MS)
+    token, _ = issue(NOW + 3 * MS)
+    assert token.revoked_at is None and AgentToken.objects.filter(**whose).count() == 4
+    assert last_event().event_type == "agent_token.issued"
+    with pytest.raises(Conflict):
+        issue(NOW + 4 * MS)
+    # A day on, the second token (issued for a day) has expired: room again.
+    issue(NOW + timedelta(days=1))
+    assert last_event().event_type == "agent_token.issued"
+
+
 def test_no_subagent_is_created_under_a_suspended_agent(make_agent, alice, system):
     """Not under the suspended agent, nor anywhere below it: a 409 with a code, and
     nothing written."""

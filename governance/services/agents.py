@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from governance import audit, selectors
 from governance.codes import EventType
@@ -244,7 +245,11 @@ def token_issue(
 
     A suspended agent gets none (Conflict `agent_suspended`): its tokens would not work,
     and agent_resume revokes every token issued before it. The agent's row is locked,
-    so a suspension or a resume committing meanwhile is seen."""
+    so a suspension or a resume committing meanwhile is seen. A holder (the agent, or
+    the person for a personal token) with AGENT_TOKEN_MAX_LIVE live tokens already
+    gets no more (Conflict `too_many_tokens`): rate limits are per token, and every
+    live token is a credential to guard. The holder's row is locked before they are
+    counted, so two issues at once cannot both pass the cap."""
     if not 0 < days <= settings.AGENT_TOKEN_MAX_DAYS:
         raise GovernanceError(
             "invalid_expiry",
@@ -259,6 +264,20 @@ def token_issue(
                     f"{agent.name} is suspended: resume it first, then issue its token "
                     "(a resume revokes every token issued before it).",
                 )
+            held = AgentToken.objects.filter(agent=agent)
+        else:
+            type(user).objects.select_for_update().filter(pk=user.pk).exists()
+            held = AgentToken.objects.filter(agent=None, user=user)
+        live = held.filter(expires_at__gt=at).filter(
+            Q(revoked_at__isnull=True) | Q(revoked_at__gt=at)
+        )
+        if (count := live.count()) >= settings.AGENT_TOKEN_MAX_LIVE:
+            holder = agent.name if agent is not None else user.get_username()
+            raise Conflict(
+                "too_many_tokens",
+                f"{holder} already holds {count} live tokens (at most "
+                f"{settings.AGENT_TOKEN_MAX_LIVE}): revoke one it no longer uses first.",
+            )
         for attempt in range(_PREFIX_TRIES):
             # The prefix (the lookup key) is 32 random bits: a collision is rare, not
             # impossible, and is met with another draw, never a database error.
