@@ -262,3 +262,33 @@ def test_a_deactivation_saved_with_update_fields_ends_sessions_and_tokens(bob, s
     assert json.loads(last_event().data)["changed"] == {
         "is_active": {"before": False, "after": True}
     }
+
+
+def test_a_save_of_some_fields_is_on_record_with_only_the_fields_it_wrote(bob, system):
+    """save(update_fields=[...]) writes those columns only: what else the instance holds
+    (changed in memory, or a stale copy) stays as the row has it. The event said the
+    account was switched off and made superuser when neither was written, a false
+    record of who could do what."""
+    bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    ui = Client()
+    ui.force_login(bob)
+    token, plaintext = agents.token_issue(created_by=bob, user=bob, actor=system,
+                                          at=timezone.now())  # fmt: skip
+    seq = _top_seq()
+
+    bob.is_active, bob.is_superuser, bob.first_name = False, True, "Bob"
+    bob.save(update_fields=["first_name"])
+    row = User.objects.get(pk=bob.pk)
+    assert (row.first_name, row.is_active, row.is_superuser) == ("Bob", True, False)
+    assert _top_seq() == seq  # first_name is not tracked: nothing to record
+
+    bob.email = "bob@example.test"
+    bob.save(update_fields=["email", "is_superuser"])
+    row = User.objects.get(pk=bob.pk)
+    assert (row.email, row.is_active, row.is_superuser) == ("bob@example.test", True, True)
+    assert [(kind, data["changed"]) for kind, _, _, data in _events_after(seq)] == [
+        ("person.changed", {"is_superuser": {"before": False, "after": True}}),
+    ]
+    assert Session.objects.count() == 1
+    assert AgentToken.objects.get(pk=token.pk).revoked_at is None
+    assert _client(plaintext).get("/api/v1/agents").status_code == 200

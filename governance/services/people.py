@@ -158,19 +158,20 @@ def _saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     if created or before is None:
         _or_undo(lambda: _append(EventType.PERSON_CREATED, instance, **now), rows.delete)
         return
+    # Only what this save wrote: save(update_fields=[...]) leaves every other column as
+    # the row has it, whatever the instance holds (changed in memory, or a stale copy),
+    # and an event saying it changed would be false (a superuser never made, an
+    # account switched off that is still on).
+    fields = kwargs.get("update_fields")
+    written = [name for name in (*TRACKED, "password") if fields is None or name in fields]
     changed: dict[str, Any] = {
         name: {"before": before[name], "after": now[name]}
         for name in TRACKED
-        if before[name] != now[name]
+        if name in written and before[name] != now[name]
     }
-    if before["password"] != instance.password:
+    if "password" in written and before["password"] != instance.password:
         changed["password"] = "changed"
-    fields = kwargs.get("update_fields")
-    deactivated = (
-        before["is_active"]
-        and not now["is_active"]
-        and (fields is None or "is_active" in fields)  # written, not a stale instance's
-    )
+    deactivated = "is_active" in changed and not now["is_active"]
 
     def write() -> None:
         at = timezone.now()
