@@ -1168,7 +1168,11 @@ class _Planner:
         elif sorted(pending.actions) == wanted:
             change.outcome, change.grant_id = "unchanged", pending.pk
             change.note = f"pending as request #{pending.pk}"
-        elif self.mode == "requests":
+        else:
+            # In either mode: a live grant is issued through a pending row of its own
+            # (grant_issue), which the one-pending-request rule refuses beside this one,
+            # so a dry run with --apply-approved that let it through would promise a
+            # grant the import then refuses.
             self.reader.error(
                 keys["actions"],
                 f"{change.path}.actions",
