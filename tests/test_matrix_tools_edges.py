@@ -8,11 +8,14 @@ each test checks the answer, the rows and the audit events."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
+
+import pytest
 
 from governance.models import AuditEvent, Grant
 from tests import test_matrix
-from tests.test_matrix import counts, rejected, write
+from tests.test_matrix import counts, rejected, run_import, write
 
 # test_matrix's world (two agents, three tools, a task, grants in every state), its
 # admins ada (imports) and cy (approves), and its clock frozen at NOW (autouse).
@@ -30,6 +33,85 @@ def one_grant(extra: str, scope: str = "repo:acme/new/*") -> str:
         f'- {{agent: bot, tool: repo, actions: [read], scope: "{scope}", justification: j, '
         f"{extra}}}\n"
     )
+
+
+# --- Durations ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("duration", ["1h30", "8hours", "2d 4h"])
+def test_a_duration_with_anything_after_its_last_unit_is_refused_at_its_line(
+    world, tmp_path, duration
+):
+    """Mutant M1 (fullmatch -> match): "1h30" read as one hour, "8hours" as eight,
+    the rest of the text dropped without a word."""
+    path = write(tmp_path, one_grant(f'duration: "{duration}"'))
+    before = counts()
+
+    message = rejected(path, "--as", "alice")
+
+    assert "matrix.yaml:2: grants[0].duration: must look like 8h, 2d, 90m or 1d12h" in message
+    assert counts() == before
+
+
+def test_a_unit_named_twice_adds_up(world, tmp_path, ada):
+    """Mutant M3 (the second amount of a unit replaces the first): "4h20h" is 24 hours,
+    not 20."""
+    path = write(tmp_path, one_grant("duration: 4h20h"))
+
+    run_import(path, "--as", "ada")
+
+    grant = Grant.objects.get(scope="repo:acme/new/*")
+    assert (grant.status, grant.requested_duration) == ("pending", timedelta(hours=24))
+    requested = AuditEvent.objects.get(event_type="grant.requested", grant_id=grant.pk)
+    assert data(requested)["duration_seconds"] == 24 * 3600
+
+
+def test_a_duration_too_long_for_python_is_too_long_not_malformed(world, tmp_path):
+    """Mutant M4 (an overflow read as "not a duration"): 999,999,999,999 weeks is a
+    well-formed duration past any maximum; the file is told it is too long."""
+    path = write(tmp_path, one_grant("duration: 999999999999w"))
+    before = counts()
+
+    message = rejected(path, "--as", "alice")
+
+    assert "matrix.yaml:2: grants[0].duration: Duration exceeds the maximum grant" in message
+    assert "must look like" not in message
+    assert counts() == before
+
+
+# --- Reading the file ---------------------------------------------------------------------
+
+
+def test_a_file_nested_exactly_as_deep_as_allowed_is_read_and_one_more_is_not(world, tmp_path):
+    """Mutant M5 (> MAX_DEPTH -> >=): 48 levels (the top mapping and 47 lists) are read,
+    so the file gets the error of what it says; 49 are refused before composing."""
+    before = counts()
+
+    def nested(levels: int) -> str:
+        return rejected(
+            write(tmp_path, f"version: {'[' * levels}1{']' * levels}\n"), "--as", "alice"
+        )
+
+    at_most = nested(47)
+    assert "matrix.yaml:1: version: must be a single value" in at_most
+    assert "levels deep" not in at_most
+    assert "matrix.yaml:1: nested more than 48 levels deep" in nested(48)
+    assert counts() == before
+
+
+def test_an_alias_used_only_as_a_key_is_refused(world, tmp_path, ada):
+    """Mutant M9 (keys not walked for aliases): an anchored key repeated as `*k` in the
+    next entry was let through, and the file created both agents."""
+    path = write(
+        tmp_path,
+        "agents:\n- &k name: newbot\n  owner: alice\n- *k : otherbot\n  owner: alice\n",
+    )
+    before = counts()
+
+    message = rejected(path, "--as", "ada")
+
+    assert "anchors and aliases (&, *) are not supported" in message
+    assert counts() == before
 
 
 # --- What a plan promises is what the import does ---------------------------------------
