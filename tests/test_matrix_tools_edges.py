@@ -12,9 +12,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Group
 
+from governance import roles
 from governance.models import AuditEvent, Grant
+from governance.services import agents as agent_service
 from tests import test_matrix
+from tests.conftest import NOW
 from tests.test_matrix import counts, rejected, run_import, write
 
 # test_matrix's world (two agents, three tools, a task, grants in every state), its
@@ -145,3 +149,49 @@ def test_a_dry_run_with_apply_approved_refuses_an_entry_beside_a_pending_request
     events = AuditEvent.objects.filter(scope="repo:acme/web/*")
     assert list(events.values_list("event_type", flat=True)) == ["grant.requested"]
     assert not AuditEvent.objects.filter(event_type="matrix.imported").exists()
+
+
+def test_a_dry_run_with_apply_approved_refuses_an_approver_with_a_stake_in_the_agent(
+    world, tmp_path, ada, alice
+):
+    """Bug: alice, an admin, owns bot. A dry run naming her the approver promised a
+    live grant for bot; only the import refused it (grant_issue's stake rule). The plan
+    now refuses the entry at its line, as it already did for an approve policy, and
+    nothing is written either way."""
+    alice.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    path = write(tmp_path, one_grant("duration: 1h"))
+    approved = ("--as", "ada", "--apply-approved", "--approver", "alice")
+    before = counts()
+
+    for args in (("--dry-run", *approved), approved):
+        message = rejected(path, *args)
+        assert "matrix.yaml:2: grants[0]: 'alice' has a stake in agent 'bot'" in message
+        assert "cannot approve its grants" in message
+
+    assert counts() == before
+    assert not Grant.objects.filter(scope="repo:acme/new/*").exists()
+
+
+def test_a_dry_run_with_apply_approved_refuses_a_grant_for_a_suspended_agent(
+    world, tmp_path, ada, cy, system
+):
+    """Bug: bot is suspended. A dry run with --apply-approved planned a live grant for
+    it with a warning; the import then refused it (grant_issue: no grant is issued to a
+    suspended agent). Now the plan refuses the entry; a request (without
+    --apply-approved) is still filed (with a warning)."""
+    agent_service.agent_suspend(agent=world["bot"], reason="incident", actor=system, at=NOW)
+    path = write(tmp_path, one_grant("duration: 1h"))
+    approved = ("--as", "ada", "--apply-approved", "--approver", "cy")
+    before = counts()
+
+    for args in (("--dry-run", *approved), approved):
+        message = rejected(path, *args)
+        assert "matrix.yaml:2: grants[0]: agent 'bot' is suspended: no live grant" in message
+    assert counts() == before
+
+    run_import(path, "--as", "ada")
+
+    grant = Grant.objects.get(scope="repo:acme/new/*")
+    assert (grant.status, grant.requested_by, grant.approved_by) == ("pending", ada, None)
+    events = AuditEvent.objects.filter(grant_id=grant.pk)
+    assert list(events.values_list("event_type", flat=True)) == ["grant.requested"]

@@ -68,7 +68,7 @@ from governance.errors import Forbidden, GovernanceError
 from governance.models import Agent, Grant, Task, Tool
 from governance.models.tools import definition_hash
 from governance.services import agents as agent_service
-from governance.services import confirmation, exports
+from governance.services import approvals, confirmation, exports
 from governance.services import grants as grant_service
 from governance.services import tasks as task_service
 from governance.services import tools as tool_service
@@ -869,6 +869,10 @@ class _Planner:
         elif not self._duplicate_in_file(change, node):
             self._compare_with_database(change, keys, node)
             self._second_request_in_file(change, keys)
+            if change.outcome == "create" and (refusal := self._issue_refusal(agent)):
+                # grant_issue refuses it too: caught here so a dry run says so.
+                r.error(node, path, refusal)
+                return
         if change.outcome == "create" and review_due is not None and review_due is not BAD:
             # A review date is a review item's due date, set by a campaign; the file's
             # is the exporting system's, and a new grant here has no review pending.
@@ -1055,6 +1059,33 @@ class _Planner:
             parent = self.new_agents[agent]["parent"]
             return None if parent is BAD else parent
         return agent.parent.name if agent.parent_id is not None else None
+
+    def _issue_refusal(self, agent: Any) -> str | None:
+        """Why grant_issue would refuse a live grant to `agent` (an Agent, or the name of
+        one this file creates) approved by the approving admin, or None (also in
+        requests mode: a request may be filed for a suspended agent, with a warning).
+        Grants reach here for agents at the top of the tree only (subagents are refused
+        before), so the new agent's owner is its only stakeholder."""
+        if self.mode != "approved":
+            return None
+        if isinstance(agent, str):
+            spec = self.new_agents[agent]
+            name, status = agent, spec["status"]
+            people = set() if spec["owner"] is BAD else {spec["owner"].pk}
+        else:
+            name, status = agent.name, agent.status
+            people = approvals.stakeholders(agent, None, at=self.at)
+        if status == Agent.Status.SUSPENDED:
+            return (
+                f"agent {name!r} is suspended: no live grant is issued to it "
+                "(import without --apply-approved to file a request)"
+            )
+        if self.approver is not None and self.approver.pk in people:
+            return (
+                f"{self.approver.get_username()!r} has a stake in agent {name!r} (its owner, "
+                "or who held a token for it) and cannot approve its grants"
+            )
+        return None
 
     def _tool_for(self, keys: dict[str, Node], path: str, name: Any) -> Any:
         if name is BAD:
