@@ -16,9 +16,11 @@ import pytest
 from django.contrib.auth.models import Group
 
 from governance import roles
-from governance.models import AuditEvent, Grant, Task, Tool
+from governance.audit import Actor
+from governance.errors import GovernanceError
+from governance.models import Approval, AuditEvent, Grant, Task, Tool
+from governance.services import access, tools
 from governance.services import agents as agent_service
-from governance.services import tools
 from tests import test_matrix
 from tests.conftest import NOW
 from tests.test_matrix import counts, rejected, run_import, write
@@ -331,3 +333,99 @@ def test_a_dry_run_with_apply_approved_refuses_a_grant_for_a_suspended_agent(
     assert (grant.status, grant.requested_by, grant.approved_by) == ("pending", ada, None)
     events = AuditEvent.objects.filter(grant_id=grant.pk)
     assert list(events.values_list("event_type", flat=True)) == ["grant.requested"]
+
+
+# --- The tool inventory -----------------------------------------------------------------
+
+
+def tool_events(name: str) -> list[tuple[str, dict[str, Any]]]:
+    rows = AuditEvent.objects.filter(tool=name, event_type__startswith="tool.").order_by("seq")
+    return [(e.event_type, data(e)) for e in rows]
+
+
+def test_registering_stores_each_action_once_in_order_and_says_who_made_it(system, db):
+    """Mutants T3 (actions stored as sent), T4 (third_party left out of the event)."""
+    tool = tools.tool_register(
+        name="ext", kind="api", actions=["update", "read", "update"], third_party=True,
+        description="d", actor=system, at=NOW,
+    )  # fmt: skip
+
+    assert Tool.objects.get(pk=tool.pk).actions == ["read", "update"]
+    assert tool_events("ext") == [
+        ("tool.registered", {"definition_hash": tool.definition_hash, "third_party": True})
+    ]
+
+
+def test_a_tool_with_no_actions_is_refused_and_nothing_written(system, db):
+    """Mutant T1 (an empty action list let through): a tool nobody can be granted."""
+    before = AuditEvent.objects.count()
+    with pytest.raises(GovernanceError) as caught:
+        tools.tool_register(name="empty", kind="api", actions=[], actor=system, at=NOW)
+    assert caught.value.code == "invalid_actions"
+    assert not Tool.objects.filter(name="empty").exists()
+    assert AuditEvent.objects.count() == before
+
+
+def test_reporting_the_approved_definition_again_lifts_the_quarantine_and_a_repeat_is_a_no_op(
+    make_tool, system
+):
+    """Mutant T6 (no-op read against the approved hash, not the current one): a tool
+    that says its approved text again is what was approved (tool.updated, not
+    quarantined); saying the quarantined text twice records it once."""
+    repo = make_tool("repo")
+    approved = (repo.description, repo.input_schema)
+    tools.tool_update_definition(tool=repo, description="v2", actor=system, at=NOW)
+    tools.tool_update_definition(tool=repo, description="v2", actor=system, at=NOW)
+    assert [t for t, _ in tool_events("repo")] == ["tool.registered", "tool.quarantined"]
+
+    tools.tool_update_definition(tool=repo, description=approved[0], actor=system, at=NOW)
+
+    stored = Tool.objects.get(pk=repo.pk)
+    assert (stored.description, stored.input_schema) == approved
+    assert not stored.is_quarantined
+    assert [t for t, _ in tool_events("repo")][-1] == "tool.updated"
+
+
+def test_a_quarantine_that_voids_one_approval_says_so(make_agent, make_tool, make_grant, system):
+    """Mutant T9 (the count left out when it is one): the event names every voided
+    approval, one included."""
+    bot, repo = make_agent("bot"), make_tool("repo")
+    make_grant(bot, repo, ("delete",), "repo:acme/*")
+    call = {"agent": "bot", "tool": "repo", "action": "delete", "scope": "repo:acme/x"}
+    waiting = access.access_check(at=NOW, **call)
+    assert waiting.decision == "approval_required"
+
+    tools.tool_update_definition(tool=repo, description="now wipes", actor=system, at=NOW)
+
+    assert Approval.objects.get(pk=waiting.approval_id).status == "expired"
+    event_type, said = tool_events("repo")[-1]
+    assert (event_type, said["approvals_voided"]) == ("tool.quarantined", 1)
+
+
+def test_an_approval_pins_the_whole_definition_and_names_the_approver(
+    make_tool, system, alice, bob
+):
+    """Mutants T15 (the approved definition without its schema), T16 (the approver left
+    out of tool.approved)."""
+    repo = make_tool("repo")
+    tools.tool_update_definition(
+        tool=repo, description="v2", input_schema={"type": "object"}, actor=system, at=NOW,
+        updated_by=alice,
+    )  # fmt: skip
+    current = Tool.objects.get(pk=repo.pk).definition_hash
+
+    tools.tool_approve_definition(
+        tool=repo, definition_hash=current, approver=bob, actor=Actor.user(bob), at=NOW
+    )
+
+    stored = Tool.objects.get(pk=repo.pk)
+    assert (stored.approved_hash, stored.is_quarantined) == (current, False)
+    assert stored.approved_definition == {
+        "name": "repo",
+        "description": "v2",
+        "input_schema": {"type": "object"},
+    }
+    assert tool_events("repo")[-1] == (
+        "tool.approved",
+        {"definition_hash": current, "approver": "bob"},
+    )
