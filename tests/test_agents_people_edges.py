@@ -79,7 +79,8 @@ def test_a_suspension_voids_an_approved_call_not_yet_made(make_agent, make_tool,
     assert Approval.objects.get(pk=asked.approval_id).status == "expired"
     assert _events_after(seq) == [
         ("agent.suspended", system.label, "bot",
-         {"reason": "token leaked", "approvals_voided": 1, "requests_withdrawn": []}),
+         {"reason": "token leaked", "approvals_voided": 1, "requests_withdrawn": [],
+          "approve_policies_ended": []}),
     ]  # fmt: skip
 
 
