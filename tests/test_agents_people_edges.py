@@ -232,15 +232,18 @@ def test_a_tokens_last_use_is_refreshed_at_most_once_a_minute(make_agent, alice,
 # --- People -------------------------------------------------------------------------------
 
 
+def _admin_signed_in_with_a_token(bob: User, system: Actor) -> tuple[AgentToken, str]:
+    """bob made an admin, with a web session and a personal API token."""
+    bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
+    Client().force_login(bob)
+    return agents.token_issue(created_by=bob, user=bob, actor=system, at=timezone.now())
+
+
 def test_a_deactivation_saved_with_update_fields_ends_sessions_and_tokens(bob, system):
     """`save(update_fields=["is_active"])` writes the deactivation as a full save does:
     the person's sessions end and their live tokens are revoked, on record (P04 skipped
     both when update_fields named is_active)."""
-    bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
-    ui = Client()
-    ui.force_login(bob)
-    token, plaintext = agents.token_issue(created_by=bob, user=bob, actor=system,
-                                          at=timezone.now())  # fmt: skip
+    token, plaintext = _admin_signed_in_with_a_token(bob, system)
     seq = _top_seq()
 
     bob.is_active = False
@@ -270,11 +273,7 @@ def test_a_save_of_some_fields_is_on_record_with_only_the_fields_it_wrote(bob, s
     (changed in memory, or a stale copy) stays as the row has it. The event said the
     account was switched off and made superuser when neither was written, a false
     record of who could do what."""
-    bob.groups.add(Group.objects.get_or_create(name=roles.ADMINS)[0])
-    ui = Client()
-    ui.force_login(bob)
-    token, plaintext = agents.token_issue(created_by=bob, user=bob, actor=system,
-                                          at=timezone.now())  # fmt: skip
+    token, plaintext = _admin_signed_in_with_a_token(bob, system)
     seq = _top_seq()
 
     bob.is_active, bob.is_superuser, bob.first_name = False, True, "Bob"

@@ -8,7 +8,6 @@ rows and the audit events."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -17,28 +16,16 @@ import pytest
 from governance.audit import Actor
 from governance.codes import EventType
 from governance.errors import Conflict, GovernanceError
-from governance.models import Agent, Approval, AuditEvent, Grant, Task, Tool
+from governance.models import Approval, AuditEvent, Grant, Task
 from governance.services import access, approvals, grants, tasks
-from tests import test_services
+from tests import test_grants_edges, test_services
 from tests.conftest import MS, NOW
+from tests.test_grants_edges import data
 from tests.test_lifecycle_races import _while_held
 from tests.test_services import delegate, request
 
 family = test_services.family  # the fixture: parent -> child, grandchild, stranger
-
-
-@pytest.fixture
-def bot(make_agent: Any) -> Agent:
-    return make_agent("bot")
-
-
-@pytest.fixture
-def repo(make_tool: Any) -> Tool:
-    return make_tool("repo")
-
-
-def data(event: AuditEvent) -> dict[str, Any]:
-    return json.loads(event.data)
+bot, repo = test_grants_edges.bot, test_grants_edges.repo  # the fixtures
 
 
 def top_seq() -> int:
