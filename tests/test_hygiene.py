@@ -389,6 +389,29 @@ def test_a_second_look_is_decided_once_by_another_approver(
     assert row.target == "heidi@example.test"  # the admin
 
 
+def test_a_second_looks_reviewer_deactivated_since_it_was_drawn_decides_nothing(
+    approved_yesterday, system
+):
+    """The reviewer drawn at sampling was deactivated since: the role check alone let
+    their confirm close the look (and the decision was theirs on record). Refused,
+    the look pending, nothing written; reactivated, they decide it."""
+    second_look.second_looks_sample(actor=system, at=NOW + timedelta(hours=1), fraction=1.0)
+    look = SecondLook.objects.filter(kind="grant").select_related("reviewer").first()
+    reviewer = look.reviewer
+    reviewer.is_active = False
+    reviewer.save()
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        look_decide(look, reviewer, "confirm", "looks fine")
+    assert caught.value.code == "not_allowed"
+    assert SecondLook.objects.get(pk=look.pk).status == "pending"
+    assert AuditEvent.objects.count() == before
+    reviewer.is_active = True
+    reviewer.save()
+    assert look_decide(look, reviewer, "confirm", "looks fine").decided_by == reviewer
+    assert events(EventType.SECOND_LOOK_DECIDED)[-1].grant_id == look.grant_id
+
+
 def test_whoever_held_a_token_for_the_agent_takes_none_of_its_second_looks(
     approved_yesterday, system
 ):

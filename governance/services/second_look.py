@@ -178,8 +178,9 @@ def second_look_decide(
         raise GovernanceError("invalid_verdict", f"Verdict must be one of {sorted(VERDICTS)}.")
     if not (comment or "").strip():
         raise GovernanceError("comment_required", "A second look needs a comment.")
-    if not roles.is_approver(reviewer):
-        raise Forbidden("not_allowed", "Second looks are decided by approvers or admins.")
+    # Active too: the reviewer drawn when it was sampled may have been deactivated since.
+    if not roles.may_approve(reviewer):
+        raise Forbidden("not_allowed", "Second looks are decided by active approvers or admins.")
     with transaction.atomic():
         look = (
             SecondLook.objects.select_for_update(of=("self",), no_key=True)
