@@ -192,6 +192,8 @@ def test_permission_table(method: str, path: str, body: Any, role: str, expected
         ).pk  # fmt: skip
     run = ui_world.make_run(world) if "{run}" in path else ""
     client = ui_world.signed_in(None if role == "anon" else role)
+    if path.endswith("/tokens") and role != "anon":
+        body = {**body, **ui_world.token_form(client)}  # the page's one-time form id
     url = _fill(path, world, extra, policy, run)
     before = _state(world)
     events_before = AuditEvent.objects.count()

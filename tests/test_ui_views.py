@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import threading
 import tracemalloc
 from datetime import UTC, datetime, timedelta
@@ -243,7 +244,8 @@ def test_the_approvals_inbox_leaves_out_calls_its_reader_holds_a_token_for() -> 
     admin = ui_world.signed_in("admin")
     marker = f'id="ap-{world.approval.pk}"'
     assert marker in admin.get("/ui/inbox/approvals/").content.decode()
-    assert ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7"}).status_code == 201
+    form = ui_world.token_form(admin)
+    assert ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7", **form}).status_code == 201
     assert marker not in admin.get("/ui/inbox/approvals/").content.decode()
     refused = ui_world.post(admin, f"/ui/inbox/approvals/{world.approval.pk}/approve", {})
     assert refused.status_code == 403 and b"self_approval" in refused.content
@@ -393,6 +395,7 @@ def test_the_resume_form_is_on_a_suspended_agents_page_for_admins_only() -> None
     page = admin.get("/ui/agents/bot-a/").content.decode()
     assert 'id="kill-switch"' in page and not _resume_form(page)
     assert 'action="/ui/agents/bot-a/tokens"' in page
+    shown = ui_world.token_form(admin)  # shown while it was active
     assert ui_world.post(admin, "/ui/agents/bot-a/suspend", {"reason": "x"}).status_code == 302
 
     page = admin.get("/ui/agents/bot-a/").content.decode()
@@ -405,7 +408,7 @@ def test_the_resume_form_is_on_a_suspended_agents_page_for_admins_only() -> None
     # No token form either: a suspended agent gets no token (409 agent_suspended).
     assert 'action="/ui/agents/bot-a/tokens"' not in page
     before = AuditEvent.objects.count()
-    refused = ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7"})
+    refused = ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7", **shown})
     assert refused.status_code == 409 and "agent_suspended" in refused.content.decode()
     assert AuditEvent.objects.count() == before
     for role in ("auditor", "approver"):
@@ -479,7 +482,8 @@ def test_an_admin_resumes_a_suspended_agent_from_its_page() -> None:
 def test_a_token_is_shown_once_and_can_be_revoked() -> None:
     world = ui_world.build()
     client = ui_world.signed_in("admin")
-    created = ui_world.post(client, "/ui/agents/bot-a/tokens", {"days": "7"})
+    form = ui_world.token_form(client)
+    created = ui_world.post(client, "/ui/agents/bot-a/tokens", {"days": "7", **form})
     assert created.status_code == 201
     assert created["Cache-Control"] == "no-store"
     body = created.content.decode()
@@ -1478,3 +1482,32 @@ def test_an_action_an_agent_made_up_shows_its_hidden_characters_in_the_audit_lis
     page = ui_world.signed_in("auditor").get("/ui/audit/").content.decode()
     row = next(line for line in page.split("<tr>") if "daer" in line)
     assert "[U+202E bidi]" in row and "\u202e" not in page
+
+
+@pytest.mark.django_db
+def test_reloading_the_page_that_shows_a_new_token_mints_no_second_one() -> None:
+    """The page that shows a new token answers the form's POST, so reloading it sent the
+    form again and minted a second live token nobody saw. Each form the agent's page
+    shows issues one token: sent again, or made up, it is 409 `form_used`, no row, no
+    event; the page shown with the token carries a fresh form."""
+    from governance.models import AgentToken
+
+    ui_world.build()
+    admin = ui_world.signed_in("admin")
+    form = ui_world.token_form(admin)
+    assert form["form_id"]
+    issued = ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7", **form})
+    assert issued.status_code == 201 and issued["Cache-Control"] == "no-store"
+    tokens, before = AgentToken.objects.count(), AuditEvent.objects.count()
+    assert AuditEvent.objects.order_by("-seq").first().event_type == "agent_token.issued"
+    for sent in (form, {"form_id": "made-up"}):
+        again = ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7", **sent})
+        assert again.status_code == 409 and "form_used" in again.content.decode()
+    assert (AgentToken.objects.count(), AuditEvent.objects.count()) == (tokens, before)
+    fresh = re.search(r'name="form_id" value="([^"]+)"', issued.content.decode()).group(1)
+    assert fresh != form["form_id"]
+    assert (
+        ui_world.post(admin, "/ui/agents/bot-a/tokens", {"days": "7", "form_id": fresh}).status_code
+        == 201
+    )
+    assert AgentToken.objects.count() == tokens + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -166,6 +167,14 @@ def csrf(client: Client) -> str:
 
 def post(client: Client, path: str, data: dict[str, Any] | None = None) -> Any:
     return client.post(path, {**(data or {}), "csrfmiddlewaretoken": csrf(client)})
+
+
+def token_form(client: Client, agent: str = "bot-a") -> dict[str, str]:
+    """The one-time id of the token form the agent's page shows this session (empty
+    for a person who is shown none)."""
+    page = client.get(f"/ui/agents/{agent}/").content.decode()
+    found = re.search(r'name="form_id" value="([^"]*)"', page)
+    return {"form_id": found.group(1) if found else ""}
 
 
 @dataclass

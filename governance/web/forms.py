@@ -108,6 +108,8 @@ class ApproveRequestForm(StrictForm):
 
 class TokenForm(StrictForm):
     days = forms.IntegerField(min_value=1, max_value=3650, initial=30)
+    # The one-time id of the form as the agent's page showed it (views.token_issue).
+    form_id = forms.CharField(max_length=64)
 
     def clean_days(self) -> int:
         days = self.cleaned_data["days"]

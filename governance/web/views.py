@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -27,9 +28,9 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from governance import policy, ratelimit, selectors
+from governance import policy, ratelimit, roles, selectors
 from governance.admin import admins_only
-from governance.errors import GovernanceError
+from governance.errors import Conflict, GovernanceError
 from governance.models import (
     Agent,
     AgentToken,
@@ -503,6 +504,10 @@ def _agent_page(
                 agent=agent, status=Approval.Status.PENDING, expires_at__gt=now
             ).count(),
             "token_form": forms.TokenForm(),
+            # Shown where the page shows the form (agent.html): admins, an active agent.
+            "token_form_id": _token_form_shown(request)
+            if roles.is_admin(request.user) and agent.status == Agent.Status.ACTIVE
+            else "",
             "new_token": new_token,
             "now": now,
         },
@@ -577,6 +582,29 @@ def agent_resume(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("ui:agent", name=agent.name)
 
 
+# The ids of the token forms this session was shown, each good for one token: the page
+# that shows a new token answers a POST, so reloading it sends the form again, and it
+# minted a second live token nobody saw (the first one's plaintext on screen).
+_TOKEN_FORMS = "token_forms"
+
+
+def _token_form_shown(request: HttpRequest) -> str:
+    form_id = secrets.token_urlsafe(16)
+    shown = request.session.get(_TOKEN_FORMS, [])[-9:]
+    request.session[_TOKEN_FORMS] = [*shown, form_id]
+    return form_id
+
+
+def _token_form_used(request: HttpRequest, form_id: str) -> bool:
+    """True if the form was already used (or never shown to this session); else it is
+    used up now."""
+    shown = request.session.get(_TOKEN_FORMS, [])
+    if form_id not in shown:
+        return True
+    request.session[_TOKEN_FORMS] = [other for other in shown if other != form_id]
+    return False
+
+
 @require("admin")
 @require_POST
 def token_issue(request: HttpRequest, name: str) -> HttpResponse:
@@ -584,6 +612,16 @@ def token_issue(request: HttpRequest, name: str) -> HttpResponse:
     form = forms.TokenForm(request.POST)
     if not form.is_valid():
         return common.invalid(request, form)
+    if _token_form_used(request, form.cleaned_data["form_id"]):
+        return common.failed(
+            request,
+            Conflict(
+                "form_used",
+                "This form already issued a token (reloading the page sends it again): "
+                "no other was made. Open the agent's page for a new form, and revoke any "
+                "token whose value was not saved.",
+            ),
+        )
     try:
         _token, plaintext = agent_services.token_issue(
             created_by=request.user,
