@@ -19,6 +19,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.utils import timezone
 
+from governance import roles
 from governance.audit import Actor
 from governance.codes import EventType
 from governance.errors import Conflict
@@ -140,8 +141,10 @@ def test_approve_and_revoke_at_once_never_leave_a_live_grant(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_approvers_at_once_decide_a_request_exactly_once(postgres_only, fresh_request, bob):
-    carol = User.objects.create_user("carol", password="pw-carol-123")
+def test_two_approvers_at_once_decide_a_request_exactly_once(
+    postgres_only, fresh_request, bob, person
+):
+    carol = person("carol", roles.APPROVERS)
     for round_no in range(ROUNDS):
         grant = fresh_request(round_no)
 
