@@ -28,6 +28,7 @@ from governance import roles
 from governance.codes import ActionClass, EventType
 from governance.models import (
     Agent,
+    AgentToken,
     Approval,
     AuditEvent,
     ConfirmationPolicy,
@@ -193,6 +194,14 @@ def grants_in_force(at: datetime) -> QuerySet[Grant]:
         overdue = ReviewItem.objects.filter(undecided_at_due_q(), due_at__lte=at)
         found = found.exclude(pk__in=overdue.values("grant_id"))
     return found
+
+
+def live_tokens(at: datetime) -> QuerySet[AgentToken]:
+    """Tokens that work at `at` (as far as their own row goes): not expired, not revoked
+    by then."""
+    return AgentToken.objects.filter(expires_at__gt=at).filter(
+        Q(revoked_at__isnull=True) | Q(revoked_at__gt=at)
+    )
 
 
 def live_policies(at: datetime) -> QuerySet[ConfirmationPolicy]:

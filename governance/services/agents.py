@@ -11,7 +11,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
 from governance import audit, selectors
 from governance.codes import EventType
@@ -264,13 +263,10 @@ def token_issue(
                     f"{agent.name} is suspended: resume it first, then issue its token "
                     "(a resume revokes every token issued before it).",
                 )
-            held = AgentToken.objects.filter(agent=agent)
+            live = selectors.live_tokens(at).filter(agent=agent)
         else:
             type(user).objects.select_for_update().filter(pk=user.pk).exists()
-            held = AgentToken.objects.filter(agent=None, user=user)
-        live = held.filter(expires_at__gt=at).filter(
-            Q(revoked_at__isnull=True) | Q(revoked_at__gt=at)
-        )
+            live = selectors.live_tokens(at).filter(agent=None, user=user)
         if (count := live.count()) >= settings.AGENT_TOKEN_MAX_LIVE:
             holder = agent.name if agent is not None else user.get_username()
             raise Conflict(

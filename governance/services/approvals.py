@@ -15,10 +15,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from governance import audit, roles
+from governance import audit, roles, selectors
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
-from governance.models import Agent, AgentToken, Approval, BreakGlass, Grant
+from governance.models import Agent, Approval, BreakGlass, Grant
 from governance.policy import grant_dead_reason
 from governance.services.claims import claim_each
 
@@ -80,9 +80,7 @@ def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> s
         ).values_list("opened_by_id", flat=True)
     )
     users.update(
-        AgentToken.objects.filter(agent_id__in=tree, expires_at__gt=at)
-        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
-        .values_list("created_by_id", flat=True)
+        selectors.live_tokens(at).filter(agent_id__in=tree).values_list("created_by_id", flat=True)
     )
     users.discard(None)
     return users

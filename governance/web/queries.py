@@ -461,8 +461,7 @@ def live_confirmation_policies(at: datetime) -> list[ConfirmationPolicy]:
     from governance.services.confirmation import policy_stakeholders
 
     found = list(
-        ConfirmationPolicy.objects.filter(starts_at__lte=at, expires_at__gt=at)
-        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=at))
+        selectors.live_policies(at)
         .select_related("agent", "tool", "task", "created_by")
         .order_by("expires_at", "id")[:200]
     )
