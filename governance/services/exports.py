@@ -346,6 +346,7 @@ def export(
     actor: audit.Actor,
     now: datetime,
     build: Callable[[Any], Any] | None = None,
+    deliver: Callable[[Any], None] | None = None,
     formats: Sequence[str] = READABLE,
     count: Callable[[Any], int] = len,
 ) -> Any:
@@ -353,6 +354,13 @@ def export(
     file is made in it too (and returned), so a file that cannot be made leaves no
     record of an export that never left. `formats`: those this report is made in;
     `count`: how many rows what `rows_of` returned holds (the matrix file: its grants).
+
+    The file is made before the record is appended: the append takes the chain lock,
+    held until COMMIT, and every decision of every agent waits for it, so nothing
+    slow (an XLSX of 10,000 rows takes seconds) may run after it. `deliver` (a file,
+    stdout) is what must not happen unless the record does: it is handed the file
+    after the append, in the same transaction, so a file that cannot be delivered
+    leaves no record either.
 
     Audit events (EventRows) are only counted here; `build` returns a response that
     streams them once this transaction has committed, and the record names the last
@@ -363,6 +371,7 @@ def export(
         rows = rows_of()
         if fmt == "xlsx":
             _check_xlsx_rows(count(rows))
+        made = build(rows) if build is not None else rows
         snapshot = {"through_seq": rows.through_seq} if isinstance(rows, EventRows) else {}
         audit.append(
             event_type=EventType.REPORT_EXPORTED,
@@ -376,7 +385,9 @@ def export(
                 **_jsonable(params),
             },
         )
-        return build(rows) if build is not None else rows
+        if deliver is not None:
+            deliver(made)
+        return made
 
 
 def audit_viewed(*, actor: audit.Actor, at: datetime, what: str, params: dict[str, Any]) -> None:
@@ -418,8 +429,9 @@ def json_lines(rows: Iterable[dict[str, Any]], meta: dict[str, Any], count: int)
 
 
 # The most rows an XLSX export holds. The file is made whole inside the export's
-# transaction, after its record, so under the chain lock (a zip's directory comes last:
-# it cannot be sent as it is made), and the zip is held in memory (openpyxl's write-only
+# transaction, before its record (so not under the chain lock, but a web worker waits
+# for it: a zip's directory comes last, it cannot be sent as it is made), and the zip
+# is held in memory (openpyxl's write-only
 # sheets go to a temporary file row by row). So it is held well below MAX_ROWS: 10,000
 # events with 8,000 characters of arguments each took 7 s here. Past it: too_many_rows,
 # pointing at CSV and JSON, which stream.

@@ -135,12 +135,6 @@ def matrix_export_recorded(
     its grants), in one transaction as every other export (exports.export): a file
     that cannot be delivered leaves no record of an export, and an export that cannot
     be recorded is not delivered."""
-
-    def build(snapshot: dict[str, Any]) -> str:
-        text = _yaml(snapshot)
-        deliver(text)
-        return text
-
     text: str = exports.export(
         report="matrix",
         rows_of=lambda: selectors.matrix_snapshot(at),
@@ -150,7 +144,8 @@ def matrix_export_recorded(
         count=lambda snapshot: len(snapshot["grants"]),
         actor=actor,
         now=at,
-        build=build,
+        build=_yaml,
+        deliver=deliver,
     )
     return text
 
