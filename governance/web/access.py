@@ -10,6 +10,11 @@ Not signed in: redirect to the sign-in page. Signed in without the right:
 user has no session any more: the deactivation deletes their sessions (and
 revokes their personal tokens, services.people), so the next request is
 anonymous, and stays so if the account is switched on again.
+
+A view says no by raising, and the decorator answers: a form that is not valid
+(common.cleaned) with a 400 showing its errors, a service's refusal
+(GovernanceError) with its code, sentence and status (common.failed). Nothing was
+written: a service changes state in one transaction.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
 from governance import roles
+from governance.errors import GovernanceError
+from governance.web import common
 
 LOGIN_URL = "/ui/login/"
 
@@ -51,7 +58,12 @@ def require(right: str) -> Callable[[View], View]:
                 return redirect_to_login(request.get_full_path(), LOGIN_URL)
             if not check(request.user):
                 raise PermissionDenied(f"This needs the {right} right.")
-            return view(request, *args, **kwargs)
+            try:
+                return view(request, *args, **kwargs)
+            except common.Invalid as exc:
+                return common.invalid(request, exc.form)
+            except GovernanceError as exc:
+                return common.failed(request, exc)
 
         wrapped.ui_right = right  # type: ignore[attr-defined]
         return wrapped

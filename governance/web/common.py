@@ -58,6 +58,28 @@ def invalid(request: HttpRequest, form: Any) -> HttpResponse:
     return render(request, "ui/error.html", {"error": error, "form": form}, status=400)
 
 
+class Invalid(Exception):
+    """A form that is not valid (cleaned): web.access.require answers it with `invalid`."""
+
+    def __init__(self, form: Any) -> None:
+        super().__init__("invalid_request")
+        self.form = form
+
+
+def cleaned(form: Any) -> dict[str, Any]:
+    """The form's cleaned data; a form that is not valid is a 400 showing its errors,
+    with nothing done (Invalid, answered by web.access.require)."""
+    if not form.is_valid():
+        raise Invalid(form)
+    return form.cleaned_data
+
+
+def optional(form: Any) -> dict[str, Any]:
+    """A page's filter form (bound to the query string, or None when it has none): {}
+    when nothing was asked; else its cleaned data (cleaned: a 400 if not valid)."""
+    return cleaned(form) if form.is_bound else {}
+
+
 def one(qs: Any, **lookup: Any) -> Any:
     """The object, or 404 (also for a malformed id, or a name that is not text: a NUL
     from `%00` would make PostgreSQL refuse the query, a 500)."""

@@ -22,7 +22,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from governance import selectors
-from governance.errors import GovernanceError
 from governance.models import (
     Agent,
     BreakGlass,
@@ -117,29 +116,23 @@ def _default_ttl_minutes() -> int:
 @require("decide")
 @require_POST
 def breakglass_open(request: HttpRequest) -> HttpResponse:
-    form = forms.BreakGlassOpenForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    data = form.cleaned_data
-    try:
-        agent = selectors.by_name(Agent, "agent", name=data["agent"])
-        tool = selectors.by_name(Tool, "tool", name=data["tool"])
-        task = selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None
-        bg = bg_services.breakglass_open(
-            opener=request.user,
-            agent=agent,
-            tool=tool,
-            actions=data["actions"],
-            scope=data["scope"],
-            task=task,
-            ticket=data["ticket"],
-            reason=data["reason"],
-            ttl=timedelta(minutes=data["ttl_minutes"]),
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.BreakGlassOpenForm(request.POST))
+    agent = selectors.by_name(Agent, "agent", name=data["agent"])
+    tool = selectors.by_name(Tool, "tool", name=data["tool"])
+    task = selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None
+    bg = bg_services.breakglass_open(
+        opener=request.user,
+        agent=agent,
+        tool=tool,
+        actions=data["actions"],
+        scope=data["scope"],
+        task=task,
+        ticket=data["ticket"],
+        reason=data["reason"],
+        ttl=timedelta(minutes=data["ttl_minutes"]),
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     until = f"{bg.expires_at:%H:%M} UTC"
     messages.warning(request, f"Break-glass {bg.ticket} is open for {agent.name} until {until}.")
     return redirect("ui:break-glass")
@@ -147,25 +140,20 @@ def breakglass_open(request: HttpRequest) -> HttpResponse:
 
 def _bg_action(request: HttpRequest, pk: int, what: str) -> HttpResponse:
     bg = common.one(BreakGlass.objects.all(), pk=pk)
-    form = forms.CommentForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    comment, actor, now = form.cleaned_data["comment"], common.actor(request), timezone.now()
-    try:
-        if what == "close":
-            bg_services.breakglass_close(
-                breakglass_id=bg.pk, closed_by=request.user, comment=comment, actor=actor, at=now
-            )
-        elif what == "ratify":
-            bg_services.breakglass_ratify(
-                breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
-            )
-        else:
-            bg_services.breakglass_confirm_closed(
-                breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
-            )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    comment = common.cleaned(forms.CommentForm(request.POST))["comment"]
+    actor, now = common.actor(request), timezone.now()
+    if what == "close":
+        bg_services.breakglass_close(
+            breakglass_id=bg.pk, closed_by=request.user, comment=comment, actor=actor, at=now
+        )
+    elif what == "ratify":
+        bg_services.breakglass_ratify(
+            breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
+        )
+    else:
+        bg_services.breakglass_confirm_closed(
+            breakglass_id=bg.pk, reviewer=request.user, comment=comment, actor=actor, at=now
+        )
     done = {"close": "closed early", "ratify": "ratified", "confirm": "confirmed closed"}[what]
     messages.success(request, f"Break-glass {bg.ticket} {done}.")
     return redirect("ui:break-glass")
@@ -217,24 +205,18 @@ def review_campaigns(request: HttpRequest) -> HttpResponse:
 @require_POST
 def review_campaign_open(request: HttpRequest) -> HttpResponse:
     """Admins open a campaign on demand (the schedule opens the periodic ones)."""
-    form = forms.ReviewOpenForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    data = form.cleaned_data
+    data = common.cleaned(forms.ReviewOpenForm(request.POST))
     at = timezone.now()
-    try:
-        agent = selectors.by_name(Agent, "agent", name=data["agent"]) if data.get("agent") else None
-        campaign = review_services.review_campaign_open(
-            kind=ReviewCampaign.Kind.ON_DEMAND,
-            reason=data["reason"],
-            agent=agent,
-            opened_by=request.user,
-            due_at=at + timedelta(days=data["due_days"]) if data.get("due_days") else None,
-            actor=common.actor(request),
-            at=at,
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    agent = selectors.by_name(Agent, "agent", name=data["agent"]) if data.get("agent") else None
+    campaign = review_services.review_campaign_open(
+        kind=ReviewCampaign.Kind.ON_DEMAND,
+        reason=data["reason"],
+        agent=agent,
+        opened_by=request.user,
+        due_at=at + timedelta(days=data["due_days"]) if data.get("due_days") else None,
+        actor=common.actor(request),
+        at=at,
+    )
     messages.success(
         request, f"Campaign #{campaign.pk} is open with {campaign.items.count()} item(s)."
     )
@@ -254,9 +236,7 @@ def review_campaign(request: HttpRequest, pk: int) -> HttpResponse:
     over the whole campaign; `status` shows one."""
     campaign = common.one(ReviewCampaign.objects.select_related("agent", "opened_by"), pk=pk)
     form = forms.ReviewItemsFilterForm(request.GET or None)
-    if form.is_bound and not form.is_valid():
-        return common.invalid(request, form)
-    wanted = form.cleaned_data if form.is_bound else {}
+    wanted = common.optional(form)
     now = timezone.now()
     counted = dict(campaign.items.order_by().values_list("status").annotate(n=Count("id")))
     items = campaign.items.select_related(
@@ -287,9 +267,7 @@ def review_mine(request: HttpRequest) -> HttpResponse:
     narrow or revoke, each with a comment), then those closed; `campaign` shows one
     campaign's. There is deliberately no "keep all": every item is decided on its own."""
     form = forms.ReviewMineFilterForm(request.GET or None)
-    if form.is_bound and not form.is_valid():
-        return common.invalid(request, form)
-    wanted = form.cleaned_data if form.is_bound else {}
+    wanted = common.optional(form)
     now = timezone.now()
     items = selectors.review_items_query(request.user, decided=True)
     if wanted.get("campaign"):
@@ -322,9 +300,7 @@ def review_mine(request: HttpRequest) -> HttpResponse:
 def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
     item = common.one(ReviewItem.objects.select_related("grant"), pk=pk)
     form = forms.ReviewDecideForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    decision = form.cleaned_data["decision"]
+    decision = common.cleaned(form)["decision"]
     # The form always carries the narrowing fields. A keep with some of them changed is
     # refused by the service (400 invalid_decision), not read as "keep all": the
     # reviewer unticked something. A revoke ends the grant, less than any narrowing.
@@ -333,18 +309,15 @@ def review_item_decide(request: HttpRequest, pk: int) -> HttpResponse:
         if decision != "revoke"
         else {}
     )
-    try:
-        review_services.review_item_decide(
-            item_id=item.pk,
-            reviewer=request.user,
-            decision=decision,
-            comment=form.cleaned_data["comment"],
-            actor=common.actor(request),
-            at=timezone.now(),
-            **narrowing,
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    review_services.review_item_decide(
+        item_id=item.pk,
+        reviewer=request.user,
+        decision=decision,
+        comment=form.cleaned_data["comment"],
+        actor=common.actor(request),
+        at=timezone.now(),
+        **narrowing,
+    )
     messages.success(request, f"Grant #{item.grant_id}: {decision}.")
     # Back to the page and campaign the form was on (numbers only: no open redirect).
     back = {
@@ -419,19 +392,14 @@ def second_look_inbox(request: HttpRequest) -> HttpResponse:
 @require_POST
 def second_look_decide(request: HttpRequest, pk: int) -> HttpResponse:
     look = common.one(SecondLook.objects.all(), pk=pk)
-    form = forms.SecondLookForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        second_look_services.second_look_decide(
-            second_look_id=look.pk,
-            reviewer=request.user,
-            verdict=form.cleaned_data["verdict"],
-            comment=form.cleaned_data["comment"],
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
-    messages.success(request, f"Second look #{look.pk}: {form.cleaned_data['verdict']}.")
+    data = common.cleaned(forms.SecondLookForm(request.POST))
+    second_look_services.second_look_decide(
+        second_look_id=look.pk,
+        reviewer=request.user,
+        verdict=data["verdict"],
+        comment=data["comment"],
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
+    messages.success(request, f"Second look #{look.pk}: {data['verdict']}.")
     return redirect("ui:inbox-second-look")

@@ -22,9 +22,7 @@ PAGE = 100
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
     form = forms.RunFilterForm(request.GET or None)
-    if form.is_bound and not form.is_valid():
-        return common.invalid(request, form)
-    data = form.cleaned_data if form.is_bound else {}
+    data = common.optional(form)
     runs, next_before = queries.runs_page(
         agent=data.get("agent") or "",
         status=data.get("status") or "",

@@ -30,7 +30,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from governance import policy, ratelimit, roles, selectors
 from governance.admin import admins_only
-from governance.errors import Conflict, GovernanceError
+from governance.errors import Conflict
 from governance.models import (
     Agent,
     AgentToken,
@@ -191,9 +191,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @require_GET
 def matrix(request: HttpRequest) -> HttpResponse:
     form = forms.MatrixFilterForm(request.GET or None)
-    filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    if form.is_bound and not form.is_valid():
-        return common.invalid(request, form)
+    filters = common.optional(form)
     page, tools, cells = queries.matrix(timezone.now(), **filters)
     rows = [
         (agent, [(tool, cells.get((agent.pk, tool.pk), [])) for tool in tools])
@@ -280,19 +278,14 @@ def grant_detail(request: HttpRequest, grant_id: int) -> HttpResponse:
 @require_POST
 def grant_revoke(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = common.one(Grant.objects.all(), pk=grant_id)
-    form = forms.RequiredReasonForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        ended = grant_services.grant_revoke(
-            grant_id=grant.pk,
-            reason=form.cleaned_data["reason"],
-            revoked_by=request.user,
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.RequiredReasonForm(request.POST))
+    ended = grant_services.grant_revoke(
+        grant_id=grant.pk,
+        reason=data["reason"],
+        revoked_by=request.user,
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     messages.success(request, f"Revoked {len(ended)} grant(s).")
     return redirect("ui:grant", grant_id=grant.pk)
 
@@ -322,19 +315,14 @@ def inbox_requests(request: HttpRequest) -> HttpResponse:
 def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = common.one(Grant.objects.all(), pk=grant_id)
     form = forms.ApproveRequestForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        grant = grant_services.grant_approve(
-            grant_id=grant.pk,
-            approver=request.user,
-            reason=form.cleaned_data["reason"],
-            actor=common.actor(request),
-            at=timezone.now(),
-            **form.narrowing(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    grant = grant_services.grant_approve(
+        grant_id=grant.pk,
+        approver=request.user,
+        reason=common.cleaned(form)["reason"],
+        actor=common.actor(request),
+        at=timezone.now(),
+        **form.narrowing(),
+    )
     messages.success(request, f"Approved grant #{grant.pk} for {grant.agent.name}.")
     return redirect("ui:inbox-requests")
 
@@ -343,19 +331,14 @@ def request_approve(request: HttpRequest, grant_id: int) -> HttpResponse:
 @require_POST
 def request_deny(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = common.one(Grant.objects.all(), pk=grant_id)
-    form = forms.RequiredReasonForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        grant_services.grant_deny(
-            grant_id=grant.pk,
-            approver=request.user,
-            reason=form.cleaned_data["reason"],
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.RequiredReasonForm(request.POST))
+    grant_services.grant_deny(
+        grant_id=grant.pk,
+        approver=request.user,
+        reason=data["reason"],
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     messages.success(request, f"Denied request #{grant.pk}.")
     return redirect("ui:inbox-requests")
 
@@ -378,22 +361,17 @@ def inbox_approvals(request: HttpRequest) -> HttpResponse:
 
 def _decide_approval(request: HttpRequest, approval_id: str, approve: bool) -> HttpResponse:
     approval = common.one(Approval.objects.all(), pk=approval_id)
-    form = (forms.ReasonForm if approve else forms.RequiredReasonForm)(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
+    data = common.cleaned((forms.ReasonForm if approve else forms.RequiredReasonForm)(request.POST))
     decide: Callable[..., Approval] = (
         approval_services.approval_approve if approve else approval_services.approval_deny
     )
-    try:
-        decide(
-            approval_id=approval.pk,
-            approver=request.user,
-            reason=form.cleaned_data["reason"],
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    decide(
+        approval_id=approval.pk,
+        approver=request.user,
+        reason=data["reason"],
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     messages.success(request, f"{'Approved' if approve else 'Denied'} the {approval.action} call.")
     return redirect("ui:inbox-approvals")
 
@@ -413,26 +391,20 @@ def approval_deny(request: HttpRequest, approval_id: str) -> HttpResponse:
 @require("decide")
 @require_POST
 def policy_create(request: HttpRequest) -> HttpResponse:
-    form = forms.ConfirmationPolicyForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    data = form.cleaned_data
-    try:
-        policy = confirmation.policy_create(
-            author=request.user,
-            agent=selectors.by_name(Agent, "agent", name=data["agent"]),
-            tool=selectors.by_name(Tool, "tool", name=data["tool"]),
-            task=selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None,
-            action=data["action"],
-            scope=data["scope"],
-            verdict=data["verdict"],
-            reason=data["reason"],
-            duration=timedelta(hours=data["hours"]),
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.ConfirmationPolicyForm(request.POST))
+    policy = confirmation.policy_create(
+        author=request.user,
+        agent=selectors.by_name(Agent, "agent", name=data["agent"]),
+        tool=selectors.by_name(Tool, "tool", name=data["tool"]),
+        task=selectors.by_name(Task, "task", key=data["task"]) if data.get("task") else None,
+        action=data["action"],
+        scope=data["scope"],
+        verdict=data["verdict"],
+        reason=data["reason"],
+        duration=timedelta(hours=data["hours"]),
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     messages.warning(request, f"Confirmation policy #{policy.pk} ({policy.verdict}) is live.")
     return redirect("ui:inbox-approvals")
 
@@ -441,19 +413,14 @@ def policy_create(request: HttpRequest) -> HttpResponse:
 @require_POST
 def policy_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     policy = common.one(ConfirmationPolicy.objects.all(), pk=pk)
-    form = forms.RequiredReasonForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        confirmation.policy_revoke(
-            policy_id=policy.pk,
-            by=request.user,
-            reason=form.cleaned_data["reason"],
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.RequiredReasonForm(request.POST))
+    confirmation.policy_revoke(
+        policy_id=policy.pk,
+        by=request.user,
+        reason=data["reason"],
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     messages.success(request, f"Revoked confirmation policy #{policy.pk}.")
     return redirect("ui:inbox-approvals")
 
@@ -536,12 +503,10 @@ def agent_suspend(request: HttpRequest, name: str) -> HttpResponse:
     """The kill switch: agent_suspend denies every decision from now and voids
     the agent's open approvals, in one transaction with its event."""
     agent = common.one(Agent.objects.all(), name=name)
-    form = forms.RequiredReasonForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
+    data = common.cleaned(forms.RequiredReasonForm(request.POST))
     agent_services.agent_suspend(
         agent=agent,
-        reason=form.cleaned_data["reason"],
+        reason=data["reason"],
         actor=common.actor(request),
         at=timezone.now(),
     )
@@ -556,18 +521,13 @@ def agent_resume(request: HttpRequest, name: str) -> HttpResponse:
     decisions again under its grants, revokes its tokens (a new one is issued here)
     and leaves its subagents suspended, in one transaction with its events."""
     agent = common.one(Agent.objects.all(), name=name)
-    form = forms.RequiredReasonForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        agent_services.agent_resume(
-            agent=agent,
-            reason=form.cleaned_data["reason"],
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.RequiredReasonForm(request.POST))
+    agent_services.agent_resume(
+        agent=agent,
+        reason=data["reason"],
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     still = Agent.objects.filter(parent=agent, status=Agent.Status.SUSPENDED).count()
     below = (
         f" Its subagents stay suspended until each is resumed ({still} directly below it)."
@@ -609,29 +569,21 @@ def _token_form_used(request: HttpRequest, form_id: str) -> bool:
 @require_POST
 def token_issue(request: HttpRequest, name: str) -> HttpResponse:
     agent = common.one(Agent.objects.select_related("owner", "parent"), name=name)
-    form = forms.TokenForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    if _token_form_used(request, form.cleaned_data["form_id"]):
-        return common.failed(
-            request,
-            Conflict(
-                "form_used",
-                "This form already issued a token (reloading the page sends it again): "
-                "no other was made. Open the agent's page for a new form, and revoke any "
-                "token whose value was not saved.",
-            ),
+    data = common.cleaned(forms.TokenForm(request.POST))
+    if _token_form_used(request, data["form_id"]):
+        raise Conflict(
+            "form_used",
+            "This form already issued a token (reloading the page sends it again): "
+            "no other was made. Open the agent's page for a new form, and revoke any "
+            "token whose value was not saved.",
         )
-    try:
-        _token, plaintext = agent_services.token_issue(
-            created_by=request.user,
-            agent=agent,
-            days=form.cleaned_data["days"],
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    _token, plaintext = agent_services.token_issue(
+        created_by=request.user,
+        agent=agent,
+        days=data["days"],
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     # Rendered, not redirected: the plaintext must never travel through a URL or session.
     return _agent_page(request, agent, new_token=plaintext, status=201)
 
@@ -640,9 +592,7 @@ def token_issue(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
     token = common.one(AgentToken.objects.select_related("agent"), prefix=prefix)
-    form = forms.StrictForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
+    common.cleaned(forms.StrictForm(request.POST))
     agent_services.token_revoke(token=token, actor=common.actor(request), at=timezone.now())
     messages.success(request, f"Token {token.prefix}… revoked.")
     if token.agent is not None:
@@ -675,9 +625,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
 def task_close(request: HttpRequest, key: str) -> HttpResponse:
     """Closing a task ends every grant bound to it, in the service's one transaction."""
     task = common.one(Task.objects.all(), key=key)
-    form = forms.StrictForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
+    common.cleaned(forms.StrictForm(request.POST))
     task_services.task_close(
         task=task, closed_by=request.user, actor=common.actor(request), at=timezone.now()
     )
@@ -727,19 +675,14 @@ def tool_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def tool_approve(request: HttpRequest, name: str) -> HttpResponse:
     tool = common.one(Tool.objects.all(), name=name)
-    form = forms.ToolApproveForm(request.POST)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    try:
-        tool_services.tool_approve_definition(
-            tool=tool,
-            definition_hash=form.cleaned_data["definition_hash"],
-            approver=request.user,
-            actor=common.actor(request),
-            at=timezone.now(),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    data = common.cleaned(forms.ToolApproveForm(request.POST))
+    tool_services.tool_approve_definition(
+        tool=tool,
+        definition_hash=data["definition_hash"],
+        approver=request.user,
+        actor=common.actor(request),
+        at=timezone.now(),
+    )
     messages.success(request, f"{tool.name}'s definition is approved; it left quarantine.")
     return redirect("ui:tool", name=tool.name)
 
@@ -751,10 +694,8 @@ def tool_approve(request: HttpRequest, name: str) -> HttpResponse:
 @require_GET
 def audit_log(request: HttpRequest) -> HttpResponse:
     form = forms.AuditFilterForm(request.GET or None)
-    if form.is_bound and not form.is_valid():
-        return common.invalid(request, form)
+    before = common.optional(form).get("before")
     filters = form.filters() if form.is_bound else {}
-    before = form.cleaned_data.get("before") if form.is_bound else None
     now = timezone.now()
     # The look itself is recorded first, so the page shows its own event.
     exports.audit_viewed(
@@ -840,20 +781,17 @@ def audit_export(request: HttpRequest) -> HttpResponseBase:
     filters = form.filters()
     fmt = form.cleaned_data["format"]
     now = timezone.now()
-    try:
-        return exports.export(
-            report="audit",
-            rows_of=lambda: exports.audit_rows(**filters),
-            params=filters,
-            fmt=fmt,
-            actor=common.actor(request),
-            now=now,
-            build=lambda rows: _streamed(
-                rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters}
-            ),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    return exports.export(
+        report="audit",
+        rows_of=lambda: exports.audit_rows(**filters),
+        params=filters,
+        fmt=fmt,
+        actor=common.actor(request),
+        now=now,
+        build=lambda rows: _streamed(
+            rows, exports.AUDIT_COLUMNS, fmt, "audit", now, {"filters": filters}
+        ),
+    )
 
 
 def _explanation(reason: str, scope: str) -> list[dict[str, str]]:
@@ -1028,69 +966,57 @@ def exports_page(request: HttpRequest) -> HttpResponse:
 @require("export")
 @require_GET
 def export_access(request: HttpRequest) -> HttpResponse:
-    form = forms.AccessExportForm(request.GET)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    data, now = form.cleaned_data, timezone.now()
+    data, now = common.cleaned(forms.AccessExportForm(request.GET)), timezone.now()
     fmt = data["format"]
     narrow = {k: data[k] for k in ("agent", "task", "tool") if data.get(k)}
-    try:
-        if data.get("start"):
-            params = {"from": data["start"], "to": data["end"], **narrow}
-            return exports.export(
-                report="access_period",
-                rows_of=lambda: exports.access_period_rows(data["start"], data["end"], **narrow),
-                params=params,
-                fmt=fmt,
-                actor=common.actor(request),
-                now=now,
-                build=lambda rows: _file(
-                    rows, exports.PERIOD_COLUMNS, fmt, "access-period", now, params
-                ),
-            )
-        at = data.get("at") or now
-        params = {"at": at, **narrow}
+    if data.get("start"):
+        params = {"from": data["start"], "to": data["end"], **narrow}
         return exports.export(
-            report="access",
-            rows_of=lambda: exports.with_reviews(reports.access_rows(at, **narrow)),
+            report="access_period",
+            rows_of=lambda: exports.access_period_rows(data["start"], data["end"], **narrow),
             params=params,
             fmt=fmt,
             actor=common.actor(request),
             now=now,
-            build=lambda rows: _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, params),
+            build=lambda rows: _file(
+                rows, exports.PERIOD_COLUMNS, fmt, "access-period", now, params
+            ),
         )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    at = data.get("at") or now
+    params = {"at": at, **narrow}
+    return exports.export(
+        report="access",
+        rows_of=lambda: exports.with_reviews(reports.access_rows(at, **narrow)),
+        params=params,
+        fmt=fmt,
+        actor=common.actor(request),
+        now=now,
+        build=lambda rows: _file(rows, exports.ACCESS_COLUMNS, fmt, "access", now, params),
+    )
 
 
 @require("export")
 @require_GET
 def export_decisions(request: HttpRequest) -> HttpResponseBase:
-    form = forms.DecisionExportForm(request.GET)
-    if not form.is_valid():
-        return common.invalid(request, form)
-    data, now = form.cleaned_data, timezone.now()
+    data, now = common.cleaned(forms.DecisionExportForm(request.GET)), timezone.now()
     params = {k: data[k] for k in ("start", "end", "agent", "task", "tool") if data.get(k)}
-    try:
-        return exports.export(
-            report="decisions",
-            rows_of=lambda: exports.decision_rows(
-                data["start"],
-                data["end"],
-                agent=data["agent"],
-                task=data["task"],
-                tool=data["tool"],
-            ),
-            params=params,
-            fmt=data["format"],
-            actor=common.actor(request),
-            now=now,
-            build=lambda rows: _streamed(
-                rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params
-            ),
-        )
-    except GovernanceError as exc:
-        return common.failed(request, exc)
+    return exports.export(
+        report="decisions",
+        rows_of=lambda: exports.decision_rows(
+            data["start"],
+            data["end"],
+            agent=data["agent"],
+            task=data["task"],
+            tool=data["tool"],
+        ),
+        params=params,
+        fmt=data["format"],
+        actor=common.actor(request),
+        now=now,
+        build=lambda rows: _streamed(
+            rows, exports.DECISION_COLUMNS, data["format"], "decisions", now, params
+        ),
+    )
 
 
 @require("export")
@@ -1099,28 +1025,22 @@ def report_print(request: HttpRequest) -> HttpResponse:
     """The access report as a page that prints cleanly to PDF, naming the audit
     checkpoint and chain state it was produced against."""
     form = forms.ReportForm(request.GET or None)
-    if form.is_bound and not form.is_valid():
-        return common.invalid(request, form)
-    now = timezone.now()
-    data = form.cleaned_data if form.is_bound else {}
+    data, now = common.optional(form), timezone.now()
     at = data.get("at") or now
     narrow = {k: data[k] for k in ("agent", "task", "tool") if data.get(k)}
     chain = queries.chain_status(now)
-    try:
-        rows = exports.export(
-            report="access",
-            rows_of=lambda: exports.with_reviews(reports.access_rows(at, **narrow)),
-            params={
-                "at": at,
-                **narrow,
-                "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
-            },
-            fmt="print",
-            actor=common.actor(request),
-            now=now,
-        )
-    except GovernanceError as exc:  # too_many_rows: refused whole, as every export is
-        return common.failed(request, exc)
+    rows = exports.export(
+        report="access",
+        rows_of=lambda: exports.with_reviews(reports.access_rows(at, **narrow)),
+        params={
+            "at": at,
+            **narrow,
+            "checkpoint": chain["checkpoint"]["file"] if chain["checkpoint"] else None,
+        },
+        fmt="print",
+        actor=common.actor(request),
+        now=now,
+    )
     return render(
         request,
         "ui/report.html",
