@@ -7,6 +7,7 @@ empty inbox); the second-look inbox put all 3,000 on one page (3.2 MB)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,8 +21,8 @@ from django.utils import timezone
 
 from governance import roles, selectors
 from governance.audit import Actor
-from governance.models import Agent, Approval, Grant, GrantActionUse, SecondLook
-from governance.services import access, agents, breakglass, grants, second_look
+from governance.models import Agent, Approval, AuditEvent, Grant, GrantActionUse, SecondLook
+from governance.services import access, agents, approvals, breakglass, grants, second_look
 from governance.services.approvals import stakeholders
 from governance.web import lifecycle, queries
 from tests.conftest import NOW
@@ -157,7 +158,7 @@ def test_the_batch_stake_answer_is_stakeholders_for_every_person_agent_grant_and
     with its requester; a break-glass grant and the request that ratifies it; none),
     at moments before and after each token's end: staked() answers as stakeholders()."""
     calls = [
-        queries.Call(
+        approvals.Call(
             (agent.pk, grant.pk if grant else None, at), agent.pk, grant.pk if grant else None, at
         )
         for agent in stakes_world["agents"]
@@ -172,7 +173,7 @@ def test_the_batch_stake_answer_is_stakeholders_for_every_person_agent_grant_and
     seen_both = set()
     for user in User.objects.all():
         expected = {key for key, people in every.items() if user.pk in people}
-        assert queries.staked(user.pk, calls, {}, {}) == expected, user.username
+        assert approvals.staked(user.pk, calls, {}, {}) == expected, user.username
         seen_both.add((bool(expected), len(expected) < len(calls)))
     # The world is varied enough: people with some stakes and people with none.
     assert (True, True) in seen_both and (False, True) in seen_both
@@ -281,6 +282,79 @@ def test_an_inbox_costs_the_same_queries_for_5_or_60_pending_whoever_reads_it(bu
     assert page.count('id="req-') == 60
     assert len(queries.pending_approvals_for(bob, timezone.now(), 200)) == 60
     assert queries.pending_approvals_for(dave, timezone.now(), 200) == []
+
+
+# --- A review campaign: its reviewers drawn for all its grants at once ------------------
+
+
+def test_a_campaign_bars_from_each_grant_exactly_whom_the_per_grant_rule_bars(stakes_world):
+    """The reviewer pool's bars, read for all the campaign's grants at once, are
+    _barred(grant)'s for every grant of the varied world (a delegation chain, a
+    break-glass grant and the request ratifying it, tokens live or ended at each
+    grant's creation), for every person who could be drawn."""
+    from governance.services import reviews
+
+    everyone = list(User.objects.order_by("pk"))
+    listed = list(Grant.objects.select_related("agent").order_by("pk"))
+    assert len(listed) >= 10
+    together = reviews._barred_among(listed, everyone)
+    pks = {u.pk for u in everyone}
+    for grant in listed:
+        assert together[grant.pk] == reviews._barred(grant) & pks, grant.pk
+    # Varied enough: some grants bar several people, and everyone is barred somewhere
+    # or free somewhere.
+    assert max(len(b) for b in together.values()) >= 3
+    assert any(not together[g.pk] >= pks for g in listed)
+
+
+def test_opening_a_campaign_costs_the_same_queries_for_5_or_40_grants(
+    make_agent, make_tool, alice, bob, settings
+):
+    """Each grant's bars were read with two queries (the break-glass opened up its chain,
+    the tokens live at its creation): 4,000 queries and 20 s for 2,000 grants. Now the
+    campaign's count does not grow with its grants, and each item still gets a reviewer
+    with no stake in it (owner, requester, approver, token creator excluded)."""
+    from governance.models import ReviewItem
+    from governance.services import reviews
+
+    settings.BREAKGLASS_OPENS_CAMPAIGN = False
+    carol = person("carol", roles.APPROVERS)
+    tina = person("tina", roles.APPROVERS)  # creates the agents' tokens: a stake in each
+    repo = make_tool("repo")
+    made: list[Agent] = []
+
+    def add(n: int) -> None:
+        for i in range(len(made), len(made) + n):
+            agent = make_agent(f"bot-{i}")
+            made.append(agent)
+            agents.token_issue(created_by=tina, agent=agent, actor=SYSTEM, at=NOW)
+            grants.grant_issue(
+                agent=agent, tool=repo, actions=["read"], scope=f"repo:acme/{i}/*",
+                duration=timedelta(hours=8), justification="work", requested_by=alice,
+                approved_by=bob, actor=SYSTEM, at=NOW,
+            )  # fmt: skip
+
+    def open_campaign(reason: str) -> tuple[int, Any]:
+        with CaptureQueriesContext(connection) as seen:
+            campaign = reviews.review_campaign_open(
+                kind="on_demand", reason=reason, agent=None, opened_by=None,
+                actor=SYSTEM, at=NOW + timedelta(minutes=1),
+            )  # fmt: skip
+        return len(seen.captured_queries), campaign
+
+    add(5)
+    open_campaign("warm-up")  # the first usage fold (a campaign folds first) makes its row
+    few, first = open_campaign("first")
+    add(35)
+    many, second = open_campaign("second")
+    assert many == few
+    items = ReviewItem.objects.filter(campaign=second).select_related("reviewer")
+    assert items.count() == 40 and first.items.count() == 5
+    # bob approved every grant, alice asked for them and owns the agents, tina made
+    # their tokens: carol, the one approver with no stake, reviews every item.
+    assert {item.reviewer for item in items} == {carol}
+    event = AuditEvent.objects.filter(event_type="review.campaign_opened").latest("seq")
+    assert [i["reviewer"] for i in json.loads(event.data)["items"]] == ["carol"] * 40
 
 
 # --- Unused grants on the dashboard: the page's 20, read as such ------------------------

@@ -9,6 +9,8 @@ same call asked again within APPROVAL_TTL (services.access: `approval_denied`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +20,7 @@ from django.db.models import Q
 from governance import audit, roles, selectors
 from governance.codes import EventType
 from governance.errors import Conflict, Forbidden
-from governance.models import Agent, Approval, BreakGlass, Grant
+from governance.models import Agent, AgentToken, Approval, BreakGlass, Grant
 from governance.policy import grant_dead_reason
 from governance.services.claims import claim_each
 
@@ -84,6 +86,109 @@ def stakeholders(agent: Agent | None, grant: Grant | None, *, at: datetime) -> s
     )
     users.discard(None)
     return users
+
+
+@dataclass(frozen=True)
+class Call:
+    """One pending item as approvals.stakeholders() reads it: the agent that acts, the
+    grant it acts under (whose delegation chain counts), and the moment that decides
+    which tokens count (the request's or the call's)."""
+
+    key: Any
+    agent_id: int
+    grant_id: int | None
+    at: datetime
+
+
+def staked(
+    person_id: int,
+    calls: list[Call],
+    agents: dict[int, tuple[int | None, int]],
+    grants: dict[int, tuple[int | None, int | None, int]],
+) -> set[Any]:
+    """The keys of `calls` that `person_id` has a stake in: `person_id in
+    stakeholders(agent, grant, at=at)` for each, decided for all of them at once.
+    An inbox (web.queries) asked stakeholders() item by item (two or three queries each) until it
+    had its page, and an admin who issued the agents' tokens has a stake in every
+    one: 6,000 queries for an empty inbox. Here: one query per level of the agent
+    tree and of delegation above the items, one for the break-glass this person
+    opened, one for the tokens they created. Keep it stakeholders()'s exact rule
+    (tests/test_ui_scale.py compares the two over a varied world).
+
+    `agents`: what the caller read already, {id: (parent id, owner id)}; `grants`:
+    {id: (delegated_from id, requested_by id, agent id)}; both are filled in."""
+    # Each item's delegation chain: the grant and up to 31 grants above it (Grant.chain).
+    wanted = {c.grant_id for c in calls} | {up for up, _, _ in grants.values()}
+    for _ in range(33):
+        wanted -= set(grants) | {None}
+        if not wanted:
+            break
+        rows = Grant.objects.filter(pk__in=wanted).values_list(
+            "pk", "delegated_from_id", "requested_by_id", "agent_id"
+        )
+        grants.update({pk: (up, by, agent) for pk, up, by, agent in rows})
+        wanted = {up for up, _, _ in grants.values()}
+    chains = {c.key: _walk(c.grant_id, lambda g: grants[g][0]) for c in calls}
+    # The agents: each item's and every one above it; each chain link's (its owner).
+    needed = {c.agent_id for c in calls} | {grants[g][2] for ch in chains.values() for g in ch}
+    wanted = needed | {parent for parent, _ in agents.values()}
+    for _ in range(33):
+        wanted -= set(agents) | {None}
+        if not wanted:
+            break
+        rows = Agent.objects.filter(pk__in=wanted).values_list("pk", "parent_id", "owner_id")
+        agents.update({pk: (parent, owner) for pk, parent, owner in rows})
+        wanted = {parent for parent, _ in agents.values()}
+    # What this person did that gives them a stake: break-glass opened (up a chain, or
+    # ratified by a request in it), and agent tokens created, each live until its end.
+    opened = {
+        pk
+        for row in BreakGlass.objects.filter(opened_by_id=person_id).values_list(
+            "grant_id", "ratified_request_id"
+        )
+        for pk in row
+        if pk is not None
+    }
+    live_until: dict[int, datetime] = {}
+    if calls:
+        # Only a token live at the earliest moment or later can count for any item.
+        earliest = min(c.at for c in calls)
+        tokens = (
+            AgentToken.objects.filter(
+                created_by_id=person_id, agent__isnull=False, expires_at__gt=earliest
+            )
+            .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=earliest))
+            .values_list("agent_id", "expires_at", "revoked_at")
+        )
+        for agent_id, expires, revoked in tokens:
+            end = expires if revoked is None else min(expires, revoked)
+            live_until[agent_id] = max(end, live_until.get(agent_id, end))
+    found: set[Any] = set()
+    for c in calls:
+        chain = chains[c.key]
+        above = _walk(c.agent_id, lambda a: agents[a][0])
+        tree = above + [grants[g][2] for g in chain]
+        if (
+            any(agents[a][1] == person_id for a in above)
+            or any(person_id in (grants[g][1], agents[grants[g][2]][1]) for g in chain)
+            or any(g in opened for g in chain)
+            or any(a in live_until and live_until[a] > c.at for a in tree)
+        ):
+            found.add(c.key)
+    return found
+
+
+def _walk(start: int | None, up: Callable[[int], int | None]) -> list[int]:
+    """`start` and up to 31 steps above it, nearest first (bounded as every walk
+    up a tree or a delegation chain is, so a corrupted cycle cannot loop)."""
+    out: list[int] = []
+    cursor = start
+    for _ in range(32):
+        if cursor is None:
+            break
+        out.append(cursor)
+        cursor = up(cursor)
+    return out
 
 
 def _decide(

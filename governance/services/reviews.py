@@ -63,7 +63,7 @@ from governance.models import Agent, Grant, ReviewCampaign, ReviewItem
 from governance.models.reviews import undecided_at_due_q
 from governance.policy import PastState, grant_dead_reason
 from governance.selectors import agent_tree, approver_users, grants_in_force, unused_grants
-from governance.services.approvals import stakeholders
+from governance.services.approvals import Call, staked, stakeholders
 from governance.services.claims import claim_each
 from governance.services.grants import grant_event, grant_narrow, grant_revoke, lock_chain
 from governance.services.usage import usage_fold
@@ -77,26 +77,46 @@ def _grant_event(
     grant_event(grant, event_type, actor=actor, at=at, data=data)
 
 
+def _behind(grant: Grant) -> set[int]:
+    """Whoever requested or approved the grant and, up a delegated grant's chain, each
+    ancestor's requester and approver (a delegated grant has no human of its own: the
+    people behind its parent stand behind it)."""
+    return {pk for g in grant.chain() for pk in (g.requested_by_id, g.approved_by_id)} - {None}
+
+
 def _barred(grant: Grant) -> set[int]:
-    """Who may not re-certify this grant: whoever requested or approved it and, up a
-    delegated grant's chain, each ancestor's requester and approver (a delegated
-    grant has no human of its own: the people behind its parent stand behind it);
-    and everyone with a stake in the agent (approvals.stakeholders as of the grant's
-    creation: the owners up the agent tree, whoever held a live token for it)."""
-    people = {pk for g in grant.chain() for pk in (g.requested_by_id, g.approved_by_id)}
-    people |= stakeholders(grant.agent, grant, at=grant.created_at)
+    """Who may not re-certify this grant: the people behind it (_behind) and everyone
+    with a stake in the agent (approvals.stakeholders as of the grant's creation: the
+    owners up the agent tree, whoever held a live token for it)."""
+    people = _behind(grant) | stakeholders(grant.agent, grant, at=grant.created_at)
     people.discard(None)
     return people
 
 
-def _rotation(campaign_pk: int) -> Any:
+def _barred_among(grants: Sequence[Grant], pool: Sequence[Any]) -> dict[int, set[int]]:
+    """_barred(grant) for each of a campaign's grants, as far as the people of `pool`
+    go (the only ones a reviewer is drawn from), read for all of them at once: the
+    stake rule through approvals.staked, a few queries per person. Asked grant by grant
+    it was two queries per grant (2,000 grants: 4,000 queries, 20 s)."""
+    barred = {grant.pk: _behind(grant) for grant in grants}
+    calls = [Call(g.pk, g.agent_id, g.pk, g.created_at) for g in grants]
+    agents: dict[int, Any] = {}
+    chains: dict[int, Any] = {}
+    for person in pool:
+        for pk in staked(person.pk, calls, agents, chains):
+            barred[pk].add(person.pk)
+    return barred
+
+
+def _rotation(campaign_pk: int, grants: Sequence[Grant]) -> Any:
     """A reviewer picker that walks the approver pool round-robin, skipping people
-    barred from the grant."""
+    barred from the grant (one of `grants`)."""
     pool = approver_users()
     state = {"next": campaign_pk % len(pool) if pool else 0}
+    barred_from = _barred_among(grants, pool)
 
     def pick(grant: Grant) -> Any:
-        barred = _barred(grant)
+        barred = barred_from[grant.pk]
         for step in range(len(pool)):
             candidate = pool[(state["next"] + step) % len(pool)]
             if candidate.pk not in barred:
@@ -230,7 +250,8 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
         grants = grants.filter(agent_id__in=[a.pk for a in tree])
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
     unused = {g.pk: g for g in unused_grants(at)}
-    pick = _rotation(campaign.pk)
+    listed = list(grants.order_by("id"))
+    pick = _rotation(campaign.pk, listed)
     items = [
         ReviewItem(
             campaign=campaign,
@@ -240,7 +261,7 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
             idle_actions=getattr(unused.get(grant.pk), "idle_actions", []),
             due_at=campaign.due_at,
         )
-        for grant in grants.order_by("id")
+        for grant in listed
     ]
     ReviewItem.objects.bulk_create(items)
     return items
