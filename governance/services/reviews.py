@@ -171,6 +171,8 @@ def review_campaign_open(
                 due_at=due_at,
             )
             items = _create_items(campaign, at)
+            # Before the event: its append takes the chain lock every decision waits for.
+            _notify_assigned(campaign, items, at)
             audit.append(
                 event_type=EventType.REVIEW_CAMPAIGN_OPENED,
                 actor=actor,
@@ -193,7 +195,6 @@ def review_campaign_open(
                     ],
                 },
             )
-            _notify_assigned(campaign, items, at)
     except IntegrityError:
         # Another worker opened the same keyed campaign first: that one stands.
         if key is None:

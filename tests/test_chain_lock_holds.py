@@ -1,13 +1,15 @@
-"""An export makes its file before it appends its record, so never under the chain lock.
+"""Slow work is done before the audit append that takes the chain lock, never under it.
 
-The `report.exported` append takes the chain lock (an advisory transaction lock, held
-until COMMIT), and every decision of every agent waits for it. An XLSX of
-XLSX_MAX_ROWS rows takes seconds to make: made after the record, it stalled the whole
+The append takes the chain lock (an advisory transaction lock, held until COMMIT), and
+every decision of every agent waits for it. An export makes its file first: an XLSX of
+XLSX_MAX_ROWS rows takes seconds, and made after the record it stalled the whole
 fleet's /authorize for as long. What must not happen without the record (the matrix
-file handed to a file or stdout) is still done after it, in the same transaction.
+file handed to a file or stdout) is still done after it, in the same transaction. A
+review campaign tells its reviewers (a notification row per person) before its event.
 
-The lock is probed from a connection of its own (PostgreSQL) while the real file is
-being made: the probe wraps the real writer, it does not replace it.
+The lock is probed from a connection of its own (PostgreSQL) while the real work runs:
+the probe wraps the real function, it does not replace it. benchmarks/jobs.py measures
+how long each job holds the lock.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from django.utils import timezone
 from openpyxl import load_workbook
 
 from governance import audit
@@ -106,3 +109,26 @@ def test_a_matrix_that_cannot_be_delivered_leaves_no_record(tmp_path) -> None:
         matrix_service.matrix_export_recorded(at=NOW, actor=Actor.system("test"), deliver=deliver)
     assert AuditEvent.objects.count() == before
     assert not AuditEvent.objects.filter(event_type="report.exported").exists()
+
+
+def test_a_campaign_tells_its_reviewers_before_it_takes_the_chain_lock(
+    postgres_only: None, monkeypatch
+) -> None:
+    from governance import notifications
+    from governance.models import ReviewItem
+    from governance.services import reviews
+
+    ui_world.build()
+    seen: list[bool] = []
+    monkeypatch.setattr(notifications, "review_due", probing(notifications.review_due, seen))
+    campaign = reviews.review_campaign_open(
+        kind="on_demand", reason="probe", agent=None, opened_by=None,
+        actor=Actor.system("test"), at=timezone.now(),
+    )  # fmt: skip
+    items = ReviewItem.objects.filter(campaign=campaign)
+    assert items.exists()
+    assert seen and all(seen)  # each reviewer told with the lock free
+    assert len(seen) == len({item.reviewer_id for item in items})
+    event = last_event()
+    assert event.event_type == "review.campaign_opened"
+    assert json.loads(event.data)["campaign_id"] == campaign.pk
