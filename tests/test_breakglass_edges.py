@@ -184,3 +184,28 @@ def test_an_outcome_under_a_token_revoked_since_the_door_is_refused_and_writes_n
     assert caught.value.status == 401
     assert AuditEvent.objects.count() == before and not DecisionOutcome.objects.exists()
     assert events(EventType.ACCESS_OUTCOME) == []
+
+
+def test_a_ticket_longer_than_its_column_is_refused_with_a_line_not_a_traceback(bg_world):
+    """The default format (`[A-Z][A-Z0-9]+-[0-9]+`) has no length: the API and the form
+    stop at 100 characters, the command did not, and the service let it through. On
+    PostgreSQL the 100-character column raised DataError (a traceback); on SQLite the
+    row kept 104 characters the API then shows. The service refuses it, nothing written."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    before = AuditEvent.objects.count()
+    argv = ["--user", "erin", "--agent", "bot", "--tool", "repo", "--actions", "read",
+            "--scope", "repo:acme/api/*", "--reason", "outage"]  # fmt: skip
+    with pytest.raises(CommandError, match="invalid_ticket"):
+        call_command("breakglass_open", *argv, "--ticket", "INC-" + "1" * 100, stdout=StringIO())
+    assert not BreakGlass.objects.exists() and not Grant.objects.exists()
+    assert AuditEvent.objects.count() == before
+    # Exactly 100 characters is a ticket.
+    out = StringIO()
+    call_command("breakglass_open", *argv, "--ticket", "INC-" + "1" * 96, stdout=out)
+    (bg,) = BreakGlass.objects.all()
+    assert bg.ticket == "INC-" + "1" * 96 and f"break-glass #{bg.pk}" in out.getvalue()
+    (opened,) = events(EventType.BREAKGLASS_OPENED)
+    assert json.loads(opened.data)["ticket"] == bg.ticket and opened.actor == "user:erin"

@@ -184,12 +184,21 @@ def breakglass_open(
     """Open break-glass: see the module docstring."""
     _check_opener(opener, agent)
     refuse_subagent_grant(agent)
-    # Matched as given (not trimmed): the API schema declares the same full match.
-    if not isinstance(ticket, str) or not re.fullmatch(settings.BREAKGLASS_TICKET_PATTERN, ticket):
+    # Matched as given (not trimmed): the API schema declares the same full match. And
+    # no longer than its column, as the API and the form say: the format itself may have
+    # no bound (the default has none), and the command passed a longer one through
+    # (PostgreSQL's DataError, a traceback; SQLite kept it whole).
+    longest = BreakGlass._meta.get_field("ticket").max_length
+    if (
+        not isinstance(ticket, str)
+        or len(ticket) > longest
+        or not re.fullmatch(settings.BREAKGLASS_TICKET_PATTERN, ticket)
+    ):
         raise GovernanceError(
             "invalid_ticket",
-            f"A ticket reference matching {settings.BREAKGLASS_TICKET_PATTERN} is required.",
-            fields={"ticket": "required, in the configured format"},
+            f"A ticket reference matching {settings.BREAKGLASS_TICKET_PATTERN}, at most "
+            f"{longest} characters, is required.",
+            fields={"ticket": f"required, in the configured format, at most {longest} characters"},
         )
     if not (reason or "").strip():
         raise GovernanceError("reason_required", "Say why break-glass is needed.")
