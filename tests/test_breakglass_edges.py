@@ -209,3 +209,47 @@ def test_a_ticket_longer_than_its_column_is_refused_with_a_line_not_a_traceback(
     assert bg.ticket == "INC-" + "1" * 96 and f"break-glass #{bg.pk}" in out.getvalue()
     (opened,) = events(EventType.BREAKGLASS_OPENED)
     assert json.loads(opened.data)["ticket"] == bg.ticket and opened.actor == "user:erin"
+
+
+@pytest.mark.parametrize("decide", ["ratify", "confirm"])
+def test_a_deactivated_approver_reviews_no_break_glass(
+    open_bg, bg_world, decide, django_capture_on_commit_callbacks
+):
+    """The review is decided by someone who may approve now: frank, an approver
+    deactivated since, is refused, the review stays pending and nothing is written."""
+    bg = open_bg()
+    frank = bg_world["frank"]
+    frank.is_active = False
+    frank.save(update_fields=["is_active"])
+    call = bgs.breakglass_ratify if decide == "ratify" else bgs.breakglass_confirm_closed
+    before = _written()
+    with pytest.raises(GovernanceError) as caught, django_capture_on_commit_callbacks(execute=True):
+        call(breakglass_id=bg.pk, reviewer=frank, comment="ok", actor=Actor.user(frank), at=NOW)
+    assert (caught.value.code, caught.value.status) == ("not_allowed", 403)
+    assert _written() == before
+    bg.refresh_from_db()
+    assert (bg.review_status, bg.reviewed_by, bg.ratified_request) == ("pending", None, None)
+    # Active again, the same call decides it, on record.
+    frank.is_active = True
+    frank.save(update_fields=["is_active"])
+    call(breakglass_id=bg.pk, reviewer=frank, comment="ok", actor=Actor.user(frank), at=NOW)
+    bg.refresh_from_db()
+    assert bg.reviewed_by == frank
+    kind = (
+        EventType.BREAKGLASS_RATIFIED
+        if decide == "ratify"
+        else EventType.BREAKGLASS_CONFIRMED_CLOSED
+    )
+    assert events(kind)
+
+
+def test_a_deactivated_owner_or_approver_opens_no_break_glass(open_bg, alice):
+    """alice owns the agent (and may open break-glass for it); deactivated, she may
+    not, and nothing is written."""
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    before = _written()
+    with pytest.raises(GovernanceError) as caught:
+        open_bg(opener=alice)
+    assert (caught.value.code, caught.value.status) == ("not_allowed", 403)
+    assert _written() == before

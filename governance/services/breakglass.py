@@ -95,7 +95,10 @@ def _check_opener(opener: Any, agent: Agent) -> None:
         raise Forbidden(
             "auditor_read_only", "Auditors are read-only: they cannot open break-glass."
         )
-    if not (roles.is_approver(opener) or agent.owner_id == opener.pk):
+    # And active: a deactivated account opens nothing, whatever door it came by.
+    if not getattr(opener, "is_active", False) or not (
+        roles.is_approver(opener) or agent.owner_id == opener.pk
+    ):
         raise Forbidden(
             "not_allowed",
             "Break-glass is opened by an approver, an admin or the agent's accountable owner.",
@@ -399,8 +402,13 @@ def _ended_as(grant: Grant) -> str:
 
 
 def _start_review(breakglass_id: int, reviewer: Any, comment: str, at: datetime) -> BreakGlass:
-    if not roles.is_approver(reviewer):
-        raise Forbidden("not_allowed", "Break-glass reviews are decided by approvers or admins.")
+    # An approver or admin who may approve now (roles.may_approve: active, as every
+    # other decision's service asks): a deactivated one's ratify filed a request in
+    # their name, and their confirm closed the review, on no one's authority.
+    if not roles.may_approve(reviewer):
+        raise Forbidden(
+            "not_allowed", "Break-glass reviews are decided by active approvers or admins."
+        )
     if not (comment or "").strip():
         raise GovernanceError("comment_required", "A review decision needs a comment.")
     bg = _locked(breakglass_id)
