@@ -298,6 +298,31 @@ def test_nobody_writes_a_policy_for_their_own_agents_calls(world, alice, carol):
     assert not AuditEvent.objects.filter(event_type__startswith="confirmation_policy").exists()
 
 
+@pytest.mark.parametrize("verdict", ["approve", "deny"])
+def test_a_deactivated_approver_writes_or_revokes_no_policy(world, carol, verdict):
+    """An approver deactivated since writes nothing in their name (their approve policy
+    would not answer anyway: the decision asks the author's role): refused, not_approver,
+    nothing written; nor do they revoke one an active approver wrote."""
+    carol = approver(carol)
+    carol.is_active = False
+    carol.save(update_fields=["is_active"])
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as exc:
+        write(world, verdict, author=carol)
+    assert (exc.value.code, exc.value.status) == ("not_approver", 403)
+    policy = write(world, verdict)  # bob's
+    after = AuditEvent.objects.count()
+    assert after == before + 1
+    with pytest.raises(Forbidden) as exc:
+        confirmation.policy_revoke(
+            policy_id=policy.pk, by=carol, reason="no", actor=Actor.user(carol), at=NOW
+        )
+    assert exc.value.code == "not_approver"
+    policy.refresh_from_db()
+    assert policy.revoked_at is None and AuditEvent.objects.count() == after
+    assert list(ConfirmationPolicy.objects.values_list("created_by", flat=True)) == [world.bob.pk]
+
+
 def test_the_owner_may_restrict_their_own_agent_with_a_deny_policy(world, alice):
     deny = write(world, "deny", author=approver(alice), reason="nothing under tmp goes")
     decision = ask()

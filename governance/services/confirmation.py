@@ -55,8 +55,10 @@ def _event(
 def _require_approver(user: Any) -> None:
     if roles.is_read_only(user):
         raise Forbidden("auditor_read_only", "Auditors are read-only.")
-    if not roles.is_approver(user):
-        raise Forbidden("not_approver", "Confirmation policies are written by approvers.")
+    # Active, too (roles.may_approve): a deactivated approver writes nothing in their
+    # name, whatever door the call came by.
+    if not roles.may_approve(user):
+        raise Forbidden("not_approver", "Confirmation policies are written by active approvers.")
 
 
 def policy_stakeholders(agent: Agent, tool: Tool, action: str, *, at: datetime) -> set[Any]:
