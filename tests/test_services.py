@@ -1688,9 +1688,11 @@ def test_a_bad_setting_stops_start_up(name, value):
     assert "ImproperlyConfigured" in proc.stderr and name in proc.stderr
 
 
-def test_a_definition_that_changed_after_review_is_not_approved(repo, alice, bob, system):
-    """alice reviews v2; before she clicks, an update lands v3. Her approval names v2,
-    so nothing is approved and v3 stays quarantined until someone reviews it."""
+def test_a_definition_that_changed_after_review_is_not_approved(repo, person, bob, system):
+    """alice, an approver, reviews v2; before she clicks, an update lands v3. Her
+    approval names v2, so nothing is approved and v3 stays quarantined until someone
+    reviews it."""
+    alice = person("alice2", roles.APPROVERS)
     tools.tool_update_definition(tool=repo, description="v2", input_schema={}, actor=system, at=NOW)
     repo.refresh_from_db()
     reviewed = repo.definition_hash
@@ -1720,7 +1722,34 @@ def test_a_definition_that_changed_after_review_is_not_approved(repo, alice, bob
     assert again.approved_hash == repo.approved_hash and AuditEvent.objects.count() == before
 
 
-def test_nobody_approves_their_own_tool_definition_change(repo, alice, bob, system):
+@pytest.mark.parametrize("who", ["no role", "auditor", "deactivated approver"])
+def test_only_an_active_approver_or_admin_approves_a_tool_definition(repo, person, who, system):
+    """The UI and the API ask for an admin at their door; the service itself refuses
+    anyone who may not approve now: 403 not_approver, still quarantined, nothing written."""
+    someone = {
+        "no role": lambda: person("nora"),
+        "auditor": lambda: person("audrey", roles.AUDITORS),
+        "deactivated approver": lambda: person("dan", roles.APPROVERS),
+    }[who]()
+    if who == "deactivated approver":
+        someone.is_active = False
+        someone.save(update_fields=["is_active"])
+    tools.tool_update_definition(tool=repo, description="v2", input_schema={}, actor=system, at=NOW)
+    repo.refresh_from_db()
+    before = AuditEvent.objects.count()
+    with pytest.raises(Forbidden) as caught:
+        tools.tool_approve_definition(
+            tool=repo, definition_hash=repo.definition_hash, approver=someone,
+            actor=Actor.user(someone), at=NOW,
+        )  # fmt: skip
+    assert (caught.value.code, caught.value.status) == ("not_approver", 403)
+    repo.refresh_from_db()
+    assert repo.is_quarantined and AuditEvent.objects.count() == before
+    assert last_event().event_type == "tool.quarantined"
+
+
+def test_nobody_approves_their_own_tool_definition_change(repo, person, bob, system):
+    alice = person("alice2", roles.APPROVERS)
     tools.tool_update_definition(
         tool=repo, description="changed by bob", input_schema={}, actor=Actor.user(bob),
         at=NOW, updated_by=bob,

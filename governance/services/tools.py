@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from governance import audit
+from governance import audit, roles
 from governance.codes import ACTION_VALUES, EventType
 from governance.errors import Conflict, Forbidden, GovernanceError
 from governance.models import Approval, Tool
@@ -133,7 +133,10 @@ def tool_approve_definition(
     """Approve the definition the approver reviewed, named by its hash: if it changed
     since (another update landed while they read the diff), nothing is approved
     (Conflict `definition_changed`), so nobody approves a definition they never saw.
-    Approving what is already approved changes nothing and records nothing."""
+    Approving what is already approved changes nothing and records nothing. Only
+    someone who may approve now (an active approver or admin: roles.require_may_approve,
+    403 `not_approver`) approves, whatever door the call came by."""
+    roles.require_may_approve(approver, "Tool definitions")
     with transaction.atomic():
         tool = Tool.objects.select_for_update(no_key=True).get(pk=tool.pk)
         if definition_hash != tool.definition_hash:
