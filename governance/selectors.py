@@ -461,8 +461,9 @@ def unused_grants(at: datetime, limit: int | None = None) -> list[Grant]:
         ]
         uses = _action_uses([g.pk for g in candidates])  # then their last uses, for show
         for grant in candidates:
-            _mark_idle(grant, cutoff, uses.get(grant.pk, {}), below.get(grant.pk, set()))
-            found.append(grant)
+            # Read again: a fold committed since the read above may have made it busy.
+            if _mark_idle(grant, cutoff, uses.get(grant.pk, {}), below.get(grant.pk, set())):
+                found.append(grant)
         return found
     start, size = 0, max(limit, 1)
     while len(found) < limit:
