@@ -13,7 +13,8 @@ import pytest
 
 from governance.audit import Actor
 from governance.codes import EventType
-from governance.models import AuditEvent, Grant
+from governance.models import AuditEvent, Grant, GrantActionUse, ReviewItem
+from governance.policy import authorize
 from governance.services import access, hygiene, reviews
 from governance.services.usage import usage_fold
 from tests.conftest import NOW
@@ -62,7 +63,121 @@ def long_grant(idle_world, make_grant, actions):
                       starts_at=idle_world["t0"], duration=timedelta(days=20))  # fmt: skip
 
 
-# --- the unused rule --------------------------------------------------------------------
+# --- usage: folding per action -----------------------------------------------------------
+
+
+def test_a_late_folded_use_never_moves_an_actions_last_use_backwards(
+    idle_world, make_grant, system
+):
+    """Mutant U11 (an action's last use set to the fold's, not the later of the two): a
+    decision about an earlier instant folded after a recent update moved the update's
+    last use back two days, and the update used an hour ago was proposed for removal."""
+    grant = long_grant(idle_world, make_grant, ("read", "update"))
+    use(grant, "read", NOW - H)
+    use(grant, "update", NOW - H)
+    assert usage_fold() == 2
+    use(grant, "update", NOW - 48 * H)  # a decision about an earlier instant, folded late
+    assert usage_fold() == 1
+    rows = GrantActionUse.objects.filter(grant=grant).order_by("action")
+    assert [(r.action, r.use_count, r.last_used_at) for r in rows] == [
+        ("read", 1, NOW - H),
+        ("update", 2, NOW - H),
+    ]
+    row = Grant.objects.get(pk=grant.pk)
+    assert (row.use_count, row.last_used_at) == (3, NOW - H)
+    assert hygiene.grants_flag_unused(actor=system, at=NOW) == 0
+    assert events(EventType.GRANT_UNUSED_FLAGGED) == []
+    assert Grant.objects.get(pk=grant.pk).unused_flagged_at is None
+
+
+# --- reviews: the decision's record ------------------------------------------------------
+
+
+def test_removing_an_unused_grant_ends_its_access_and_its_event_says_what_was_proposed(
+    idle_world, make_grant
+):
+    """Mutants R23 (the event's comment replaced by the decision) and R24 (the event's
+    proposal dropped): a grant unused for a day is proposed for removal, its reviewer
+    revokes it with a comment, access ends at once, and the decision's event carries
+    the comment, the proposal and the idle actions the reviewer acted on."""
+    grant = long_grant(idle_world, make_grant, ("read", "update"))
+    q = {"agent": "bot", "tool": "repo", "action": "update", "scope": "repo:acme/api/x"}
+    assert authorize(at=NOW, **q).allowed
+    item = open_campaign().items.get()
+    assert (item.grant_id, item.proposal, item.idle_actions) == (
+        grant.pk, "remove", ["read", "update"],
+    )  # fmt: skip
+    decided = decide(item, "revoke", comment="nobody uses it")
+    assert (decided.status, decided.decided_by, decided.comment) == (
+        "revoked", item.reviewer, "nobody uses it",
+    )  # fmt: skip
+    row = Grant.objects.get(pk=grant.pk)
+    assert (row.status, row.revoked_at, row.revoked_by) == ("revoked", NOW, item.reviewer)
+    assert authorize(at=NOW, **q).reason == "grant_revoked"
+    (revoked,) = events(EventType.GRANT_REVOKED)
+    (event,) = events(EventType.REVIEW_ITEM_DECIDED)
+    assert revoked.grant_id == event.grant_id == grant.pk and revoked.seq < event.seq
+    data = json.loads(event.data)
+    assert (data["decision"], data["comment"], data["decided_by"]) == (
+        "revoke", "nobody uses it", item.reviewer.username,
+    )  # fmt: skip
+    assert (data["proposal"], data["idle_actions"], data["item_id"]) == (
+        "remove", ["read", "update"], item.pk,
+    )  # fmt: skip
+    assert ReviewItem.objects.get(pk=item.pk).status == "revoked"
+
+
+# --- the unused rule's boundary ----------------------------------------------------------
+
+
+def test_an_update_last_used_exactly_the_threshold_ago_is_idle(idle_world, make_grant, system):
+    """Mutant S04 (an action used at the cutoff counted fresh by the query): an update
+    last used exactly UNUSED_GRANT_HOURS ago is idle, as a grant last used then is,
+    while the grant is read daily: one millisecond before that it is not yet idle, at
+    that moment it is flagged for narrowing to read, once."""
+    from tests.conftest import MS
+
+    grant = long_grant(idle_world, make_grant, ("read", "update"))
+    use(grant, "update", NOW - 24 * H)
+    use(grant, "read", NOW - H)
+    assert hygiene.grants_flag_unused(actor=system, at=NOW - MS) == 0
+    assert events(EventType.GRANT_UNUSED_FLAGGED) == []
+    assert hygiene.grants_flag_unused(actor=system, at=NOW) == 1
+    assert hygiene.grants_flag_unused(actor=system, at=NOW) == 0
+    row = Grant.objects.get(pk=grant.pk)
+    assert (row.unused_flagged_at, row.unused_flagged_actions) == (NOW, ["update"])
+    (event,) = events(EventType.GRANT_UNUSED_FLAGGED)
+    data = json.loads(event.data)
+    assert (event.grant_id, event.actor) == (grant.pk, "system:test")
+    assert (data["proposal"], data["idle_actions"], data["keep_actions"]) == (
+        "narrow_to_read", ["update"], ["read"],
+    )  # fmt: skip
+    assert data["last_used"] == {"update": (NOW - 24 * H).isoformat()}
+    item = open_campaign(at=NOW).items.get()
+    assert (item.proposal, item.idle_actions) == ("narrow_to_read", ["update"])
+
+
+def test_a_grant_used_recently_with_no_use_per_action_on_record_is_left_alone(
+    idle_world, make_grant, system
+):
+    """Mutant S07 (`recent and below`): a grant whose usage was folded before uses were
+    kept per action (its row says read an hour ago, no action's use is on record) is
+    not known to be idle; it was proposed for removal, every right and all."""
+    grant = long_grant(idle_world, make_grant, ("read", "update"))
+    Grant.objects.filter(pk=grant.pk).update(use_count=7, last_used_at=NOW - H)
+    assert not GrantActionUse.objects.filter(grant=grant).exists()
+    assert hygiene.grants_flag_unused(actor=system, at=NOW) == 0
+    assert events(EventType.GRANT_UNUSED_FLAGGED) == []
+    assert Grant.objects.get(pk=grant.pk).unused_flagged_at is None
+    item = open_campaign(at=NOW).items.get()
+    assert (item.grant_id, item.proposal, item.idle_actions) == (grant.pk, "", [])
+    (opened,) = events(EventType.REVIEW_CAMPAIGN_OPENED)
+    assert json.loads(opened.data)["items"][0]["proposal"] == ""
+    # A day after that use, with still nothing on record per action, it is idle.
+    later = NOW + 24 * H
+    assert hygiene.grants_flag_unused(actor=system, at=later) == 1
+    (event,) = events(EventType.GRANT_UNUSED_FLAGGED)
+    assert json.loads(event.data)["idle_actions"] == ["read", "update"]
 
 
 def test_a_grant_used_while_the_scan_reads_is_not_flagged_and_the_scan_goes_on(
