@@ -211,3 +211,49 @@ def test_a_grant_used_while_the_scan_reads_is_not_flagged_and_the_scan_goes_on(
     assert (event.grant_id, data["proposal"], data["idle_actions"]) == (idle.pk, "remove", ["read"])
     flags = dict(Grant.objects.values_list("pk", "unused_flagged_at"))
     assert flags == {busy.pk: None, idle.pk: NOW}
+
+
+# --- reviews: who hears about an item ----------------------------------------------------
+
+
+def test_a_reviewer_who_took_a_stake_since_the_campaign_opened_is_not_the_one_reminded(
+    idle_world, make_grant, person, system, django_capture_on_commit_callbacks
+):
+    """A real bug: the assigned reviewer, an admin (made one since, if need be), issued
+    herself a token for the agent after the campaign opened; she may no longer decide
+    its grant (self_review), yet the reminder and the overdue notice went to her alone,
+    and the other admins, who could decide it, were never told before the due-date rule
+    revoked it. They go to those admins instead."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from governance.codes import NotificationEvent
+    from governance.errors import Forbidden
+    from governance.models import Notification
+    from governance.services import agents as agent_services
+
+    grant = long_grant(idle_world, make_grant, ("read",))
+    zed = person("zed", "admins")
+    item = open_campaign().items.get()
+    reviewer = item.reviewer
+    assert reviewer is not None
+    reviewer.groups.add(Group.objects.get_or_create(name="admins")[0])
+    admins = {get_user_model().objects.get(username="heidi").email, zed.email} - {reviewer.email}
+    agent_services.token_issue(created_by=reviewer, agent=grant.agent, actor=system, at=NOW + H)
+    with pytest.raises(Forbidden) as caught:
+        decide(item, "keep", at=NOW + 2 * H)
+    assert caught.value.code == "self_review"
+    remind_at = item.due_at - H
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reviews.review_reminders_send(actor=system, at=remind_at) == 1
+        assert reviews.review_items_apply_due_rule(actor=system, at=item.due_at) == 1
+    reminders = Notification.objects.filter(event=NotificationEvent.REVIEW_DUE, data__reminder=True)
+    assert {r.target for r in reminders} == admins
+    overdue = Notification.objects.filter(event=NotificationEvent.REVIEW_OVERDUE)
+    assert {r.target for r in overdue} == admins
+    item.refresh_from_db()
+    assert (item.status, item.decided_by, item.reminded_at) == ("auto_revoked", None, remind_at)
+    assert Grant.objects.get(pk=grant.pk).status == "revoked"
+    (rule,) = events(EventType.REVIEW_ITEM_DUE_RULE)
+    assert (rule.grant_id, json.loads(rule.data)["reviewer"]) == (grant.pk, reviewer.username)
+    assert events(EventType.REVIEW_ITEM_DECIDED) == []

@@ -622,12 +622,15 @@ def review_campaigns_close(*, actor: audit.Actor, at: datetime) -> int:
 
 def _reviewers(item: ReviewItem) -> list[Any]:
     """Who hears about an item: its reviewer while they may still decide it (active, an
-    approver); else the admins who may decide it instead (an admin decides any item,
-    unless barred from this grant), or, if every admin is barred, every admin."""
-    if item.reviewer is not None and roles.may_approve(item.reviewer):
-        return [item.reviewer]
-    admins = [u for u in approver_users() if roles.is_admin(u)]
+    approver, not barred from the grant: a stake taken since the campaign opened, such
+    as a token for the agent, bars them as review_item_decide does); else the admins who
+    may decide it instead (an admin decides any item, unless barred from this grant),
+    or, if every admin is barred, every admin."""
     barred = _barred(item.grant)
+    reviewer = item.reviewer
+    if reviewer is not None and roles.may_approve(reviewer) and reviewer.pk not in barred:
+        return [reviewer]
+    admins = [u for u in approver_users() if roles.is_admin(u)]
     return [u for u in admins if u.pk not in barred] or admins
 
 
