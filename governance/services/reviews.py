@@ -108,12 +108,10 @@ def _barred_among(grants: Sequence[Grant], pool: Sequence[Any]) -> dict[int, set
     return barred
 
 
-def _rotation(campaign_pk: int, grants: Sequence[Grant]) -> Any:
+def _rotation(campaign_pk: int, barred_from: dict[int, set[int]], pool: list[Any]) -> Any:
     """A reviewer picker that walks the approver pool round-robin, skipping people
-    barred from the grant (one of `grants`)."""
-    pool = approver_users()
+    barred from the grant (`barred_from`: _barred_among's, for the pool)."""
     state = {"next": campaign_pk % len(pool) if pool else 0}
-    barred_from = _barred_among(grants, pool)
 
     def pick(grant: Grant) -> Any:
         barred = barred_from[grant.pk]
@@ -170,9 +168,9 @@ def review_campaign_open(
                 opened_at=at,
                 due_at=due_at,
             )
-            items = _create_items(campaign, at)
+            items, barred_from = _create_items(campaign, at)
             # Before the event: its append takes the chain lock every decision waits for.
-            _notify_assigned(campaign, items, at)
+            _notify_assigned(campaign, items, at, barred_from)
             audit.append(
                 event_type=EventType.REVIEW_CAMPAIGN_OPENED,
                 actor=actor,
@@ -240,7 +238,10 @@ def _same(existing: ReviewCampaign, kind: str, agent: Agent | None) -> ReviewCam
     return existing
 
 
-def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
+def _create_items(
+    campaign: ReviewCampaign, at: datetime
+) -> tuple[list[ReviewItem], dict[int, set[int]]]:
+    """The items, and who of the approver pool is barred from each item's grant."""
     # In force: not one whose review in another campaign fell due undecided (revoked
     # from then on, whether or not the job has run) nor one whose task is over.
     grants = grants_in_force(at)
@@ -252,7 +253,9 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
     usage_fold(at=at)  # usage as of now, not as of the last scheduled fold
     unused = {g.pk: g for g in unused_grants(at)}
     listed = list(grants.order_by("id"))
-    pick = _rotation(campaign.pk, listed)
+    pool = approver_users()
+    barred_from = _barred_among(listed, pool)
+    pick = _rotation(campaign.pk, barred_from, pool)
     items = [
         ReviewItem(
             campaign=campaign,
@@ -265,16 +268,22 @@ def _create_items(campaign: ReviewCampaign, at: datetime) -> list[ReviewItem]:
         for grant in listed
     ]
     ReviewItem.objects.bulk_create(items)
-    return items
+    return items, barred_from
 
 
-def _notify_assigned(campaign: ReviewCampaign, items: Sequence[ReviewItem], at: datetime) -> None:
+def _notify_assigned(
+    campaign: ReviewCampaign,
+    items: Sequence[ReviewItem],
+    at: datetime,
+    barred_from: dict[int, set[int]],
+) -> None:
     """Each person told once, with their items: an item's reviewer, or for an item left
-    unassigned (every approver barred) the admins who decide it instead (_reviewers)."""
+    unassigned (every approver barred) the admins who decide it instead (_reviewers,
+    with the bars the campaign read for all its items at once)."""
     by_reviewer: dict[int, list[ReviewItem]] = {}
     people: dict[int, Any] = {}
     for item in items:
-        for person in _reviewers(item):
+        for person in _reviewers(item, barred_from[item.grant_id]):
             people[person.pk] = person
             by_reviewer.setdefault(person.pk, []).append(item)
     for pk, mine in by_reviewer.items():
@@ -620,13 +629,14 @@ def review_campaigns_close(*, actor: audit.Actor, at: datetime) -> int:
     )
 
 
-def _reviewers(item: ReviewItem) -> list[Any]:
+def _reviewers(item: ReviewItem, barred: set[int] | None = None) -> list[Any]:
     """Who hears about an item: its reviewer while they may still decide it (active, an
     approver, not barred from the grant: a stake taken since the campaign opened, such
     as a token for the agent, bars them as review_item_decide does); else the admins who
     may decide it instead (an admin decides any item, unless barred from this grant),
-    or, if every admin is barred, every admin."""
-    barred = _barred(item.grant)
+    or, if every admin is barred, every admin. `barred`: _barred(item.grant), when the
+    caller read it already (as far as the approvers go: only they are told)."""
+    barred = _barred(item.grant) if barred is None else barred
     reviewer = item.reviewer
     if reviewer is not None and roles.may_approve(reviewer) and reviewer.pk not in barred:
         return [reviewer]
