@@ -427,8 +427,10 @@ def unused_proposal(actions: Collection[str], idle: Collection[str]) -> str:
 
 
 def unused_grants(at: datetime, limit: int | None = None) -> list[Grant]:
-    """Live grants with rights not used for UNUSED_GRANT_HOURS, for the dashboard, the
-    flag job and the next campaign: wholly idle ones, and those whose create, update,
+    """Grants in force (grants_in_force: not one whose task is over, nor one whose
+    review fell due undecided: those allow nothing, and flagging one told its people
+    to act on access already gone) with rights not used for UNUSED_GRANT_HOURS, for the
+    dashboard, the flag job and the next campaign: wholly idle ones, and those whose create, update,
     delete or execute went unused while the grant was used for something else (per
     action: GrantActionUse). Each with `.idle_actions` (in the grant's order),
     `.keep_actions` (the used ones), `.proposal` (unused_proposal), `.idle_since` (the
@@ -449,7 +451,7 @@ def unused_grants(at: datetime, limit: int | None = None) -> list[Grant]:
             grant_id=OuterRef("pk"), action=action, last_used_at__gt=cutoff
         )
         part |= Q(HoldsAction(action)) & ~Exists(fresh)
-    idle = live_grants(at).filter(whole | (Q(starts_at__lte=cutoff) & part))
+    idle = grants_in_force(at).filter(whole | (Q(starts_at__lte=cutoff) & part))
     idle = idle.order_by("agent__name", "id")
     found: list[Grant] = []
     if limit is None:

@@ -183,6 +183,28 @@ def test_a_day_the_job_missed_is_recorded_by_its_next_run_not_left_a_hole(
 # --- expiring soon -----------------------------------------------------------------------
 
 
+def test_a_grant_whose_task_is_over_is_not_flagged_unused(
+    make_agent, make_tool, make_grant, make_task, system, settings
+):
+    """Its task ended (the job has not revoked it yet): it allows nothing, so it is not
+    unused access to remove. Flagging it told its people to act on access already
+    gone; the grant beside it, with no task, is flagged."""
+    settings.UNUSED_GRANT_HOURS = 24
+    agent, tool = make_agent(), make_tool()
+    later = NOW + timedelta(days=2)
+    task = make_task("OPS-9", ends_at=later - timedelta(hours=1))
+    bound = make_grant(agent, tool, task=task, duration=timedelta(days=7))
+    free = make_grant(agent, tool, scope="repo:acme/web/*", duration=timedelta(days=7))
+    assert {g.pk for g in selectors.unused_grants(later - timedelta(hours=2))} == {
+        bound.pk,
+        free.pk,
+    }
+    assert hygiene.grants_flag_unused(actor=system, at=later) == 1
+    assert [e.grant_id for e in events("grant.unused_flagged")] == [free.pk]
+    assert Grant.objects.get(pk=bound.pk).unused_flagged_at is None
+    assert [g.pk for g in selectors.unused_grants(later)] == [free.pk]
+
+
 def test_an_unused_grant_is_announced_once_per_flag_to_requester_and_owner(
     make_agent, make_tool, make_grant, alice, bob, system, settings,
     django_capture_on_commit_callbacks,
