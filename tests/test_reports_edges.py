@@ -185,10 +185,15 @@ def test_a_delegation_is_judged_against_its_parent_as_the_parent_was_then(
     the later narrowing's `before`, it looked outside its parent."""
     lead = make_agent("lead")
     helper = make_agent("helper", parent=lead)
-    parent = make_grant(
-        lead, make_tool("repo"), ("read", "update", "delete"), "repo:acme/*",
-        starts_at=NOW - H, duration=2 * H, delegable=True,
-    )  # fmt: skip
+    repo = make_tool("repo")
+
+    def issue() -> Any:
+        return make_grant(lead, repo, ("read", "update", "delete"), "repo:acme/*",
+                          starts_at=NOW - H, duration=2 * H, delegable=True)  # fmt: skip
+
+    parent, spare = issue(), []
+    if parent.pk == lead.pk:  # `delegated_from` must not read the same as lead's pk
+        spare, parent = [parent.pk], issue()
     child = grants.grant_delegate(
         parent_grant_id=parent.pk, child=helper, actions=["delete"], scope="repo:acme/api/*",
         expires_at=parent.expires_at, justification="subtask", actor=Actor.agent(lead),
@@ -200,10 +205,13 @@ def test_a_delegation_is_judged_against_its_parent_as_the_parent_was_then(
     child.refresh_from_db()
     assert (child.status, child.revoked_at) == ("revoked", NOW - 20 * M)
     rows = {r["grant"]: r for r in _report(carol, NOW - 30 * M)}
-    assert rows[child.pk]["delegated_from"] == parent.pk
+    assert (rows[child.pk]["delegated_from"], rows[parent.pk]["delegated_from"]) == (
+        parent.pk,
+        None,
+    )
     assert (rows[child.pk]["actions"], rows[child.pk]["blocked_by"]) == (["delete"], None)
     assert rows[parent.pk]["blocked_by"] is None
-    assert {r["grant"] for r in _report(carol, NOW - 20 * M)} == {parent.pk}
+    assert {r["grant"] for r in _report(carol, NOW - 20 * M)} == {parent.pk, *spare}
     period = {r["grant"]: r for r in exports.access_period_rows(NOW - 30 * M, NOW)}
     assert (period[child.pk]["blocked_by"], period[child.pk]["status"]) == (None, "revoked")
     assert period[child.pk]["revoked_at"] == NOW - 20 * M
@@ -355,6 +363,11 @@ def test_the_decision_log_for_a_period_holds_its_first_moment_and_not_its_end(
         assert (data["report"], data["rows"], data["agent"]) == ("decisions", len(rows), "bot")
         return [row["seq"] for row in rows]
 
+    from governance.services.usage import usage_fold
+
+    usage_fold(at=NOW)  # the row carries the folded usage (every minute, on beat)
+    (row,) = exports.access_period_rows(start, NOW)
+    assert (row["use_count"], row["last_used_at"]) == (2, end)
     assert log(start, end) == [decided[start]]
     assert log(end, NOW) == [decided[end]]
     assert log(start - M, start) == []
@@ -369,4 +382,38 @@ def test_a_long_value_is_cut_into_full_pieces_and_never_before_a_formula(monkeyp
     assert exports._parts("a" * 25) == ["a" * 10, "a" * 10, "a" * 5]
     text = "a" * 10 + "=1" + "c" * 8
     assert exports._parts(text) == ["a" * 9, "a=1" + "c" * 7, "c"]
+    assert AuditEvent.objects.count() == before
+
+
+def test_the_audit_log_export_finds_an_actor_by_part_of_its_name(db, carol, make_agent):
+    """The audit log's actor filter is a search (`bob` finds `user:bob`), as its page
+    says: an exact match found nothing for any name typed without its prefix."""
+    make_agent("bot")  # agent.created by system:test
+    rows = exports.export(
+        report="audit", rows_of=lambda: exports.audit_rows(actor="test"), params={"actor": "test"},
+        fmt="json", actor=Actor.user(carol), now=NOW,
+    )  # fmt: skip
+    found = list(rows)
+    assert [(r["event_type"], r["actor"]) for r in found] == [("agent.created", "system:test")]
+    data = json.loads(last_event().data)
+    assert (data["report"], data["rows"], data["actor"]) == ("audit", 1, "test")
+
+
+def test_an_xlsx_cell_holds_a_value_of_exactly_a_cells_length_and_booleans_as_text(monkeypatch, db):
+    """A value exactly as long as a cell holds stays in its cell (only a longer one goes
+    to `long values`); true and false are written as the CSV writes them."""
+    import io
+
+    from openpyxl import load_workbook
+
+    monkeypatch.setattr(exports, "XLSX_CELL_MAX", 10)
+    before = AuditEvent.objects.count()
+    rows = [{"seq": 1, "data": "a" * 10, "flag": True}, {"seq": 2, "data": "b" * 11, "flag": False}]
+    book = load_workbook(io.BytesIO(exports.to_xlsx(rows, ["seq", "data", "flag"], "audit")))
+    main = list(book["audit"].iter_rows(min_row=2, values_only=True))
+    assert main[0] == (1, "a" * 10, "true")
+    assert main[1][0] == 2 and "row 3" in main[1][1] and main[1][2] == "false"
+    assert list(book["long values"].iter_rows(min_row=2, values_only=True)) == [
+        (3, "data", 1, 2, "b" * 10), (3, "data", 2, 2, "b"),
+    ]  # fmt: skip
     assert AuditEvent.objects.count() == before
