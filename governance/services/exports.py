@@ -42,6 +42,7 @@ from governance.errors import GovernanceError
 from governance.models import AuditEvent, Grant
 from governance.services import reports
 from governance.services.outcomes import DECISION_EVENTS
+from governance.services.usage import usage_fold
 
 FORMATS = ("csv", "json", "xlsx")
 
@@ -161,8 +162,13 @@ def access_period_rows(start: datetime, end: datetime, **narrow: str) -> list[di
     """Every grant that was live at some moment in [start, end) (of one agent, task or
     tool, when named), each with its widest shape in the period: as it was at `start`
     (reports.shapes_at), and `blocked_by`: why it could allow nothing at any moment of
-    the period, or None (reports.blocked_over: the point-in-time report's answer)."""
+    the period, or None (reports.blocked_over: the point-in-time report's answer).
+    `use_count` and `last_used_at` are the grant's to date, with every decision made so
+    far folded in first (as a campaign and the unused scan do): the scheduled fold runs
+    every minute, and a file made right after an incident said "never used" of a grant
+    the agent had just used."""
     _check_period(start, end)
+    usage_fold()
     grants = (
         reports.narrowed(Grant.objects.all(), **narrow)
         .exclude(status__in=[Grant.Status.PENDING, Grant.Status.DENIED])
