@@ -1,4 +1,5 @@
-"""Fixtures for lifecycle tests: people with roles and e-mail, and a real local webhook."""
+"""Fixtures for lifecycle tests: people with roles and e-mail, and a real local webhook;
+and the helpers the break-glass and review tests share."""
 
 from __future__ import annotations
 
@@ -10,8 +11,42 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.core import mail
 
 from governance import roles
+from governance.audit import Actor
+from governance.models import AuditEvent, BreakGlass, Grant, Notification, ReviewCampaign
+from governance.services import reviews
+from tests.conftest import NOW
+
+
+def breakglass_written() -> tuple[int, ...]:
+    """What a break-glass call can write: its rows, events, notices and campaigns."""
+    return (
+        BreakGlass.objects.count(),
+        Grant.objects.count(),
+        AuditEvent.objects.count(),
+        Notification.objects.count(),
+        ReviewCampaign.objects.count(),
+        len(mail.outbox),
+    )
+
+
+def open_campaign(at: Any = NOW, **kw: Any) -> ReviewCampaign:
+    """An on-demand review campaign opened by the system."""
+    kw.setdefault("kind", "on_demand")
+    kw.setdefault("reason", "edges")
+    return reviews.review_campaign_open(actor=Actor.system("test"), at=at, **kw)
+
+
+def decide(item: Any, decision: str, *, reviewer: Any = None, at: Any = NOW,
+           comment: str = "checked", **kw: Any) -> Any:  # fmt: skip
+    """A review item decided by its reviewer (or `reviewer`)."""
+    reviewer = reviewer or item.reviewer
+    return reviews.review_item_decide(
+        item_id=item.pk, reviewer=reviewer, decision=decision, comment=comment,
+        actor=Actor.user(reviewer), at=at, **kw,
+    )  # fmt: skip
 
 
 @pytest.fixture

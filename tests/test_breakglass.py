@@ -24,6 +24,7 @@ from governance.services import breakglass as bgs
 from governance.services.access import access_check
 from governance.services.grants import grants_expire
 from tests.conftest import MS, NOW
+from tests.lifecycle_fixtures import breakglass_written as _written
 
 SCOPE = "repo:acme/api/*"
 
@@ -673,17 +674,6 @@ def test_only_the_exact_repeat_returns_the_live_one(open_bg, setup, make_task, s
         open_bg(actions=["read"], at=NOW + 3 * MS)
     assert caught.value.code == "breakglass_unreviewed"
     assert BreakGlass.objects.count() == 1 and len(events(EventType.BREAKGLASS_OPENED)) == 1
-
-
-def _written() -> tuple[int, ...]:
-    return (
-        BreakGlass.objects.count(),
-        Grant.objects.count(),
-        AuditEvent.objects.count(),
-        Notification.objects.count(),
-        ReviewCampaign.objects.count(),
-        len(mail.outbox),
-    )
 
 
 def test_a_second_person_repeating_a_live_break_glass_is_refused_and_writes_nothing(

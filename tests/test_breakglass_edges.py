@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core import mail
 
 from governance.audit import Actor
 from governance.codes import EventType, NotificationEvent
@@ -18,13 +17,13 @@ from governance.models import (
     DecisionOutcome,
     Grant,
     Notification,
-    ReviewCampaign,
 )
 from governance.policy import authorize
 from governance.services import breakglass as bgs
 from governance.services.access import access_check
 from governance.services.outcomes import outcome_report
 from tests.conftest import MS, NOW
+from tests.lifecycle_fixtures import breakglass_written as _written
 
 
 def events(event_type: str, **filters: object) -> list[AuditEvent]:
@@ -33,17 +32,6 @@ def events(event_type: str, **filters: object) -> list[AuditEvent]:
 
 def ask(at, action="update"):
     return {"agent": "bot", "tool": "repo", "action": action, "scope": "repo:acme/api/x", "at": at}
-
-
-def _written() -> tuple[int, ...]:
-    return (
-        BreakGlass.objects.count(),
-        Grant.objects.count(),
-        AuditEvent.objects.count(),
-        Notification.objects.count(),
-        ReviewCampaign.objects.count(),
-        len(mail.outbox),
-    )
 
 
 def test_a_repeat_asking_for_fewer_actions_is_refused_not_handed_the_wider_one(

@@ -11,13 +11,13 @@ from datetime import timedelta
 
 import pytest
 
-from governance.audit import Actor
 from governance.codes import EventType
 from governance.models import AuditEvent, Grant, GrantActionUse, ReviewItem
 from governance.policy import authorize
 from governance.services import access, hygiene, reviews
 from governance.services.usage import usage_fold
 from tests.conftest import NOW
+from tests.lifecycle_fixtures import decide, open_campaign
 
 H = timedelta(hours=1)
 
@@ -33,20 +33,6 @@ def use(grant: Grant, action: str, at) -> None:
     )  # fmt: skip
     assert decision.allowed, decision
     assert AuditEvent.objects.get(uid=decision.decision_id).event_type == "access.allowed"
-
-
-def open_campaign(at=NOW, **kw):
-    kw.setdefault("kind", "on_demand")
-    kw.setdefault("reason", "hygiene edges")
-    return reviews.review_campaign_open(actor=Actor.system("test"), at=at, **kw)
-
-
-def decide(item, decision, *, reviewer=None, at=NOW, comment="checked", **kw):
-    reviewer = reviewer or item.reviewer
-    return reviews.review_item_decide(
-        item_id=item.pk, reviewer=reviewer, decision=decision, comment=comment,
-        actor=Actor.user(reviewer), at=at, **kw,
-    )  # fmt: skip
 
 
 @pytest.fixture

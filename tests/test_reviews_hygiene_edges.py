@@ -10,30 +10,16 @@ from datetime import timedelta
 
 import pytest
 
-from governance.audit import Actor
 from governance.codes import EventType, NotificationEvent
 from governance.errors import Conflict
 from governance.models import AuditEvent, Grant, Notification, ReviewItem
 from governance.services import reviews
 from tests.conftest import MS, NOW
+from tests.lifecycle_fixtures import decide, open_campaign
 
 
 def events(event_type: str, **filters: object) -> list[AuditEvent]:
     return list(AuditEvent.objects.filter(event_type=event_type, **filters).order_by("seq"))
-
-
-def open_campaign(at=NOW, **kw):
-    kw.setdefault("kind", "on_demand")
-    kw.setdefault("reason", "edges")
-    return reviews.review_campaign_open(actor=Actor.system("test"), at=at, **kw)
-
-
-def decide(item, decision, *, reviewer=None, at=NOW, comment="checked", **kw):
-    reviewer = reviewer or item.reviewer
-    return reviews.review_item_decide(
-        item_id=item.pk, reviewer=reviewer, decision=decision, comment=comment,
-        actor=Actor.user(reviewer), at=at, **kw,
-    )  # fmt: skip
 
 
 @pytest.fixture
