@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from governance import ratelimit
-from governance.models import Approval, AuditEvent, Grant
+from governance.models import Approval, AuditEvent, DecisionOutcome, Grant
 from tests.test_ratelimit import DOWN_URL, MID_WINDOW
 
 
@@ -243,3 +243,33 @@ def test_denying_an_approval_needs_a_reason(make_agent, make_tool, make_grant, a
     assert approver.post(f"{url}/approve", {}, format="json").status_code == 200
     assert Approval.objects.get(pk=asked["approval"]).status == "approved"
     assert AuditEvent.objects.filter(event_type="approval.approved").count() == 1
+
+
+def test_an_outcome_answer_names_the_outcome_event_not_the_decision(
+    make_agent, make_tool, make_grant, agent_client
+):
+    """Mutant V48 (`event_id` echoing the decision's id): the answer pointed at the
+    decision's event, so an agent keeping it as the receipt of its report kept the
+    wrong one. It is the access.outcome event just written, which names the decision."""
+    bot = make_agent("bot")
+    make_grant(bot, make_tool("repo"), ("read",), "repo:acme/*",
+               starts_at=timezone.now() - timedelta(minutes=1))  # fmt: skip
+    client = agent_client(bot)
+    asked = client.post(
+        "/api/v1/authorize", {"tool": "repo", "action": "read", "scope": "repo:acme/x"},
+        format="json",
+    ).json()  # fmt: skip
+    assert asked["decision"] == "allow"
+
+    response = client.post(
+        f"/api/v1/decisions/{asked['decision_id']}/outcome", {"outcome": "failed"}, format="json"
+    )
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    event = AuditEvent.objects.get(event_type="access.outcome")
+    assert body == {"decision_id": asked["decision_id"], "outcome": "failed",
+                    "event_id": str(event.uid)}  # fmt: skip
+    assert body["event_id"] != asked["decision_id"]
+    assert asked["decision_id"] in event.data
+    assert DecisionOutcome.objects.get(decision_id=asked["decision_id"]).outcome == "failed"
