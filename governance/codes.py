@@ -167,6 +167,7 @@ class EventType(models.TextChoices):
     SANDBOX_RUN_REQUESTED = "sandbox.run.requested"
     SANDBOX_RUN_DENIED = "sandbox.run.denied"
     SANDBOX_RUN_STARTED = "sandbox.run.started"
+    SANDBOX_RUN_START_REFUSED = "sandbox.run.start_refused"
     SANDBOX_RUN_FINISHED = "sandbox.run.finished"
     # Killed by the reaper: past its deadline (runner gone) or its agent suspended.
     SANDBOX_RUN_REAPED = "sandbox.run.reaped"

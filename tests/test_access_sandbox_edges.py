@@ -300,3 +300,43 @@ def test_a_run_under_break_glass_is_marked_break_glass_on_every_event(
         ("sandbox.run.requested", opened.grant_id, True),
         ("sandbox.run.reaped", opened.grant_id, True),
     ]
+
+
+@pytest.mark.parametrize("why", ["image_mismatch", "allow_expired", "grant_not_live"])
+def test_a_start_the_gate_refuses_is_on_record_as_a_deny(coder, why):
+    """The start gate's refusal is a decision: it rolled back with nothing on record,
+    and the log showed only the runner's later report (or the reaper's close), never
+    why. Now `sandbox.run.start_refused`: deny, the refusal's code, what was built; the
+    run stays requested (the runner, or the reaper, closes it as failed)."""
+    image = "sha256:" + "a" * 64
+    asked = spec(backend="docker", image="governance-sandbox:bookworm", image_id=image)
+    assert sandbox.run_request(spec=asked, at=timezone.now()).allowed
+    now, digest = timezone.now(), image
+    if why == "image_mismatch":
+        digest = "sha256:" + "b" * 64
+    elif why == "allow_expired":
+        now = now + sandbox.HELD_GRACE + timedelta(seconds=1)
+    else:
+        from governance.services import grants
+
+        grants.grant_revoke(grant_id=coder.grant.pk, reason="done", actor=SYSTEM, at=now)
+        now = now + timedelta(milliseconds=1)
+    before = AuditEvent.objects.count()
+    with pytest.raises(Conflict) as refused:
+        sandbox.run_started(
+            run_id=asked.run_id, container_id="c-1", image_digest=digest,
+            deadline=now.timestamp() + 30, enforcement={}, at=now,
+        )  # fmt: skip
+    assert refused.value.code == why
+    assert AuditEvent.objects.count() == before + 1
+    event = events_of(asked.run_id)[-1]
+    assert (event.event_type, event.decision, event.reason) == (
+        "sandbox.run.start_refused",
+        "deny",
+        why,
+    )
+    assert (event.agent, event.tool, event.grant_id) == ("coder", "code-exec", coder.grant.pk)
+    data = json.loads(event.data)
+    assert (data["refused"], data["status"], data["image_digest"]) == (why, "requested", digest)
+    assert data["container_id"] == "c-1" and data["message"] == refused.value.message
+    assert SandboxRun.objects.get(run_id=asked.run_id).status == "requested"

@@ -281,7 +281,8 @@ def test_the_start_gate_sees_a_suspension_committing_while_it_checks(
     answer = _while_held(suspend, start)
     kinds = list(AuditEvent.objects.order_by("seq").values_list("event_type", flat=True))
     assert isinstance(answer, Conflict) and answer.code == "grant_not_live", (answer, kinds)
-    assert "sandbox.run.started" not in kinds and kinds[-1] == EventType.AGENT_SUSPENDED
+    assert "sandbox.run.started" not in kinds
+    assert kinds[-2:] == [EventType.AGENT_SUSPENDED, EventType.SANDBOX_RUN_START_REFUSED]
 
 
 @pytest.mark.django_db(transaction=True)

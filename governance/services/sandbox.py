@@ -3,7 +3,8 @@
 run_request   decide (access_check, `execute` on the tool) and apply the grant's
               ceiling to the requested limits and egress; record the run
               (sandbox.run.requested, and sandbox.run.denied unless allowed)
-run_started   the container is up (sandbox.run.started)
+run_started   the container is up (sandbox.run.started), or the start gate refuses
+              it (sandbox.run.start_refused)
 run_finished  exit code, timeout, OOM, output hashes (sandbox.run.finished)
 run_reaped    killed by the reaper (sandbox.run.reaped)
 egress_attempt  one event per connection attempt through the proxy
@@ -399,10 +400,45 @@ def run_started(
             )
         except audit.StateChanged:
             continue
+        except Conflict as refused:
+            _start_refused(run_id, refused, container_id, image_digest, at, actor)
+            raise
     raise Conflict(
         "state_changing",
         f"The state kept changing over {ATTEMPTS} checks of the start gate; ask again.",
     )
+
+
+def _start_refused(
+    run_id: str,
+    refused: Conflict,
+    container_id: str,
+    image_digest: str,
+    at: datetime,
+    actor: audit.Actor | None,
+) -> None:
+    """The start gate's refusal is a decision too: `sandbox.run.start_refused` (deny,
+    the refusal's code), in a transaction of its own since the gate's rolled back. The
+    run stays `requested`: the runner closes it as failed (or the reaper does)."""
+    with transaction.atomic():
+        run = (
+            SandboxRun.objects.select_related("grant")
+            .filter(run_id=run_id, status=SandboxRun.Status.REQUESTED)
+            .first()
+        )
+        if run is None:
+            return
+        _event(
+            run,
+            EventType.SANDBOX_RUN_START_REFUSED,
+            actor or _actor(run.agent),
+            at,
+            verdict=(Verdict.DENY, refused.code),
+            refused=refused.code,
+            message=refused.message,
+            container_id=container_id,
+            image_digest=image_digest,
+        )
 
 
 def _run_started(

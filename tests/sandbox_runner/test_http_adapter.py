@@ -333,7 +333,7 @@ def test_a_run_whose_grant_was_revoked_after_the_allow_cannot_be_started(code_ex
     assert started.status_code == 409 and started.json()["error"]["code"] == "grant_not_live"
     assert "grant_revoked" in started.json()["error"]["message"]
     assert run_record(run_id).status == "requested"
-    assert events_of(run_id) == ["sandbox.run.requested"]
+    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.start_refused"]
 
 
 @pytest.mark.django_db
@@ -348,17 +348,19 @@ def test_a_run_started_from_another_image_than_the_one_allowed_is_refused(code_e
     event = AuditEvent.objects.get(uid=answer["decision_id"])
     assert json.loads(event.arguments)["image_id"] == allowed
     assert run_record(run_id).image_id == allowed
+    refused = ["sandbox.run.requested"]
     for other in ("sha256:" + "2" * 64, ""):
         body = {**_started(answer["decision_id"]), "image_digest": other}
         started = a.post(f"{RUNS}/{run_id}/started", body, format="json")
         assert started.status_code == 409 and started.json()["error"]["code"] == "image_mismatch"
         assert allowed in started.json()["error"]["message"]
         assert run_record(run_id).status == "requested"
-        assert events_of(run_id) == ["sandbox.run.requested"]
+        refused.append("sandbox.run.start_refused")  # each refusal on record, none started
+        assert events_of(run_id) == refused
     started = a.post(f"{RUNS}/{run_id}/started", _started(answer["decision_id"]), format="json")
     assert started.status_code == 200, started.content
     assert run_record(run_id).image_digest == allowed
-    assert events_of(run_id) == ["sandbox.run.requested", "sandbox.run.started"]
+    assert events_of(run_id) == [*refused, "sandbox.run.started"]
 
 
 @pytest.mark.django_db
@@ -721,7 +723,7 @@ def test_a_grant_narrowed_off_the_run_stops_it_from_starting_and_from_going_on(
     started = a.post(f"{RUNS}/{waiting}/started", _started(allowed[waiting]), format="json")
     assert started.status_code == 409 and started.json()["error"]["code"] == "grant_not_live"
     assert "scope_mismatch" in started.json()["error"]["message"]
-    assert events_of(waiting) == ["sandbox.run.requested"]
+    assert events_of(waiting) == ["sandbox.run.requested", "sandbox.run.start_refused"]
     assert a.get(f"{RUNS}/{running}/live").json() == {
         "run_id": running, "live": False, "reason": "scope_mismatch"}  # fmt: skip
 
@@ -809,12 +811,13 @@ def test_a_started_report_cannot_put_the_deadline_past_the_runs_wall_time(two_ag
     a, _, run_id, decision_id = two_agents
     record = SandboxRun.objects.get(run_id=run_id)
     wall = record.limits["wall_seconds"]
-    before = _snapshot()
+    events, runs = _snapshot()
     body = {**_started(decision_id), "deadline": timezone.now().timestamp() + 30 * 86400}
     answer = a.post(f"{RUNS}/{run_id}/started", body, format="json")
     assert answer.status_code == 409, answer.content
     assert answer.json()["error"]["code"] == "deadline_exceeds_limits"
-    assert _snapshot() == before
+    assert _snapshot() == (events + 1, runs)  # the refusal is on record; the run unchanged
+    assert events_of(run_id)[-1] == "sandbox.run.start_refused"
     record.refresh_from_db()
     assert (record.status, record.deadline_at) == ("requested", None)
     # Within the wall time it starts.

@@ -316,7 +316,11 @@ def test_the_start_gate_refuses_a_run_whose_agent_was_suspended_after_the_allow(
     record = run_record(spec.run_id)
     assert record.status == "failed" and record.started_at is None
     assert "grant can no longer allow it (agent_suspended)" in record.error
-    assert events_of(spec.run_id) == ["sandbox.run.requested", "sandbox.run.finished"]
+    assert events_of(spec.run_id) == [
+        "sandbox.run.requested",
+        "sandbox.run.start_refused",  # the gate's deny, on record before the close
+        "sandbox.run.finished",
+    ]
 
 
 def _suspend(spec) -> str:
