@@ -155,7 +155,7 @@ def last_event() -> AuditEvent:
     return event
 
 
-pytest_plugins = ["tests.api_fixtures", "tests.lifecycle_fixtures"]
+pytest_plugins = ["tests.api_fixtures", "tests.lifecycle_fixtures", "tests.sandbox_world"]
 
 
 # --- Transactional tests ---------------------------------------------------------------
