@@ -65,6 +65,7 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -465,6 +466,21 @@ def head_seq() -> int:
     return AuditEvent.objects.order_by("-seq").values_list("seq", flat=True).first() or 0
 
 
+def clock_start(url: str) -> float:
+    """AT, or a second past the newest event of the runs before (benchmarks.http_settings:
+    the clock never goes back between runs)."""
+    import psycopg
+
+    from benchmarks.authorize import _pg_params
+
+    with psycopg.connect(**_pg_params(url), autocommit=True) as conn:
+        found = conn.execute("SELECT to_regclass('governance_auditevent')").fetchone()
+        newest = None
+        if found and found[0]:
+            newest = conn.execute("SELECT max(created_at) FROM governance_auditevent").fetchone()[0]
+    return max(AT.timestamp(), newest.timestamp() + 1 if newest else 0.0)
+
+
 def issue_tokens(agent_names: list[str]) -> dict[str, tuple[Any, str]]:
     from django.contrib.auth.models import User
     from django.utils import timezone
@@ -584,12 +600,14 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         sys.exit("set DATABASE_URL=postgresql://postgres@127.0.0.1:5432/gov_bench")
     redis_url = limiter_url(opts.limiter)
-    # This process and the server read the same shifted clock (benchmarks.http_settings).
+    ensure_database(url, reset=False)
+    # This process and the server read the same shifted clock (benchmarks.http_settings),
+    # starting where the last run's events end.
+    os.environ["BENCH_CLOCK_START"] = f"{clock_start(url):.6f}"
     origin = f"{time.time():.6f}"
     os.environ["BENCH_CLOCK_ORIGIN"] = origin
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.http_settings"
     os.environ.setdefault("LOG_LEVEL", "WARNING")
-    ensure_database(url, reset=False)
     import django
 
     django.setup()
@@ -670,7 +688,9 @@ def main(argv: list[str] | None = None) -> int:
             f"mix: {len(mix)} /authorize bodies over {len({(r.agent, r.tool) for r in mix})} "
             f"(agent, tool) slices of {len(sample)} agents with tokens (from "
             f"benchmarks.authorize.request_mix, seed {opts.seed}); data set "
-            f"{opts.agents}x{opts.tools} pairs; server clock at AT={AT.isoformat()}; "
+            f"{opts.agents}x{opts.tools} pairs; server clock from "
+            f"{datetime.fromtimestamp(float(os.environ['BENCH_CLOCK_START']), UTC).isoformat()} "
+            f"(AT={AT.isoformat()}); "
             f"{opts.seconds:g}s per phase"
         )
         # Warm-up: every thread of both workers opens its connection and prepares

@@ -7,7 +7,13 @@
    benchmarks pass `at=AT`, but the API asks the clock (timezone.now()). So
    here the clock reads AT + (seconds since BENCH_CLOCK_ORIGIN): time still
    moves, and every worker reads the same instant. Without this every question
-   would be answered "not started yet" and the mix would have no allows.
+   would be answered "not started yet" and the mix would have no allows. A run
+   starts where the last one's events end (BENCH_CLOCK_START, set by
+   benchmarks.http_authorize), never back at AT: a clock that went back made the
+   earlier runs' tokens, revoked "later", count as live (at most
+   AGENT_TOKEN_MAX_LIVE per agent: the sixth run on a database was refused), and
+   the log's times out of order. The grants' windows span AT - 1 day to AT + 6
+   days, so thousands of runs keep the same mix.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ ROOT_URLCONF = "benchmarks.http_urls"
 RATE_LIMIT_KEY_PREFIX = "bench-http"
 
 _ORIGIN = float(os.environ.get("BENCH_CLOCK_ORIGIN", "") or time.time())
-_SHIFT = AT.timestamp() - _ORIGIN
+_START = float(os.environ.get("BENCH_CLOCK_START", "") or AT.timestamp())
+_SHIFT = _START - _ORIGIN
 
 
 def _benchmark_now() -> datetime:
