@@ -437,10 +437,9 @@ def json_lines(rows: Iterable[dict[str, Any]], meta: dict[str, Any], count: int)
 # The most rows an XLSX export holds. The file is made whole inside the export's
 # transaction, before its record (so not under the chain lock, but a web worker waits
 # for it: a zip's directory comes last, it cannot be sent as it is made), and the zip
-# is held in memory (openpyxl's write-only
-# sheets go to a temporary file row by row). So it is held well below MAX_ROWS: 10,000
-# events with 8,000 characters of arguments each took 7 s here. Past it: too_many_rows,
-# pointing at CSV and JSON, which stream.
+# is held in memory (openpyxl's write-only sheets go to a temporary file row by row).
+# So it is held well below MAX_ROWS: 10,000 events with 8,000 characters of arguments
+# each took 7 s here. Past it: too_many_rows, pointing at CSV and JSON, which stream.
 XLSX_MAX_ROWS = 10_000
 
 

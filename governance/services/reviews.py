@@ -88,9 +88,7 @@ def _barred(grant: Grant) -> set[int]:
     """Who may not re-certify this grant: the people behind it (_behind) and everyone
     with a stake in the agent (approvals.stakeholders as of the grant's creation: the
     owners up the agent tree, whoever held a live token for it)."""
-    people = _behind(grant) | stakeholders(grant.agent, grant, at=grant.created_at)
-    people.discard(None)
-    return people
+    return _behind(grant) | stakeholders(grant.agent, grant, at=grant.created_at)
 
 
 def _barred_among(grants: Sequence[Grant], pool: Sequence[Any]) -> dict[int, set[int]]:
